@@ -1,0 +1,44 @@
+# Spillway: `make run` to try it, `make test` to check it. Every target installs what it
+# needs first (scripts/deps.sh), and installs nothing that is already there.
+
+SHELL := /bin/bash
+export PATH := $(CURDIR)/.tools/node_modules/.bin:$(HOME)/.cargo/bin:$(PATH)
+
+.PHONY: deps-run run build test test-unit test-e2e deps-build deps-test bench clean help
+
+help:
+	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
+	@echo "make test   unit, integration (real redis-server) and browser tests"
+	@echo "make build  release build only"
+
+deps-build:
+	@scripts/deps.sh build
+
+deps-run:
+	@scripts/deps.sh run
+
+deps-test:
+	@scripts/deps.sh test
+
+build: deps-build
+	cargo leptos build --release
+
+run: deps-run build
+	@scripts/run.sh
+
+# Unit tests and the integration-test binary; the integration tests start their own
+# redis-server processes on free ports.
+test-unit: deps-test
+	cargo test --features ssr
+
+# Browser tests against the release build (where a bad wasm-opt would break hydration),
+# each spec run hydrated and with JavaScript off.
+test-e2e: deps-test build
+	cd end2end && E2E_PORT=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])') \
+	  npx playwright test
+
+test: test-unit test-e2e
+
+clean:
+	cargo clean
+	rm -rf end2end/test-results end2end/playwright-report

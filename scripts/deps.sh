@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Installs what Spillway needs to build, run and test, and nothing that is already there.
+# Idempotent: a second run only checks versions. Usage: scripts/deps.sh build|run|test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CARGO_LEPTOS_VERSION=0.3.10
+BINARYEN_VERSION=132.0.0
+PLAYWRIGHT_VERSION=1.65.1
+TOOLS="$PWD/.tools"
+export PATH="$TOOLS/node_modules/.bin:$HOME/.cargo/bin:$PATH"
+
+say() { printf '\033[1mdeps:\033[0m %s\n' "$*"; }
+
+# wasm-bindgen-cli must match the wasm-bindgen crate in Cargo.lock exactly.
+wasm_bindgen_version() {
+  awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+}
+
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if [ ! -f /tmp/.spillway-apt-updated ]; then
+    $sudo apt-get update -qq && touch /tmp/.spillway-apt-updated
+  fi
+  say "apt-get install $*"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+need_redis() {
+  command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
+}
+
+need_build_tools() {
+  rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
+    || { say "adding the wasm32 target"; rustup target add wasm32-unknown-unknown; }
+  if [ "$(cargo leptos --version 2>/dev/null)" != "cargo-leptos $CARGO_LEPTOS_VERSION" ]; then
+    say "installing cargo-leptos $CARGO_LEPTOS_VERSION (about 14 minutes on 2 cores)"
+    cargo install --locked --features no_downloads "cargo-leptos@$CARGO_LEPTOS_VERSION"
+  fi
+  local wbg; wbg=$(wasm_bindgen_version)
+  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $wbg" ]; then
+    say "installing wasm-bindgen-cli $wbg"
+    # Not --locked: the CLI's own lock file names a webpki-roots the registry no longer has.
+    cargo install wasm-bindgen-cli --version "$wbg" --force
+  fi
+  # Debian's binaryen (108) produces wasm that never hydrates; the npm build works.
+  if [ "$("$TOOLS/node_modules/.bin/wasm-opt" --version 2>/dev/null | awk '{print $3}')" != "${BINARYEN_VERSION%%.*}" ]; then
+    need_node
+    say "installing binaryen $BINARYEN_VERSION (wasm-opt) into .tools"
+    mkdir -p "$TOOLS"
+    [ -f "$TOOLS/package.json" ] || echo '{"private": true}' > "$TOOLS/package.json"
+    npm install --prefix "$TOOLS" --no-audit --no-fund --silent "binaryen@$BINARYEN_VERSION"
+  fi
+}
+
+need_node() {
+  command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
+}
+
+need_browser_tests() {
+  need_node
+  command -v chromium >/dev/null || apt_install chromium
+  if [ "$(cd end2end && node -p "require('@playwright/test/package.json').version" 2>/dev/null)" != "$PLAYWRIGHT_VERSION" ]; then
+    say "installing Playwright $PLAYWRIGHT_VERSION (uses Debian's Chromium, downloads no browser)"
+    (cd end2end && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --silent)
+  fi
+}
+
+case "${1:-}" in
+  build) need_build_tools ;;
+  run) need_build_tools; need_redis ;;
+  test) need_build_tools; need_redis; need_browser_tests ;;
+  *) echo "usage: $0 build|run|test" >&2; exit 2 ;;
+esac

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Serves the release build for the browser tests: its own redis-server on a free port in a
+# temporary directory, and Spillway on $E2E_PORT. Both stop when this script is stopped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${E2E_PORT:?E2E_PORT must be set}"
+
+dir=$(mktemp -d)
+redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+redis-server --bind 127.0.0.1 --port "$redis_port" --dir "$dir" --save '' --appendonly no \
+  --logfile "$dir/redis.log" &
+redis_pid=$!
+cleanup() { kill "$app_pid" 2>/dev/null || true; kill "$redis_pid" 2>/dev/null || true; rm -rf "$dir"; }
+trap cleanup EXIT
+trap 'exit 0' TERM INT
+for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+REDIS_URL="redis://127.0.0.1:$redis_port" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" \
+  ./target/release/spillway &
+app_pid=$!
+wait "$app_pid"

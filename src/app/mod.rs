@@ -1,0 +1,112 @@
+//! The dashboard: the HTML shell, the navigation and the pages. Rendered on the server and
+//! hydrated in the browser; every page works with JavaScript off.
+
+mod overview;
+
+use leptos::prelude::*;
+use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+use leptos_router::{
+    StaticSegment,
+    components::{A, Route, Router, Routes},
+};
+
+pub use overview::{RedisReport, redis_status};
+
+/// The HTML document around the app, rendered on the server only.
+pub fn shell(options: LeptosOptions) -> impl IntoView {
+    view! {
+        <!DOCTYPE html>
+        <html lang="en">
+            <head>
+                <meta charset="utf-8"/>
+                <meta name="viewport" content="width=device-width, initial-scale=1"/>
+                <meta name="color-scheme" content="light dark"/>
+                <AutoReload options=options.clone()/>
+                <HydrationScripts options/>
+                <MetaTags/>
+            </head>
+            <body>
+                <App/>
+            </body>
+        </html>
+    }
+}
+
+/// The dashboard's root component: navigation and routes.
+#[component]
+pub fn App() -> impl IntoView {
+    provide_meta_context();
+    // Effects run only in the browser, once the app is hydrated: browser tests wait for
+    // this attribute before they test anything interactive.
+    Effect::new(|| {
+        if let Some(body) = document().body() {
+            let _ = body.set_attribute("data-hydrated", "true");
+        }
+    });
+    view! {
+        <Stylesheet id="leptos" href="/pkg/spillway.css"/>
+        <Title formatter=|page: String| format!("{page} · Spillway")/>
+        <Router>
+            <header class="topbar">
+                <a class="brand" href="/">"Spillway"</a>
+                <nav aria-label="Main">
+                    <A href="/" exact=true>"Overview"</A>
+                    <A href="/identifiers">"Identifiers"</A>
+                    <A href="/policies">"Policies"</A>
+                    <A href="/audit">"Audit"</A>
+                </nav>
+            </header>
+            <main>
+                <Routes fallback=NotFound>
+                    <Route path=StaticSegment("") view=overview::OverviewPage/>
+                    <Route path=StaticSegment("identifiers") view=IdentifiersPage/>
+                    <Route path=StaticSegment("policies") view=PoliciesPage/>
+                    <Route path=StaticSegment("audit") view=AuditPage/>
+                </Routes>
+            </main>
+        </Router>
+    }
+}
+
+#[component]
+fn IdentifiersPage() -> impl IntoView {
+    view! {
+        <Title text="Identifiers"/>
+        <h1>"Identifier inspector"</h1>
+        <p class="muted">"Look up an identifier such as user=42 to see its counters in every policy."</p>
+        <p class="empty">"The inspector is not built yet."</p>
+    }
+}
+
+#[component]
+fn PoliciesPage() -> impl IntoView {
+    view! {
+        <Title text="Policies"/>
+        <h1>"Policies"</h1>
+        <p class="empty">"The policy editor is not built yet."</p>
+    }
+}
+
+#[component]
+fn AuditPage() -> impl IntoView {
+    view! {
+        <Title text="Audit"/>
+        <h1>"Audit log"</h1>
+        <p class="empty">"The audit log is not built yet."</p>
+    }
+}
+
+#[component]
+fn NotFound() -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    {
+        if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+            response.set_status(axum::http::StatusCode::NOT_FOUND);
+        }
+    }
+    view! {
+        <Title text="Not found"/>
+        <h1>"Page not found"</h1>
+        <p><a href="/">"Back to the overview"</a></p>
+    }
+}

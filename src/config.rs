@@ -1,0 +1,87 @@
+//! Configuration, read once at startup from the environment and `Leptos.toml`, and
+//! validated before anything connects. Secrets are never logged.
+
+use std::{path::Path, time::Duration};
+
+use leptos::config::LeptosOptions;
+
+/// Everything the server needs to start.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where to serve and where the compiled site lives.
+    pub leptos_options: LeptosOptions,
+    /// The Redis to use (`redis://` or `rediss://`).
+    pub redis_url: String,
+    /// How long one Redis operation may take before it counts as failed.
+    pub redis_timeout: Duration,
+    /// Longest time any HTTP request may take.
+    pub request_timeout: Duration,
+    /// `json` for structured logs, anything else for human-readable ones.
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// A setting that could not be used; names the variable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name}: {problem}")]
+    Invalid { name: &'static str, problem: String },
+    #[error("reading Leptos settings: {0}")]
+    Leptos(String),
+}
+
+impl Config {
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the configuration through `lookup`, so tests can configure without touching
+    /// the process environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let leptos_toml = lookup("SPILLWAY_LEPTOS_TOML").unwrap_or_else(|| "Leptos.toml".into());
+        let file = Path::new(&leptos_toml).exists().then_some(leptos_toml.as_str());
+        let conf = leptos::config::get_configuration(file)
+            .map_err(|e| ConfigError::Leptos(e.to_string()))?;
+        let redis_url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+        if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
+            return Err(ConfigError::Invalid {
+                name: "REDIS_URL",
+                problem: "must start with redis:// or rediss://".into(),
+            });
+        }
+        Ok(Self {
+            leptos_options: conf.leptos_options,
+            redis_url,
+            redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
+            request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
+            log_format: match lookup("SPILLWAY_LOG_FORMAT").as_deref() {
+                Some("json") => LogFormat::Json,
+                _ => LogFormat::Pretty,
+            },
+        })
+    }
+}
+
+fn millis(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: u64,
+) -> Result<Duration, ConfigError> {
+    match lookup(name) {
+        None => Ok(Duration::from_millis(default)),
+        Some(raw) => match raw.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+            _ => Err(ConfigError::Invalid {
+                name,
+                problem: format!("expected a whole number of milliseconds above 0, got {raw:?}"),
+            }),
+        },
+    }
+}

@@ -1,0 +1,28 @@
+//! Spillway: a rate limiter service backed by Redis, with an admin dashboard.
+//!
+//! The crate builds twice: with `ssr` it is the server (axum, Redis, the JSON API and the
+//! server-rendered dashboard); with `hydrate` it is the browser bundle that hydrates the
+//! dashboard. `domain` is pure and compiles in both, so the browser shares the server's types
+//! and algorithm models.
+
+pub mod app;
+pub mod domain;
+
+#[cfg(feature = "ssr")]
+pub mod api;
+#[cfg(feature = "ssr")]
+pub mod config;
+#[cfg(feature = "ssr")]
+pub mod server;
+#[cfg(feature = "ssr")]
+pub mod state;
+#[cfg(feature = "ssr")]
+pub mod store;
+
+/// Entry point of the browser bundle: attaches the dashboard to the server-rendered page.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn hydrate() {
+    console_error_panic_hook::set_once();
+    leptos::mount::hydrate_body(app::App);
+}

@@ -1,0 +1,78 @@
+//! The composition root: routes, middleware, and serving with graceful shutdown.
+
+use std::{future::Future, time::Duration};
+
+use axum::Router;
+use leptos::prelude::provide_context;
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use tokio::net::TcpListener;
+use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
+
+use crate::{
+    api,
+    app::{App, shell},
+    config::{Config, LogFormat},
+    state::AppState,
+};
+
+/// Builds the whole HTTP application for `state`.
+pub fn router(state: AppState) -> Router {
+    let routes = generate_route_list(App);
+    let context_store = state.store.clone();
+    let leptos_options = state.leptos_options.clone();
+    Router::new()
+        .merge(api::router())
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || provide_context(context_store.clone()),
+            move || shell(leptos_options.clone()),
+        )
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::GATEWAY_TIMEOUT,
+            Duration::from_secs(10),
+        ))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then lets in-flight requests
+/// finish. Tests bind `127.0.0.1:0` and pass their own shutdown future.
+pub async fn run(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state).into_make_service_with_connect_info::<std::net::SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        if let Ok(mut sig) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            sig.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = terminate => {} }
+    tracing::info!("shutting down: finishing in-flight requests");
+}
+
+/// Sets up structured logging; `RUST_LOG` filters (default `info`).
+pub fn init_tracing(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = match config.log_format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Pretty => builder.try_init(),
+    };
+}

@@ -1,0 +1,30 @@
+//! Shared application state, built once at startup and handed to every handler.
+
+use axum::extract::FromRef;
+use leptos::config::LeptosOptions;
+
+use crate::{
+    config::Config,
+    store::{Store, StoreError},
+};
+
+/// What every handler and server function can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub leptos_options: LeptosOptions,
+    pub store: Store,
+}
+
+impl AppState {
+    /// Connects to Redis as configured.
+    pub async fn connect(config: Config) -> Result<Self, StoreError> {
+        let store = Store::connect(&config.redis_url, config.redis_timeout).await?;
+        Ok(Self { leptos_options: config.leptos_options, store })
+    }
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos_options.clone()
+    }
+}

@@ -1,0 +1,15 @@
+//! The store's one error type: Redis failing, not answering in time, or answering
+//! something the scripts' contracts do not allow.
+
+use std::time::Duration;
+
+/// Why a store operation did not produce an answer. A denial is never an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("unexpected reply from redis: {0}")]
+    Reply(String),
+}

@@ -1,0 +1,6 @@
+//! The one integration-test binary: real `redis-server` processes on free ports, and the
+//! real app on port 0. Modules group the tests by feature.
+
+mod helpers;
+
+mod health;
