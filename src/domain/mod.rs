@@ -1,2 +1,73 @@
 //! The pure core: identifiers, rules, policies, decisions, and a reference model of every
 //! algorithm. No I/O, no async, no Redis: it compiles to wasm so the dashboard can share it.
+
+pub mod algorithm;
+pub mod check;
+pub mod identifier;
+pub mod rule;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub use algorithm::{Outcome, State, step};
+pub use check::{Decision, RuleResult, evaluate};
+pub use identifier::Identifier;
+pub use rule::{Algorithm, Rule};
+
+/// A policy, rule or dimension name: `[a-z0-9][a-z0-9_-]{0,63}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Name(String);
+
+impl Name {
+    /// Parses a name; the error says what is wrong with it.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let bytes = raw.as_bytes();
+        let ok_first = bytes.first().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        let ok_rest = bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-');
+        if raw.is_empty() || raw.len() > 64 || !ok_first || !ok_rest {
+            return Err(format!(
+                "must match [a-z0-9][a-z0-9_-]{{0,63}} (lowercase letters, digits, '_' and '-', at most 64), got {raw:?}"
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Name {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, String> {
+        Self::parse(&raw)
+    }
+}
+
+impl From<Name> for String {
+    fn from(name: Name) -> String {
+        name.0
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why a policy, rule or identifier is not acceptable; always names the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct PolicyError {
+    pub field: String,
+    pub message: String,
+}
+
+impl PolicyError {
+    pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self { field: field.into(), message: message.into() }
+    }
+}

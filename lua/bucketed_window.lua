@@ -1,0 +1,75 @@
+-- bucketed_window.lua: `limit` over the last `window_ms`, counted in buckets of `bucket_ms`
+-- kept on a circle in one hash (the idea of seed 002).
+--
+-- KEYS (per entry): a hash; field "<slot>" (absolute bucket index mod n, n = window/bucket)
+--   holds that bucket's count, field "t" the newest absolute bucket index written. A write
+--   HDELs the slots that went stale since "t", HINCRBYs the current one and renews the TTL
+--   (until the newest bucket leaves the window).
+-- ARGV (per entry): code "bw", count_denied, limit, window_ms, bucket_ms
+-- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest counted bucket
+--   leaves), retry_ms (until enough old buckets leave; -1 when cost > limit or allowed), 0
+ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_denied)
+  local window = window_ms * 1000
+  local bucket = bucket_ms * 1000
+  local n = window / bucket
+  local cur = math.floor(now / bucket)
+  local slots = {}
+  for i = 0, n - 1 do slots[i] = 0 end
+  local stale = {}
+  local raw = redis.call('HGETALL', key)
+  local last = nil
+  for i = 1, #raw, 2 do
+    if raw[i] == 't' then last = tonumber(raw[i + 1]) end
+  end
+  if last then
+    for i = 1, #raw, 2 do
+      if raw[i] ~= 't' then
+        local slot = tonumber(raw[i])
+        local a = last - ((last - slot) % n)
+        if a > cur - n and a <= cur then
+          slots[slot] = tonumber(raw[i + 1])
+        else
+          stale[#stale + 1] = raw[i]
+        end
+      end
+    end
+  end
+  local count = 0
+  for i = 0, n - 1 do count = count + slots[i] end
+  local allowed = count + cost <= limit
+  local retry = -1
+  if not allowed and cost <= limit then
+    local need = count + cost - limit
+    local freed = 0
+    for a = cur - n + 1, cur do
+      freed = freed + slots[a % n]
+      if freed >= need then
+        retry = ceil_ms((a + n) * bucket - now)
+        break
+      end
+    end
+  end
+  local consume = cost > 0 and (allowed or count_denied)
+  local after = count
+  if consume then
+    slots[cur % n] = slots[cur % n] + cost
+    after = count + cost
+  end
+  local reset = 0
+  for a = cur, cur - n + 1, -1 do
+    if slots[a % n] > 0 then
+      reset = (a + n) * bucket - now
+      break
+    end
+  end
+  local commit = nil
+  if consume then
+    commit = function()
+      if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+      redis.call('HINCRBY', key, int(cur % n), cost)
+      redis.call('HSET', key, 't', int(cur))
+      redis.call('PEXPIRE', key, ttl_ms(reset))
+    end
+  end
+  return result(allowed, limit, limit - after, reset, retry, 0), commit
+end

@@ -1,0 +1,37 @@
+-- prelude.lua: helpers shared by every algorithm. Not a script on its own: Rust assembles
+-- the check script as prelude.lua + one file per algorithm + check.lua, so a check of any
+-- mix of algorithms is still ONE script and ONE round trip.
+--
+-- Every algorithm file adds one function to ALGORITHMS under its code:
+--   ALGORITHMS[code](key, now, cost, p1, p2, p3, count_denied) -> result, commit
+-- `result` is { allowed (1|0), limit, remaining, reset_ms, retry_ms (-1 = none), delay_ms }
+-- and reads nothing but `key`; `commit` is nil or a function that writes the new state
+-- (with a TTL) as if the request were counted. Nothing is written until check.lua decides.
+-- Numbers are doubles; src/domain/algorithm.rs mirrors every operation in the same order.
+
+local ALGORITHMS = {}
+
+-- Milliseconds, rounded up, of a duration in microseconds (0 for none).
+local function ceil_ms(us)
+  if us <= 0 then return 0 end
+  return math.ceil(us / 1000)
+end
+
+-- A TTL in milliseconds: rounded up, never 0.
+local function ttl_ms(us)
+  return math.max(1, ceil_ms(us))
+end
+
+-- Integers as exact decimal text (tostring would round past 14 digits).
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- Doubles as text that reads back to the same double.
+local function real(x)
+  return string.format('%.17g', x)
+end
+
+local function result(allowed, limit, remaining, reset_us, retry_ms, delay_ms)
+  return { allowed and 1 or 0, limit, math.max(0, remaining), ceil_ms(reset_us), retry_ms, delay_ms }
+end

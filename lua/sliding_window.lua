@@ -1,0 +1,56 @@
+-- sliding_window.lua: `limit` per `window_ms`, estimated from the current window's count
+-- plus the previous window's weighted by how much of it still overlaps
+-- (allowed when floor(previous × overlap) + current + cost ≤ limit).
+--
+-- KEYS (per entry): a string "<window index>:<current>:<previous>"; TTL: end of the next
+--   window, when both counts have aged out.
+-- ARGV (per entry): code "sw", count_denied, limit, window_ms, 0
+-- Reply (per entry): allowed, limit, remaining, reset_ms (until nothing counts any more),
+--   retry_ms (earliest time the estimate admits the cost; -1 when cost > limit or allowed), 0
+ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
+  local window = window_ms * 1000
+  local w = math.floor(now / window)
+  local current, previous = 0, 0
+  local raw = redis.call('GET', key)
+  if raw then
+    local sw, sc, sp = string.match(raw, '^(-?%d+):(%d+):(%d+)$')
+    sw = tonumber(sw)
+    if sw == w then
+      current, previous = tonumber(sc), tonumber(sp)
+    elseif sw == w - 1 then
+      current, previous = 0, tonumber(sc)
+    end
+  end
+  local elapsed = now - w * window
+  local weighted = math.floor(previous * (window - elapsed) / window)
+  local allowed = weighted + current + cost <= limit
+  local consume = cost > 0 and (allowed or count_denied)
+  local current_after = current
+  if consume then current_after = current + cost end
+  local to_end = window - elapsed
+  local reset = 0
+  if current_after > 0 then
+    reset = to_end + window
+  elseif previous > 0 then
+    reset = to_end
+  end
+  local retry = -1
+  if not allowed and cost <= limit then
+    local spare = limit - current - cost
+    if spare >= 0 then
+      local x = window - (spare + 1) * window / previous
+      retry = ceil_ms((math.floor(x) + 1) - elapsed)
+    else
+      local x = window - (limit - cost + 1) * window / current
+      retry = ceil_ms(to_end + math.max(math.floor(x) + 1, 0))
+    end
+  end
+  local commit = nil
+  if consume then
+    commit = function()
+      redis.call('SET', key, int(w) .. ':' .. int(current_after) .. ':' .. int(previous),
+        'PX', ttl_ms(to_end + window))
+    end
+  end
+  return result(allowed, limit, limit - weighted - current_after, reset, retry, 0), commit
+end

@@ -1,0 +1,374 @@
+//! The reference model of every algorithm: `step(state, now, cost, rule) -> (state, Outcome)`.
+//!
+//! Each Lua script in `lua/` implements exactly this arithmetic, in the same order and with
+//! the same IEEE doubles (Lua 5.1 has no other number type), so the integration tests can run
+//! one sequence through both and demand identical outcomes. Time is microseconds on Redis's
+//! clock; durations in outcomes are milliseconds rounded up.
+//!
+//! Shared conventions:
+//! - a denied request changes nothing, unless the rule has `count_denied`: then window
+//!   counters count it, a sliding log fills up to its limit, and buckets are left empty;
+//! - `cost == 0` peeks: always allowed, nothing written;
+//! - a cost the rule can never admit is denied with `retry_after_ms: None`;
+//! - `reset_ms` is the time until the rule is back to full capacity (0 when it is).
+
+use serde::{Deserialize, Serialize};
+
+use super::rule::Algorithm;
+
+/// What one rule says about one identifier for one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub allowed: bool,
+    /// The most this rule admits at once (for GCRA, `burst + 1`).
+    pub limit: u64,
+    /// What is left after this request (or now, if it was not consumed).
+    pub remaining: u64,
+    /// Milliseconds until the rule is back to full capacity.
+    pub reset_ms: u64,
+    /// Milliseconds until the same request would be allowed; `None` when allowed, or when
+    /// the cost is larger than the rule could ever admit.
+    pub retry_after_ms: Option<u64>,
+    /// Leaky bucket only: milliseconds a queueing caller should wait to stay smooth.
+    pub delay_ms: u64,
+}
+
+/// The state one rule keeps for one identifier, as the Lua scripts store it in Redis.
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    /// `window` is the clock-aligned window index, `count` what it has admitted.
+    FixedWindow { window: i64, count: i64 },
+    /// Admission times (µs), oldest first; one per unit of cost.
+    SlidingLog { entries: Vec<i64> },
+    /// Counts of the current window and the one before it.
+    SlidingWindow { window: i64, current: i64, previous: i64 },
+    TokenBucket { tokens: f64, last_us: i64 },
+    LeakyBucket { level: f64, last_us: i64 },
+    /// Theoretical arrival time, µs.
+    Gcra { tat_us: f64 },
+    /// `slots[i]` counts bucket indexes `≡ i (mod slots.len())`; `last` is the newest
+    /// absolute bucket index written.
+    BucketedWindow { last: i64, slots: Vec<i64> },
+}
+
+/// Milliseconds, rounded up, of a non-negative duration in microseconds.
+pub fn ceil_ms(us: f64) -> u64 {
+    if us <= 0.0 { 0 } else { (us / 1000.0).ceil() as u64 }
+}
+
+fn floor_div(a: i64, b: i64) -> i64 {
+    (a as f64 / b as f64).floor() as i64
+}
+
+/// Advances `state` by one request of `cost` at `now_us` under `algorithm`.
+///
+/// Returns the state to store (unchanged when nothing was consumed) and the outcome.
+pub fn step(
+    state: Option<&State>,
+    now_us: i64,
+    cost: u64,
+    algorithm: &Algorithm,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let cost = cost as i64;
+    match *algorithm {
+        Algorithm::FixedWindow { limit, window_ms } => {
+            fixed_window(state, now_us, cost, limit as i64, window_ms as i64 * 1000, count_denied)
+        }
+        Algorithm::SlidingLog { limit, window_ms } => {
+            sliding_log(state, now_us, cost, limit as i64, window_ms as i64 * 1000, count_denied)
+        }
+        Algorithm::SlidingWindow { limit, window_ms } => {
+            sliding_window(state, now_us, cost, limit as i64, window_ms as i64 * 1000, count_denied)
+        }
+        Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => token_bucket(
+            state,
+            now_us,
+            cost,
+            capacity as f64,
+            refill_tokens as f64 / (refill_period_ms as f64 * 1000.0),
+            count_denied,
+        ),
+        Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => leaky_bucket(
+            state,
+            now_us,
+            cost,
+            capacity as f64,
+            leak_tokens as f64 / (leak_period_ms as f64 * 1000.0),
+            count_denied,
+        ),
+        Algorithm::Gcra { rate, period_ms, burst } => {
+            gcra(state, now_us, cost, rate, period_ms, burst, count_denied)
+        }
+        Algorithm::BucketedWindow { limit, window_ms, bucket_ms } => bucketed_window(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            window_ms as i64 * 1000,
+            bucket_ms as i64 * 1000,
+            count_denied,
+        ),
+    }
+}
+
+fn outcome(allowed: bool, limit: i64, remaining: i64, reset_us: f64, retry_us: Option<f64>) -> Outcome {
+    Outcome {
+        allowed,
+        limit: limit as u64,
+        remaining: remaining.max(0) as u64,
+        reset_ms: ceil_ms(reset_us),
+        retry_after_ms: retry_us.map(ceil_ms),
+        delay_ms: 0,
+    }
+}
+
+fn fixed_window(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    limit: i64,
+    window: i64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let w = floor_div(now, window);
+    let count = match state {
+        Some(State::FixedWindow { window, count }) if *window == w => *count,
+        _ => 0,
+    };
+    let end = (w + 1) * window - now;
+    let allowed = count + cost <= limit;
+    let consume = cost > 0 && (allowed || count_denied);
+    let after = if consume { count + cost } else { count };
+    let new_state = consume.then_some(State::FixedWindow { window: w, count: after });
+    let reset = if after > 0 { end as f64 } else { 0.0 };
+    let retry = (!allowed && cost <= limit).then_some(end as f64);
+    (new_state, outcome(allowed, limit, limit - after, reset, retry))
+}
+
+fn sliding_log(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    limit: i64,
+    window: i64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let mut entries: Vec<i64> = match state {
+        Some(State::SlidingLog { entries }) => {
+            entries.iter().copied().filter(|s| *s > now - window).collect()
+        }
+        _ => Vec::new(),
+    };
+    let count = entries.len() as i64;
+    let allowed = count + cost <= limit;
+    let retry = if !allowed && cost <= limit {
+        let k = (count + cost - limit) as usize;
+        Some((entries[k - 1] + window - now) as f64)
+    } else {
+        None
+    };
+    let consume = cost > 0 && (allowed || count_denied);
+    if consume {
+        // Never more than `limit` entries: a counted denial only fills the log up.
+        let added = cost.min(limit - count).max(0);
+        entries.extend(std::iter::repeat_n(now, added as usize));
+    }
+    let remaining = limit - entries.len() as i64;
+    let reset = entries.last().map_or(0.0, |newest| (newest + window - now) as f64);
+    let new_state = consume.then_some(State::SlidingLog { entries });
+    (new_state, outcome(allowed, limit, remaining, reset, retry))
+}
+
+fn sliding_window(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    limit: i64,
+    window: i64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let w = floor_div(now, window);
+    let (current, previous) = match state {
+        Some(State::SlidingWindow { window: sw, current, previous }) if *sw == w => (*current, *previous),
+        Some(State::SlidingWindow { window: sw, current, .. }) if *sw == w - 1 => (0, *current),
+        _ => (0, 0),
+    };
+    let elapsed = now - w * window;
+    let weighted = (previous as f64 * (window - elapsed) as f64 / window as f64).floor() as i64;
+    let allowed = weighted + current + cost <= limit;
+    let consume = cost > 0 && (allowed || count_denied);
+    let current_after = if consume { current + cost } else { current };
+    let remaining = limit - weighted - current_after;
+    let to_end = (window - elapsed) as f64;
+    let reset = if current_after > 0 {
+        to_end + window as f64
+    } else if previous > 0 {
+        to_end
+    } else {
+        0.0
+    };
+    let retry = if allowed || cost > limit {
+        None
+    } else {
+        // Smallest elapsed time e' at which floor(prev·(W−e')/W) + cur + cost ≤ limit.
+        let spare = limit - current - cost;
+        if spare >= 0 {
+            let x = window as f64 - (spare + 1) as f64 * window as f64 / previous as f64;
+            Some((x.floor() + 1.0) - elapsed as f64)
+        } else {
+            // Not in this window: the current count becomes the previous one.
+            let x = window as f64 - (limit - cost + 1) as f64 * window as f64 / current as f64;
+            Some(to_end + (x.floor() + 1.0).max(0.0))
+        }
+    };
+    let new_state =
+        consume.then_some(State::SlidingWindow { window: w, current: current_after, previous });
+    (new_state, outcome(allowed, limit, remaining, reset, retry))
+}
+
+fn token_bucket(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    capacity: f64,
+    rate: f64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let mut tokens = match state {
+        Some(State::TokenBucket { tokens, last_us }) => {
+            let elapsed = (now - last_us).max(0) as f64;
+            capacity.min(tokens + elapsed * rate)
+        }
+        _ => capacity,
+    };
+    let cost_f = cost as f64;
+    let allowed = cost_f <= tokens;
+    let retry = (!allowed && cost_f <= capacity).then(|| (cost_f - tokens) / rate);
+    let consume = cost > 0 && (allowed || count_denied);
+    if consume {
+        tokens = (tokens - cost_f).max(0.0);
+    }
+    let reset = (capacity - tokens) / rate;
+    let new_state = consume.then_some(State::TokenBucket { tokens, last_us: now });
+    (new_state, outcome(allowed, capacity as i64, tokens.floor() as i64, reset, retry))
+}
+
+fn leaky_bucket(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    capacity: f64,
+    rate: f64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let mut level = match state {
+        Some(State::LeakyBucket { level, last_us }) => {
+            let elapsed = (now - last_us).max(0) as f64;
+            (level - elapsed * rate).max(0.0)
+        }
+        _ => 0.0,
+    };
+    let cost_f = cost as f64;
+    let allowed = level + cost_f <= capacity;
+    let delay = if allowed { level / rate } else { 0.0 };
+    let retry = (!allowed && cost_f <= capacity).then(|| (level + cost_f - capacity) / rate);
+    let consume = cost > 0 && (allowed || count_denied);
+    if consume {
+        level = capacity.min(level + cost_f);
+    }
+    let reset = level / rate;
+    let new_state = consume.then_some(State::LeakyBucket { level, last_us: now });
+    let mut out = outcome(allowed, capacity as i64, (capacity - level).floor() as i64, reset, retry);
+    out.delay_ms = ceil_ms(delay);
+    (new_state, out)
+}
+
+fn gcra(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    rate: u64,
+    period_ms: u64,
+    burst: u64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let now_f = now as f64;
+    let emission = period_ms as f64 * 1000.0 / rate as f64;
+    let tolerance = emission * (burst + 1) as f64;
+    let increment = emission * cost as f64;
+    let tat = match state {
+        Some(State::Gcra { tat_us }) => tat_us.max(now_f),
+        _ => now_f,
+    };
+    let new_tat = tat + increment;
+    let allow_at = new_tat - tolerance;
+    let diff = now_f - allow_at;
+    let allowed = diff >= 0.0;
+    let (ttl, new_state, retry) = if allowed {
+        let write = cost > 0;
+        (new_tat - now_f, write.then_some(State::Gcra { tat_us: new_tat }), None)
+    } else {
+        let retry = (increment <= tolerance).then_some(-diff);
+        if count_denied && cost > 0 {
+            // Counted while denied: the bucket is left empty.
+            let full = now_f + tolerance;
+            (full - now_f, Some(State::Gcra { tat_us: full }), retry)
+        } else {
+            (tat - now_f, None, retry)
+        }
+    };
+    let next = tolerance - ttl;
+    let remaining = if next > 0.0 { (next / emission).floor() as i64 } else { 0 };
+    (new_state, outcome(allowed, burst as i64 + 1, remaining, ttl, retry))
+}
+
+fn bucketed_window(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    limit: i64,
+    window: i64,
+    bucket: i64,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let n = window / bucket;
+    let cur = floor_div(now, bucket);
+    // Absolute bucket index held by each slot, or None when the slot is stale.
+    let mut slots = vec![0i64; n as usize];
+    if let Some(State::BucketedWindow { last, slots: stored }) = state {
+        for (i, count) in stored.iter().enumerate() {
+            // The newest absolute index a ≤ last with a ≡ i (mod n).
+            let a = last - (last - i as i64).rem_euclid(n);
+            if a > cur - n && a <= cur {
+                slots[i] = *count;
+            }
+        }
+    }
+    let count: i64 = slots.iter().sum();
+    let allowed = count + cost <= limit;
+    let retry = if !allowed && cost <= limit {
+        let need = count + cost - limit;
+        let mut freed = 0;
+        let mut at = None;
+        for a in (cur - n + 1)..=cur {
+            freed += slots[a.rem_euclid(n) as usize];
+            if freed >= need {
+                at = Some(((a + n) * bucket - now) as f64);
+                break;
+            }
+        }
+        at
+    } else {
+        None
+    };
+    let consume = cost > 0 && (allowed || count_denied);
+    if consume {
+        slots[cur.rem_euclid(n) as usize] += cost;
+    }
+    let after: i64 = slots.iter().sum();
+    let newest = ((cur - n + 1)..=cur).rev().find(|a| slots[a.rem_euclid(n) as usize] > 0);
+    let reset = newest.map_or(0.0, |a| ((a + n) * bucket - now) as f64);
+    let new_state = consume.then_some(State::BucketedWindow { last: cur, slots });
+    (new_state, outcome(allowed, limit, limit - after, reset, retry))
+}

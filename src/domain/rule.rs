@@ -1,0 +1,180 @@
+//! Rules and their algorithms, parsed from the policy document's JSON (SPEC §4).
+//! Once a `Rule` exists its parameters are valid: every check below names the field.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Name, PolicyError};
+
+/// Largest limit, capacity, rate or burst a rule may have.
+pub const MAX_AMOUNT: u64 = 1_000_000_000;
+/// Longest window or period: 400 days, in milliseconds.
+pub const MAX_PERIOD_MS: u64 = 400 * 24 * 3600 * 1000;
+/// Most buckets a bucketed window may have.
+pub const MAX_BUCKETS: u64 = 3600;
+
+/// An algorithm with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case")]
+pub enum Algorithm {
+    FixedWindow { limit: u64, window_ms: u64 },
+    SlidingLog { limit: u64, window_ms: u64 },
+    SlidingWindow { limit: u64, window_ms: u64 },
+    TokenBucket { capacity: u64, refill_tokens: u64, refill_period_ms: u64 },
+    LeakyBucket { capacity: u64, leak_tokens: u64, leak_period_ms: u64 },
+    Gcra { rate: u64, period_ms: u64, burst: u64 },
+    BucketedWindow { limit: u64, window_ms: u64, bucket_ms: u64 },
+}
+
+impl Algorithm {
+    /// The name used in documents and responses.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingLog { .. } => "sliding_log",
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::BucketedWindow { .. } => "bucketed_window",
+        }
+    }
+
+    /// The most one request may cost and still be admitted by an empty rule.
+    pub fn max_admissible(&self) -> u64 {
+        match *self {
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingLog { limit, .. }
+            | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::BucketedWindow { limit, .. } => limit,
+            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
+                capacity
+            }
+            Algorithm::Gcra { burst, .. } => burst + 1,
+        }
+    }
+
+    /// The window the IETF `RateLimit-Policy` header advertises, in whole seconds (≥ 1).
+    pub fn window_seconds(&self) -> u64 {
+        let ms = match *self {
+            Algorithm::FixedWindow { window_ms, .. }
+            | Algorithm::SlidingLog { window_ms, .. }
+            | Algorithm::SlidingWindow { window_ms, .. }
+            | Algorithm::BucketedWindow { window_ms, .. } => window_ms,
+            // Time for an empty bucket to refill completely.
+            Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => {
+                capacity.saturating_mul(refill_period_ms) / refill_tokens.max(1)
+            }
+            Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => {
+                capacity.saturating_mul(leak_period_ms) / leak_tokens.max(1)
+            }
+            Algorithm::Gcra { rate, period_ms, burst } => {
+                (burst + 1).saturating_mul(period_ms) / rate.max(1)
+            }
+        };
+        ms.div_ceil(1000).max(1)
+    }
+
+    fn validate(&self, rule: usize) -> Result<(), PolicyError> {
+        let field = |name: &str| format!("rules[{rule}].{name}");
+        let amount = |name: &str, v: u64| -> Result<(), PolicyError> {
+            if v == 0 || v > MAX_AMOUNT {
+                return Err(PolicyError::field(field(name), format!("must be between 1 and {MAX_AMOUNT}")));
+            }
+            Ok(())
+        };
+        let period = |name: &str, v: u64| -> Result<(), PolicyError> {
+            if v == 0 || v > MAX_PERIOD_MS {
+                return Err(PolicyError::field(field(name), format!("must be between 1 and {MAX_PERIOD_MS} milliseconds")));
+            }
+            Ok(())
+        };
+        match *self {
+            Algorithm::FixedWindow { limit, window_ms }
+            | Algorithm::SlidingLog { limit, window_ms }
+            | Algorithm::SlidingWindow { limit, window_ms } => {
+                amount("limit", limit)?;
+                period("window_ms", window_ms)?;
+                if matches!(self, Algorithm::SlidingLog { .. }) && limit > 100_000 {
+                    return Err(PolicyError::field(field("limit"), "a sliding_log keeps one entry per request: at most 100000; use sliding_window for more"));
+                }
+            }
+            Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => {
+                amount("capacity", capacity)?;
+                amount("refill_tokens", refill_tokens)?;
+                period("refill_period_ms", refill_period_ms)?;
+            }
+            Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => {
+                amount("capacity", capacity)?;
+                amount("leak_tokens", leak_tokens)?;
+                period("leak_period_ms", leak_period_ms)?;
+            }
+            Algorithm::Gcra { rate, period_ms, burst } => {
+                amount("rate", rate)?;
+                period("period_ms", period_ms)?;
+                if burst >= MAX_AMOUNT {
+                    return Err(PolicyError::field(field("burst"), format!("must be between 0 and {}", MAX_AMOUNT - 1)));
+                }
+            }
+            Algorithm::BucketedWindow { limit, window_ms, bucket_ms } => {
+                amount("limit", limit)?;
+                period("window_ms", window_ms)?;
+                period("bucket_ms", bucket_ms)?;
+                if window_ms % bucket_ms != 0 {
+                    return Err(PolicyError::field(field("bucket_ms"), "must divide window_ms exactly"));
+                }
+                if window_ms / bucket_ms > MAX_BUCKETS {
+                    return Err(PolicyError::field(field("bucket_ms"), format!("window_ms / bucket_ms must be at most {MAX_BUCKETS}")));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One limit of a policy. Built only through [`Rule::new`], so it has no `Deserialize`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rule {
+    pub name: Name,
+    #[serde(flatten)]
+    pub algorithm: Algorithm,
+    /// Dimensions this rule counts; `None` means every dimension of the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<Vec<Name>>,
+    /// Whether denied requests count too.
+    #[serde(default)]
+    pub count_denied: bool,
+}
+
+impl Rule {
+    /// Builds a rule, checking every parameter; `index` is its place in the policy.
+    pub fn new(
+        index: usize,
+        name: &str,
+        algorithm: Algorithm,
+        dimensions: Option<Vec<String>>,
+        count_denied: bool,
+    ) -> Result<Self, PolicyError> {
+        let name = Name::parse(name).map_err(|m| PolicyError::field(format!("rules[{index}].name"), m))?;
+        algorithm.validate(index)?;
+        let dimensions = match dimensions {
+            None => None,
+            Some(dims) if dims.is_empty() => {
+                return Err(PolicyError::field(format!("rules[{index}].dimensions"), "must name at least one dimension, or be left out for all"));
+            }
+            Some(dims) => Some(
+                dims.iter()
+                    .enumerate()
+                    .map(|(j, d)| {
+                        Name::parse(d).map_err(|m| PolicyError::field(format!("rules[{index}].dimensions[{j}]"), m))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        Ok(Self { name, algorithm, dimensions, count_denied })
+    }
+
+    /// Whether this rule counts identifiers of `dimension`.
+    pub fn applies_to(&self, dimension: &str) -> bool {
+        self.dimensions.as_ref().is_none_or(|dims| dims.iter().any(|d| d.as_str() == dimension))
+    }
+}

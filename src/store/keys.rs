@@ -1,0 +1,118 @@
+//! Every Redis key Spillway uses is built here, and nowhere else.
+//!
+//! Rule state lives at `<ns>:{<policy>|<dimension>|<value>}:<rule>:<algorithm code>`. The
+//! braces are a Redis Cluster hash tag, so every rule of one policy for one identifier shares
+//! a slot and a check needs one script call per identifier at most. `{`, `}`, `|` and `%` in
+//! any part are percent-encoded, so no value can close the tag early, move its slot, or make
+//! two different (policy, identifier) pairs share a key. The algorithm code in the key keeps
+//! a rule whose algorithm changed from reading the old algorithm's state.
+
+use crate::domain::{Algorithm, Identifier, Name};
+
+/// Builds keys under one namespace (`spw` in production; tests use their own).
+#[derive(Clone, Debug)]
+pub struct Keys {
+    namespace: String,
+}
+
+impl Default for Keys {
+    fn default() -> Self {
+        Self::new("spw")
+    }
+}
+
+impl Keys {
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self { namespace: namespace.into() }
+    }
+
+    /// The hash tag, braces included, shared by every rule of `policy` for `identifier`.
+    pub fn tag(&self, policy: &Name, identifier: &Identifier) -> String {
+        format!(
+            "{{{}|{}|{}}}",
+            escape(policy.as_str()),
+            escape(identifier.dimension().as_str()),
+            escape(identifier.value())
+        )
+    }
+
+    /// Where `rule` keeps its state for `identifier` under `policy`.
+    pub fn rule_state(&self, policy: &Name, identifier: &Identifier, rule: &Name, algorithm: &Algorithm) -> String {
+        format!(
+            "{}:{}:{}:{}",
+            self.namespace,
+            self.tag(policy, identifier),
+            escape(rule.as_str()),
+            algorithm_code(algorithm)
+        )
+    }
+}
+
+/// The short code `lua/check.lua` dispatches on.
+pub fn algorithm_code(algorithm: &Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow { .. } => "fw",
+        Algorithm::SlidingLog { .. } => "sl",
+        Algorithm::SlidingWindow { .. } => "sw",
+        Algorithm::TokenBucket { .. } => "tb",
+        Algorithm::LeakyBucket { .. } => "lb",
+        Algorithm::Gcra { .. } => "gc",
+        Algorithm::BucketedWindow { .. } => "bw",
+    }
+}
+
+/// Percent-encodes the characters that could steer or collide keys.
+fn escape(part: &str) -> String {
+    let mut out = String::with_capacity(part.len());
+    for c in part.chars() {
+        match c {
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            '|' => out.push_str("%7C"),
+            '%' => out.push_str("%25"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(raw: &str) -> Identifier {
+        Identifier::parse(raw).unwrap()
+    }
+
+    fn name(raw: &str) -> Name {
+        Name::parse(raw).unwrap()
+    }
+
+    const FW: Algorithm = Algorithm::FixedWindow { limit: 1, window_ms: 1000 };
+
+    #[test]
+    fn layout_matches_the_spec() {
+        let keys = Keys::default();
+        assert_eq!(
+            keys.rule_state(&name("api"), &id("ip=203.0.113.7"), &name("per-second"), &FW),
+            "spw:{api|ip|203.0.113.7}:per-second:fw"
+        );
+    }
+
+    #[test]
+    fn braces_bars_and_percents_are_encoded() {
+        let keys = Keys::default();
+        let key = keys.rule_state(&name("a"), &id("user=}{x|y%"), &name("r"), &FW);
+        assert_eq!(key, "spw:{a|user|%7D%7Bx%7Cy%25}:r:fw");
+        assert_eq!(key.matches('{').count(), 1);
+        assert_eq!(key.matches('}').count(), 1);
+    }
+
+    #[test]
+    fn an_encoded_value_cannot_pose_as_another() {
+        let keys = Keys::default();
+        let a = keys.rule_state(&name("a"), &id("user=%7C"), &name("r"), &FW);
+        let b = keys.rule_state(&name("a"), &id("user=|"), &name("r"), &FW);
+        assert_ne!(a, b);
+    }
+}
