@@ -2,7 +2,8 @@
 -- Appended after prelude.lua and the algorithm files; this is the part that reads KEYS/ARGV.
 --
 -- KEYS: one state key per entry (rule × identifier), all in one hash-tag slot on a cluster.
--- ARGV: [1] now in µs, or '' to use Redis TIME (the server's clock);
+-- ARGV: [1] '' to use Redis TIME (the server's clock), or now in µs, or '+<µs>' for TIME
+--           plus an offset (tests: a clock that never runs slower than Redis's);
 --       [2] cost, an integer ≥ 0 (0 peeks: nothing is written);
 --       then 5 per entry, in KEYS order: algorithm code ("fw", "sl", "sw", "tb", "lb", "gc",
 --       "bw"), count_denied ("1"|"0"), and the algorithm's three parameters (see its file).
@@ -16,9 +17,9 @@ local n = #KEYS
 assert(n > 0 and #ARGV == 2 + 5 * n, 'check.lua: expected 2 + 5 ARGV per key')
 
 local now
-if ARGV[1] == '' then
+if ARGV[1] == '' or string.sub(ARGV[1], 1, 1) == '+' then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2]) + (tonumber(string.sub(ARGV[1], 2)) or 0)
 else
   now = tonumber(ARGV[1])
 end

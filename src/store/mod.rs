@@ -50,6 +50,28 @@ pub struct RedisHealth {
     pub round_trip_us: u64,
 }
 
+/// Which clock a check runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Now {
+    /// Redis `TIME`: the server's clock, the same for every Spillway host. Production.
+    Redis,
+    /// A fixed time in µs (tests that replay published tables).
+    At(i64),
+    /// Redis `TIME` plus an offset in µs: a test clock that never runs slower than the
+    /// real one, so real TTLs never expire state the test still counts on.
+    RedisPlus(i64),
+}
+
+impl Now {
+    fn arg(self) -> String {
+        match self {
+            Now::Redis => String::new(),
+            Now::At(us) => us.to_string(),
+            Now::RedisPlus(us) => format!("+{us}"),
+        }
+    }
+}
+
 /// One rule × identifier to evaluate in a check.
 #[derive(Clone, Copy, Debug)]
 pub struct CheckEntry<'a> {
@@ -110,13 +132,13 @@ impl Store {
     }
 
     /// Checks `entries` of `policy` at `cost`, consuming only when every one allows, in one
-    /// round trip. `now_us` overrides Redis's clock (tests); `None` uses Redis `TIME`.
+    /// round trip, on the clock `now` (`Now::Redis` in production).
     pub async fn check_and_consume(
         &self,
         policy: &Name,
         entries: &[CheckEntry<'_>],
         cost: u64,
-        now_us: Option<i64>,
+        now: Now,
     ) -> Result<Decision, StoreError> {
         let keys: Vec<String> = entries
             .iter()
@@ -124,7 +146,7 @@ impl Store {
             .collect();
         let rules: Vec<(Algorithm, bool)> =
             entries.iter().map(|e| (e.rule.algorithm, e.rule.count_denied)).collect();
-        let reply = self.run_check(&keys, &rules, cost, now_us).await?;
+        let reply = self.run_check(&keys, &rules, cost, now).await?;
         let results = entries
             .iter()
             .zip(reply.outcomes)
@@ -146,16 +168,16 @@ impl Store {
         keys: &[String],
         rules: &[(Algorithm, bool)],
         cost: u64,
-        now_us: Option<i64>,
+        now: Now,
     ) -> Result<ScriptReply, StoreError> {
         if keys.is_empty() {
-            return Ok(ScriptReply { allowed: true, now_us: now_us.unwrap_or_default(), outcomes: vec![] });
+            return Ok(ScriptReply { allowed: true, now_us: 0, outcomes: vec![] });
         }
         let mut invocation = self.scripts.check.prepare_invoke();
         for key in keys {
             invocation.key(key);
         }
-        invocation.arg(now_us.map(|t| t.to_string()).unwrap_or_default()).arg(cost);
+        invocation.arg(now.arg()).arg(cost);
         for (algorithm, count_denied) in rules {
             let (p1, p2, p3) = params(algorithm);
             invocation.arg(keys::algorithm_code(algorithm)).arg(if *count_denied { "1" } else { "0" });

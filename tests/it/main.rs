@@ -3,4 +3,5 @@
 
 mod helpers;
 
+mod engine;
 mod health;

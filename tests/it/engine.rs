@@ -1,0 +1,418 @@
+//! The rate-limit engine on a real redis-server: every Lua script against its pure Rust
+//! model, the published tables it must reproduce, atomicity under concurrency, and hygiene
+//! (TTLs, script cache loss).
+
+use std::{
+    collections::BTreeMap,
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use proptest::{prelude::*, test_runner::TestCaseError};
+use spillway::{
+    domain::{Algorithm, Identifier, Name, Rule, State, check::Entry, evaluate},
+    store::{CheckEntry, Keys, Now, Store},
+};
+
+use crate::helpers::RedisServer;
+
+/// A realistic Redis clock reading (µs), so the scripts see numbers of the real size.
+const T0: i64 = 1_763_800_000_000_000;
+/// 400 days: long enough that nothing refills or expires during a test.
+const LONG_MS: u64 = 400 * 24 * 3600 * 1000;
+
+static NAMESPACE: AtomicU64 = AtomicU64::new(0);
+
+async fn store(redis: &RedisServer) -> Store {
+    let ns = format!("t{}", NAMESPACE.fetch_add(1, Ordering::Relaxed));
+    Store::connect_with_keys(&redis.url(), Duration::from_secs(10), Keys::new(ns)).await.unwrap()
+}
+
+fn name(raw: &str) -> Name {
+    Name::parse(raw).unwrap()
+}
+
+fn rule(rule_name: &str, algorithm: Algorithm) -> Rule {
+    Rule::new(0, rule_name, algorithm, None, false).unwrap()
+}
+
+/// Every algorithm with a capacity of 100 and nothing refilling during a test.
+fn hundred_without_refill() -> Vec<Algorithm> {
+    vec![
+        Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS },
+        Algorithm::SlidingLog { limit: 100, window_ms: LONG_MS },
+        Algorithm::SlidingWindow { limit: 100, window_ms: LONG_MS },
+        Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period_ms: LONG_MS },
+        Algorithm::LeakyBucket { capacity: 100, leak_tokens: 1, leak_period_ms: LONG_MS },
+        Algorithm::Gcra { rate: 1, period_ms: LONG_MS, burst: 99 },
+        Algorithm::BucketedWindow { limit: 100, window_ms: LONG_MS, bucket_ms: LONG_MS / 400 },
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
+// Each script against its reference model.
+
+fn algorithm_strategy() -> impl Strategy<Value = Algorithm> {
+    let windowed = (1u64..=12, prop_oneof![Just(1u64), 1u64..=3000]);
+    prop_oneof![
+        windowed.clone().prop_map(|(limit, window_ms)| Algorithm::FixedWindow { limit, window_ms }),
+        windowed.clone().prop_map(|(limit, window_ms)| Algorithm::SlidingLog { limit, window_ms }),
+        windowed.prop_map(|(limit, window_ms)| Algorithm::SlidingWindow { limit, window_ms }),
+        (1u64..=12, 1u64..=5, 1u64..=3000).prop_map(|(capacity, refill_tokens, refill_period_ms)| {
+            Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms }
+        }),
+        (1u64..=12, 1u64..=5, 1u64..=3000).prop_map(|(capacity, leak_tokens, leak_period_ms)| {
+            Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms }
+        }),
+        (1u64..=10, 1u64..=3000, 0u64..=6)
+            .prop_map(|(rate, period_ms, burst)| Algorithm::Gcra { rate, period_ms, burst }),
+        (1u64..=12, 1u64..=10, 1u64..=300).prop_map(|(limit, buckets, bucket_ms)| {
+            Algorithm::BucketedWindow { limit, window_ms: buckets * bucket_ms, bucket_ms }
+        }),
+    ]
+}
+
+/// A request: microseconds since the previous one, and its cost.
+fn requests(max_cost: u64) -> impl Strategy<Value = Vec<(i64, u64)>> {
+    prop::collection::vec(
+        (prop_oneof![Just(0i64), 0i64..2_000, 0i64..400_000, 0i64..4_000_000], 0..=max_cost),
+        1..40,
+    )
+}
+
+/// Runs `sequence` through the script (one key per entry) and through the model, and
+/// demands the same outcomes at every step.
+fn script_matches_model(
+    rt: &tokio::runtime::Runtime,
+    store: &Store,
+    rules: &[(Algorithm, bool)],
+    sequence: &[(i64, u64)],
+) -> Result<(), TestCaseError> {
+    let case = NAMESPACE.fetch_add(1, Ordering::Relaxed);
+    let keys: Vec<String> = (0..rules.len()).map(|i| format!("model:{{case{case}}}:{i}")).collect();
+    let entries: Vec<Entry<'_>> =
+        rules.iter().map(|(algorithm, count_denied)| Entry { algorithm, count_denied: *count_denied }).collect();
+    let mut states: Vec<Option<State>> = vec![None; rules.len()];
+    // The scripts set real TTLs, so the test clock must never run slower than Redis's:
+    // each check runs at Redis TIME plus the sum of the steps so far, and the model is
+    // stepped to the time the script reports. A key Redis expired is then one the model no
+    // longer needs either (every TTL ends where the state is as good as absent).
+    let mut offset = (case as i64 % 7919) * 13;
+    for (i, &(dt, cost)) in sequence.iter().enumerate() {
+        offset += dt;
+        let reply = rt.block_on(store.run_check(&keys, rules, cost, Now::RedisPlus(offset))).unwrap();
+        let now = reply.now_us;
+        let (after, expected) = evaluate(&states, now, cost, &entries);
+        states = after;
+        prop_assert_eq!(
+            &reply.outcomes,
+            &expected,
+            "step {} (t=+{}µs, cost {}) of {:?} with {:?}",
+            i,
+            now - T0,
+            cost,
+            sequence,
+            rules
+        );
+        prop_assert_eq!(reply.allowed, expected.iter().all(|o| o.allowed));
+    }
+    Ok(())
+}
+
+#[test]
+fn each_script_matches_its_model() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisServer::start();
+    let store = rt.block_on(store(&redis));
+    let config = ProptestConfig { cases: 350, failure_persistence: None, ..ProptestConfig::default() };
+    proptest!(config, |(algorithm in algorithm_strategy(), count_denied in prop::bool::weighted(0.2), sequence in requests(14))| {
+        script_matches_model(&rt, &store, &[(algorithm, count_denied)], &sequence)?;
+    });
+}
+
+#[test]
+fn composite_checks_match_the_model_all_or_nothing() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let redis = RedisServer::start();
+    let store = rt.block_on(store(&redis));
+    let config = ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() };
+    proptest!(config, |(rules in prop::collection::vec((algorithm_strategy(), prop::bool::weighted(0.2)), 2..5), sequence in requests(8))| {
+        script_matches_model(&rt, &store, &rules, &sequence)?;
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Published tables.
+
+/// One step of a table: (ms since start, cost) → (allowed, remaining, reset_ms, retry_ms).
+type Row = (i64, u64, bool, u64, u64, Option<u64>);
+
+async fn run_table(store: &Store, algorithm: Algorithm, rows: &[Row]) {
+    let keys = vec![format!("table:{{{}}}", NAMESPACE.fetch_add(1, Ordering::Relaxed))];
+    for (n, &(at_ms, cost, allowed, remaining, reset_ms, retry_ms)) in rows.iter().enumerate() {
+        let reply = store.run_check(&keys, &[(algorithm, false)], cost, Now::At(T0 + at_ms * 1000)).await.unwrap();
+        let o = reply.outcomes[0];
+        assert_eq!(
+            (o.allowed, o.remaining, o.reset_ms, o.retry_after_ms),
+            (allowed, remaining, reset_ms, retry_ms),
+            "case {n}: {cost} at +{at_ms} ms"
+        );
+    }
+}
+
+/// redis-cell's `it_rate_limits`: limit 5 (burst 4), 1 per second.
+#[tokio::test]
+async fn gcra_reproduces_redis_cells_table() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let gcra = Algorithm::Gcra { rate: 1, period_ms: 1000, burst: 4 };
+    #[rustfmt::skip]
+    let rows: [Row; 15] = [
+        // You can never make a request larger than the maximum.
+        (0, 6, false, 5, 0, None),
+        // Rate limit normal requests appropriately.
+        (0, 1, true, 4, 1000, None),
+        (0, 1, true, 3, 2000, None),
+        (0, 1, true, 2, 3000, None),
+        (0, 1, true, 1, 4000, None),
+        (0, 1, true, 0, 5000, None),
+        (0, 1, false, 0, 5000, Some(1000)),
+        (3000, 1, true, 2, 3000, None),
+        (3100, 1, true, 1, 3900, None),
+        (4000, 1, true, 1, 4000, None),
+        (8000, 1, true, 4, 1000, None),
+        (9500, 1, true, 4, 1000, None),
+        // A zero-cost request only peeks.
+        (9500, 0, true, 4, 1000, None),
+        // A larger request uses more of the limit...
+        (9500, 2, true, 2, 3000, None),
+        // ...and cannot exceed it.
+        (9500, 5, false, 2, 3000, Some(3000)),
+    ];
+    run_table(&store, gcra, &rows).await;
+    assert_eq!(gcra.max_admissible(), 5);
+}
+
+/// The worked example of the Python `limits` library: 10 per minute, 4 requests in the
+/// previous window and 8 in the current one; at +30 s the weighted count is 4·½ + 8 = 10
+/// (denied), at +40 s it is ⌊4·⅓⌋ + 8 = 9 (allowed).
+#[tokio::test]
+async fn sliding_window_reproduces_the_limits_example() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let algorithm = Algorithm::SlidingWindow { limit: 10, window_ms: 60_000 };
+    let keys = vec![format!("limits:{{{}}}", NAMESPACE.fetch_add(1, Ordering::Relaxed))];
+    let window_start = (T0 / 60_000_000 + 1) * 60_000_000; // a minute boundary
+    let at = |offset_ms: i64| Now::At(window_start + offset_ms * 1000);
+    let rules = [(algorithm, false)];
+    let check = |now| store.run_check(&keys, &rules, 1, now);
+    // The example's state, written as sliding_window.lua stores it (its header documents
+    // "<window index>:<current>:<previous>"): 8 in this minute, 4 in the one before.
+    let mut conn = redis.connection();
+    let window = window_start / 60_000_000;
+    redis::cmd("SET").arg(&keys[0]).arg(format!("{window}:8:4")).arg("PX").arg(120_000).query::<()>(&mut conn).unwrap();
+    let at_30 = check(at(30_000)).await.unwrap().outcomes[0];
+    assert!(!at_30.allowed);
+    assert_eq!(at_30.remaining, 0);
+    assert_eq!(at_30.retry_after_ms, Some(1), "⌊4·(60−e)/60⌋ ≤ 1 as soon as e > 30 s");
+    let at_40 = check(at(40_000)).await.unwrap().outcomes[0];
+    assert!(at_40.allowed, "{at_40:?}");
+    assert_eq!(at_40.remaining, 0, "⌊1.33⌋ + 9 = 10: now full");
+}
+
+// ---------------------------------------------------------------------------------------
+// Atomicity and all-or-nothing.
+
+/// 10,000 concurrent checks over several connections against a limit of 100 with nothing
+/// refilling: exactly 100 pass, and they see remaining 99…0, each exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_checks_admit_exactly_the_limit_for_every_algorithm() {
+    let redis = RedisServer::start();
+    // Eight connections on one namespace.
+    let ns = format!("conc{}", NAMESPACE.fetch_add(1, Ordering::Relaxed));
+    let mut stores = Vec::new();
+    for _ in 0..8 {
+        stores.push(Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::new(ns.clone())).await.unwrap());
+    }
+    let policy = name("concurrency");
+    let user = Identifier::parse("user=42").unwrap();
+    for algorithm in hundred_without_refill() {
+        let rule = rule("r", algorithm);
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..10_000 {
+            let store = stores[i % stores.len()].clone();
+            let (policy, user, rule) = (policy.clone(), user.clone(), rule.clone());
+            tasks.spawn(async move {
+                let entry = CheckEntry { rule: &rule, identifier: &user };
+                store.check_and_consume(&policy, &[entry], 1, Now::Redis).await.unwrap()
+            });
+        }
+        let mut remaining_seen = BTreeMap::new();
+        let mut allowed = 0;
+        while let Some(decision) = tasks.join_next().await {
+            let decision = decision.unwrap();
+            if decision.allowed {
+                allowed += 1;
+                *remaining_seen.entry(decision.results[0].outcome.remaining).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(allowed, 100, "{}", algorithm.name());
+        assert_eq!(remaining_seen.len(), 100, "{}: {remaining_seen:?}", algorithm.name());
+        assert!(remaining_seen.iter().all(|(r, n)| *r < 100 && *n == 1), "{}: {remaining_seen:?}", algorithm.name());
+    }
+}
+
+/// Cost 7 against 100 admits 14 (98); the 15th is denied and consumes nothing, so a check of
+/// cost 2 still fits; then the rule is exactly full.
+#[tokio::test]
+async fn a_denied_check_consumes_nothing() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let user = Identifier::parse("user=7").unwrap();
+    for algorithm in hundred_without_refill() {
+        let policy = name(&format!("cost-{}", algorithm.name().replace('_', "-")));
+        let rule = rule("r", algorithm);
+        let entry = [CheckEntry { rule: &rule, identifier: &user }];
+        let mut allowed = 0;
+        for _ in 0..20 {
+            if store.check_and_consume(&policy, &entry, 7, Now::Redis).await.unwrap().allowed {
+                allowed += 1;
+            }
+        }
+        assert_eq!(allowed, 14, "{}", algorithm.name());
+        let fits = store.check_and_consume(&policy, &entry, 2, Now::Redis).await.unwrap();
+        assert!(fits.allowed, "{}: {fits:?}", algorithm.name());
+        assert_eq!(fits.results[0].outcome.remaining, 0, "{}", algorithm.name());
+        let over = store.check_and_consume(&policy, &entry, 1, Now::Redis).await.unwrap();
+        assert!(!over.allowed, "{}", algorithm.name());
+    }
+}
+
+/// When one rule of a policy denies, no rule consumes, for any identifier.
+#[tokio::test]
+async fn one_denial_consumes_nothing_anywhere() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let policy = name("api");
+    let per_second = rule("per-second", Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS });
+    let strict = Rule::new(0, "strict", Algorithm::TokenBucket { capacity: 3, refill_tokens: 1, refill_period_ms: LONG_MS }, Some(vec!["user".into()]), false).unwrap();
+    let ip = Identifier::parse("ip=203.0.113.7").unwrap();
+    let user = Identifier::parse("user=42").unwrap();
+    let entries = [
+        CheckEntry { rule: &per_second, identifier: &ip },
+        CheckEntry { rule: &per_second, identifier: &user },
+        CheckEntry { rule: &strict, identifier: &user },
+    ];
+    for _ in 0..3 {
+        assert!(store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap().allowed);
+    }
+    for _ in 0..5 {
+        let denied = store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap();
+        assert!(!denied.allowed);
+        let binding = denied.binding().unwrap();
+        assert_eq!(binding.rule.as_str(), "strict");
+        assert!(denied.results[0].outcome.allowed, "the other rules would allow");
+        assert_eq!(denied.results[0].outcome.remaining, 97, "…but consumed nothing");
+        assert_eq!(denied.results[1].outcome.remaining, 97);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hygiene.
+
+#[tokio::test]
+async fn checks_survive_script_flush() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let policy = name("flush");
+    let user = Identifier::parse("user=1").unwrap();
+    let rule = rule("r", Algorithm::FixedWindow { limit: 10, window_ms: LONG_MS });
+    let entry = [CheckEntry { rule: &rule, identifier: &user }];
+    assert_eq!(store.check_and_consume(&policy, &entry, 1, Now::Redis).await.unwrap().results[0].outcome.remaining, 9);
+    let mut conn = redis.connection();
+    redis::cmd("SCRIPT").arg("FLUSH").query::<()>(&mut conn).unwrap();
+    let after = store.check_and_consume(&policy, &entry, 1, Now::Redis).await.unwrap();
+    assert_eq!(after.results[0].outcome.remaining, 8);
+}
+
+/// 100,000 distinct identifiers through a policy of every algorithm: every key written has a
+/// TTL (INFO keyspace: keys == expires).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_has_a_ttl_after_100k_identifiers() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let policy = name("ttl");
+    let rules: Vec<Rule> = [
+        // Long enough that no key expires (and no window ends) before the count below.
+        Algorithm::FixedWindow { limit: 10, window_ms: LONG_MS },
+        Algorithm::SlidingLog { limit: 10, window_ms: LONG_MS },
+        Algorithm::SlidingWindow { limit: 10, window_ms: LONG_MS },
+        Algorithm::TokenBucket { capacity: 10, refill_tokens: 1, refill_period_ms: LONG_MS },
+        Algorithm::LeakyBucket { capacity: 10, leak_tokens: 1, leak_period_ms: LONG_MS },
+        Algorithm::Gcra { rate: 1, period_ms: LONG_MS, burst: 5 },
+        Algorithm::BucketedWindow { limit: 10, window_ms: LONG_MS, bucket_ms: LONG_MS / 400 },
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(i, a)| rule(&format!("r{i}"), a))
+    .collect();
+    let rules = std::sync::Arc::new(rules);
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..64 {
+        let (store, policy, rules) = (store.clone(), policy.clone(), rules.clone());
+        tasks.spawn(async move {
+            for i in (worker..100_000).step_by(64) {
+                let user = Identifier::parse(&format!("user={i}")).unwrap();
+                let entries: Vec<_> = rules.iter().map(|rule| CheckEntry { rule, identifier: &user }).collect();
+                assert!(store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap().allowed);
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let mut conn = redis.connection();
+    let info: String = redis::cmd("INFO").arg("keyspace").query(&mut conn).unwrap();
+    let line = info.lines().find(|l| l.starts_with("db0:")).expect(&info);
+    let field = |name: &str| -> u64 {
+        line.split([':', ',']).find_map(|kv| kv.strip_prefix(&format!("{name}="))).unwrap().parse().unwrap()
+    };
+    assert_eq!(field("keys"), 700_000, "{line}");
+    assert_eq!(field("expires"), field("keys"), "{line}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Key isolation.
+
+#[test]
+fn names_cannot_carry_separators() {
+    assert!(Name::parse("a|x").is_err());
+    assert!(Name::parse("a{x}").is_err());
+    assert!(Identifier::parse("us|er=1").is_err());
+}
+
+#[tokio::test]
+async fn tricky_values_get_their_own_keys_in_their_own_slot() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let rule = rule("r", Algorithm::FixedWindow { limit: 1, window_ms: LONG_MS });
+    // Identifier values that try to look like another policy's or identifier's key.
+    let cases = [("a", "user=x|y"), ("a", "user=x%7Cy"), ("a", "user=}x{"), ("a", "user=x"), ("b", "user=x|y")];
+    for (policy, id) in cases {
+        let id = Identifier::parse(id).unwrap();
+        let decision = store
+            .check_and_consume(&name(policy), &[CheckEntry { rule: &rule, identifier: &id }], 1, Now::Redis)
+            .await
+            .unwrap();
+        assert!(decision.allowed, "{policy} {id}: a key collided with an earlier case");
+    }
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys.len(), cases.len(), "{keys:?}");
+    for key in &keys {
+        // Exactly one hash tag, and it is the first {...}: the slot is the identifier's.
+        assert_eq!(key.matches('{').count(), 1, "{key}");
+        assert_eq!(key.matches('}').count(), 1, "{key}");
+    }
+}
+
