@@ -8,6 +8,7 @@
 -- ARGV (per entry): code "bw", count_denied, limit, window_ms, bucket_ms
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest counted bucket
 --   leaves), retry_ms (until enough old buckets leave; -1 when cost > limit or allowed), 0
+-- Refund (cluster): gives `cost` back to the bucket of `now`, if it is still counted.
 ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_denied)
   local window = window_ms * 1000
   local bucket = bucket_ms * 1000
@@ -72,4 +73,15 @@ ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_deni
     end
   end
   return result(allowed, limit, limit - after, reset, retry, 0), commit
+end
+
+REFUNDS.bw = function(key, now, cost, limit, window_ms, bucket_ms)
+  local n = window_ms / bucket_ms
+  local a = math.floor(now / (bucket_ms * 1000))
+  local last = tonumber(redis.call('HGET', key, 't'))
+  if last and a > last - n then
+    local field = int(a % n)
+    local left = math.max(tonumber(redis.call('HGET', key, field) or '0') - cost, 0)
+    redis.call('HSET', key, field, int(left))
+  end
 end

@@ -5,6 +5,7 @@
 -- ARGV (per entry): code "fw", count_denied, limit, window_ms, 0
 -- Reply (per entry): allowed, limit, remaining, reset_ms (window end, 0 when unused),
 --   retry_ms (window end; -1 when cost > limit or allowed), 0
+-- Refund (cluster): gives `cost` back to the window of `now`, if it is still current.
 ALGORITHMS.fw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local w = math.floor(now / window)
@@ -30,4 +31,13 @@ ALGORITHMS.fw = function(key, now, cost, limit, window_ms, _, count_denied)
     end
   end
   return result(allowed, limit, limit - after, reset, retry, 0), commit
+end
+
+REFUNDS.fw = function(key, now, cost, limit, window_ms)
+  local raw = redis.call('GET', key)
+  if not raw then return end
+  local sw, sc = string.match(raw, '^(-?%d+):(%d+)$')
+  if tonumber(sw) == math.floor(now / (window_ms * 1000)) then
+    redis.call('SET', key, sw .. ':' .. int(math.max(tonumber(sc) - cost, 0)), 'KEEPTTL')
+  end
 end

@@ -6,6 +6,7 @@
 -- ARGV (per entry): code "gc", count_denied, rate, period_ms, burst
 -- Reply (per entry): allowed, burst + 1, remaining, reset_ms (until TAT), retry_ms
 --   (until the request would conform; -1 when cost > burst + 1 or allowed), 0
+-- Refund (cluster): moves the TAT back by `cost` emission intervals (not before now).
 ALGORITHMS.gc = function(key, now, cost, rate, period_ms, burst, count_denied)
   local emission = period_ms * 1000 / rate
   local tolerance = emission * (burst + 1)
@@ -42,4 +43,11 @@ ALGORITHMS.gc = function(key, now, cost, rate, period_ms, burst, count_denied)
     end
   end
   return result(allowed, burst + 1, remaining, ttl, retry, 0), commit
+end
+
+REFUNDS.gc = function(key, now, cost, rate, period_ms)
+  local raw = redis.call('GET', key)
+  if not raw then return end
+  local tat = math.max(tonumber(raw) - (period_ms * 1000 / rate) * cost, now)
+  redis.call('SET', key, real(tat), 'KEEPTTL')
 end

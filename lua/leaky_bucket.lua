@@ -7,6 +7,7 @@
 -- Reply (per entry): allowed, capacity, remaining (whole units of room), reset_ms (until
 --   empty), retry_ms (until `cost` fits; -1 when cost > capacity or allowed), delay_ms (how
 --   long a queueing caller should wait for what is ahead of it to drain; 0 when denied)
+-- Refund (cluster): takes `cost` back out of the level.
 ALGORITHMS.lb = function(key, now, cost, capacity, leak_tokens, leak_period_ms, count_denied)
   local rate = leak_tokens / (leak_period_ms * 1000)
   local level = 0
@@ -31,4 +32,11 @@ ALGORITHMS.lb = function(key, now, cost, capacity, leak_tokens, leak_period_ms, 
     end
   end
   return result(allowed, capacity, math.floor(capacity - level), reset, retry, ceil_ms(delay)), commit
+end
+
+REFUNDS.lb = function(key, now, cost)
+  local raw = redis.call('GET', key)
+  if not raw then return end
+  local sv, sl = string.match(raw, '^([^:]+):(-?%d+)$')
+  redis.call('SET', key, real(math.max(tonumber(sv) - cost, 0)) .. ':' .. sl, 'KEEPTTL')
 end

@@ -7,9 +7,12 @@
 -- `result` is { allowed (1|0), limit, remaining, reset_ms, retry_ms (-1 = none), delay_ms }
 -- and reads nothing but `key`; `commit` is nil or a function that writes the new state
 -- (with a TTL) as if the request were counted. Nothing is written until check.lua decides.
+-- Each also adds REFUNDS[code](key, now, cost, p1, p2, p3), which gives back what a commit
+-- at `now` consumed (Redis Cluster: a later slot denied); the key's TTL is kept.
 -- Numbers are doubles; src/domain/algorithm.rs mirrors every operation in the same order.
 
 local ALGORITHMS = {}
+local REFUNDS = {}
 
 -- Milliseconds, rounded up, of a duration in microseconds (0 for none).
 local function ceil_ms(us)

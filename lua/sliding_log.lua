@@ -6,6 +6,7 @@
 -- ARGV (per entry): code "sl", count_denied, limit, window_ms, 0
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest entry leaves),
 --   retry_ms (until enough old entries leave; -1 when cost > limit or allowed), 0
+-- Refund (cluster): removes up to `cost` entries admitted at `now`.
 ALGORITHMS.sl = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local horizon = now - window
@@ -44,4 +45,9 @@ ALGORITHMS.sl = function(key, now, cost, limit, window_ms, _, count_denied)
     end
   end
   return result(allowed, limit, limit - after, reset, retry, 0), commit
+end
+
+REFUNDS.sl = function(key, now, cost)
+  local mine = redis.call('ZRANGEBYSCORE', key, int(now), int(now), 'LIMIT', 0, cost)
+  if #mine > 0 then redis.call('ZREM', key, unpack(mine)) end
 end

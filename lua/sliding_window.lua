@@ -7,6 +7,7 @@
 -- ARGV (per entry): code "sw", count_denied, limit, window_ms, 0
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until nothing counts any more),
 --   retry_ms (earliest time the estimate admits the cost; -1 when cost > limit or allowed), 0
+-- Refund (cluster): gives `cost` back to the window of `now`, if it is still current.
 ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local w = math.floor(now / window)
@@ -53,4 +54,14 @@ ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
     end
   end
   return result(allowed, limit, limit - weighted - current_after, reset, retry, 0), commit
+end
+
+REFUNDS.sw = function(key, now, cost, limit, window_ms)
+  local raw = redis.call('GET', key)
+  if not raw then return end
+  local sw, sc, sp = string.match(raw, '^(-?%d+):(%d+):(%d+)$')
+  local w = math.floor(now / (window_ms * 1000))
+  if tonumber(sw) == w then
+    redis.call('SET', key, sw .. ':' .. int(math.max(tonumber(sc) - cost, 0)) .. ':' .. sp, 'KEEPTTL')
+  end
 end

@@ -6,6 +6,7 @@
 -- ARGV (per entry): code "tb", count_denied, capacity, refill_tokens, refill_period_ms
 -- Reply (per entry): allowed, capacity, remaining (whole tokens), reset_ms (until full),
 --   retry_ms (until `cost` tokens are there; -1 when cost > capacity or allowed), 0
+-- Refund (cluster): puts `cost` tokens back, up to capacity.
 ALGORITHMS.tb = function(key, now, cost, capacity, refill_tokens, refill_period_ms, count_denied)
   local rate = refill_tokens / (refill_period_ms * 1000)
   local tokens = capacity
@@ -28,4 +29,11 @@ ALGORITHMS.tb = function(key, now, cost, capacity, refill_tokens, refill_period_
     end
   end
   return result(allowed, capacity, math.floor(tokens), reset, retry, 0), commit
+end
+
+REFUNDS.tb = function(key, now, cost, capacity)
+  local raw = redis.call('GET', key)
+  if not raw then return end
+  local st, sl = string.match(raw, '^([^:]+):(-?%d+)$')
+  redis.call('SET', key, real(math.min(capacity, tonumber(st) + cost)) .. ':' .. sl, 'KEEPTTL')
 end

@@ -12,6 +12,8 @@ pub struct Config {
     pub leptos_options: LeptosOptions,
     /// The Redis to use (`redis://` or `rediss://`).
     pub redis_url: String,
+    /// Seed nodes of a Redis Cluster; when set, used instead of `redis_url`.
+    pub redis_cluster_urls: Vec<String>,
     /// How long one Redis operation may take before it counts as failed.
     pub redis_timeout: Duration,
     /// Longest time any HTTP request may take.
@@ -56,9 +58,19 @@ impl Config {
                 problem: "must start with redis:// or rediss://".into(),
             });
         }
+        let redis_cluster_urls: Vec<String> = lookup("REDIS_CLUSTER_URLS")
+            .map(|raw| raw.split(',').map(|u| u.trim().to_owned()).filter(|u| !u.is_empty()).collect())
+            .unwrap_or_default();
+        if let Some(bad) = redis_cluster_urls.iter().find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://"))) {
+            return Err(ConfigError::Invalid {
+                name: "REDIS_CLUSTER_URLS",
+                problem: format!("every URL must start with redis:// or rediss://, got {bad:?}"),
+            });
+        }
         Ok(Self {
             leptos_options: conf.leptos_options,
             redis_url,
+            redis_cluster_urls,
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             log_format: match lookup("SPILLWAY_LOG_FORMAT").as_deref() {

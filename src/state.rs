@@ -5,7 +5,7 @@ use leptos::config::LeptosOptions;
 
 use crate::{
     config::Config,
-    store::{Store, StoreError},
+    store::{Keys, Store, StoreError},
 };
 
 /// What every handler and server function can reach.
@@ -18,7 +18,11 @@ pub struct AppState {
 impl AppState {
     /// Connects to Redis as configured.
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
-        let store = Store::connect(&config.redis_url, config.redis_timeout).await?;
+        let store = if config.redis_cluster_urls.is_empty() {
+            Store::connect(&config.redis_url, config.redis_timeout).await?
+        } else {
+            Store::connect_cluster(&config.redis_cluster_urls, config.redis_timeout, Keys::default()).await?
+        };
         Ok(Self { leptos_options: config.leptos_options, store })
     }
 }

@@ -26,6 +26,10 @@ pub struct RuleResult {
 pub struct Decision {
     pub allowed: bool,
     pub results: Vec<RuleResult>,
+    /// Redis Cluster only: a later slot denied, and what earlier slots had consumed was
+    /// given back.
+    #[serde(default)]
+    pub refunded: bool,
 }
 
 impl Decision {
@@ -35,7 +39,7 @@ impl Decision {
         if let Some(i) = binding_index(results.iter().map(|r| &r.outcome)) {
             results[i].binding = true;
         }
-        Self { allowed, results }
+        Self { allowed, results, refunded: false }
     }
 
     /// The binding result, if the check evaluated anything.

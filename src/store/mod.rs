@@ -10,7 +10,7 @@ pub use keys::Keys;
 
 use std::{sync::Arc, time::Duration};
 
-use redis::{Script, aio::ConnectionManager};
+use redis::{FromRedisValue, Script, ScriptInvocation, aio::ConnectionManager, cluster_async::ClusterConnection};
 
 use crate::domain::{Algorithm, Decision, Identifier, Name, Outcome, Rule, RuleResult};
 
@@ -88,10 +88,38 @@ pub struct ScriptReply {
     pub outcomes: Vec<Outcome>,
 }
 
+/// One Redis server, or a Redis Cluster.
+#[derive(Clone)]
+enum Backend {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// What the check script is asked to do (its ARGV[3]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The all-or-nothing check.
+    Check,
+    /// Another slot of the same check denied: consume nothing (but `count_denied`).
+    Denied,
+    /// Give back what a `Check` at the same time consumed.
+    Refund,
+}
+
+impl Mode {
+    fn arg(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Denied => "denied",
+            Mode::Refund => "refund",
+        }
+    }
+}
+
 /// A handle on Redis; cheap to clone (one multiplexed connection shared by all clones).
 #[derive(Clone)]
 pub struct Store {
-    conn: ConnectionManager,
+    backend: Backend,
     scripts: Arc<Scripts>,
     keys: Keys,
     timeout: Duration,
@@ -111,7 +139,36 @@ impl Store {
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self { conn, scripts: Arc::new(Scripts::load()), keys, timeout })
+        Ok(Self { backend: Backend::Single(conn), scripts: Arc::new(Scripts::load()), keys, timeout })
+    }
+
+    /// Connects to a Redis Cluster through any of `urls`.
+    pub async fn connect_cluster(urls: &[String], timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
+        let client = redis::cluster::ClusterClient::builder(urls.to_vec())
+            .response_timeout(timeout)
+            .connection_timeout(Duration::from_secs(2))
+            .retries(2)
+            .build()?;
+        let conn = client.get_async_connection().await?;
+        Ok(Self { backend: Backend::Cluster(conn), scripts: Arc::new(Scripts::load()), keys, timeout })
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.backend, Backend::Cluster(_))
+    }
+
+    async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Single(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(invocation.invoke_async(&mut conn)).await
+            }
+            Backend::Cluster(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(invocation.invoke_async(&mut conn)).await
+            }
+        }
     }
 
     pub fn keys(&self) -> &Keys {
@@ -121,18 +178,19 @@ impl Store {
     /// Runs the health script: Redis is up and executes Lua.
     pub async fn health(&self) -> Result<RedisHealth, StoreError> {
         let started = std::time::Instant::now();
-        let mut conn = self.conn.clone();
-        let (secs, micros): (i64, i64) = self
-            .with_timeout(self.scripts.health.prepare_invoke().invoke_async(&mut conn))
-            .await?;
+        let (secs, micros): (i64, i64) = self.invoke(&self.scripts.health.prepare_invoke()).await?;
         Ok(RedisHealth {
             server_time_us: secs * 1_000_000 + micros,
             round_trip_us: started.elapsed().as_micros() as u64,
         })
     }
 
-    /// Checks `entries` of `policy` at `cost`, consuming only when every one allows, in one
-    /// round trip, on the clock `now` (`Now::Redis` in production).
+    /// Checks `entries` of `policy` at `cost`, consuming only when every one allows, on the
+    /// clock `now` (`Now::Redis` in production).
+    ///
+    /// One round trip on a single Redis. On a cluster, one per identifier (each identifier's
+    /// keys share a hash-tag slot), in order; when a later identifier denies, what the
+    /// earlier ones consumed is refunded and the decision says `refunded`.
     pub async fn check_and_consume(
         &self,
         policy: &Name,
@@ -146,10 +204,51 @@ impl Store {
             .collect();
         let rules: Vec<(Algorithm, bool)> =
             entries.iter().map(|e| (e.rule.algorithm, e.rule.count_denied)).collect();
-        let reply = self.run_check(&keys, &rules, cost, now).await?;
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut refunded = false;
+        if !self.is_cluster() {
+            outcomes = self.run_check(&keys, &rules, cost, now).await?.outcomes;
+        } else {
+            // Group the entries by identifier, keeping the first-seen order.
+            let mut groups: Vec<(&Identifier, Vec<usize>)> = Vec::new();
+            for (i, e) in entries.iter().enumerate() {
+                match groups.iter_mut().find(|(id, _)| *id == e.identifier) {
+                    Some((_, members)) => members.push(i),
+                    None => groups.push((e.identifier, vec![i])),
+                }
+            }
+            let mut slots: Vec<Option<Outcome>> = vec![None; entries.len()];
+            let mut committed: Vec<(Vec<String>, Vec<(Algorithm, bool)>, i64, Vec<usize>)> = Vec::new();
+            let mut denied = false;
+            for (_, members) in &groups {
+                let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
+                let group_rules: Vec<(Algorithm, bool)> = members.iter().map(|&i| rules[i]).collect();
+                let mode = if denied { Mode::Denied } else { Mode::Check };
+                let reply = self.run_script(&group_keys, &group_rules, cost, now, mode).await?;
+                if mode == Mode::Check && !reply.allowed {
+                    denied = true;
+                }
+                if mode == Mode::Check && reply.allowed && cost > 0 {
+                    committed.push((group_keys, group_rules, reply.now_us, members.clone()));
+                }
+                for (&i, outcome) in members.iter().zip(reply.outcomes) {
+                    slots[i] = Some(outcome);
+                }
+            }
+            if denied {
+                for (group_keys, group_rules, at, members) in committed {
+                    let reply = self.run_script(&group_keys, &group_rules, cost, Now::At(at), Mode::Refund).await?;
+                    for (&i, outcome) in members.iter().zip(reply.outcomes) {
+                        slots[i] = Some(outcome);
+                    }
+                    refunded = true;
+                }
+            }
+            outcomes.extend(slots.into_iter().map(|o| o.expect("every entry is in a group")));
+        }
         let results = entries
             .iter()
-            .zip(reply.outcomes)
+            .zip(outcomes)
             .map(|(e, outcome)| RuleResult {
                 rule: e.rule.name.clone(),
                 identifier: e.identifier.clone(),
@@ -158,7 +257,9 @@ impl Store {
                 binding: false,
             })
             .collect();
-        Ok(Decision::new(results))
+        let mut decision = Decision::new(results);
+        decision.refunded = refunded;
+        Ok(decision)
     }
 
     /// Runs the check script on explicit keys. The building block of `check_and_consume`,
@@ -170,6 +271,17 @@ impl Store {
         cost: u64,
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
+        self.run_script(keys, rules, cost, now, Mode::Check).await
+    }
+
+    async fn run_script(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, bool)],
+        cost: u64,
+        now: Now,
+        mode: Mode,
+    ) -> Result<ScriptReply, StoreError> {
         if keys.is_empty() {
             return Ok(ScriptReply { allowed: true, now_us: 0, outcomes: vec![] });
         }
@@ -177,14 +289,13 @@ impl Store {
         for key in keys {
             invocation.key(key);
         }
-        invocation.arg(now.arg()).arg(cost);
+        invocation.arg(now.arg()).arg(cost).arg(mode.arg());
         for (algorithm, count_denied) in rules {
             let (p1, p2, p3) = params(algorithm);
             invocation.arg(keys::algorithm_code(algorithm)).arg(if *count_denied { "1" } else { "0" });
             invocation.arg(p1).arg(p2).arg(p3);
         }
-        let mut conn = self.conn.clone();
-        let raw: Vec<i64> = self.with_timeout(invocation.invoke_async(&mut conn)).await?;
+        let raw: Vec<i64> = self.invoke(&invocation).await?;
         parse_reply(&raw, keys.len())
     }
 

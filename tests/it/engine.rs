@@ -234,6 +234,10 @@ async fn concurrent_checks_admit_exactly_the_limit_for_every_algorithm() {
     for _ in 0..8 {
         stores.push(Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::new(ns.clone())).await.unwrap());
     }
+    admits_exactly_the_limit(&stores).await;
+}
+
+pub async fn admits_exactly_the_limit(stores: &[Store]) {
     let policy = name("concurrency");
     let user = Identifier::parse("user=42").unwrap();
     for algorithm in hundred_without_refill() {
@@ -267,7 +271,10 @@ async fn concurrent_checks_admit_exactly_the_limit_for_every_algorithm() {
 #[tokio::test]
 async fn a_denied_check_consumes_nothing() {
     let redis = RedisServer::start();
-    let store = store(&redis).await;
+    denied_checks_consume_nothing(&store(&redis).await).await;
+}
+
+pub async fn denied_checks_consume_nothing(store: &Store) {
     let user = Identifier::parse("user=7").unwrap();
     for algorithm in hundred_without_refill() {
         let policy = name(&format!("cost-{}", algorithm.name().replace('_', "-")));
@@ -292,12 +299,20 @@ async fn a_denied_check_consumes_nothing() {
 #[tokio::test]
 async fn one_denial_consumes_nothing_anywhere() {
     let redis = RedisServer::start();
-    let store = store(&redis).await;
+    let decision = one_denial_consumes_nothing_elsewhere(&store(&redis).await).await;
+    assert!(!decision.refunded, "one round trip on a single Redis: nothing to refund");
+}
+
+/// Two identifiers (different slots on a cluster), one strict rule on the second: once it
+/// denies, neither identifier's other rules consume. Returns the last denial.
+pub async fn one_denial_consumes_nothing_elsewhere(store: &Store) -> spillway::domain::Decision {
     let policy = name("api");
     let per_second = rule("per-second", Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS });
     let strict = Rule::new(0, "strict", Algorithm::TokenBucket { capacity: 3, refill_tokens: 1, refill_period_ms: LONG_MS }, Some(vec!["user".into()]), false).unwrap();
     let ip = Identifier::parse("ip=203.0.113.7").unwrap();
     let user = Identifier::parse("user=42").unwrap();
+    // The identifier whose rule denies comes last, so on a cluster the first slot has
+    // already consumed when the second denies.
     let entries = [
         CheckEntry { rule: &per_second, identifier: &ip },
         CheckEntry { rule: &per_second, identifier: &user },
@@ -306,6 +321,7 @@ async fn one_denial_consumes_nothing_anywhere() {
     for _ in 0..3 {
         assert!(store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap().allowed);
     }
+    let mut last = None;
     for _ in 0..5 {
         let denied = store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap();
         assert!(!denied.allowed);
@@ -314,7 +330,9 @@ async fn one_denial_consumes_nothing_anywhere() {
         assert!(denied.results[0].outcome.allowed, "the other rules would allow");
         assert_eq!(denied.results[0].outcome.remaining, 97, "…but consumed nothing");
         assert_eq!(denied.results[1].outcome.remaining, 97);
+        last = Some(denied);
     }
+    last.unwrap()
 }
 
 // ---------------------------------------------------------------------------------------

@@ -14,6 +14,21 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Waits until a redis-server answers PING on `port`.
+fn wait_for_redis(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    while Instant::now() < deadline {
+        if let Ok(mut conn) = client.get_connection() {
+            if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("redis-server on port {port} did not come up");
+}
+
 /// A `redis-server` owned by one test: its own port and directory, killed on drop.
 pub struct RedisServer {
     pub port: u16,
@@ -62,17 +77,7 @@ impl RedisServer {
     }
 
     fn wait_until_up(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let client = redis::Client::open(self.url()).unwrap();
-        while Instant::now() < deadline {
-            if let Ok(mut conn) = client.get_connection() {
-                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("redis-server on port {} did not come up", self.port);
+        wait_for_redis(self.port);
     }
 
     /// A plain synchronous connection for inspecting what the app wrote.
@@ -126,4 +131,75 @@ pub async fn spawn_app(redis: &RedisServer) -> TestApp {
         let _ = rx.await;
     }));
     TestApp { addr, client: reqwest::Client::new(), shutdown: Some(tx) }
+}
+
+/// A local Redis Cluster of three masters on free ports, torn down on drop.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, joins them and waits for `cluster_state:ok`.
+    pub fn start() -> Self {
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let dir = std::env::temp_dir().join(format!("spillway-cluster-{}-{}", std::process::id(), ports[0]));
+        std::fs::create_dir_all(&dir).unwrap();
+        let children = ports
+            .iter()
+            .map(|port| {
+                Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf")])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .arg("--dir")
+                    .arg(&dir)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("redis-server must be installed")
+            })
+            .collect();
+        let cluster = Self { ports, dir, children };
+        for port in &cluster.ports {
+            wait_for_redis(*port);
+        }
+        let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let status = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("redis-cli must be installed");
+        assert!(status.success(), "redis-cli --cluster create failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        'wait: while Instant::now() < deadline {
+            for port in &cluster.ports {
+                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap().get_connection().unwrap();
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
+                if !info.contains("cluster_state:ok") {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue 'wait;
+                }
+            }
+            return cluster;
+        }
+        panic!("the cluster did not reach cluster_state:ok");
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect()
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

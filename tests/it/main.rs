@@ -3,5 +3,6 @@
 
 mod helpers;
 
+mod cluster;
 mod engine;
 mod health;
