@@ -4,6 +4,8 @@
 pub mod algorithm;
 pub mod check;
 pub mod identifier;
+pub mod overrides;
+pub mod policy;
 pub mod rule;
 
 use std::fmt;
@@ -13,6 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use algorithm::{Outcome, State, step};
 pub use check::{Decision, RuleResult, evaluate};
 pub use identifier::Identifier;
+pub use policy::{FailureMode, Mode, Policy, RulesFor};
 pub use rule::{Algorithm, Rule};
 
 /// A policy, rule or dimension name: `[a-z0-9][a-z0-9_-]{0,63}`.

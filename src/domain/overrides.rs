@@ -1,0 +1,256 @@
+//! Overrides: for identifiers matching an exact value, a `*` wildcard or an IP CIDR, other
+//! rules (or `unlimited`, or `block`) on a policy, optionally until an expiry time.
+//! Exact beats wildcard beats CIDR beats the policy's own rules.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Serialize, Serializer, ser::SerializeMap};
+use serde_json::Value;
+
+use super::{Identifier, Name, PolicyError, Rule, policy::parse_rules};
+
+/// Most overrides one policy may have.
+pub const MAX_OVERRIDES: usize = 1000;
+
+/// Which identifier values an override matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    Exact(String),
+    /// `*` matches any run of characters.
+    Wildcard(String),
+    Cidr(IpNet),
+}
+
+impl Pattern {
+    fn parse(raw: &str) -> Result<Self, String> {
+        if raw.is_empty() {
+            return Err("the value to match must not be empty".into());
+        }
+        if raw.contains('*') {
+            return Ok(Pattern::Wildcard(raw.to_owned()));
+        }
+        if raw.contains('/') {
+            if let Ok(net) = raw.parse::<IpNet>() {
+                return Ok(Pattern::Cidr(net.trunc()));
+            }
+        }
+        Ok(Pattern::Exact(raw.to_owned()))
+    }
+
+    fn as_string(&self) -> String {
+        match self {
+            Pattern::Exact(s) | Pattern::Wildcard(s) => s.clone(),
+            Pattern::Cidr(net) => net.to_string(),
+        }
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Pattern::Exact(s) => s == value,
+            Pattern::Wildcard(p) => glob(p.as_bytes(), value.as_bytes()),
+            Pattern::Cidr(net) => value.parse::<IpAddr>().is_ok_and(|ip| net.contains(&ip)),
+        }
+    }
+
+    /// Higher wins: exact, then wildcard (longer pattern first), then CIDR (longer prefix).
+    fn precedence(&self) -> (u8, usize) {
+        match self {
+            Pattern::Exact(_) => (3, 0),
+            Pattern::Wildcard(p) => (2, p.len()),
+            Pattern::Cidr(net) => (1, net.prefix_len() as usize),
+        }
+    }
+}
+
+/// `*`-only glob, iterative with backtracking to the last star.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    let (mut p, mut t) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while t < text.len() {
+        if p < pattern.len() && pattern[p] == b'*' {
+            star = Some((p, t));
+            p += 1;
+        } else if p < pattern.len() && pattern[p] == text[t] {
+            p += 1;
+            t += 1;
+        } else if let Some((sp, st)) = star {
+            p = sp + 1;
+            t = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    pattern[p..].iter().all(|b| *b == b'*')
+}
+
+/// What an override does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    Unlimited,
+    Block,
+    /// Other rules instead of the policy's.
+    Rules(Vec<Rule>),
+}
+
+/// One override of a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Override {
+    pub dimension: Name,
+    pub pattern: Pattern,
+    pub action: Action,
+    /// Milliseconds since the epoch after which the override no longer applies.
+    pub expires_at_ms: Option<i64>,
+    pub reason: String,
+}
+
+impl Override {
+    /// Parses `{"match": "user=vip-*", "action": "unlimited"|"block"|"limit", "rules": [...],
+    /// "expires_at_ms": 1767225600000, "reason": "..."}` found at `path`.
+    pub fn from_document(value: &Value, path: &str) -> Result<Self, PolicyError> {
+        let at = |f: &str| format!("{path}.{f}");
+        let obj = value.as_object().ok_or_else(|| PolicyError::field(path, "must be an object"))?;
+        if let Some(k) = obj.keys().find(|k| !["match", "action", "rules", "expires_at_ms", "reason"].contains(&k.as_str())) {
+            return Err(PolicyError::field(at(k), "is not a known field (expected match, action, rules, expires_at_ms, reason)"));
+        }
+        let raw = obj
+            .get("match")
+            .and_then(Value::as_str)
+            .ok_or_else(|| PolicyError::field(at("match"), "is required: dimension=value, dimension=prefix-*, or ip=10.0.0.0/8"))?;
+        let (dimension, pattern) =
+            raw.split_once('=').ok_or_else(|| PolicyError::field(at("match"), format!("expected dimension=value, got {raw:?}")))?;
+        let dimension = Name::parse(dimension).map_err(|m| PolicyError::field(at("match"), format!("dimension {m}")))?;
+        let pattern = Pattern::parse(pattern).map_err(|m| PolicyError::field(at("match"), m))?;
+        let action = match obj.get("action").and_then(Value::as_str) {
+            Some("unlimited") => Action::Unlimited,
+            Some("block") => Action::Block,
+            Some("limit") => Action::Rules(parse_rules(
+                obj.get("rules").ok_or_else(|| PolicyError::field(at("rules"), "is required when action is limit"))?,
+                &at("rules"),
+            )?),
+            _ => return Err(PolicyError::field(at("action"), "must be one of unlimited, block, limit")),
+        };
+        if !matches!(action, Action::Rules(_)) && obj.contains_key("rules") {
+            return Err(PolicyError::field(at("rules"), "only an override with action limit has rules"));
+        }
+        let expires_at_ms = match obj.get("expires_at_ms") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_i64().filter(|t| *t > 0).ok_or_else(|| {
+                PolicyError::field(at("expires_at_ms"), "must be milliseconds since the epoch")
+            })?),
+        };
+        let reason = match obj.get("reason") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) if s.len() <= 1024 => s.clone(),
+            Some(_) => return Err(PolicyError::field(at("reason"), "must be a string of at most 1024 bytes")),
+        };
+        Ok(Self { dimension, pattern, action, expires_at_ms, reason })
+    }
+
+    /// Whether this override applies to `identifier` at `now_ms`.
+    pub fn applies(&self, identifier: &Identifier, now_ms: i64) -> bool {
+        self.expires_at_ms.is_none_or(|t| now_ms < t)
+            && self.dimension == *identifier.dimension()
+            && self.pattern.matches(identifier.value())
+    }
+}
+
+impl Serialize for Override {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("match", &format!("{}={}", self.dimension, self.pattern.as_string()))?;
+        match &self.action {
+            Action::Unlimited => map.serialize_entry("action", "unlimited")?,
+            Action::Block => map.serialize_entry("action", "block")?,
+            Action::Rules(rules) => {
+                map.serialize_entry("action", "limit")?;
+                map.serialize_entry("rules", rules)?;
+            }
+        }
+        if let Some(t) = self.expires_at_ms {
+            map.serialize_entry("expires_at_ms", &t)?;
+        }
+        if !self.reason.is_empty() {
+            map.serialize_entry("reason", &self.reason)?;
+        }
+        map.end()
+    }
+}
+
+/// The override that applies to `identifier` at `now_ms`, by precedence; ties go to the
+/// first listed.
+pub fn best_match<'a>(overrides: &'a [Override], identifier: &Identifier, now_ms: i64) -> Option<&'a Override> {
+    let mut best: Option<&Override> = None;
+    for o in overrides.iter().filter(|o| o.applies(identifier, now_ms)) {
+        if best.is_none_or(|b| o.pattern.precedence() > b.pattern.precedence()) {
+            best = Some(o);
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(doc: Value) -> Override {
+        Override::from_document(&doc, "overrides[0]").unwrap()
+    }
+
+    fn id(raw: &str) -> Identifier {
+        Identifier::parse(raw).unwrap()
+    }
+
+    #[test]
+    fn exact_beats_wildcard_beats_cidr() {
+        let list = vec![
+            parse(json!({"match": "ip=10.0.0.0/8", "action": "block"})),
+            parse(json!({"match": "ip=10.1.*", "action": "unlimited"})),
+            parse(json!({"match": "ip=10.1.2.3", "action": "limit", "rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}]})),
+        ];
+        assert!(matches!(best_match(&list, &id("ip=10.1.2.3"), 0).unwrap().action, Action::Rules(_)));
+        assert_eq!(best_match(&list, &id("ip=10.1.9.9"), 0).unwrap().action, Action::Unlimited);
+        assert_eq!(best_match(&list, &id("ip=10.200.0.1"), 0).unwrap().action, Action::Block);
+        assert!(best_match(&list, &id("ip=11.0.0.1"), 0).is_none());
+        assert!(best_match(&list, &id("user=10.1.2.3"), 0).is_none(), "other dimension");
+    }
+
+    #[test]
+    fn expired_overrides_do_not_apply() {
+        let list = vec![parse(json!({"match": "user=42", "action": "unlimited", "expires_at_ms": 1000}))];
+        assert!(best_match(&list, &id("user=42"), 999).is_some());
+        assert!(best_match(&list, &id("user=42"), 1000).is_none());
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob(b"vip-*", b"vip-7"));
+        assert!(glob(b"*-admin", b"x-admin"));
+        assert!(glob(b"a*b*c", b"aXbYc"));
+        assert!(!glob(b"a*b*c", b"aXbY"));
+        assert!(glob(b"*", b""));
+    }
+
+    #[test]
+    fn a_serialized_override_parses_back_to_itself() {
+        let o = parse(json!({"match": "ip=192.168.0.0/16", "action": "limit", "expires_at_ms": 5, "reason": "partner",
+            "rules": [{"name": "r", "algorithm": "gcra", "rate": 5, "period_ms": 1000, "burst": 2}]}));
+        let back = Override::from_document(&serde_json::to_value(&o).unwrap(), "x").unwrap();
+        assert_eq!(back, o);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        for (doc, field) in [
+            (json!({"action": "block"}), "overrides[0].match"),
+            (json!({"match": "user", "action": "block"}), "overrides[0].match"),
+            (json!({"match": "user=1", "action": "maybe"}), "overrides[0].action"),
+            (json!({"match": "user=1", "action": "limit"}), "overrides[0].rules"),
+            (json!({"match": "user=1", "action": "block", "expires_at_ms": "soon"}), "overrides[0].expires_at_ms"),
+        ] {
+            assert_eq!(Override::from_document(&doc, "overrides[0]").unwrap_err().field, field, "{doc}");
+        }
+    }
+}

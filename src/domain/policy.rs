@@ -1,0 +1,289 @@
+//! Policies: a named, versioned list of rules with a mode, a failure mode and overrides,
+//! parsed from the JSON document of SPEC §4. Every error names the offending field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::{Algorithm, Identifier, Name, PolicyError, Rule, overrides::Override};
+
+/// Most rules one policy may have.
+pub const MAX_RULES: usize = 32;
+/// Longest description, in bytes.
+pub const MAX_DESCRIPTION: usize = 1024;
+
+/// Enforce denials, or only report them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    #[default]
+    Enforce,
+    /// Denials are reported (`shadow_denied`) but callers are let through.
+    Shadow,
+}
+
+/// What a check answers when Redis cannot be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Allow, and say `degraded: true`.
+    #[default]
+    Open,
+    /// Refuse with 503.
+    Closed,
+}
+
+/// A valid policy. Built by [`Policy::from_document`]; it serializes back to the same
+/// document (plus `name` and `version`), which is how the store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    pub name: Name,
+    /// 1 for the first version; every change adds one.
+    pub version: u64,
+    pub description: String,
+    pub mode: Mode,
+    pub failure_mode: FailureMode,
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub overrides: Vec<Override>,
+}
+
+impl Policy {
+    /// Parses the policy document `doc` for `name` (version 1; the store numbers versions).
+    pub fn from_document(name: &str, doc: &Value) -> Result<Self, PolicyError> {
+        let name = Name::parse(name).map_err(|m| PolicyError::field("name", m))?;
+        let obj = doc.as_object().ok_or_else(|| PolicyError::field("body", "must be a JSON object"))?;
+        reject_unknown(obj, "", &["name", "version", "description", "mode", "failure_mode", "rules", "overrides"])?;
+        if let Some(given) = obj.get("name") {
+            if given.as_str() != Some(name.as_str()) {
+                return Err(PolicyError::field("name", format!("does not match the policy in the path ({name})")));
+            }
+        }
+        let description = match obj.get("description") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) if s.len() <= MAX_DESCRIPTION => s.clone(),
+            Some(Value::String(_)) => {
+                return Err(PolicyError::field("description", format!("at most {MAX_DESCRIPTION} bytes")));
+            }
+            Some(_) => return Err(PolicyError::field("description", "must be a string")),
+        };
+        let mode = enum_field(obj, "mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?;
+        let failure_mode =
+            enum_field(obj, "failure_mode", &[("open", FailureMode::Open), ("closed", FailureMode::Closed)])?;
+        let rules_value = obj.get("rules").ok_or_else(|| PolicyError::field("rules", "is required"))?;
+        let rules = parse_rules(rules_value, "rules")?;
+        let overrides = match obj.get("overrides") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| Override::from_document(v, &format!("overrides[{i}]")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(PolicyError::field("overrides", "must be an array")),
+        };
+        Ok(Self { name, version: 1, description, mode, failure_mode, rules, overrides })
+    }
+
+    /// The rules that apply to `identifier` at `now_ms`: the policy's, or the ones of the
+    /// override that matches best (exact beats wildcard beats CIDR). `None` means unlimited;
+    /// `Some(Err(()))` means blocked.
+    pub fn rules_for(&self, identifier: &Identifier, now_ms: i64) -> RulesFor<'_> {
+        match super::overrides::best_match(&self.overrides, identifier, now_ms) {
+            None => RulesFor::Rules(&self.rules),
+            Some(o) => match &o.action {
+                super::overrides::Action::Unlimited => RulesFor::Unlimited,
+                super::overrides::Action::Block => RulesFor::Blocked,
+                super::overrides::Action::Rules(rules) => RulesFor::Rules(rules),
+            },
+        }
+    }
+}
+
+/// What applies to one identifier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RulesFor<'a> {
+    Rules(&'a [Rule]),
+    Unlimited,
+    Blocked,
+}
+
+/// Parses a non-empty array of rule documents found at `path`.
+pub fn parse_rules(value: &Value, path: &str) -> Result<Vec<Rule>, PolicyError> {
+    let items = value.as_array().ok_or_else(|| PolicyError::field(path, "must be an array of rules"))?;
+    if items.is_empty() {
+        return Err(PolicyError::field(path, "must hold at least one rule"));
+    }
+    if items.len() > MAX_RULES {
+        return Err(PolicyError::field(path, format!("at most {MAX_RULES} rules")));
+    }
+    let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let rule = parse_rule(item, i, path)?;
+        if rules.iter().any(|r| r.name == rule.name) {
+            return Err(PolicyError::field(format!("{path}[{i}].name"), format!("{} is used by another rule", rule.name)));
+        }
+        rules.push(rule);
+    }
+    Ok(rules)
+}
+
+fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyError> {
+    let at = |f: &str| format!("{path}[{index}].{f}");
+    let obj = value.as_object().ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
+    let name = obj
+        .get("name")
+        .ok_or_else(|| PolicyError::field(at("name"), "is required"))?
+        .as_str()
+        .ok_or_else(|| PolicyError::field(at("name"), "must be a string"))?;
+    let algorithm_name = obj
+        .get("algorithm")
+        .ok_or_else(|| PolicyError::field(at("algorithm"), "is required"))?
+        .as_str()
+        .ok_or_else(|| PolicyError::field(at("algorithm"), "must be a string"))?;
+    let int = |field: &str| -> Result<u64, PolicyError> {
+        match obj.get(field) {
+            None => Err(PolicyError::field(at(field), format!("is required for {algorithm_name}"))),
+            Some(v) => v.as_u64().ok_or_else(|| PolicyError::field(at(field), "must be a whole number ≥ 0")),
+        }
+    };
+    let (algorithm, params): (Algorithm, &[&str]) = match algorithm_name {
+        "fixed_window" => (Algorithm::FixedWindow { limit: int("limit")?, window_ms: int("window_ms")? }, &["limit", "window_ms"]),
+        "sliding_log" => (Algorithm::SlidingLog { limit: int("limit")?, window_ms: int("window_ms")? }, &["limit", "window_ms"]),
+        "sliding_window" => (Algorithm::SlidingWindow { limit: int("limit")?, window_ms: int("window_ms")? }, &["limit", "window_ms"]),
+        "token_bucket" => (
+            Algorithm::TokenBucket {
+                capacity: int("capacity")?,
+                refill_tokens: int("refill_tokens")?,
+                refill_period_ms: int("refill_period_ms")?,
+            },
+            &["capacity", "refill_tokens", "refill_period_ms"],
+        ),
+        "leaky_bucket" => (
+            Algorithm::LeakyBucket {
+                capacity: int("capacity")?,
+                leak_tokens: int("leak_tokens")?,
+                leak_period_ms: int("leak_period_ms")?,
+            },
+            &["capacity", "leak_tokens", "leak_period_ms"],
+        ),
+        "gcra" => (
+            Algorithm::Gcra { rate: int("rate")?, period_ms: int("period_ms")?, burst: int("burst")? },
+            &["rate", "period_ms", "burst"],
+        ),
+        "bucketed_window" => (
+            Algorithm::BucketedWindow { limit: int("limit")?, window_ms: int("window_ms")?, bucket_ms: int("bucket_ms")? },
+            &["limit", "window_ms", "bucket_ms"],
+        ),
+        other => {
+            return Err(PolicyError::field(
+                at("algorithm"),
+                format!("unknown algorithm {other:?}; one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, bucketed_window"),
+            ));
+        }
+    };
+    let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied"];
+    allowed.extend_from_slice(params);
+    reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
+    let dimensions = match obj.get("dimensions") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(
+            items
+                .iter()
+                .enumerate()
+                .map(|(j, d)| {
+                    d.as_str().map(str::to_owned).ok_or_else(|| PolicyError::field(format!("{}[{j}]", at("dimensions")), "must be a string"))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        Some(_) => return Err(PolicyError::field(at("dimensions"), "must be an array of dimension names")),
+    };
+    let count_denied = match obj.get("count_denied") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(PolicyError::field(at("count_denied"), "must be true or false")),
+    };
+    Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
+        // Rule::new names fields as rules[i].x; keep the caller's path.
+        PolicyError { field: e.field.replacen("rules", path, 1), message: e.message }
+    })
+}
+
+fn reject_unknown(obj: &Map<String, Value>, prefix: &str, known: &[&str]) -> Result<(), PolicyError> {
+    match obj.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) => Err(PolicyError::field(format!("{prefix}{k}"), format!("is not a known field (expected one of {})", known.join(", ")))),
+        None => Ok(()),
+    }
+}
+
+fn enum_field<T: Copy + Default>(obj: &Map<String, Value>, field: &str, options: &[(&str, T)]) -> Result<T, PolicyError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(T::default()),
+        Some(Value::String(s)) => options.iter().find(|(n, _)| n == s).map(|(_, v)| *v).ok_or_else(|| {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            PolicyError::field(field, format!("must be one of {}, got {s:?}", names.join(", ")))
+        }),
+        Some(_) => Err(PolicyError::field(field, "must be a string")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(doc: Value) -> PolicyError {
+        Policy::from_document("api", &doc).unwrap_err()
+    }
+
+    #[test]
+    fn the_spec_example_parses() {
+        let doc = json!({"description": "public API", "mode": "enforce", "failure_mode": "open",
+         "rules": [
+           {"name": "per-second", "algorithm": "fixed_window", "limit": 10, "window_ms": 1000, "dimensions": ["ip", "user"]},
+           {"name": "per-minute", "algorithm": "sliding_window", "limit": 120, "window_ms": 60000},
+           {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 5, "refill_period_ms": 1000},
+           {"name": "smooth", "algorithm": "gcra", "rate": 100, "period_ms": 60000, "burst": 10}]});
+        let policy = Policy::from_document("api", &doc).unwrap();
+        assert_eq!(policy.rules.len(), 4);
+        assert_eq!(policy.rules[3].algorithm, Algorithm::Gcra { rate: 100, period_ms: 60000, burst: 10 });
+        assert!(policy.rules[0].applies_to("ip") && !policy.rules[0].applies_to("key"));
+        assert!(policy.rules[1].applies_to("anything"));
+    }
+
+    #[test]
+    fn every_message_names_its_field() {
+        let cases: Vec<(Value, &str)> = vec![
+            (json!([]), "body"),
+            (json!({}), "rules"),
+            (json!({"rules": []}), "rules"),
+            (json!({"rules": [{"algorithm": "gcra"}]}), "rules[0].name"),
+            (json!({"rules": [{"name": "a"}]}), "rules[0].algorithm"),
+            (json!({"rules": [{"name": "a", "algorithm": "magic"}]}), "rules[0].algorithm"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "window_ms": 10}]}), "rules[0].limit"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": -1, "window_ms": 10}]}), "rules[0].limit"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 0, "window_ms": 10}]}), "rules[0].limit"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 0}]}), "rules[0].window_ms"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "capacity": 3}]}), "rules[0].capacity"),
+            (json!({"rules": [{"name": "A", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "rules[0].name"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}, {"name": "a", "algorithm": "gcra", "rate": 1, "period_ms": 1, "burst": 0}]}), "rules[1].name"),
+            (json!({"rules": [{"name": "a", "algorithm": "bucketed_window", "limit": 1, "window_ms": 1000, "bucket_ms": 300}]}), "rules[0].bucket_ms"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "dimensions": []}]}), "rules[0].dimensions"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "dimensions": ["IP"]}]}), "rules[0].dimensions[0]"),
+            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "count_denied": "yes"}]}), "rules[0].count_denied"),
+            (json!({"mode": "loud", "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "mode"),
+            (json!({"failure_mode": 1, "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "failure_mode"),
+            (json!({"colour": "red", "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "colour"),
+            (json!({"description": 5, "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "description"),
+        ];
+        for (doc, field) in cases {
+            assert_eq!(err(doc.clone()).field, field, "{doc}");
+        }
+    }
+
+    #[test]
+    fn bad_policy_names_are_refused() {
+        let doc = json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]});
+        for bad in ["", "API", "a|x", "-a", &"a".repeat(65)] {
+            assert_eq!(Policy::from_document(bad, &doc).unwrap_err().field, "name", "{bad:?}");
+        }
+    }
+}
