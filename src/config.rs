@@ -5,8 +5,8 @@ use std::{path::Path, time::Duration};
 
 use leptos::config::LeptosOptions;
 
-/// Everything the server needs to start.
-#[derive(Clone, Debug)]
+/// Everything the server needs to start. Not `Debug`: it holds API keys.
+#[derive(Clone)]
 pub struct Config {
     /// Where to serve and where the compiled site lives.
     pub leptos_options: LeptosOptions,
@@ -20,7 +20,21 @@ pub struct Config {
     pub request_timeout: Duration,
     /// `json` for structured logs, anything else for human-readable ones.
     pub log_format: LogFormat,
+    /// Keys that may call the check endpoints (`SPILLWAY_SERVICE_KEYS`, comma-separated).
+    pub service_keys: Vec<String>,
+    /// Keys that act as admins (`SPILLWAY_ADMIN_KEYS`, comma-separated).
+    pub admin_keys: Vec<String>,
+    /// Forward-auth: which request header carries which dimension
+    /// (`SPILLWAY_FORWARD_AUTH_IDENTIFIERS`, default `ip=X-Forwarded-For`).
+    pub forward_auth_identifiers: Vec<(String, String)>,
+    /// Forward-auth: the status of a denial (`SPILLWAY_FORWARD_AUTH_DENY_STATUS`, default
+    /// 429; nginx's auth_request wants 403).
+    pub forward_auth_deny_status: u16,
+    /// Whether to create the demo policy when no policy exists (`SPILLWAY_SEED_DEMO`).
+    pub seed_demo: bool,
 }
+
+
 
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +81,54 @@ impl Config {
                 problem: format!("every URL must start with redis:// or rediss://, got {bad:?}"),
             });
         }
+        let list = |name: &str| -> Vec<String> {
+            lookup(name)
+                .map(|raw| raw.split(',').map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()).collect())
+                .unwrap_or_default()
+        };
+        let (service_keys, admin_keys) = (list("SPILLWAY_SERVICE_KEYS"), list("SPILLWAY_ADMIN_KEYS"));
+        if let Some(short) = service_keys.iter().chain(&admin_keys).find(|k| k.len() < 32) {
+            return Err(ConfigError::Invalid {
+                name: "SPILLWAY_SERVICE_KEYS/SPILLWAY_ADMIN_KEYS",
+                problem: format!("every key must be at least 32 characters; one has {}", short.len()),
+            });
+        }
+        let mut forward_auth_identifiers = Vec::new();
+        let raw_fa = lookup("SPILLWAY_FORWARD_AUTH_IDENTIFIERS").unwrap_or_else(|| "ip=X-Forwarded-For".into());
+        for pair in raw_fa.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (dimension, header) = pair.split_once('=').ok_or_else(|| ConfigError::Invalid {
+                name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+                problem: format!("expected dimension=Header-Name pairs, got {pair:?}"),
+            })?;
+            crate::domain::Name::parse(dimension.trim()).map_err(|problem| ConfigError::Invalid {
+                name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+                problem,
+            })?;
+            axum::http::HeaderName::try_from(header.trim()).map_err(|_| ConfigError::Invalid {
+                name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+                problem: format!("{header:?} is not a header name"),
+            })?;
+            forward_auth_identifiers.push((dimension.trim().to_owned(), header.trim().to_ascii_lowercase()));
+        }
+        let forward_auth_deny_status = match lookup("SPILLWAY_FORWARD_AUTH_DENY_STATUS") {
+            None => 429,
+            Some(raw) => match raw.trim().parse::<u16>() {
+                Ok(s) if (400..=599).contains(&s) => s,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: "SPILLWAY_FORWARD_AUTH_DENY_STATUS",
+                        problem: format!("expected an HTTP status from 400 to 599, got {raw:?}"),
+                    });
+                }
+            },
+        };
+        let seed_demo = !matches!(lookup("SPILLWAY_SEED_DEMO").as_deref(), Some("0" | "false" | "no"));
         Ok(Self {
+            service_keys,
+            admin_keys,
+            forward_auth_identifiers,
+            forward_auth_deny_status,
+            seed_demo,
             leptos_options: conf.leptos_options,
             redis_url,
             redis_cluster_urls,

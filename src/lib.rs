@@ -11,7 +11,11 @@ pub mod domain;
 #[cfg(feature = "ssr")]
 pub mod api;
 #[cfg(feature = "ssr")]
+pub mod auth;
+#[cfg(feature = "ssr")]
 pub mod config;
+#[cfg(feature = "ssr")]
+pub mod policy_cache;
 #[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]

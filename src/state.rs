@@ -1,29 +1,67 @@
 //! Shared application state, built once at startup and handed to every handler.
 
+use std::sync::Arc;
+
 use axum::extract::FromRef;
 use leptos::config::LeptosOptions;
 
 use crate::{
+    auth::ApiKeys,
     config::Config,
+    policy_cache::PolicyCache,
     store::{Keys, Store, StoreError},
 };
+
+/// Forward-auth settings: which header carries which dimension, and the deny status.
+#[derive(Clone, Debug)]
+pub struct ForwardAuth {
+    pub identifiers: Vec<(String, String)>,
+    pub deny_status: u16,
+}
 
 /// What every handler and server function can reach.
 #[derive(Clone)]
 pub struct AppState {
     pub leptos_options: LeptosOptions,
     pub store: Store,
+    pub policies: PolicyCache,
+    pub keys: Arc<ApiKeys>,
+    pub forward_auth: Arc<ForwardAuth>,
 }
 
 impl AppState {
-    /// Connects to Redis as configured.
+    /// Connects to Redis as configured, loads the policies (seeding the demo policy on a
+    /// first start) and starts keeping them fresh. Starts even when Redis is down: checks
+    /// then answer by failure mode, and the policies load once Redis is back.
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
         let store = if config.redis_cluster_urls.is_empty() {
             Store::connect(&config.redis_url, config.redis_timeout).await?
         } else {
             Store::connect_cluster(&config.redis_cluster_urls, config.redis_timeout, Keys::default()).await?
         };
-        Ok(Self { leptos_options: config.leptos_options, store })
+        if config.seed_demo {
+            if let Err(error) = crate::api::seed_demo_policy(&store).await {
+                tracing::warn!(%error, "could not seed the demo policy");
+            }
+        }
+        let policies = PolicyCache::default();
+        if let Err(error) = policies.reload(&store).await {
+            tracing::warn!(%error, "policies not loaded yet");
+        }
+        policies.spawn_refresher(store.clone());
+        Ok(Self {
+            leptos_options: config.leptos_options,
+            store,
+            policies,
+            keys: Arc::new(ApiKeys::new(
+                config.service_keys.iter().map(String::as_str),
+                config.admin_keys.iter().map(String::as_str),
+            )),
+            forward_auth: Arc::new(ForwardAuth {
+                identifiers: config.forward_auth_identifiers,
+                deny_status: config.forward_auth_deny_status,
+            }),
+        })
     }
 }
 

@@ -1,17 +1,36 @@
-//! Plain axum handlers for services and automation: health probes and the JSON API.
+//! Plain axum handlers for services and automation: health probes, the check endpoints and
+//! the admin JSON API. Errors are problem+json (`ApiError`).
 
+pub mod check;
+mod policies;
 mod problem;
 
 pub use problem::ApiError;
 
-use axum::{Json, Router, extract::State, routing::get};
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::{FromRequest, Request, State},
+    http::{HeaderMap, header},
+    routing::{get, post},
+};
 use serde_json::{Value, json};
 
-use crate::state::AppState;
+use crate::{auth::KeyRole, domain::Policy, state::AppState, store::Store};
+
+/// Largest request body the API reads.
+pub const MAX_BODY: usize = 64 * 1024;
 
 /// Routes served outside the dashboard.
 pub fn router() -> Router<AppState> {
-    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz))
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/api/v1/check", post(check::check_handler))
+        .route("/api/v1/check/batch", post(check::batch_handler))
+        .route("/api/v1/forward-auth", get(check::forward_auth_handler))
+        .merge(policies::router())
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
 /// Liveness: the process is up and serving. Never touches Redis.
@@ -24,6 +43,74 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     let health = state.store.health().await.map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({
         "status": "ready",
+        "policies_loaded": state.policies.is_loaded(),
         "redis": { "server_time_us": health.server_time_us, "round_trip_us": health.round_trip_us },
     })))
+}
+
+/// Checks the caller's API key: `Service` accepts service and admin keys, `Admin` only
+/// admin keys.
+pub fn require_key(state: &AppState, headers: &HeaderMap, needed: KeyRole) -> Result<KeyRole, ApiError> {
+    let role = state
+        .keys
+        .role_of_bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+        .ok_or(ApiError::Unauthorized)?;
+    match (needed, role) {
+        (KeyRole::Admin, KeyRole::Service) => Err(ApiError::Forbidden),
+        _ => Ok(role),
+    }
+}
+
+/// A JSON body of at most 64 KiB, with every way it can be wrong turned into problem+json
+/// (413 when too large, 415 when not JSON, 400 naming `body` when it does not parse).
+pub struct JsonBody(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+        if !is_json {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::bad("body", "could not be read")
+            }
+        })?;
+        if bytes.len() > MAX_BODY {
+            return Err(ApiError::PayloadTooLarge);
+        }
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
+    }
+}
+
+/// The demo policy every fresh install gets, so a newcomer can try a check at once.
+pub fn demo_policy() -> Policy {
+    let doc = json!({
+        "description": "Demo: 10 per second per IP and per user, 120 per minute, bursts of 20",
+        "mode": "enforce",
+        "failure_mode": "open",
+        "rules": [
+            {"name": "per-second", "algorithm": "fixed_window", "limit": 10, "window_ms": 1000, "dimensions": ["ip", "user"]},
+            {"name": "per-minute", "algorithm": "sliding_window", "limit": 120, "window_ms": 60000},
+            {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 5, "refill_period_ms": 1000}
+        ]
+    });
+    Policy::from_document("demo", &doc).expect("the demo policy is valid")
+}
+
+/// Creates the demo policy unless it exists or existed (a deleted demo stays deleted).
+pub async fn seed_demo_policy(store: &Store) -> Result<(), crate::store::StoreError> {
+    let demo = demo_policy();
+    if store.get_policy(&demo.name).await?.is_none() && store.policy_history(&demo.name, 1).await?.is_empty() {
+        store.save_policy(&demo, Some(0)).await?;
+    }
+    Ok(())
 }

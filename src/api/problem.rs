@@ -7,16 +7,48 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::store::StoreError;
+use crate::{domain::PolicyError, store::StoreError};
 
 /// A failure answered to an HTTP caller.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("redis is unavailable")]
     RedisUnavailable(#[source] StoreError),
+    #[error("{field}: {detail}")]
+    BadRequest { field: String, detail: String },
+    #[error("missing or unknown API key")]
+    Unauthorized,
+    #[error("this key may not do that")]
+    Forbidden,
+    #[error("no policy named {0}")]
+    UnknownPolicy(String),
+    #[error("not found")]
+    NotFound(String),
+    #[error("version conflict")]
+    Conflict(String),
+    #[error("body too large")]
+    PayloadTooLarge,
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    #[error("policies not loaded")]
+    PoliciesNotLoaded,
+}
+
+impl From<PolicyError> for ApiError {
+    fn from(e: PolicyError) -> Self {
+        ApiError::BadRequest { field: e.field, detail: e.message }
+    }
 }
 
 impl ApiError {
+    pub fn bad(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        ApiError::BadRequest { field: field.into(), detail: detail.into() }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.parts().0
+    }
+
     fn parts(&self) -> (StatusCode, &'static str, &'static str, String) {
         match self {
             ApiError::RedisUnavailable(_) => (
@@ -25,29 +57,82 @@ impl ApiError {
                 "Redis is unavailable",
                 "Spillway could not reach Redis or Redis did not run the script in time".into(),
             ),
+            ApiError::PoliciesNotLoaded => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "policies-not-loaded",
+                "Policies are not loaded yet",
+                "Spillway has not been able to read its policies from Redis since it started".into(),
+            ),
+            ApiError::BadRequest { field, detail } => (
+                StatusCode::BAD_REQUEST,
+                "invalid-request",
+                "Invalid request",
+                format!("{field}: {detail}"),
+            ),
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "Unauthorized",
+                "Authorization: send 'Bearer <api key>' with a key this instance knows".into(),
+            ),
+            ApiError::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "Forbidden",
+                "Authorization: this API key may only call the check endpoints".into(),
+            ),
+            ApiError::UnknownPolicy(name) => (
+                StatusCode::NOT_FOUND,
+                "unknown-policy",
+                "Unknown policy",
+                format!("policy: no policy named {name:?}"),
+            ),
+            ApiError::NotFound(what) => (StatusCode::NOT_FOUND, "not-found", "Not found", what.clone()),
+            ApiError::Conflict(what) => (StatusCode::CONFLICT, "conflict", "Version conflict", what.clone()),
+            ApiError::PayloadTooLarge => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Payload too large",
+                "body: at most 65536 bytes".into(),
+            ),
+            ApiError::UnsupportedMediaType => (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+                "Content-Type: send application/json".into(),
+            ),
         }
     }
-}
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    /// The problem document, for callers that embed it (batch answers).
+    pub fn body(&self) -> serde_json::Value {
         let (status, kind, title, detail) = self.parts();
-        if status.is_server_error() {
-            tracing::warn!(error = ?self, "request failed");
-        }
-        let body = json!({
+        let mut body = json!({
             "type": format!("https://spillway.dev/problems/{kind}"),
             "title": title,
             "status": status.as_u16(),
             "detail": detail,
         });
-        let mut response = (status, body.to_string()).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
+        if let ApiError::BadRequest { field, .. } = self {
+            body["field"] = json!(field);
+        }
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(error = ?self, "request failed");
+        }
+        let mut response = (status, self.body().to_string()).into_response();
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -6,7 +6,7 @@ mod overview;
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::{
-    StaticSegment,
+    SsrMode, StaticSegment,
     components::{A, Route, Router, Routes},
 };
 
@@ -58,7 +58,9 @@ pub fn App() -> impl IntoView {
             </header>
             <main>
                 <Routes fallback=NotFound>
-                    <Route path=StaticSegment("") view=overview::OverviewPage/>
+                    // Async SSR: the HTML is sent once the data has loaded, so the page is complete
+                    // without JavaScript (streamed fragments would need a script to land).
+                    <Route path=StaticSegment("") view=overview::OverviewPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("identifiers") view=IdentifiersPage/>
                     <Route path=StaticSegment("policies") view=PoliciesPage/>
                     <Route path=StaticSegment("audit") view=AuditPage/>

@@ -48,6 +48,34 @@ impl Keys {
     }
 }
 
+impl Keys {
+    /// Hash of every policy's current version. Policies share the `{policies}` hash tag so
+    /// a save is one script on one slot; none of these keys has a TTL.
+    pub fn policies(&self) -> String {
+        format!("{}:{{policies}}:current", self.namespace)
+    }
+
+    /// List of `policy`'s previous versions, newest first.
+    pub fn policy_history(&self, policy: &Name) -> String {
+        format!("{}:{{policies}}:history:{}", self.namespace, policy)
+    }
+
+    /// Counter bumped on every policy change; instances compare it to notice changes.
+    pub fn policy_generation(&self) -> String {
+        format!("{}:{{policies}}:generation", self.namespace)
+    }
+
+    /// Hash of the last version number given to each policy name.
+    pub fn policy_versions(&self) -> String {
+        format!("{}:{{policies}}:versions", self.namespace)
+    }
+
+    /// Pub/sub channel that carries the name of every changed policy.
+    pub fn policy_channel(&self) -> String {
+        format!("{}:policy-changes", self.namespace)
+    }
+}
+
 /// The short code `lua/check.lua` dispatches on.
 pub fn algorithm_code(algorithm: &Algorithm) -> &'static str {
     match algorithm {

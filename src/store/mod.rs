@@ -4,9 +4,11 @@
 
 mod error;
 pub mod keys;
+pub mod policies;
 
 pub use error::StoreError;
 pub use keys::Keys;
+pub use policies::Saved;
 
 use std::{sync::Arc, time::Duration};
 
@@ -19,6 +21,7 @@ use crate::domain::{Algorithm, Decision, Identifier, Name, Outcome, Rule, RuleRe
 struct Scripts {
     health: Script,
     check: Script,
+    policy_save: Script,
 }
 
 impl Scripts {
@@ -37,7 +40,11 @@ impl Scripts {
             include_str!("../../lua/check.lua"),
         ]
         .join("\n");
-        Self { health: Script::new(include_str!("../../lua/health.lua")), check: Script::new(&check) }
+        Self {
+            health: Script::new(include_str!("../../lua/health.lua")),
+            check: Script::new(&check),
+            policy_save: policies::save_script(),
+        }
     }
 }
 
@@ -120,6 +127,8 @@ impl Mode {
 #[derive(Clone)]
 pub struct Store {
     backend: Backend,
+    /// For pub/sub, which needs a connection of its own (single Redis only).
+    client: Option<redis::Client>,
     scripts: Arc<Scripts>,
     keys: Keys,
     timeout: Duration,
@@ -134,12 +143,13 @@ impl Store {
     /// Connects with keys under their own namespace (tests use one per test).
     pub async fn connect_with_keys(url: &str, timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
         let client = redis::Client::open(url)?;
+        let pubsub_client = client.clone();
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self { backend: Backend::Single(conn), scripts: Arc::new(Scripts::load()), keys, timeout })
+        Ok(Self { backend: Backend::Single(conn), client: Some(pubsub_client), scripts: Arc::new(Scripts::load()), keys, timeout })
     }
 
     /// Connects to a Redis Cluster through any of `urls`.
@@ -150,12 +160,30 @@ impl Store {
             .retries(2)
             .build()?;
         let conn = client.get_async_connection().await?;
-        Ok(Self { backend: Backend::Cluster(conn), scripts: Arc::new(Scripts::load()), keys, timeout })
+        Ok(Self { backend: Backend::Cluster(conn), client: None, scripts: Arc::new(Scripts::load()), keys, timeout })
+    }
+
+    /// Whether this store talks to one Redis server (pub/sub is available).
+    pub fn is_single(&self) -> bool {
+        matches!(self.backend, Backend::Single(_))
     }
 
     /// Whether this store talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.backend, Backend::Cluster(_))
+    }
+
+    async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Single(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(cmd.query_async(&mut conn)).await
+            }
+            Backend::Cluster(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(cmd.query_async(&mut conn)).await
+            }
+        }
     }
 
     async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {

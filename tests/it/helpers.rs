@@ -104,6 +104,27 @@ impl TestApp {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
+
+    /// `POST /api/v1/check` with the service key.
+    pub async fn check(&self, body: serde_json::Value) -> reqwest::Response {
+        self.client.post(self.url("/api/v1/check")).bearer_auth(SERVICE_KEY).json(&body).send().await.unwrap()
+    }
+
+    /// `PUT /api/v1/policies/{name}` with the admin key; panics unless it is stored.
+    pub async fn put_policy(&self, name: &str, doc: serde_json::Value) -> serde_json::Value {
+        let response = self
+            .client
+            .put(self.url(&format!("/api/v1/policies/{name}")))
+            .bearer_auth(ADMIN_KEY)
+            .json(&doc)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{status}: {body}");
+        body
+    }
 }
 
 impl Drop for TestApp {
@@ -114,13 +135,26 @@ impl Drop for TestApp {
     }
 }
 
+/// The service key every test app accepts.
+pub const SERVICE_KEY: &str = "spw_svc_test_0123456789abcdef0123456789abcdef";
+/// The admin key every test app accepts.
+pub const ADMIN_KEY: &str = "spw_adm_test_0123456789abcdef0123456789abcdef";
+
 /// Starts the app on `127.0.0.1:0` against `redis`.
 pub async fn spawn_app(redis: &RedisServer) -> TestApp {
+    spawn_app_with(redis, &[]).await
+}
+
+/// Starts the app with extra configuration variables.
+pub async fn spawn_app_with(redis: &RedisServer, extra: &[(&str, &str)]) -> TestApp {
     let url = redis.url();
+    let extra: Vec<(String, String)> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let config = Config::from_lookup(|name| match name {
         "REDIS_URL" => Some(url.clone()),
-        // The test binary runs from the crate root; no Leptos.toml override needed.
-        _ => None,
+        "SPILLWAY_SERVICE_KEYS" => Some(SERVICE_KEY.into()),
+        "SPILLWAY_ADMIN_KEYS" => Some(ADMIN_KEY.into()),
+        "SPILLWAY_REDIS_TIMEOUT_MS" => Some("2000".into()),
+        other => extra.iter().find(|(k, _)| k == other).map(|(_, v)| v.clone()),
     })
     .expect("test configuration is valid");
     let state = AppState::connect(config).await.expect("connects to the test redis");

@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod api;
 mod cluster;
 mod engine;
 mod health;

@@ -1,0 +1,316 @@
+//! The check endpoints services call on every request: `POST /api/v1/check`,
+//! `POST /api/v1/check/batch` and `GET /api/v1/forward-auth`.
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+use axum::{
+    Json,
+    extract::{Query, State},
+    http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, JsonBody, require_key};
+use crate::{
+    auth::KeyRole,
+    domain::{
+        Decision, FailureMode, Identifier, Mode, Outcome, Policy, RuleResult, RulesFor,
+    },
+    state::AppState,
+    store::{CheckEntry, Now},
+};
+
+/// Largest cost one check may ask for.
+pub const MAX_COST: u64 = 1_000_000_000;
+/// Most identifiers in one check.
+pub const MAX_IDENTIFIERS: usize = 16;
+/// Most checks in one batch.
+pub const MAX_BATCH: usize = 100;
+
+/// A parsed check request.
+pub struct CheckRequest {
+    pub policy: String,
+    pub identifiers: Vec<Identifier>,
+    pub cost: u64,
+}
+
+impl CheckRequest {
+    /// Parses the JSON of SPEC §4; `path` prefixes field names (batch items).
+    pub fn parse(value: &Value, path: &str) -> Result<Self, ApiError> {
+        let at = |f: &str| format!("{path}{f}");
+        let obj = value.as_object().ok_or_else(|| ApiError::bad(if path.is_empty() { "body".into() } else { path.trim_end_matches('.').to_owned() }, "must be a JSON object"))?;
+        if let Some(k) = obj.keys().find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str())) {
+            return Err(ApiError::bad(at(k), "is not a known field (expected policy, identifiers, cost)"));
+        }
+        let policy = obj
+            .get("policy")
+            .ok_or_else(|| ApiError::bad(at("policy"), "is required"))?
+            .as_str()
+            .ok_or_else(|| ApiError::bad(at("policy"), "must be a string"))?
+            .to_owned();
+        let ids = obj
+            .get("identifiers")
+            .ok_or_else(|| ApiError::bad(at("identifiers"), "is required"))?
+            .as_object()
+            .ok_or_else(|| ApiError::bad(at("identifiers"), "must be an object of dimension: value"))?;
+        if ids.is_empty() || ids.len() > MAX_IDENTIFIERS {
+            return Err(ApiError::bad(at("identifiers"), format!("must hold 1 to {MAX_IDENTIFIERS} identifiers")));
+        }
+        let identifiers = ids
+            .iter()
+            .map(|(dimension, v)| {
+                let field = at(&format!("identifiers.{dimension}"));
+                let value = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => return Err(ApiError::bad(field, "must be a string")),
+                };
+                Identifier::new(dimension, &value).map_err(|m| ApiError::bad(field, m))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let cost = match obj.get("cost") {
+            None | Some(Value::Null) => 1,
+            Some(v) => v
+                .as_u64()
+                .filter(|c| *c <= MAX_COST)
+                .ok_or_else(|| ApiError::bad(at("cost"), format!("must be a whole number from 0 to {MAX_COST}")))?,
+        };
+        Ok(Self { policy, identifiers, cost })
+    }
+}
+
+/// The answer to one check, before it becomes an HTTP response.
+pub struct CheckAnswer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl IntoResponse for CheckAnswer {
+    fn into_response(self) -> Response {
+        (self.status, self.headers, Json(self.body)).into_response()
+    }
+}
+
+/// Runs one check: policy from memory, one round trip to Redis, the failure mode when Redis
+/// fails. `deny_status` is 429 except for forward-auth, where it is configurable.
+pub async fn check(state: &AppState, request: &CheckRequest, deny_status: StatusCode) -> Result<CheckAnswer, ApiError> {
+    let policy = match state.policies.get(&request.policy) {
+        Some(p) => p,
+        None if state.policies.is_loaded() => return Err(ApiError::UnknownPolicy(request.policy.clone())),
+        None => return Err(ApiError::PoliciesNotLoaded),
+    };
+    let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let mut entries = Vec::new();
+    let mut blocked = Vec::new();
+    for identifier in &request.identifiers {
+        match policy.rules_for(identifier, now_ms) {
+            RulesFor::Unlimited => {}
+            RulesFor::Blocked => blocked.push(identifier.clone()),
+            RulesFor::Rules(rules) => entries.extend(
+                rules.iter().filter(|r| r.applies_to(identifier.dimension().as_str())).map(|rule| CheckEntry { rule, identifier }),
+            ),
+        }
+    }
+    let decision = if !blocked.is_empty() {
+        // Blocked by an override: denied without touching Redis, nothing consumed.
+        Ok(Decision::new(blocked.into_iter().map(blocked_result).collect()))
+    } else if entries.is_empty() {
+        Ok(Decision::new(Vec::new()))
+    } else {
+        state.store.check_and_consume(&policy.name, &entries, request.cost, Now::Redis).await
+    };
+    match decision {
+        Ok(decision) => Ok(answer(&policy, &decision, false, deny_status)),
+        Err(error) => {
+            tracing::warn!(%error, policy = %policy.name, "check failed on redis");
+            match policy.failure_mode {
+                FailureMode::Open => Ok(answer(&policy, &Decision::new(Vec::new()), true, deny_status)),
+                FailureMode::Closed => Err(ApiError::RedisUnavailable(error)),
+            }
+        }
+    }
+}
+
+fn blocked_result(identifier: Identifier) -> RuleResult {
+    RuleResult {
+        rule: crate::domain::Name::parse("override").expect("a valid name"),
+        identifier,
+        algorithm: "block".into(),
+        outcome: Outcome { allowed: false, limit: 0, remaining: 0, reset_ms: 0, retry_after_ms: None, delay_ms: 0 },
+        binding: false,
+    }
+}
+
+/// Builds the body and headers of SPEC §4 from a decision.
+fn answer(policy: &Policy, decision: &Decision, degraded: bool, deny_status: StatusCode) -> CheckAnswer {
+    let binding = decision.binding();
+    let shadow = policy.mode == Mode::Shadow;
+    let denied = !decision.allowed;
+    let status = if denied && !shadow { deny_status } else { StatusCode::OK };
+    let results: Vec<Value> = decision
+        .results
+        .iter()
+        .map(|r| {
+            let mut v = json!({
+                "rule": r.rule, "identifier": r.identifier.to_string(), "algorithm": r.algorithm,
+                "allowed": r.outcome.allowed, "limit": r.outcome.limit, "remaining": r.outcome.remaining,
+                "reset_ms": r.outcome.reset_ms, "retry_after_ms": r.outcome.retry_after_ms, "binding": r.binding,
+            });
+            if r.algorithm == "leaky_bucket" {
+                v["delay_ms"] = json!(r.outcome.delay_ms);
+            }
+            v
+        })
+        .collect();
+    let mut body = json!({
+        "allowed": decision.allowed || shadow,
+        "policy": policy.name,
+        "policy_version": policy.version,
+        "mode": policy.mode,
+        "limit": binding.map(|b| b.outcome.limit),
+        "remaining": binding.map(|b| b.outcome.remaining),
+        "reset_ms": binding.map(|b| b.outcome.reset_ms),
+        "retry_after_ms": binding.and_then(|b| b.outcome.retry_after_ms),
+        "degraded": degraded,
+        "results": results,
+    });
+    if shadow {
+        body["shadow_denied"] = json!(denied);
+    }
+    if decision.refunded {
+        body["refunded"] = json!(true);
+    }
+    let mut headers = rate_limit_headers(policy, decision);
+    if status != StatusCode::OK {
+        if let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms) {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry.div_ceil(1000).max(1)));
+        }
+    }
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    CheckAnswer { status, headers, body }
+}
+
+/// `RateLimit-Policy` lists every rule evaluated (`"per-second";q=10;w=1`); `RateLimit` gives
+/// the binding one's state (`"per-second";r=9;t=1`), both as RFC 9651 structured fields in
+/// the form of the IETF httpapi ratelimit-headers draft.
+pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let mut seen = Vec::new();
+    let mut list = sfv::ListSerializer::new();
+    for r in &decision.results {
+        if seen.contains(&r.rule.as_str()) {
+            continue;
+        }
+        seen.push(r.rule.as_str());
+        let Some(rule) = policy.rules.iter().find(|x| x.name == r.rule).or_else(|| {
+            policy.overrides.iter().find_map(|o| match &o.action {
+                crate::domain::overrides::Action::Rules(rules) => rules.iter().find(|x| x.name == r.rule),
+                _ => None,
+            })
+        }) else {
+            continue;
+        };
+        let Ok(name) = sfv::StringRef::from_str(rule.name.as_str()) else { continue };
+        list.bare_item(name)
+            .parameter(sfv::KeyRef::constant("q"), integer(r.outcome.limit))
+            .parameter(sfv::KeyRef::constant("w"), integer(rule.algorithm.window_seconds()));
+    }
+    if let Some(value) = list.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
+        headers.insert(HeaderName::from_static("ratelimit-policy"), value);
+    }
+    if let Some(b) = decision.binding() {
+        if let Ok(name) = sfv::StringRef::from_str(b.rule.as_str()) {
+            let mut item = sfv::ListSerializer::new();
+            item.bare_item(name)
+                .parameter(sfv::KeyRef::constant("r"), integer(b.outcome.remaining))
+                .parameter(sfv::KeyRef::constant("t"), integer(b.outcome.reset_ms.div_ceil(1000)));
+            if let Some(value) = item.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
+                headers.insert(HeaderName::from_static("ratelimit"), value);
+            }
+        }
+    }
+    headers
+}
+
+fn integer(v: u64) -> sfv::Integer {
+    sfv::Integer::try_from(v.min(999_999_999_999_999) as i64).expect("within the structured-field range")
+}
+
+/// `POST /api/v1/check`
+pub async fn check_handler(State(state): State<AppState>, headers: HeaderMap, body: JsonBody) -> Result<CheckAnswer, ApiError> {
+    require_key(&state, &headers, KeyRole::Service)?;
+    let request = CheckRequest::parse(&body.0, "")?;
+    check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await
+}
+
+/// `POST /api/v1/check/batch`: `{"checks": [...]}`, up to 100, answered in order, each with
+/// its own status and body.
+pub async fn batch_handler(State(state): State<AppState>, headers: HeaderMap, body: JsonBody) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Service)?;
+    let checks = body
+        .0
+        .get("checks")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad("checks", "is required: an array of check requests"))?;
+    if checks.is_empty() || checks.len() > MAX_BATCH {
+        return Err(ApiError::bad("checks", format!("must hold 1 to {MAX_BATCH} checks")));
+    }
+    let mut results = Vec::with_capacity(checks.len());
+    for (i, item) in checks.iter().enumerate() {
+        let answer = match CheckRequest::parse(item, &format!("checks[{i}].")) {
+            Ok(request) => check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await,
+            Err(e) => Err(e),
+        };
+        results.push(match answer {
+            Ok(a) => json!({ "status": a.status.as_u16(), "body": a.body }),
+            Err(e) => json!({ "status": e.status().as_u16(), "body": e.body() }),
+        });
+    }
+    Ok(Json(json!({ "results": results })))
+}
+
+#[derive(Deserialize)]
+pub struct ForwardAuthQuery {
+    policy: Option<String>,
+    cost: Option<String>,
+}
+
+/// `GET /api/v1/forward-auth?policy=<name>` for Traefik ForwardAuth, Envoy ext_authz and
+/// nginx auth_request: identifiers come from the configured headers (`X-Forwarded-For` →
+/// `ip`, its first address); the key may come as `Authorization: Bearer` or `X-Spillway-Key`.
+pub async fn forward_auth_handler(
+    State(state): State<AppState>,
+    Query(query): Query<BTreeMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<CheckAnswer, ApiError> {
+    let key_ok = state.keys.role_of_bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())).is_some()
+        || headers.get("x-spillway-key").and_then(|v| v.to_str().ok()).and_then(|k| state.keys.role_of(k)).is_some();
+    if !key_ok {
+        return Err(ApiError::Unauthorized);
+    }
+    let query = ForwardAuthQuery { policy: query.get("policy").cloned(), cost: query.get("cost").cloned() };
+    let policy = query.policy.ok_or_else(|| ApiError::bad("policy", "is required as a query parameter"))?;
+    let cost = match query.cost {
+        None => 1,
+        Some(raw) => raw.parse::<u64>().ok().filter(|c| *c <= MAX_COST).ok_or_else(|| ApiError::bad("cost", "must be a whole number"))?,
+    };
+    let mut identifiers = Vec::new();
+    for (dimension, header_name) in &state.forward_auth.identifiers {
+        let Some(raw) = headers.get(header_name.as_str()).and_then(|v| v.to_str().ok()) else { continue };
+        let value = if header_name == "x-forwarded-for" { raw.split(',').next().unwrap_or("").trim() } else { raw.trim() };
+        if value.is_empty() {
+            continue;
+        }
+        identifiers.push(Identifier::new(dimension, value).map_err(|m| ApiError::bad(header_name.clone(), m))?);
+    }
+    if identifiers.is_empty() {
+        let names: Vec<&str> = state.forward_auth.identifiers.iter().map(|(_, h)| h.as_str()).collect();
+        return Err(ApiError::bad(names.join(", "), "no identifier header in the request"));
+    }
+    let deny = StatusCode::from_u16(state.forward_auth.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let request = CheckRequest { policy, identifiers, cost };
+    check(&state, &request, deny).await
+}

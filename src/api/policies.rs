@@ -1,0 +1,149 @@
+//! The admin JSON API for policies: list, read, create or replace (versioned), delete,
+//! history, and overrides. Admin API keys only.
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
+use serde_json::{Value, json};
+
+use super::{ApiError, JsonBody, require_key};
+use crate::{
+    auth::KeyRole,
+    domain::{Name, Policy, overrides::Override},
+    state::AppState,
+    store::{Saved, policies::document},
+};
+
+pub fn router() -> axum::Router<AppState> {
+    Router::new()
+        .route("/api/v1/policies", get(list))
+        .route("/api/v1/policies/{name}", get(read).put(put).delete(delete))
+        .route("/api/v1/policies/{name}/versions", get(versions))
+        .route("/api/v1/policies/{name}/overrides", get(list_overrides).post(add_override))
+}
+
+fn view(policy: &Policy) -> Value {
+    let mut doc = document(policy);
+    doc["name"] = json!(policy.name);
+    doc["version"] = json!(policy.version);
+    doc
+}
+
+fn name(raw: &str) -> Result<Name, ApiError> {
+    Name::parse(raw).map_err(|m| ApiError::bad("name", m))
+}
+
+async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let policies = state.store.list_policies().await.map_err(ApiError::RedisUnavailable)?;
+    Ok(Json(json!({ "policies": policies.iter().map(view).collect::<Vec<_>>() })))
+}
+
+async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
+    state
+        .store
+        .get_policy(name)
+        .await
+        .map_err(ApiError::RedisUnavailable)?
+        .ok_or_else(|| ApiError::UnknownPolicy(name.to_string()))
+}
+
+async fn read(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<impl IntoResponse, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let policy = load(&state, &name(&raw)?).await?;
+    Ok(([(header::ETAG, format!("\"{}\"", policy.version))], Json(view(&policy))))
+}
+
+/// `If-Match: "<version>"` makes the write conditional (optimistic concurrency).
+fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    match headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
+        None => Ok(None),
+        Some(raw) => raw
+            .trim()
+            .trim_matches('"')
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| ApiError::bad("If-Match", "must be a policy version such as \"3\"")),
+    }
+}
+
+async fn save(state: &AppState, policy: Policy, expected: Option<u64>) -> Result<Policy, ApiError> {
+    match state.store.save_policy(&policy, expected).await.map_err(ApiError::RedisUnavailable)? {
+        Saved::Version(version) => {
+            refresh(state).await;
+            Ok(Policy { version, ..policy })
+        }
+        Saved::Conflict => Err(ApiError::Conflict(format!(
+            "If-Match: {} changed since version {}; read it again",
+            policy.name,
+            expected.unwrap_or_default()
+        ))),
+    }
+}
+
+/// This instance applies its own change before answering; others follow by pub/sub.
+async fn refresh(state: &AppState) {
+    if let Err(error) = state.policies.reload(&state.store).await {
+        tracing::warn!(%error, "policy saved, but reloading the cache failed; the refresher will retry");
+    }
+}
+
+async fn put(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    body: JsonBody,
+) -> Result<impl IntoResponse, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let policy = Policy::from_document(&raw, &body.0)?;
+    let saved = save(&state, policy, expected_version(&headers)?).await?;
+    let status = if saved.version == 1 { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, [(header::ETAG, format!("\"{}\"", saved.version))], Json(view(&saved))))
+}
+
+async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<StatusCode, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let name = name(&raw)?;
+    if state.store.delete_policy(&name).await.map_err(ApiError::RedisUnavailable)? {
+        refresh(&state).await;
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::UnknownPolicy(name.to_string()))
+    }
+}
+
+async fn versions(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let name = name(&raw)?;
+    let history = state.store.policy_history(&name, 100).await.map_err(ApiError::RedisUnavailable)?;
+    Ok(Json(json!({ "policy": name, "previous_versions": history.iter().map(view).collect::<Vec<_>>() })))
+}
+
+async fn list_overrides(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let policy = load(&state, &name(&raw)?).await?;
+    Ok(Json(json!({ "policy": policy.name, "version": policy.version, "overrides": policy.overrides })))
+}
+
+/// Adds one override: a new version of the policy (so it is audited and can be rolled back).
+async fn add_override(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+    body: JsonBody,
+) -> Result<impl IntoResponse, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let current = load(&state, &name(&raw)?).await?;
+    let added = Override::from_document(&body.0, "body")?;
+    if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
+        return Err(ApiError::bad("body", "this policy has the most overrides allowed"));
+    }
+    let mut next = current.clone();
+    next.overrides.push(added);
+    let saved = save(&state, next, Some(current.version)).await?;
+    Ok((StatusCode::CREATED, Json(json!({ "policy": saved.name, "version": saved.version, "overrides": saved.overrides }))))
+}

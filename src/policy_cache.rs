@@ -1,0 +1,97 @@
+//! The policies every check uses, held in memory so the check path never reads them from
+//! Redis. A change made on any instance arrives by pub/sub at once, and a poll of the
+//! policy generation every 250 ms catches whatever pub/sub missed (a reconnect, a cluster).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use crate::{
+    domain::Policy,
+    store::{Store, StoreError},
+};
+
+type Snapshot = Arc<HashMap<String, Arc<Policy>>>;
+
+/// A shared, cheaply cloned view of every policy.
+#[derive(Clone, Default)]
+pub struct PolicyCache {
+    snapshot: Arc<RwLock<Snapshot>>,
+    generation: Arc<AtomicU64>,
+    loaded: Arc<AtomicBool>,
+}
+
+impl PolicyCache {
+    /// The current version of `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<Policy>> {
+        self.snapshot.read().expect("policy cache lock").get(name).cloned()
+    }
+
+    /// Whether policies were loaded at least once (false while Redis was never reachable).
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Reads every policy from Redis and replaces the cache.
+    pub async fn reload(&self, store: &Store) -> Result<(), StoreError> {
+        let generation = store.policy_generation().await?;
+        let policies = store.list_policies().await?;
+        let map: HashMap<String, Arc<Policy>> =
+            policies.into_iter().map(|p| (p.name.as_str().to_owned(), Arc::new(p))).collect();
+        *self.snapshot.write().expect("policy cache lock") = Arc::new(map);
+        self.generation.store(generation, Ordering::Release);
+        self.loaded.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Keeps the cache fresh until the process ends.
+    pub fn spawn_refresher(&self, store: Store) {
+        let cache = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut changes = store.subscribe_policy_changes().await.ok();
+                // Load after subscribing, so no change falls between the two.
+                if let Err(error) = cache.reload(&store).await {
+                    tracing::warn!(%error, "loading policies failed; retrying");
+                }
+                loop {
+                    let tick = tokio::time::sleep(Duration::from_millis(250));
+                    let changed = match changes.as_mut() {
+                        Some(rx) => tokio::select! {
+                            msg = rx.recv() => match msg {
+                                Some(_) => true,
+                                None => break, // subscription lost: subscribe again
+                            },
+                            _ = tick => cache.generation_moved(&store).await,
+                        },
+                        None => {
+                            tick.await;
+                            cache.generation_moved(&store).await
+                        }
+                    };
+                    if changed {
+                        if let Err(error) = cache.reload(&store).await {
+                            tracing::warn!(%error, "reloading policies failed");
+                        }
+                    }
+                    if changes.is_none() && store.is_single() {
+                        break; // try to subscribe again
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+    }
+
+    async fn generation_moved(&self, store: &Store) -> bool {
+        match store.policy_generation().await {
+            Ok(g) => g != self.generation.load(Ordering::Acquire) || !self.is_loaded(),
+            Err(_) => false,
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Policies in Redis: the current version of each in one hash, previous versions in a list
+//! per policy, a generation counter and a pub/sub channel so every instance notices a change.
+
+use redis::Script;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::{Store, StoreError};
+use crate::domain::{Name, Policy};
+
+/// What saving a policy did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Saved {
+    /// Stored as this version.
+    Version(u64),
+    /// The caller expected another current version; nothing was written.
+    Conflict,
+}
+
+pub(super) fn save_script() -> Script {
+    Script::new(include_str!("../../lua/policy_save.lua"))
+}
+
+impl Store {
+    /// Every policy, current versions, sorted by name. A stored document that no longer
+    /// parses is logged and left out, never served half-understood.
+    pub async fn list_policies(&self) -> Result<Vec<Policy>, StoreError> {
+        let raw: Vec<(String, String)> = self.query(redis::cmd("HGETALL").arg(self.keys.policies())).await?;
+        let mut policies: Vec<Policy> = raw.iter().filter_map(|(name, json)| parse_stored(name, json)).collect();
+        policies.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(policies)
+    }
+
+    /// The current version of `name`, if it exists.
+    pub async fn get_policy(&self, name: &Name) -> Result<Option<Policy>, StoreError> {
+        let raw: Option<String> = self.query(redis::cmd("HGET").arg(self.keys.policies()).arg(name.as_str())).await?;
+        Ok(raw.and_then(|json| parse_stored(name.as_str(), &json)))
+    }
+
+    /// Previous versions of `name`, newest first, at most `limit`.
+    pub async fn policy_history(&self, name: &Name, limit: usize) -> Result<Vec<Policy>, StoreError> {
+        let raw: Vec<String> = self
+            .query(redis::cmd("LRANGE").arg(self.keys.policy_history(name)).arg(0).arg(limit.saturating_sub(1) as i64))
+            .await?;
+        Ok(raw.iter().filter_map(|json| parse_stored(name.as_str(), json)).collect())
+    }
+
+    /// Stores `policy` as its next version. With `expected`, only if the current version is
+    /// that one (0: only if it does not exist yet).
+    pub async fn save_policy(&self, policy: &Policy, expected: Option<u64>) -> Result<Saved, StoreError> {
+        let doc = serde_json::to_string(&document(policy)).map_err(|e| StoreError::Reply(e.to_string()))?;
+        let reply: i64 = self.run_policy_script(&policy.name, "put", &doc, expected).await?;
+        Ok(if reply < 0 { Saved::Conflict } else { Saved::Version(reply as u64) })
+    }
+
+    /// Deletes `name` (its history is kept). Returns whether it existed.
+    pub async fn delete_policy(&self, name: &Name) -> Result<bool, StoreError> {
+        let reply: i64 = self.run_policy_script(name, "delete", "", None).await?;
+        Ok(reply == 1)
+    }
+
+    /// The policy generation: it changes whenever any policy does.
+    pub async fn policy_generation(&self) -> Result<u64, StoreError> {
+        let raw: Option<u64> = self.query(redis::cmd("GET").arg(self.keys.policy_generation())).await?;
+        Ok(raw.unwrap_or(0))
+    }
+
+    async fn run_policy_script<T: redis::FromRedisValue>(
+        &self,
+        name: &Name,
+        op: &str,
+        doc: &str,
+        expected: Option<u64>,
+    ) -> Result<T, StoreError> {
+        let mut invocation = self.scripts.policy_save.prepare_invoke();
+        invocation
+            .key(self.keys.policies())
+            .key(self.keys.policy_history(name))
+            .key(self.keys.policy_generation())
+            .key(self.keys.policy_versions())
+            .arg(name.as_str())
+            .arg(op)
+            .arg(doc)
+            .arg(expected.map(|v| v.to_string()).unwrap_or_default())
+            .arg(self.keys.policy_channel());
+        self.invoke(&invocation).await
+    }
+
+    /// Names of changed policies as other instances publish them. The receiver ends when the
+    /// subscription breaks; the caller keeps polling the generation as a fallback.
+    pub async fn subscribe_policy_changes(&self) -> Result<mpsc::Receiver<String>, StoreError> {
+        use futures_util::StreamExt;
+        let client = self.client.as_ref().ok_or_else(|| StoreError::Reply("pub/sub needs a single Redis".into()))?;
+        let mut pubsub = client.get_async_pubsub().await?;
+        pubsub.subscribe(self.keys.policy_channel()).await?;
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let name: String = msg.get_payload().unwrap_or_default();
+                if tx.send(name).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+/// The document a policy is stored as (and exported as): SPEC §4's shape.
+pub fn document(policy: &Policy) -> Value {
+    let mut doc = serde_json::to_value(policy).expect("a policy always serializes");
+    if let Some(obj) = doc.as_object_mut() {
+        obj.remove("name");
+        obj.remove("version");
+    }
+    doc
+}
+
+fn parse_stored(name: &str, json: &str) -> Option<Policy> {
+    let parsed = serde_json::from_str::<Value>(json).ok().and_then(|v| {
+        let version = v.get("version")?.as_u64()?;
+        let policy = Policy::from_document(name, v.get("policy")?).ok()?;
+        Some(Policy { version, ..policy })
+    });
+    if parsed.is_none() {
+        tracing::error!(policy = name, "a stored policy does not parse; it is ignored");
+    }
+    parsed
+}

@@ -1,0 +1,377 @@
+//! The HTTP API for services and automation, against a real redis-server: every status
+//! code, header and error shape of SPEC §4.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+
+fn one_rule(limit: u64) -> Value {
+    json!({"rules": [{"name": "per-minute", "algorithm": "fixed_window", "limit": limit, "window_ms": 3_600_000}]})
+}
+
+async fn problem(response: reqwest::Response, status: u16) -> Value {
+    assert_eq!(response.status().as_u16(), status);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["status"], status);
+    assert!(body["type"].as_str().unwrap().starts_with("https://"));
+    assert!(body["title"].is_string() && body["detail"].is_string());
+    body
+}
+
+#[tokio::test]
+async fn an_allowed_check_has_the_spec_shape_and_headers() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let response = app.check(json!({"policy": "demo", "identifiers": {"ip": "203.0.113.7", "user": "42"}})).await;
+    assert_eq!(response.status(), 200);
+    let headers = response.headers().clone();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["allowed"], true);
+    assert_eq!(body["policy"], "demo");
+    assert_eq!(body["policy_version"], 1);
+    assert_eq!(body["mode"], "enforce");
+    assert_eq!(body["degraded"], false);
+    assert_eq!(body["retry_after_ms"], Value::Null);
+    let results = body["results"].as_array().unwrap();
+    // per-second for ip and user, per-minute and burst for both: 6 results.
+    assert_eq!(results.len(), 6, "{body}");
+    let binding: Vec<&Value> = results.iter().filter(|r| r["binding"] == true).collect();
+    assert_eq!(binding.len(), 1);
+    assert_eq!(binding[0]["rule"], "per-second");
+    assert_eq!(binding[0]["remaining"], 9);
+    assert_eq!(body["limit"], 10);
+    assert_eq!(body["remaining"], 9);
+
+    // Both headers parse as RFC 9651 lists.
+    let policy: sfv::List = sfv::Parser::new(headers["ratelimit-policy"].to_str().unwrap()).parse().unwrap();
+    assert_eq!(policy.len(), 3, "one member per rule: {:?}", headers["ratelimit-policy"]);
+    assert_eq!(headers["ratelimit-policy"], r#""per-second";q=10;w=1, "per-minute";q=120;w=60, "burst";q=20;w=4"#);
+    let state: sfv::List = sfv::Parser::new(headers["ratelimit"].to_str().unwrap()).parse().unwrap();
+    assert_eq!(state.len(), 1);
+    assert_eq!(headers["ratelimit"], r#""per-second";r=9;t=1"#);
+    assert!(headers.get("retry-after").is_none());
+}
+
+#[tokio::test]
+async fn a_denied_check_is_429_with_retry_after_and_consumes_nothing() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("tight", one_rule(3)).await;
+    for _ in 0..3 {
+        assert_eq!(app.check(json!({"policy": "tight", "identifiers": {"user": "1"}})).await.status(), 200);
+    }
+    let denied = app.check(json!({"policy": "tight", "identifiers": {"user": "1"}})).await;
+    assert_eq!(denied.status(), 429);
+    let retry: u64 = denied.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "{retry}");
+    let body: Value = denied.json().await.unwrap();
+    assert_eq!(body["allowed"], false);
+    assert_eq!(body["remaining"], 0);
+    assert!(body["retry_after_ms"].as_u64().unwrap() > 0);
+
+    // A cost no rule could ever admit: denied with no retry time.
+    let never = app.check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 4})).await;
+    assert_eq!(never.status(), 429);
+    assert!(never.headers().get("retry-after").is_none());
+    let body: Value = never.json().await.unwrap();
+    assert_eq!(body["retry_after_ms"], Value::Null);
+    // ...and it consumed nothing; cost 0 peeks.
+    let peek: Value = app.check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 0})).await.json().await.unwrap();
+    assert_eq!(peek["remaining"], 3);
+}
+
+#[tokio::test]
+async fn shadow_mode_lets_through_and_says_so() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut doc = one_rule(1);
+    doc["mode"] = json!("shadow");
+    app.put_policy("quiet", doc).await;
+    let first: Value = app.check(json!({"policy": "quiet", "identifiers": {"user": "1"}})).await.json().await.unwrap();
+    assert_eq!(first["shadow_denied"], false);
+    let second = app.check(json!({"policy": "quiet", "identifiers": {"user": "1"}})).await;
+    assert_eq!(second.status(), 200);
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(body["allowed"], true);
+    assert_eq!(body["shadow_denied"], true);
+    assert_eq!(body["mode"], "shadow");
+}
+
+#[tokio::test]
+async fn bad_input_is_400_naming_the_field_never_500() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let long = "x".repeat(257);
+    let cases = [
+        (json!([]), "body"),
+        (json!({"identifiers": {"ip": "1"}}), "policy"),
+        (json!({"policy": 5, "identifiers": {"ip": "1"}}), "policy"),
+        (json!({"policy": "demo"}), "identifiers"),
+        (json!({"policy": "demo", "identifiers": {}}), "identifiers"),
+        (json!({"policy": "demo", "identifiers": {"ip": ""}}), "identifiers.ip"),
+        (json!({"policy": "demo", "identifiers": {"ip": long}}), "identifiers.ip"),
+        (json!({"policy": "demo", "identifiers": {"IP!": "1"}}), "identifiers.IP!"),
+        (json!({"policy": "demo", "identifiers": {"ip": ["1"]}}), "identifiers.ip"),
+        (json!({"policy": "demo", "identifiers": {"ip": "1"}, "cost": -1}), "cost"),
+        (json!({"policy": "demo", "identifiers": {"ip": "1"}, "cost": 1.5}), "cost"),
+        (json!({"policy": "demo", "identifiers": {"ip": "1"}, "extra": 1}), "extra"),
+    ];
+    for (body, field) in cases {
+        let response = app.check(body.clone()).await;
+        let problem = problem(response, 400).await;
+        assert_eq!(problem["field"], field, "{body}");
+        assert!(problem["detail"].as_str().unwrap().starts_with(field), "{problem}");
+    }
+    let malformed = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .bearer_auth(SERVICE_KEY)
+        .header("content-type", "application/json")
+        .body("{\"policy\": ")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(problem(malformed, 400).await["field"], "body");
+    let not_json = app.client.post(app.url("/api/v1/check")).bearer_auth(SERVICE_KEY).body("policy=demo").send().await.unwrap();
+    problem(not_json, 415).await;
+    let huge = json!({"policy": "demo", "identifiers": {"ip": "1"}, "pad": "x".repeat(70_000)});
+    problem(app.check(huge).await, 413).await;
+    let unknown = app.check(json!({"policy": "nope", "identifiers": {"ip": "1"}})).await;
+    assert!(problem(unknown, 404).await["detail"].as_str().unwrap().contains("nope"));
+}
+
+#[tokio::test]
+async fn keys_are_required_and_roles_enforced() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let body = json!({"policy": "demo", "identifiers": {"ip": "1"}});
+    let none = app.client.post(app.url("/api/v1/check")).json(&body).send().await.unwrap();
+    problem(none, 401).await;
+    let wrong = app.client.post(app.url("/api/v1/check")).bearer_auth("spw_svc_wrong").json(&body).send().await.unwrap();
+    problem(wrong, 401).await;
+    let admin_may_check = app.client.post(app.url("/api/v1/check")).bearer_auth(ADMIN_KEY).json(&body).send().await.unwrap();
+    assert_eq!(admin_may_check.status(), 200);
+    let service_may_not_admin = app.client.get(app.url("/api/v1/policies")).bearer_auth(SERVICE_KEY).send().await.unwrap();
+    problem(service_may_not_admin, 403).await;
+    let anonymous_admin = app.client.get(app.url("/api/v1/policies")).send().await.unwrap();
+    problem(anonymous_admin, 401).await;
+}
+
+#[tokio::test]
+async fn redis_down_follows_the_policys_failure_mode() {
+    let mut redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "100")]).await;
+    let mut closed = one_rule(10);
+    closed["failure_mode"] = json!("closed");
+    app.put_policy("strict", closed).await;
+    app.put_policy("lenient", one_rule(10)).await;
+    redis.kill();
+    let open = app.check(json!({"policy": "lenient", "identifiers": {"user": "1"}})).await;
+    assert_eq!(open.status(), 200);
+    let body: Value = open.json().await.unwrap();
+    assert_eq!(body["degraded"], true);
+    assert_eq!(body["allowed"], true);
+    let refused = app.check(json!({"policy": "strict", "identifiers": {"user": "1"}})).await;
+    assert!(refused.headers().contains_key("retry-after"));
+    problem(refused, 503).await;
+
+    // Back without a restart of Spillway.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = app.check(json!({"policy": "strict", "identifiers": {"user": "1"}})).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not recover: {}", r.status());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn batch_answers_each_check_in_order() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("one", one_rule(1)).await;
+    let body = json!({"checks": [
+        {"policy": "one", "identifiers": {"user": "a"}},
+        {"policy": "one", "identifiers": {"user": "a"}},
+        {"policy": "missing", "identifiers": {"user": "a"}},
+        {"policy": "one", "identifiers": {"user": ""}},
+    ]});
+    let response = app.client.post(app.url("/api/v1/check/batch")).bearer_auth(SERVICE_KEY).json(&body).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    let statuses: Vec<u64> = body["results"].as_array().unwrap().iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [200, 429, 404, 400]);
+    assert_eq!(body["results"][3]["body"]["field"], "checks[3].identifiers.user");
+    let too_many = json!({"checks": vec![json!({"policy": "one", "identifiers": {"user": "a"}}); 101]});
+    let response = app.client.post(app.url("/api/v1/check/batch")).bearer_auth(SERVICE_KEY).json(&too_many).send().await.unwrap();
+    assert_eq!(problem(response, 400).await["field"], "checks");
+}
+
+#[tokio::test]
+async fn forward_auth_reads_identifiers_from_headers() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_FORWARD_AUTH_DENY_STATUS", "403")]).await;
+    app.put_policy("edge", one_rule(2)).await;
+    let call = || {
+        app.client
+            .get(app.url("/api/v1/forward-auth?policy=edge"))
+            .header("X-Spillway-Key", SERVICE_KEY)
+            .header("X-Forwarded-For", "198.51.100.4, 10.0.0.1")
+            .send()
+    };
+    assert_eq!(call().await.unwrap().status(), 200);
+    let second = call().await.unwrap();
+    assert_eq!(second.status(), 200);
+    assert!(second.headers().contains_key("ratelimit"));
+    let denied = call().await.unwrap();
+    assert_eq!(denied.status(), 403, "nginx-style deny status");
+    assert!(denied.headers().contains_key("retry-after"));
+    let body: Value = denied.json().await.unwrap();
+    assert_eq!(body["results"][0]["identifier"], "ip=198.51.100.4");
+    let no_key = app.client.get(app.url("/api/v1/forward-auth?policy=edge")).send().await.unwrap();
+    problem(no_key, 401).await;
+}
+
+#[tokio::test]
+async fn policies_are_versioned_validated_and_deletable() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let url = app.url("/api/v1/policies/api");
+    let created = app.client.put(&url).bearer_auth(ADMIN_KEY).json(&one_rule(5)).send().await.unwrap();
+    assert_eq!(created.status(), 201);
+    assert_eq!(created.headers()["etag"], "\"1\"");
+    let updated = app.put_policy("api", one_rule(6)).await;
+    assert_eq!(updated["version"], 2);
+    let read: Value = app.client.get(&url).bearer_auth(ADMIN_KEY).send().await.unwrap().json().await.unwrap();
+    assert_eq!(read["rules"][0]["limit"], 6);
+    let history: Value = app.client.get(app.url("/api/v1/policies/api/versions")).bearer_auth(ADMIN_KEY).send().await.unwrap().json().await.unwrap();
+    assert_eq!(history["previous_versions"][0]["version"], 1);
+    assert_eq!(history["previous_versions"][0]["rules"][0]["limit"], 5);
+
+    // Optimistic concurrency with If-Match.
+    let stale = app.client.put(&url).bearer_auth(ADMIN_KEY).header("If-Match", "\"1\"").json(&one_rule(7)).send().await.unwrap();
+    problem(stale, 409).await;
+    let fresh = app.client.put(&url).bearer_auth(ADMIN_KEY).header("If-Match", "\"2\"").json(&one_rule(7)).send().await.unwrap();
+    assert_eq!(fresh.status(), 200);
+
+    // Validation names the field.
+    let bad = app.client.put(&url).bearer_auth(ADMIN_KEY).json(&json!({"rules": [{"name": "r", "algorithm": "gcra"}]})).send().await.unwrap();
+    assert_eq!(problem(bad, 400).await["field"], "rules[0].rate");
+    let bad_name = app.client.put(app.url("/api/v1/policies/Bad%20Name")).bearer_auth(ADMIN_KEY).json(&one_rule(1)).send().await.unwrap();
+    assert_eq!(problem(bad_name, 400).await["field"], "name");
+
+    let list: Value = app.client.get(app.url("/api/v1/policies")).bearer_auth(ADMIN_KEY).send().await.unwrap().json().await.unwrap();
+    let names: Vec<&str> = list["policies"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["api", "demo"]);
+
+    assert_eq!(app.client.delete(&url).bearer_auth(ADMIN_KEY).send().await.unwrap().status(), 204);
+    problem(app.client.get(&url).bearer_auth(ADMIN_KEY).send().await.unwrap(), 404).await;
+    problem(app.check(json!({"policy": "api", "identifiers": {"user": "1"}})).await, 404).await;
+
+    // Policies have no TTL; the next version number continues after a delete.
+    let mut conn = redis.connection();
+    let ttl: i64 = redis::cmd("TTL").arg("spw:{policies}:current").query(&mut conn).unwrap();
+    assert_eq!(ttl, -1);
+    assert_eq!(app.put_policy("api", one_rule(1)).await["version"], 4);
+}
+
+#[tokio::test]
+async fn overrides_block_unlimit_and_relimit_by_exact_wildcard_and_cidr() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut doc = one_rule(1);
+    doc["overrides"] = json!([
+        {"match": "ip=10.0.0.0/8", "action": "block", "reason": "internal scanners"},
+        {"match": "user=vip-*", "action": "unlimited"},
+        {"match": "user=partner", "action": "limit", "rules": [{"name": "partner", "algorithm": "fixed_window", "limit": 3, "window_ms": 3600000}]},
+        {"match": "user=expired", "action": "unlimited", "expires_at_ms": 1000},
+    ]);
+    app.put_policy("ov", doc).await;
+    let status = |id: Value| {
+        let app = &app;
+        async move { app.check(json!({"policy": "ov", "identifiers": id})).await.status().as_u16() }
+    };
+    assert_eq!(status(json!({"ip": "10.1.2.3"})).await, 429, "blocked by CIDR");
+    assert_eq!(status(json!({"ip": "11.1.2.3"})).await, 200);
+    for _ in 0..5 {
+        assert_eq!(status(json!({"user": "vip-7"})).await, 200, "unlimited by wildcard");
+    }
+    for _ in 0..3 {
+        assert_eq!(status(json!({"user": "partner"})).await, 200, "its own limit of 3");
+    }
+    assert_eq!(status(json!({"user": "partner"})).await, 429);
+    assert_eq!(status(json!({"user": "expired"})).await, 200);
+    assert_eq!(status(json!({"user": "expired"})).await, 429, "an expired override no longer applies");
+
+    // Adding one through the overrides resource makes a new version.
+    let added = app
+        .client
+        .post(app.url("/api/v1/policies/ov/overrides"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"match": "user=bad", "action": "block"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    assert_eq!(added.json::<Value>().await.unwrap()["version"], 2);
+    assert_eq!(status(json!({"user": "bad"})).await, 429);
+}
+
+/// Two app processes on one Redis: 2,000 concurrent checks against a limit of 100 admit
+/// exactly 100, and a policy change through A is enforced by B within 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_share_limits_and_policies() {
+    let redis = RedisServer::start();
+    let a = spawn_app(&redis).await;
+    let b = spawn_app(&redis).await;
+    a.put_policy("shared", one_rule(100)).await;
+    wait_for_policy(&b, "shared", 1).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..2_000 {
+        let (client, url) = if i % 2 == 0 { (a.client.clone(), a.url("/api/v1/check")) } else { (b.client.clone(), b.url("/api/v1/check")) };
+        tasks.spawn(async move {
+            client
+                .post(url)
+                .bearer_auth(SERVICE_KEY)
+                .json(&json!({"policy": "shared", "identifiers": {"user": "hot"}}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        });
+    }
+    let mut allowed = 0;
+    while let Some(status) = tasks.join_next().await {
+        match status.unwrap() {
+            200 => allowed += 1,
+            429 => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert_eq!(allowed, 100);
+
+    let changed_at = Instant::now();
+    a.put_policy("shared", one_rule(5000)).await;
+    let seen = wait_for_policy(&b, "shared", 2).await;
+    assert!(seen - changed_at < Duration::from_secs(1), "B enforced the change after {:?}", seen - changed_at);
+}
+
+/// Polls `app` until a check of `policy` reports `version`; returns when.
+async fn wait_for_policy(app: &TestApp, policy: &str, version: u64) -> Instant {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = app.check(json!({"policy": policy, "identifiers": {"user": "probe"}, "cost": 0})).await;
+        if r.status() == 200 && r.json::<Value>().await.unwrap()["policy_version"] == version {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "{policy} v{version} never reached this instance");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
