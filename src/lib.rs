@@ -15,6 +15,8 @@ pub mod auth;
 #[cfg(feature = "ssr")]
 pub mod config;
 #[cfg(feature = "ssr")]
+pub mod metrics;
+#[cfg(feature = "ssr")]
 pub mod policy_cache;
 #[cfg(feature = "ssr")]
 pub mod server;

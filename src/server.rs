@@ -17,6 +17,7 @@ use crate::{
 
 /// Builds the whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
+    crate::metrics::handle();
     let routes = generate_route_list(App);
     let context_store = state.store.clone();
     let leptos_options = state.leptos_options.clone();

@@ -97,7 +97,10 @@ impl IntoResponse for CheckAnswer {
 /// Runs one check: policy from memory, one round trip to Redis, the failure mode when Redis
 /// fails. `deny_status` is 429 except for forward-auth, where it is configurable.
 pub async fn check(state: &AppState, request: &CheckRequest, deny_status: StatusCode) -> Result<CheckAnswer, ApiError> {
-    let policy = match state.policies.get(&request.policy) {
+    let started = std::time::Instant::now();
+    let found = state.policies.get(&request.policy);
+    crate::metrics::policy_lookup(found.is_some());
+    let policy = match found {
         Some(p) => p,
         None if state.policies.is_loaded() => return Err(ApiError::UnknownPolicy(request.policy.clone())),
         None => return Err(ApiError::PoliciesNotLoaded),
@@ -120,18 +123,30 @@ pub async fn check(state: &AppState, request: &CheckRequest, deny_status: Status
     } else if entries.is_empty() {
         Ok(Decision::new(Vec::new()))
     } else {
-        state.store.check_and_consume(&policy.name, &entries, request.cost, Now::Redis).await
+        let redis_started = std::time::Instant::now();
+        let result = state.store.check_and_consume(&policy.name, &entries, request.cost, Now::Redis).await;
+        crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
+        result
     };
-    match decision {
-        Ok(decision) => Ok(answer(&policy, &decision, false, deny_status)),
+    let (outcome, answer) = match decision {
+        Ok(decision) => {
+            let outcome = match (decision.allowed, policy.mode) {
+                (true, _) => "allowed",
+                (false, Mode::Shadow) => "shadow_denied",
+                (false, Mode::Enforce) => "denied",
+            };
+            (outcome, Ok(answer(&policy, &decision, false, deny_status)))
+        }
         Err(error) => {
             tracing::warn!(%error, policy = %policy.name, "check failed on redis");
             match policy.failure_mode {
-                FailureMode::Open => Ok(answer(&policy, &Decision::new(Vec::new()), true, deny_status)),
-                FailureMode::Closed => Err(ApiError::RedisUnavailable(error)),
+                FailureMode::Open => ("degraded", Ok(answer(&policy, &Decision::new(Vec::new()), true, deny_status))),
+                FailureMode::Closed => ("unavailable", Err(ApiError::RedisUnavailable(error))),
             }
         }
-    }
+    };
+    crate::metrics::check_done(policy.name.as_str(), outcome, started.elapsed().as_secs_f64());
+    answer
 }
 
 fn blocked_result(identifier: Identifier) -> RuleResult {

@@ -26,6 +26,7 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .route("/api/v1/check", post(check::check_handler))
         .route("/api/v1/check/batch", post(check::batch_handler))
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
@@ -46,6 +47,11 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         "policies_loaded": state.policies.is_loaded(),
         "redis": { "server_time_us": health.server_time_us, "round_trip_us": health.round_trip_us },
     })))
+}
+
+/// Prometheus text exposition.
+async fn metrics() -> impl axum::response::IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render())
 }
 
 /// Checks the caller's API key: `Service` accepts service and admin keys, `Admin` only

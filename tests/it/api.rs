@@ -375,3 +375,20 @@ async fn wait_for_policy(app: &TestApp, policy: &str, version: u64) -> Instant {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test]
+async fn metrics_count_checks_by_policy_and_outcome_never_by_identifier() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("metered", one_rule(1)).await;
+    app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}})).await;
+    app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}})).await;
+    let text = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let line = |needle: &str| text.lines().find(|l| l.starts_with("spillway_checks_total") && l.contains("policy=\"metered\"") && l.contains(needle)).map(str::to_owned);
+    let allowed = line("outcome=\"allowed\"").expect(&text);
+    assert!(allowed.ends_with(" 1"), "{allowed}");
+    assert!(line("outcome=\"denied\"").is_some(), "{text}");
+    assert!(text.contains("spillway_check_duration_seconds_bucket"), "{text}");
+    assert!(text.contains("spillway_redis_duration_seconds"), "{text}");
+    assert!(!text.contains("secret-user-77"));
+}

@@ -1,0 +1,45 @@
+//! Prometheus metrics. Labels are policy names and outcomes, never identifiers: the number
+//! of series stays bounded by the number of policies.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Check latency buckets, seconds: Spillway answers in well under a millisecond.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+
+/// The process-wide recorder, installed on first use.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("duration_seconds".into()), LATENCY_BUCKETS)
+            .expect("valid buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        // Another recorder may exist already (tests embedding the app); then keep ours
+        // detached, and /metrics renders only what reached it.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Counts one check and its latency.
+pub fn check_done(policy: &str, outcome: &'static str, seconds: f64) {
+    metrics::counter!("spillway_checks_total", "policy" => policy.to_owned(), "outcome" => outcome).increment(1);
+    metrics::histogram!("spillway_check_duration_seconds", "policy" => policy.to_owned()).record(seconds);
+}
+
+/// Counts one Redis call of the check path and its latency; `ok` false for errors.
+pub fn redis_call(seconds: f64, ok: bool) {
+    metrics::histogram!("spillway_redis_duration_seconds").record(seconds);
+    if !ok {
+        metrics::counter!("spillway_redis_errors_total").increment(1);
+    }
+}
+
+/// Counts a policy lookup on the check path.
+pub fn policy_lookup(hit: bool) {
+    metrics::counter!("spillway_policy_cache_lookups_total", "result" => if hit { "hit" } else { "miss" }).increment(1);
+}
