@@ -1,18 +1,60 @@
-//! The `spillway` binary: read the configuration, connect to Redis, serve until a signal.
+//! The `spillway` binary: serve, or manage policies as code (see `spillway help`).
 
 use anyhow::Context;
-use spillway::{config::Config, server, state::AppState};
+use spillway::{
+    cli::{self, Command},
+    config::Config,
+    server,
+    state::AppState,
+    store::Store,
+};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match cli::parse(&args) {
+        Ok(c) => c,
+        Err(problem) => {
+            eprintln!("{problem}\n\n{}", cli::USAGE);
+            std::process::exit(2);
+        }
+    };
     let config = Config::from_env().context("reading the configuration")?;
     server::init_tracing(&config);
-    let state = AppState::connect(config).await.context("connecting to Redis")?;
-    let addr = state.leptos_options.site_addr;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {addr}"))?;
-    tracing::info!(%addr, "spillway listening on http://{addr}");
-    server::run(listener, state, server::shutdown_signal()).await?;
+    match command {
+        Command::Help => println!("{}", cli::USAGE),
+        Command::Serve => {
+            let state = AppState::connect(config).await.context("connecting to Redis")?;
+            let addr = state.leptos_options.site_addr;
+            let listener =
+                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            tracing::info!(%addr, "spillway listening on http://{addr}");
+            server::run(listener, state, server::shutdown_signal()).await?;
+        }
+        Command::Export { format, output } => {
+            let store = connect(&config).await?;
+            let text = cli::export(&store, format).await?;
+            match output {
+                Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+                None => print!("{text}"),
+            }
+        }
+        Command::Import { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let store = connect(&config).await?;
+            let written = cli::import(&store, &text).await?;
+            println!("imported {written} policies from {}", file.display());
+        }
+    }
     Ok(())
+}
+
+async fn connect(config: &Config) -> anyhow::Result<Store> {
+    let timeout = config.redis_timeout.max(std::time::Duration::from_secs(5));
+    let store = if config.redis_cluster_urls.is_empty() {
+        Store::connect(&config.redis_url, timeout).await
+    } else {
+        Store::connect_cluster(&config.redis_cluster_urls, timeout, spillway::store::Keys::default()).await
+    };
+    store.context("connecting to Redis")
 }

@@ -22,6 +22,7 @@ struct Scripts {
     health: Script,
     check: Script,
     policy_save: Script,
+    policy_import: Script,
 }
 
 impl Scripts {
@@ -44,6 +45,7 @@ impl Scripts {
             health: Script::new(include_str!("../../lua/health.lua")),
             check: Script::new(&check),
             policy_save: policies::save_script(),
+            policy_import: policies::import_script(),
         }
     }
 }

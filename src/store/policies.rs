@@ -21,6 +21,10 @@ pub(super) fn save_script() -> Script {
     Script::new(include_str!("../../lua/policy_save.lua"))
 }
 
+pub(super) fn import_script() -> Script {
+    Script::new(include_str!("../../lua/policy_import.lua"))
+}
+
 impl Store {
     /// Every policy, current versions, sorted by name. A stored document that no longer
     /// parses is logged and left out, never served half-understood.
@@ -51,6 +55,23 @@ impl Store {
         let doc = serde_json::to_string(&document(policy)).map_err(|e| StoreError::Reply(e.to_string()))?;
         let reply: i64 = self.run_policy_script(&policy.name, "put", &doc, expected).await?;
         Ok(if reply < 0 { Saved::Conflict } else { Saved::Version(reply as u64) })
+    }
+
+    /// Stores every policy of `policies` as its next version, all in one atomic script:
+    /// either all are written or none is. Policies not in the set are left as they are.
+    pub async fn import_policies(&self, policies: &[Policy]) -> Result<usize, StoreError> {
+        if policies.is_empty() {
+            return Ok(0);
+        }
+        let mut invocation = self.scripts.policy_import.prepare_invoke();
+        invocation.key(self.keys.policies()).key(self.keys.policy_generation()).key(self.keys.policy_versions());
+        invocation.arg(self.keys.policy_channel());
+        for policy in policies {
+            let doc = serde_json::to_string(&document(policy)).map_err(|e| StoreError::Reply(e.to_string()))?;
+            invocation.key(self.keys.policy_history(&policy.name)).arg(policy.name.as_str()).arg(doc);
+        }
+        let written: usize = self.invoke(&invocation).await?;
+        Ok(written)
     }
 
     /// Deletes `name` (its history is kept). Returns whether it existed.

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod api;
+mod cli;
 mod cluster;
 mod engine;
 mod health;
