@@ -2,7 +2,8 @@
 //! the admin JSON API. Errors are problem+json (`ApiError`).
 
 pub mod check;
-mod policies;
+pub mod openapi;
+pub(crate) mod policies;
 mod problem;
 
 pub use problem::ApiError;
@@ -27,6 +28,7 @@ pub fn router() -> Router<AppState> {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/api/openapi.json", get(openapi::openapi_json))
         .route("/api/v1/check", post(check::check_handler))
         .route("/api/v1/check/batch", post(check::batch_handler))
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
@@ -35,11 +37,13 @@ pub fn router() -> Router<AppState> {
 }
 
 /// Liveness: the process is up and serving. Never touches Redis.
+#[utoipa::path(get, path = "/healthz", security(()), responses((status = 200, body = openapi::Status)))]
 async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Readiness: Redis answers and runs Lua scripts.
+#[utoipa::path(get, path = "/readyz", security(()), responses((status = 200, body = openapi::Status), (status = 503, body = openapi::Problem, content_type = "application/problem+json")))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let health = state.store.health().await.map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({
@@ -50,6 +54,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 }
 
 /// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 async fn metrics() -> impl axum::response::IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render())
 }

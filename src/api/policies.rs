@@ -37,7 +37,8 @@ fn name(raw: &str) -> Result<Name, ApiError> {
     Name::parse(raw).map_err(|m| ApiError::bad("name", m))
 }
 
-async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/v1/policies", responses((status = 200, body = crate::api::openapi::PolicyList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policies = state.store.list_policies().await.map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({ "policies": policies.iter().map(view).collect::<Vec<_>>() })))
@@ -52,7 +53,8 @@ async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
         .ok_or_else(|| ApiError::UnknownPolicy(name.to_string()))
 }
 
-async fn read(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<impl IntoResponse, ApiError> {
+#[utoipa::path(get, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn read(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<impl IntoResponse, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = load(&state, &name(&raw)?).await?;
     Ok(([(header::ETAG, format!("\"{}\"", policy.version))], Json(view(&policy))))
@@ -92,7 +94,8 @@ async fn refresh(state: &AppState) {
     }
 }
 
-async fn put(
+#[utoipa::path(put, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn put(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(raw): Path<String>,
@@ -105,7 +108,8 @@ async fn put(
     Ok((status, [(header::ETAG, format!("\"{}\"", saved.version))], Json(view(&saved))))
 }
 
-async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<StatusCode, ApiError> {
+#[utoipa::path(delete, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<StatusCode, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
     if state.store.delete_policy(&name).await.map_err(ApiError::RedisUnavailable)? {
@@ -116,21 +120,24 @@ async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(raw): Pa
     }
 }
 
-async fn versions(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/v1/policies/{name}/versions", params(("name" = String, Path, description = "Policy name")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn versions(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
     let history = state.store.policy_history(&name, 100).await.map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({ "policy": name, "previous_versions": history.iter().map(view).collect::<Vec<_>>() })))
 }
 
-async fn list_overrides(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn list_overrides(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = load(&state, &name(&raw)?).await?;
     Ok(Json(json!({ "policy": policy.name, "version": policy.version, "overrides": policy.overrides })))
 }
 
 /// Adds one override: a new version of the policy (so it is audited and can be rolled back).
-async fn add_override(
+#[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name")), request_body = crate::api::openapi::OverrideDocument, responses((status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn add_override(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(raw): Path<String>,

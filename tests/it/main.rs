@@ -8,3 +8,4 @@ mod cli;
 mod cluster;
 mod engine;
 mod health;
+mod openapi;

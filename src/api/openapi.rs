@@ -1,0 +1,215 @@
+//! The OpenAPI 3.1 document of the JSON API, generated from the handlers' annotations and
+//! the schema types below (they describe the wire format; parsing is done by the domain).
+
+#![allow(dead_code)] // the schema types exist only to be described
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::{
+    Modify, OpenApi, ToSchema,
+    openapi::security::{Http, HttpAuthScheme, SecurityScheme},
+};
+
+/// A check: may these identifiers do this now under this policy?
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"policy": "api", "identifiers": {"ip": "203.0.113.7", "user": "42"}, "cost": 1}))]
+pub struct CheckRequest {
+    /// Policy name, `[a-z0-9][a-z0-9_-]{0,63}`.
+    policy: String,
+    /// 1 to 16 `dimension: value` pairs; values are UTF-8, 1 to 256 bytes.
+    identifiers: BTreeMap<String, String>,
+    /// Integer ≥ 0, default 1; 0 peeks without consuming.
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
+    cost: Option<u64>,
+}
+
+/// One rule × identifier evaluated by a check.
+#[derive(Serialize, ToSchema)]
+pub struct RuleResult {
+    rule: String,
+    identifier: String,
+    algorithm: String,
+    allowed: bool,
+    limit: u64,
+    remaining: u64,
+    reset_ms: u64,
+    retry_after_ms: Option<u64>,
+    binding: bool,
+    /// Leaky bucket only.
+    delay_ms: Option<u64>,
+}
+
+/// The answer to a check (200 allowed, 429 denied; the same body either way).
+#[derive(Serialize, ToSchema)]
+pub struct CheckResponse {
+    allowed: bool,
+    policy: String,
+    policy_version: u64,
+    #[schema(pattern = "^(enforce|shadow)$")]
+    mode: String,
+    limit: Option<u64>,
+    remaining: Option<u64>,
+    reset_ms: Option<u64>,
+    retry_after_ms: Option<u64>,
+    degraded: bool,
+    /// Shadow mode only: the check would have been denied.
+    shadow_denied: Option<bool>,
+    /// Redis Cluster only: a later slot denied and earlier slots were refunded.
+    refunded: Option<bool>,
+    results: Vec<RuleResult>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct BatchRequest {
+    /// 1 to 100 checks.
+    checks: Vec<CheckRequest>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct BatchItem {
+    status: u16,
+    /// A `CheckResponse`, or a `Problem`.
+    body: serde_json::Value,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct BatchResponse {
+    results: Vec<BatchItem>,
+}
+
+/// RFC 9457 problem details.
+#[derive(Serialize, ToSchema)]
+pub struct Problem {
+    r#type: String,
+    title: String,
+    status: u16,
+    /// Starts with the offending field's name.
+    detail: String,
+    /// For 400: the offending field.
+    field: Option<String>,
+}
+
+/// A rule. Parameters depend on `algorithm`: `fixed_window`, `sliding_log`,
+/// `sliding_window`: limit, window_ms; `token_bucket`: capacity, refill_tokens,
+/// refill_period_ms; `leaky_bucket`: capacity, leak_tokens, leak_period_ms; `gcra`: rate,
+/// period_ms, burst; `bucketed_window`: limit, window_ms, bucket_ms.
+#[derive(Serialize, ToSchema)]
+pub struct RuleDocument {
+    name: String,
+    #[schema(pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window)$")]
+    algorithm: String,
+    dimensions: Option<Vec<String>>,
+    count_denied: Option<bool>,
+    limit: Option<u64>,
+    window_ms: Option<u64>,
+    capacity: Option<u64>,
+    refill_tokens: Option<u64>,
+    refill_period_ms: Option<u64>,
+    leak_tokens: Option<u64>,
+    leak_period_ms: Option<u64>,
+    rate: Option<u64>,
+    period_ms: Option<u64>,
+    burst: Option<u64>,
+    bucket_ms: Option<u64>,
+}
+
+/// An override: `match` is `dimension=value`, `dimension=prefix-*` or `ip=10.0.0.0/8`.
+#[derive(Serialize, ToSchema)]
+pub struct OverrideDocument {
+    r#match: String,
+    #[schema(pattern = "^(unlimited|block|limit)$")]
+    action: String,
+    /// With action `limit`: the rules that apply instead.
+    rules: Option<Vec<RuleDocument>>,
+    expires_at_ms: Option<i64>,
+    reason: Option<String>,
+}
+
+/// What `PUT /api/v1/policies/{name}` takes.
+#[derive(Serialize, ToSchema)]
+pub struct PolicyDocument {
+    description: Option<String>,
+    #[schema(pattern = "^(enforce|shadow)$")]
+    mode: Option<String>,
+    #[schema(pattern = "^(open|closed)$")]
+    failure_mode: Option<String>,
+    rules: Vec<RuleDocument>,
+    overrides: Option<Vec<OverrideDocument>>,
+}
+
+/// A stored policy: its document plus name and version.
+#[derive(Serialize, ToSchema)]
+pub struct PolicyView {
+    name: String,
+    version: u64,
+    description: String,
+    mode: String,
+    failure_mode: String,
+    rules: Vec<RuleDocument>,
+    overrides: Vec<OverrideDocument>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PolicyList {
+    policies: Vec<PolicyView>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PolicyVersions {
+    policy: String,
+    previous_versions: Vec<PolicyView>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct OverrideList {
+    policy: String,
+    version: u64,
+    overrides: Vec<OverrideDocument>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Status {
+    status: String,
+}
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("api_key", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Spillway", description = "Rate limiting over HTTP, backed by Redis."),
+    paths(
+        super::healthz,
+        super::readyz,
+        super::metrics,
+        openapi_json,
+        super::check::check_handler,
+        super::check::batch_handler,
+        super::check::forward_auth_handler,
+        super::policies::list,
+        super::policies::read,
+        super::policies::put,
+        super::policies::delete,
+        super::policies::versions,
+        super::policies::list_overrides,
+        super::policies::add_override,
+    ),
+    components(schemas(CheckRequest, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
+        RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status)),
+    modifiers(&BearerAuth),
+    security(("api_key" = [])),
+)]
+pub struct ApiDoc;
+
+/// This document.
+#[utoipa::path(get, path = "/api/openapi.json", security(()), responses((status = 200, description = "The OpenAPI document")))]
+pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(ApiDoc::openapi())
+}
