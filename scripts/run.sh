@@ -16,4 +16,25 @@ if [ -z "${REDIS_URL:-}" ]; then
   fi
   export REDIS_URL=redis://127.0.0.1:6379
 fi
+
+# API keys: generated on the first run, kept in .spillway/keys.env (mode 600), shown once.
+if [ -z "${SPILLWAY_SERVICE_KEYS:-}${SPILLWAY_ADMIN_KEYS:-}" ]; then
+  mkdir -p .spillway
+  if [ ! -f .spillway/keys.env ]; then
+    key() { printf '%s_%s' "$1" "$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')"; }
+    service=$(key spw_svc); admin=$(key spw_adm)
+    (umask 077; printf 'SPILLWAY_SERVICE_KEYS=%s\nSPILLWAY_ADMIN_KEYS=%s\n' "$service" "$admin" > .spillway/keys.env)
+    cat <<MSG
+run: created API keys (shown this once; kept in .spillway/keys.env):
+  service key (check endpoints): $service
+  admin key   (everything):      $admin
+try:
+  curl -s -H "Authorization: Bearer $service" -H 'Content-Type: application/json' \\
+    -d '{"policy":"demo","identifiers":{"ip":"203.0.113.7","user":"42"}}' http://127.0.0.1:3000/api/v1/check
+MSG
+  else
+    echo "run: API keys are in .spillway/keys.env"
+  fi
+  set -a; . .spillway/keys.env; set +a
+fi
 exec ./target/release/spillway "$@"
