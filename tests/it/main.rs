@@ -8,4 +8,5 @@ mod cli;
 mod cluster;
 mod engine;
 mod health;
+mod memory;
 mod openapi;

@@ -1,0 +1,82 @@
+//! Redis memory per tracked identifier for every algorithm: a measurement, run on demand
+//! (`cargo test --features ssr --test it -- --ignored --nocapture memory`), not a pass/fail
+//! test. It prints a markdown table.
+
+use std::time::Duration;
+
+use spillway::{
+    domain::{Algorithm, Identifier, Name, Rule},
+    store::{CheckEntry, Keys, Now, Store},
+};
+
+use crate::helpers::RedisServer;
+
+const LONG_MS: u64 = 400 * 24 * 3600 * 1000;
+
+fn used_memory(conn: &mut redis::Connection) -> i64 {
+    let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+    info.lines().find_map(|l| l.strip_prefix("used_memory:")).unwrap().trim().parse().unwrap()
+}
+
+async fn fill(store: &Store, algorithm: Algorithm, identifiers: usize, checks_each: usize) {
+    let policy = Name::parse("api").unwrap();
+    let rule = Rule::new(0, "per-minute", algorithm, None, false).unwrap();
+    let rule = std::sync::Arc::new(rule);
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..32 {
+        let (store, policy, rule) = (store.clone(), policy.clone(), rule.clone());
+        tasks.spawn(async move {
+            for i in (worker..identifiers).step_by(32) {
+                let id = Identifier::new("user", &(100_000_000 + i).to_string()).unwrap();
+                for _ in 0..checks_each {
+                    let entry = CheckEntry { rule: &rule, identifier: &id };
+                    store.check_and_consume(&policy, &[entry], 1, Now::Redis).await.unwrap();
+                }
+            }
+        });
+    }
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run on demand"]
+async fn memory_per_identifier() {
+    let redis = RedisServer::start();
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::default()).await.unwrap();
+    let mut conn = redis.connection();
+    let n = 100_000;
+    let algorithms = [
+        Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS },
+        Algorithm::SlidingWindow { limit: 100, window_ms: LONG_MS },
+        Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period_ms: LONG_MS },
+        Algorithm::LeakyBucket { capacity: 100, leak_tokens: 1, leak_period_ms: LONG_MS },
+        Algorithm::Gcra { rate: 1, period_ms: LONG_MS, burst: 99 },
+        Algorithm::BucketedWindow { limit: 100, window_ms: LONG_MS, bucket_ms: LONG_MS / 60 },
+        Algorithm::SlidingLog { limit: 1000, window_ms: LONG_MS },
+    ];
+    println!("\n| algorithm | bytes per identifier ({n} identifiers, 1 check each) |\n|---|---|");
+    for algorithm in algorithms {
+        redis::cmd("FLUSHALL").query::<()>(&mut conn).unwrap();
+        let before = used_memory(&mut conn);
+        fill(&store, algorithm, n, 1).await;
+        let after = used_memory(&mut conn);
+        println!("| {} | {} |", algorithm.name(), (after - before) / n as i64);
+    }
+    // Sliding log: the cost of each further entry, small (listpack) and large (skiplist) logs.
+    for entries in [100usize, 300] {
+        let ids = 1000;
+        redis::cmd("FLUSHALL").query::<()>(&mut conn).unwrap();
+        let base = used_memory(&mut conn);
+        fill(&store, Algorithm::SlidingLog { limit: 1000, window_ms: LONG_MS }, ids, 1).await;
+        let one = used_memory(&mut conn);
+        fill(&store, Algorithm::SlidingLog { limit: 1000, window_ms: LONG_MS }, ids, entries - 1).await;
+        let many = used_memory(&mut conn);
+        println!(
+            "| sliding_log, per entry at {entries} entries | {} (first entry with its key: {}) |",
+            (many - one) / (ids * (entries - 1)) as i64,
+            (one - base) / ids as i64
+        );
+    }
+}
