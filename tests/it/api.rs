@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
 
 fn one_rule(limit: u64) -> Value {
     json!({"rules": [{"name": "per-minute", "algorithm": "fixed_window", "limit": limit, "window_ms": 3_600_000}]})
@@ -323,13 +323,15 @@ async fn overrides_block_unlimit_and_relimit_by_exact_wildcard_and_cidr() {
     assert_eq!(status(json!({"user": "bad"})).await, 429);
 }
 
-/// Two app processes on one Redis: 2,000 concurrent checks against a limit of 100 admit
-/// exactly 100, and a policy change through A is enforced by B within 1 s.
+/// Two app processes on one Redis (this test's, and the real binary in a process of its
+/// own): 2,000 concurrent checks against a limit of 100 admit exactly 100, and a policy
+/// change through A is enforced by B within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_share_limits_and_policies() {
     let redis = RedisServer::start();
     let a = spawn_app(&redis).await;
-    let b = spawn_app(&redis).await;
+    let process = AppProcess::start(&redis);
+    let b = TestApp::remote(process.addr);
     a.put_policy("shared", one_rule(100)).await;
     wait_for_policy(&b, "shared", 1).await;
     let mut tasks = tokio::task::JoinSet::new();

@@ -101,6 +101,11 @@ pub struct TestApp {
 }
 
 impl TestApp {
+    /// A client for an app served elsewhere (another process).
+    pub fn remote(addr: SocketAddr) -> Self {
+        Self { addr, client: reqwest::Client::new(), shutdown: None }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
@@ -235,5 +240,41 @@ impl Drop for RedisCluster {
             let _ = child.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The real `spillway` binary as a separate process on a free port, killed on drop.
+pub struct AppProcess {
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+impl AppProcess {
+    pub fn start(redis: &RedisServer) -> Self {
+        let port = free_port();
+        let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .env("REDIS_URL", redis.url())
+            .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
+            .env("SPILLWAY_SERVICE_KEYS", SERVICE_KEY)
+            .env("SPILLWAY_ADMIN_KEYS", ADMIN_KEY)
+            .env("SPILLWAY_REDIS_TIMEOUT_MS", "2000")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the spillway binary is built for the tests");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(Instant::now() < deadline, "spillway did not start on {addr}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { addr, child }
+    }
+}
+
+impl Drop for AppProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
