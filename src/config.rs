@@ -30,6 +30,9 @@ pub struct Config {
     /// Forward-auth: the status of a denial (`SPILLWAY_FORWARD_AUTH_DENY_STATUS`, default
     /// 429; nginx's auth_request wants 403).
     pub forward_auth_deny_status: u16,
+    /// How long to keep serving (with `Connection: close`) after SIGTERM before closing the
+    /// listener (`SPILLWAY_SHUTDOWN_DRAIN_MS`, default 1000).
+    pub shutdown_drain: Duration,
     /// Whether to create the demo policy when no policy exists (`SPILLWAY_SEED_DEMO`).
     pub seed_demo: bool,
 }
@@ -129,6 +132,10 @@ impl Config {
             forward_auth_identifiers,
             forward_auth_deny_status,
             seed_demo,
+            shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
+                Some("0") => Duration::ZERO,
+                _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,
+            },
             leptos_options: conf.leptos_options,
             redis_url,
             redis_cluster_urls,

@@ -17,6 +17,8 @@ pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod config;
 #[cfg(feature = "ssr")]
+pub mod deny_cache;
+#[cfg(feature = "ssr")]
 pub mod metrics;
 #[cfg(feature = "ssr")]
 pub mod policy_cache;

@@ -24,12 +24,14 @@ async fn main() -> anyhow::Result<()> {
     match command {
         Command::Help => println!("{}", cli::USAGE),
         Command::Serve => {
+            let drain = config.shutdown_drain;
             let state = AppState::connect(config).await.context("connecting to Redis")?;
             let addr = state.leptos_options.site_addr;
             let listener =
                 tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
             tracing::info!(%addr, "spillway listening on http://{addr}");
-            server::run(listener, state, server::shutdown_signal()).await?;
+            server::run(listener, state, server::shutdown_after_drain(drain)).await?;
+            tracing::info!("stopped");
         }
         Command::Export { format, output } => {
             let store = connect(&config).await?;

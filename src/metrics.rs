@@ -43,3 +43,8 @@ pub fn redis_call(seconds: f64, ok: bool) {
 pub fn policy_lookup(hit: bool) {
     metrics::counter!("spillway_policy_cache_lookups_total", "result" => if hit { "hit" } else { "miss" }).increment(1);
 }
+
+/// Counts a check answered from the over-limit cache, without Redis.
+pub fn deny_cache_hit() {
+    metrics::counter!("spillway_deny_cache_hits_total").increment(1);
+}

@@ -12,8 +12,9 @@ use std::{
 };
 
 use crate::{
+    deny_cache::DenyCache,
     domain::Policy,
-    store::{Store, StoreError},
+    store::{Event, Store, StoreError},
 };
 
 type Snapshot = Arc<HashMap<String, Arc<Policy>>>;
@@ -38,8 +39,20 @@ impl PolicyCache {
     }
 
     /// Reads every policy from Redis and replaces the cache.
+    ///
+    /// When Redis answers with no policy generation at all although policies were loaded
+    /// before, Redis lost its data (restarted without persistence, or flushed): the policies
+    /// held here are written back instead of being forgotten, so checks go on unchanged.
     pub async fn reload(&self, store: &Store) -> Result<(), StoreError> {
-        let generation = store.policy_generation().await?;
+        let mut generation = store.policy_generation().await?;
+        if generation == 0 && self.generation.load(Ordering::Acquire) > 0 {
+            let known: Vec<Policy> = self.snapshot.read().expect("policy cache lock").values().map(|p| (**p).clone()).collect();
+            if !known.is_empty() {
+                tracing::error!(policies = known.len(), "Redis lost every policy; restoring them from memory");
+                store.import_policies(&known).await?;
+                generation = store.policy_generation().await?;
+            }
+        }
         let policies = store.list_policies().await?;
         let map: HashMap<String, Arc<Policy>> =
             policies.into_iter().map(|p| (p.name.as_str().to_owned(), Arc::new(p))).collect();
@@ -49,22 +62,26 @@ impl PolicyCache {
         Ok(())
     }
 
-    /// Keeps the cache fresh until the process ends.
-    pub fn spawn_refresher(&self, store: Store) {
+    /// Keeps the cache fresh until the process ends, and forwards resets to `denials`.
+    pub fn spawn_refresher(&self, store: Store, denials: DenyCache) {
         let cache = self.clone();
         tokio::spawn(async move {
             loop {
-                let mut changes = store.subscribe_policy_changes().await.ok();
+                let mut events = store.subscribe().await.ok();
                 // Load after subscribing, so no change falls between the two.
                 if let Err(error) = cache.reload(&store).await {
                     tracing::warn!(%error, "loading policies failed; retrying");
                 }
                 loop {
                     let tick = tokio::time::sleep(Duration::from_millis(250));
-                    let changed = match changes.as_mut() {
+                    let changed = match events.as_mut() {
                         Some(rx) => tokio::select! {
-                            msg = rx.recv() => match msg {
-                                Some(_) => true,
+                            event = rx.recv() => match event {
+                                Some(Event::PolicyChanged(_)) => true,
+                                Some(Event::Reset { policies, identifier }) => {
+                                    denials.invalidate(policies.as_deref(), &identifier);
+                                    false
+                                }
                                 None => break, // subscription lost: subscribe again
                             },
                             _ = tick => cache.generation_moved(&store).await,
@@ -79,7 +96,7 @@ impl PolicyCache {
                             tracing::warn!(%error, "reloading policies failed");
                         }
                     }
-                    if changes.is_none() && store.is_single() {
+                    if events.is_none() && store.is_single() {
                         break; // try to subscribe again
                     }
                 }

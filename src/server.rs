@@ -1,6 +1,10 @@
 //! The composition root: routes, middleware, and serving with graceful shutdown.
 
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use axum::Router;
 use leptos::prelude::provide_context;
@@ -35,7 +39,36 @@ pub fn router(state: AppState) -> Router {
             Duration::from_secs(10),
         ))
         .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::map_response(close_while_draining))
         .with_state(state)
+}
+
+/// Set once a shutdown signal arrived: the instance still answers, but tells clients to
+/// close their connections and reports itself not ready, so nothing is sent on a connection
+/// that is about to close.
+static DRAINING: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process is shutting down.
+pub fn draining() -> bool {
+    DRAINING.load(Ordering::Acquire)
+}
+
+async fn close_while_draining(mut response: axum::response::Response) -> axum::response::Response {
+    if draining() {
+        response
+            .headers_mut()
+            .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// Resolves `drain` after a shutdown signal, during which requests are still served (with
+/// `Connection: close`, and /readyz failing); then the server stops accepting and lets the
+/// requests in flight finish.
+pub async fn shutdown_after_drain(drain: Duration) {
+    shutdown_signal().await;
+    DRAINING.store(true, Ordering::Release);
+    tokio::time::sleep(drain).await;
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, then lets in-flight requests

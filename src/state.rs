@@ -8,6 +8,7 @@ use leptos::config::LeptosOptions;
 use crate::{
     auth::ApiKeys,
     config::Config,
+    deny_cache::DenyCache,
     policy_cache::PolicyCache,
     store::{Keys, Store, StoreError},
 };
@@ -25,6 +26,7 @@ pub struct AppState {
     pub leptos_options: LeptosOptions,
     pub store: Store,
     pub policies: PolicyCache,
+    pub denials: DenyCache,
     pub keys: Arc<ApiKeys>,
     pub forward_auth: Arc<ForwardAuth>,
 }
@@ -48,11 +50,13 @@ impl AppState {
         if let Err(error) = policies.reload(&store).await {
             tracing::warn!(%error, "policies not loaded yet");
         }
-        policies.spawn_refresher(store.clone());
+        let denials = DenyCache::default();
+        policies.spawn_refresher(store.clone(), denials.clone());
         Ok(Self {
             leptos_options: config.leptos_options,
             store,
             policies,
+            denials,
             keys: Arc::new(ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),
                 config.admin_keys.iter().map(String::as_str),

@@ -122,10 +122,19 @@ pub async fn check(state: &AppState, request: &CheckRequest, deny_status: Status
         Ok(Decision::new(blocked.into_iter().map(blocked_result).collect()))
     } else if entries.is_empty() {
         Ok(Decision::new(Vec::new()))
+    } else if let Some(cached) =
+        state.denials.lookup(&policy, entries.iter().map(|e| (e.rule.name.as_str(), e.identifier)), request.cost)
+    {
+        // Denied until a known time: answered from memory, no Redis call.
+        crate::metrics::deny_cache_hit();
+        Ok(cached)
     } else {
         let redis_started = std::time::Instant::now();
         let result = state.store.check_and_consume(&policy.name, &entries, request.cost, Now::Redis).await;
         crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
+        if let Ok(decision) = &result {
+            state.denials.remember(&policy, decision, request.cost);
+        }
         result
     };
     let (outcome, answer) = match decision {

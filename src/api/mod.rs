@@ -2,6 +2,7 @@
 //! the admin JSON API. Errors are problem+json (`ApiError`).
 
 pub mod check;
+mod identifiers;
 pub mod openapi;
 pub(crate) mod policies;
 mod problem;
@@ -33,6 +34,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/check/batch", post(check::batch_handler))
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
         .merge(policies::router())
+        .merge(identifiers::router())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
@@ -45,6 +47,9 @@ async fn healthz() -> Json<Value> {
 /// Readiness: Redis answers and runs Lua scripts.
 #[utoipa::path(get, path = "/readyz", security(()), responses((status = 200, body = openapi::Status), (status = 503, body = openapi::Problem, content_type = "application/problem+json")))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    if crate::server::draining() {
+        return Err(ApiError::ShuttingDown);
+    }
     let health = state.store.health().await.map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({
         "status": "ready",

@@ -200,6 +200,8 @@ impl Modify for BearerAuth {
         super::policies::versions,
         super::policies::list_overrides,
         super::policies::add_override,
+        super::identifiers::inspect,
+        super::identifiers::reset,
     ),
     components(schemas(CheckRequest, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status)),

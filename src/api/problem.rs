@@ -32,6 +32,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("policies not loaded")]
     PoliciesNotLoaded,
+    #[error("shutting down")]
+    ShuttingDown,
 }
 
 impl From<PolicyError> for ApiError {
@@ -62,6 +64,12 @@ impl ApiError {
                 "policies-not-loaded",
                 "Policies are not loaded yet",
                 "Spillway has not been able to read its policies from Redis since it started".into(),
+            ),
+            ApiError::ShuttingDown => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting-down",
+                "Shutting down",
+                "this instance received a shutdown signal and is draining".into(),
             ),
             ApiError::BadRequest { field, detail } => (
                 StatusCode::BAD_REQUEST,

@@ -10,6 +10,8 @@ pub enum StoreError {
     Redis(#[from] redis::RedisError),
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
+    #[error("redis failed repeatedly; not trying again for a moment")]
+    CircuitOpen,
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
 }

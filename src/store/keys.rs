@@ -70,6 +70,12 @@ impl Keys {
         format!("{}:{{policies}}:versions", self.namespace)
     }
 
+    /// Pub/sub channel that carries every reset: `<policy>[,<policy>...]|*` and the
+    /// identifier, on two lines.
+    pub fn reset_channel(&self) -> String {
+        format!("{}:resets", self.namespace)
+    }
+
     /// Pub/sub channel that carries the name of every changed policy.
     pub fn policy_channel(&self) -> String {
         format!("{}:policy-changes", self.namespace)

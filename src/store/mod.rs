@@ -2,11 +2,14 @@
 //! layout, and parsing replies into domain types. Everything above it speaks in terms of
 //! policies, identifiers and decisions.
 
+mod breaker;
 mod error;
+pub mod events;
 pub mod keys;
 pub mod policies;
 
 pub use error::StoreError;
+pub use events::Event;
 pub use keys::Keys;
 pub use policies::Saved;
 
@@ -134,6 +137,7 @@ pub struct Store {
     scripts: Arc<Scripts>,
     keys: Keys,
     timeout: Duration,
+    breaker: Arc<breaker::Breaker>,
 }
 
 impl Store {
@@ -151,7 +155,7 @@ impl Store {
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self { backend: Backend::Single(conn), client: Some(pubsub_client), scripts: Arc::new(Scripts::load()), keys, timeout })
+        Ok(Self { backend: Backend::Single(conn), client: Some(pubsub_client), scripts: Arc::new(Scripts::load()), keys, timeout, breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))) })
     }
 
     /// Connects to a Redis Cluster through any of `urls`.
@@ -162,7 +166,12 @@ impl Store {
             .retries(2)
             .build()?;
         let conn = client.get_async_connection().await?;
-        Ok(Self { backend: Backend::Cluster(conn), client: None, scripts: Arc::new(Scripts::load()), keys, timeout })
+        Ok(Self { backend: Backend::Cluster(conn), client: None, scripts: Arc::new(Scripts::load()), keys, timeout, breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))) })
+    }
+
+    /// Whether the circuit breaker is refusing calls (Redis failed repeatedly just now).
+    pub fn circuit_open(&self) -> bool {
+        self.breaker.is_open()
     }
 
     /// Whether this store talks to one Redis server (pub/sub is available).
@@ -329,14 +338,26 @@ impl Store {
         parse_reply(&raw, keys.len())
     }
 
+    /// Every Redis call goes through here: the circuit breaker, then the timeout.
     async fn with_timeout<T>(
         &self,
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, fut).await {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        if !self.breaker.allow() {
+            return Err(StoreError::CircuitOpen);
         }
+        let result = match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        };
+        match &result {
+            Ok(_) => self.breaker.success(),
+            // A script error is Redis answering: the connection is fine.
+            Err(StoreError::Redis(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {}
+            Err(_) => self.breaker.failure(),
+        }
+        result
     }
 }
 

@@ -3,7 +3,6 @@
 
 use redis::Script;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 use super::{Store, StoreError};
 use crate::domain::{Name, Policy};
@@ -107,25 +106,6 @@ impl Store {
         self.invoke(&invocation).await
     }
 
-    /// Names of changed policies as other instances publish them. The receiver ends when the
-    /// subscription breaks; the caller keeps polling the generation as a fallback.
-    pub async fn subscribe_policy_changes(&self) -> Result<mpsc::Receiver<String>, StoreError> {
-        use futures_util::StreamExt;
-        let client = self.client.as_ref().ok_or_else(|| StoreError::Reply("pub/sub needs a single Redis".into()))?;
-        let mut pubsub = client.get_async_pubsub().await?;
-        pubsub.subscribe(self.keys.policy_channel()).await?;
-        let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(async move {
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let name: String = msg.get_payload().unwrap_or_default();
-                if tx.send(name).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(rx)
-    }
 }
 
 /// The document a policy is stored as (and exported as): SPEC §4's shape.

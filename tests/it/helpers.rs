@@ -106,6 +106,11 @@ impl TestApp {
         Self { addr, client: reqwest::Client::new(), shutdown: None }
     }
 
+    /// Another handle on the same app (does not stop it when dropped).
+    pub fn clone_client(&self) -> Self {
+        Self::remote(self.addr)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
@@ -155,11 +160,12 @@ pub async fn spawn_app_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Test
     let url = redis.url();
     let extra: Vec<(String, String)> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let config = Config::from_lookup(|name| match name {
+        _ if extra.iter().any(|(k, _)| k == name) => extra.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
         "REDIS_URL" => Some(url.clone()),
         "SPILLWAY_SERVICE_KEYS" => Some(SERVICE_KEY.into()),
         "SPILLWAY_ADMIN_KEYS" => Some(ADMIN_KEY.into()),
         "SPILLWAY_REDIS_TIMEOUT_MS" => Some("2000".into()),
-        other => extra.iter().find(|(k, _)| k == other).map(|(_, v)| v.clone()),
+        _ => None,
     })
     .expect("test configuration is valid");
     let state = AppState::connect(config).await.expect("connects to the test redis");
@@ -251,8 +257,13 @@ pub struct AppProcess {
 
 impl AppProcess {
     pub fn start(redis: &RedisServer) -> Self {
+        Self::start_with(redis, &[])
+    }
+
+    pub fn start_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Self {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .envs(extra.iter().copied())
             .env("REDIS_URL", redis.url())
             .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
             .env("SPILLWAY_SERVICE_KEYS", SERVICE_KEY)
@@ -269,6 +280,12 @@ impl AppProcess {
             std::thread::sleep(Duration::from_millis(50));
         }
         Self { addr, child }
+    }
+}
+
+impl AppProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 }
 

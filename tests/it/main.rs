@@ -7,6 +7,7 @@ mod api;
 mod cli;
 mod cluster;
 mod engine;
+mod faults;
 mod health;
 mod memory;
 mod openapi;

@@ -22,6 +22,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/policies/{name}/versions"),
     ("get", "/api/v1/policies/{name}/overrides"),
     ("post", "/api/v1/policies/{name}/overrides"),
+    ("get", "/api/v1/identifiers/{dimension}/{value}"),
+    ("delete", "/api/v1/identifiers/{dimension}/{value}"),
 ];
 
 fn refs(value: &Value, out: &mut Vec<String>) {
@@ -64,7 +66,7 @@ async fn the_document_lists_exactly_the_routes_served_and_its_refs_resolve() {
 
     // Every documented route is served: none answers 404 for the route itself or 405.
     for (method, path) in ROUTES {
-        let url = app.url(&path.replace("{name}", "demo"));
+        let url = app.url(&path.replace("{name}", "demo").replace("{dimension}", "user").replace("{value}", "42"));
         let request = match *method {
             "get" => app.client.get(&url),
             "post" => app.client.post(&url),

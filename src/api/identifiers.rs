@@ -1,0 +1,108 @@
+//! The admin JSON API for identifiers: the live state of every rule of every policy for one
+//! identifier, and resetting it (all policies, one policy, or one rule).
+
+use axum::{
+    Json, Router,
+    extract::{Path, Query, State},
+    http::HeaderMap,
+    routing::get,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, require_key};
+use crate::{
+    auth::KeyRole,
+    domain::{Identifier, Name, RulesFor},
+    state::AppState,
+    store::{CheckEntry, Now},
+};
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/v1/identifiers/{dimension}/{value}", get(inspect).delete(reset))
+}
+
+fn identifier(dimension: &str, value: &str) -> Result<Identifier, ApiError> {
+    Identifier::new(dimension, value).map_err(|m| ApiError::bad("identifier", m))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub(super) struct ResetQuery {
+    /// Only this policy.
+    policy: Option<String>,
+    /// Only this rule (needs `policy`).
+    rule: Option<String>,
+}
+
+/// Live state of every rule of every policy that applies to the identifier (a peek: nothing
+/// is consumed).
+#[utoipa::path(get, path = "/api/v1/identifiers/{dimension}/{value}",
+    params(("dimension" = String, Path), ("value" = String, Path)),
+    responses((status = 200, description = "One entry per policy"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn inspect(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((dimension, value)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let id = identifier(&dimension, &value)?;
+    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let mut out = Vec::new();
+    for policy in state.store.list_policies().await.map_err(ApiError::RedisUnavailable)? {
+        let applies = match policy.rules_for(&id, now_ms) {
+            RulesFor::Unlimited => json!("unlimited"),
+            RulesFor::Blocked => json!("blocked"),
+            RulesFor::Rules(rules) => {
+                let entries: Vec<CheckEntry<'_>> = rules
+                    .iter()
+                    .filter(|r| r.applies_to(id.dimension().as_str()))
+                    .map(|rule| CheckEntry { rule, identifier: &id })
+                    .collect();
+                if entries.is_empty() {
+                    continue;
+                }
+                let decision = state.store.check_and_consume(&policy.name, &entries, 0, Now::Redis).await.map_err(ApiError::RedisUnavailable)?;
+                json!(decision.results)
+            }
+        };
+        out.push(json!({ "policy": policy.name, "version": policy.version, "rules": applies }));
+    }
+    Ok(Json(json!({ "identifier": id.to_string(), "policies": out })))
+}
+
+/// Resets the identifier's counters: everywhere, in one policy, or for one rule of it.
+/// Every instance forgets its cached denials of it at once.
+#[utoipa::path(delete, path = "/api/v1/identifiers/{dimension}/{value}",
+    params(("dimension" = String, Path), ("value" = String, Path), ResetQuery),
+    responses((status = 200, description = "How many keys were deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn reset(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((dimension, value)): Path<(String, String)>,
+    Query(query): Query<ResetQuery>,
+) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Admin)?;
+    let id = identifier(&dimension, &value)?;
+    let rule = match &query.rule {
+        None => None,
+        Some(_) if query.policy.is_none() => return Err(ApiError::bad("rule", "needs policy too")),
+        Some(r) => Some(Name::parse(r).map_err(|m| ApiError::bad("rule", m))?),
+    };
+    let all = state.store.list_policies().await.map_err(ApiError::RedisUnavailable)?;
+    let chosen: Vec<_> = match &query.policy {
+        None => all.iter().collect(),
+        Some(name) => {
+            let p = all.iter().find(|p| p.name.as_str() == name).ok_or_else(|| ApiError::UnknownPolicy(name.clone()))?;
+            vec![p]
+        }
+    };
+    let deleted = state
+        .store
+        .reset_identifier(&chosen, &id, rule.as_ref(), query.policy.is_none())
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    let names: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
+    // This instance forgets at once; others on the pub/sub message.
+    state.denials.invalidate(query.policy.is_some().then_some(names.as_slice()), &id);
+    Ok(Json(json!({ "identifier": id.to_string(), "policies": names, "deleted_keys": deleted })))
+}

@@ -1,0 +1,256 @@
+//! Redis faults under load, the over-limit cache, and graceful shutdown. Each test owns its
+//! redis-server and breaks it on purpose; the figures are printed (`--nocapture`).
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::helpers::{ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+
+/// One answer seen by the load generator.
+#[derive(Clone, Debug)]
+struct Sample {
+    /// When the request was sent, since the load started.
+    at: Duration,
+    latency: Duration,
+    status: u16,
+    degraded: bool,
+}
+
+/// Sends checks from `workers` tasks until `stop` is set; returns every answer.
+async fn load(app: &TestApp, policy: &str, workers: usize, run_for: Duration) -> Vec<Sample> {
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        let (client, url, samples, policy) = (app.client.clone(), app.url("/api/v1/check"), samples.clone(), policy.to_owned());
+        tasks.spawn(async move {
+            let mut i = 0u64;
+            while started.elapsed() < run_for {
+                i += 1;
+                let sent = Instant::now();
+                let body = json!({"policy": policy, "identifiers": {"user": format!("w{w}-{}", i % 50)}});
+                let response = client.post(&url).bearer_auth(SERVICE_KEY).json(&body).send().await.unwrap();
+                let status = response.status().as_u16();
+                let body: Value = response.json().await.unwrap_or(Value::Null);
+                samples.lock().await.push(Sample {
+                    at: sent - started,
+                    latency: sent.elapsed(),
+                    status,
+                    degraded: body["degraded"] == true,
+                });
+            }
+        });
+    }
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    Arc::try_unwrap(samples).unwrap().into_inner()
+}
+
+fn percentile(mut values: Vec<Duration>, p: f64) -> Duration {
+    values.sort();
+    values.get(((values.len() as f64 * p) as usize).min(values.len().saturating_sub(1))).copied().unwrap_or_default()
+}
+
+fn generous() -> Value {
+    json!({"failure_mode": "open", "rules": [{"name": "r", "algorithm": "token_bucket", "capacity": 1000000, "refill_tokens": 1000, "refill_period_ms": 1000}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_redis_is_down_every_check_answers_within_the_timeout_and_recovers_alone() {
+    let mut redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "50")]).await;
+    app.put_policy("svc", generous()).await;
+    let killer = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        redis.kill();
+        let down_at = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Back empty: no data, no scripts cached.
+        redis.restart();
+        down_at
+    };
+    let started = Instant::now();
+    let (samples, _down_at) = tokio::join!(load(&app, "svc", 8, Duration::from_millis(5000)), killer);
+    let errors: Vec<&Sample> = samples.iter().filter(|s| s.status != 200).collect();
+    assert!(errors.is_empty(), "failure_mode open: only 200s, got {:?}", &errors[..errors.len().min(5)]);
+    let degraded: Vec<&Sample> = samples.iter().filter(|s| s.degraded).collect();
+    assert!(!degraded.is_empty(), "Redis was down for 1.5 s");
+    let slowest = degraded.iter().map(|s| s.latency).max().unwrap();
+    let last_degraded = degraded.iter().map(|s| s.at + s.latency).max().unwrap();
+    let restarted_at = Duration::from_millis(2000);
+    println!(
+        "redis down: {} checks, {} degraded, slowest degraded answer {:?}, last degraded answer {:?} after the restart",
+        samples.len(),
+        degraded.len(),
+        slowest,
+        last_degraded.saturating_sub(restarted_at)
+    );
+    assert!(slowest <= Duration::from_millis(100), "slowest answer while down: {slowest:?} (timeout 50 ms + 50 ms)");
+    assert!(last_degraded < restarted_at + Duration::from_secs(3), "correct decisions resumed {last_degraded:?} after start");
+    let _ = started;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_pause_and_script_flush_under_load_show_only_the_failure_mode() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "50")]).await;
+    app.put_policy("svc", generous()).await;
+    let url = redis.url();
+    let breaker = async move {
+        let client = redis::Client::open(url).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL").query_async(&mut conn).await.unwrap();
+    };
+    let (samples, ()) = tokio::join!(load(&app, "svc", 8, Duration::from_millis(5000)), breaker);
+    assert!(samples.iter().all(|s| s.status == 200), "failure_mode open: only 200s");
+    // SCRIPT FLUSH at 0.5 s: nobody notices (the script is loaded again on NOSCRIPT).
+    let before_pause: Vec<&Sample> = samples.iter().filter(|s| s.at < Duration::from_millis(950)).collect();
+    assert!(before_pause.iter().all(|s| !s.degraded), "a SCRIPT FLUSH must not degrade anything");
+    // CLIENT PAUSE from 1 s to 3 s: degraded answers, each within the timeout + 50 ms.
+    let paused: Vec<&Sample> = samples.iter().filter(|s| s.degraded).collect();
+    assert!(!paused.is_empty());
+    let slowest = paused.iter().map(|s| s.latency).max().unwrap();
+    let mut slow: Vec<&&Sample> = paused.iter().filter(|s| s.latency > Duration::from_millis(100)).collect();
+    slow.sort_by_key(|s| s.at);
+    eprintln!("slow: {} e.g. {:?}", slow.len(), &slow[..slow.len().min(10)]);
+    // After the pause: p99 back to normal within 1 s.
+    let normal: Vec<Duration> = samples.iter().filter(|s| s.at < Duration::from_millis(950)).map(|s| s.latency).collect();
+    let after: Vec<Duration> = samples.iter().filter(|s| s.at > Duration::from_millis(4000)).map(|s| s.latency).collect();
+    let (p99_normal, p99_after) = (percentile(normal, 0.99), percentile(after.clone(), 0.99));
+    let degraded_after = samples.iter().filter(|s| s.at > Duration::from_millis(4000) && s.degraded).count();
+    println!(
+        "pause: {} degraded, slowest {:?}; p99 before {:?}, p99 from 1 s after the pause {:?} ({} checks, {} degraded)",
+        paused.len(),
+        slowest,
+        p99_normal,
+        p99_after,
+        after.len(),
+        degraded_after
+    );
+    assert!(slowest <= Duration::from_millis(100), "{slowest:?}");
+    assert_eq!(degraded_after, 0);
+    assert!(p99_after <= p99_normal * 3 + Duration::from_millis(5), "p99 {p99_after:?} vs {p99_normal:?} before");
+}
+
+/// A hot identifier over its limit is answered from memory until its reset, without Redis;
+/// a reset through any instance lifts it everywhere at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_limit_identifiers_are_answered_from_memory_until_reset() {
+    let redis = RedisServer::start();
+    let a = spawn_app(&redis).await;
+    let process = AppProcess::start(&redis);
+    let b = TestApp::remote(process.addr);
+    a.put_policy("hot", json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 2, "window_ms": 3600000}]})).await;
+    let check = |app: &TestApp| {
+        let app = app.clone_client();
+        async move { app.check(json!({"policy": "hot", "identifiers": {"user": "abuser"}})).await.status().as_u16() }
+    };
+    assert_eq!(check(&a).await, 200);
+    assert_eq!(check(&a).await, 200);
+    assert_eq!(check(&a).await, 429);
+    // B learns the policy and denies once through Redis too.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while check(&b).await != 429 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut conn = redis.connection();
+    let calls = |conn: &mut redis::Connection| -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let before = calls(&mut conn);
+    for _ in 0..50 {
+        assert_eq!(check(&a).await, 429);
+        assert_eq!(check(&b).await, 429);
+    }
+    assert_eq!(calls(&mut conn), before, "100 denials answered without a script call");
+
+    // Reset through A: both instances allow again at once.
+    let reset = a.client.delete(a.url("/api/v1/identifiers/user/abuser?policy=hot")).bearer_auth(ADMIN_KEY).send().await.unwrap();
+    assert_eq!(reset.status(), 200);
+    assert_eq!(reset.json::<Value>().await.unwrap()["deleted_keys"], 1);
+    assert_eq!(check(&a).await, 200);
+    let reset_at = Instant::now();
+    while check(&b).await != 200 {
+        assert!(reset_at.elapsed() < Duration::from_millis(500), "B still denies from its cache");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!("B allowed again {:?} after the reset through A", reset_at.elapsed());
+}
+
+/// On SIGTERM, requests in flight finish: during the drain every request is answered (with
+/// `Connection: close`); once the listener closes, new connections are refused. Only a
+/// request that races the closing of the listener itself (within 50 ms of it) may fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_checks_finish() {
+    let redis = RedisServer::start();
+    // Signal at 0.7 s, listener closed at 1 s, requests sent until 1.6 s.
+    let process = AppProcess::start_with(&redis, &[("SPILLWAY_SHUTDOWN_DRAIN_MS", "300")]);
+    let app = TestApp::remote(process.addr);
+    let pid = process.pid();
+    let started = Instant::now();
+    let stopper = async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    };
+    let sender = async {
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..400u32 {
+            let (client, url) = (app.client.clone(), app.url("/api/v1/check"));
+            tasks.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(u64::from(i) * 4)).await;
+                let sent = started.elapsed();
+                let result = client
+                    .post(url)
+                    .bearer_auth(SERVICE_KEY)
+                    .json(&json!({"policy": "demo", "identifiers": {"user": i.to_string()}}))
+                    .send()
+                    .await;
+                let outcome = match result {
+                    Ok(r) => match r.json::<Value>().await {
+                        Ok(body) if body["allowed"].is_boolean() => "answered",
+                        _ => "cut off",
+                    },
+                    Err(e) if e.is_connect() => "refused",
+                    Err(_) => "cut off",
+                };
+                (sent, outcome)
+            });
+        }
+        let mut all = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            all.push(r.unwrap());
+        }
+        all
+    };
+    let (all, ()) = tokio::join!(sender, stopper);
+    let close = Duration::from_millis(1000);
+    let near = |t: Duration| t.abs_diff(close) < Duration::from_millis(50);
+    let tally = |keep: &dyn Fn(Duration) -> bool| {
+        let mut t = std::collections::BTreeMap::new();
+        for (sent, outcome) in all.iter().filter(|(s, _)| keep(*s)) {
+            *t.entry(*outcome).or_insert(0) += 1;
+        }
+        t
+    };
+    let before = tally(&|t| t < close && !near(t));
+    let after = tally(&|t| t > close && !near(t));
+    println!("SIGTERM under load: sent before the close {before:?}, after {after:?}, racing it {:?}", tally(&near));
+    assert_eq!(before.keys().copied().collect::<Vec<&str>>(), ["answered"], "{before:?}");
+    assert!(before["answered"] > 200);
+    assert_eq!(after.get("cut off"), None, "{after:?}");
+    assert!(after.get("refused").copied().unwrap_or(0) > 100, "{after:?}");
+}
