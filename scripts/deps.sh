@@ -28,6 +28,7 @@ apt_install() {
 }
 
 need_redis() {
+  command -v openssl >/dev/null || apt_install openssl
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
 }
 

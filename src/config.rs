@@ -12,6 +12,9 @@ pub struct Config {
     pub leptos_options: LeptosOptions,
     /// The Redis to use (`redis://` or `rediss://`).
     pub redis_url: String,
+    /// PEM file of the CA that signed Redis's TLS certificate (`REDIS_CA_CERT`), when it
+    /// is not in the system's trust store.
+    pub redis_ca_cert: Option<std::path::PathBuf>,
     /// Seed nodes of a Redis Cluster; when set, used instead of `redis_url`.
     pub redis_cluster_urls: Vec<String>,
     /// How long one Redis operation may take before it counts as failed.
@@ -139,6 +142,7 @@ impl Config {
             leptos_options: conf.leptos_options,
             redis_url,
             redis_cluster_urls,
+            redis_ca_cert: lookup("REDIS_CA_CERT").filter(|p| !p.is_empty()).map(std::path::PathBuf::from),
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             log_format: match lookup("SPILLWAY_LOG_FORMAT").as_deref() {

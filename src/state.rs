@@ -37,7 +37,11 @@ impl AppState {
     /// then answer by failure mode, and the policies load once Redis is back.
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
         let store = if config.redis_cluster_urls.is_empty() {
-            Store::connect(&config.redis_url, config.redis_timeout).await?
+            let ca = match &config.redis_ca_cert {
+                Some(path) => Some(std::fs::read(path).map_err(|e| StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display())))?),
+                None => None,
+            };
+            Store::connect_tls(&config.redis_url, ca, config.redis_timeout, Keys::default()).await?
         } else {
             Store::connect_cluster(&config.redis_cluster_urls, config.redis_timeout, Keys::default()).await?
         };

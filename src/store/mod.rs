@@ -148,7 +148,18 @@ impl Store {
 
     /// Connects with keys under their own namespace (tests use one per test).
     pub async fn connect_with_keys(url: &str, timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)?;
+        Self::connect_tls(url, None, timeout, keys).await
+    }
+
+    /// Connects to `url`; for `rediss://`, `ca_pem` is the CA to trust instead of the
+    /// system's trust store.
+    pub async fn connect_tls(url: &str, ca_pem: Option<Vec<u8>>, timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
+        // rustls needs one process-wide crypto provider; a second install is a no-op error.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = match ca_pem {
+            Some(root_cert) => redis::Client::build_with_tls(url, redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) })?,
+            None => redis::Client::open(url)?,
+        };
         let pubsub_client = client.clone();
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(timeout))

@@ -241,7 +241,7 @@ async fn sigterm_lets_in_flight_checks_finish() {
     let near = |t: Duration| t.abs_diff(close) < Duration::from_millis(50);
     let tally = |keep: &dyn Fn(Duration) -> bool| {
         let mut t = std::collections::BTreeMap::new();
-        for (sent, outcome) in all.iter().filter(|(s, _)| keep(*s)) {
+        for (_, outcome) in all.iter().filter(|(s, _)| keep(*s)) {
             *t.entry(*outcome).or_insert(0) += 1;
         }
         t

@@ -8,6 +8,8 @@ mod cli;
 mod cluster;
 mod engine;
 mod faults;
+mod fuzz;
 mod health;
+mod tls;
 mod memory;
 mod openapi;

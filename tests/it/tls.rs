@@ -1,0 +1,74 @@
+//! Redis over TLS (`rediss://`), with a CA of the test's own making.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+
+use crate::helpers::{RedisServer, free_port, spawn_app_with};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let status = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().expect("openssl is installed");
+    assert!(status.success(), "openssl {args:?}");
+}
+
+/// A CA and a server certificate for 127.0.0.1, in `dir`.
+fn make_certificates(dir: &Path) {
+    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=spillway-test-ca"]);
+    openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1").unwrap();
+    openssl(dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext"]);
+}
+
+struct TlsRedis(Child);
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn checks_work_over_tls_with_a_private_ca() {
+    let plain = RedisServer::start(); // only to satisfy spawn_app_with's signature
+    let dir = std::env::temp_dir().join(format!("spillway-tls-{}", plain.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    make_certificates(&dir);
+    let port = free_port();
+    let _server = TlsRedis(
+        Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--tls-cert-file", "server.crt", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt"])
+            .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no"])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "TLS redis did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let url = format!("rediss://127.0.0.1:{port}");
+    let ca = dir.join("ca.crt");
+    let app = spawn_app_with(&plain, &[("REDIS_URL", &url), ("REDIS_CA_CERT", ca.to_str().unwrap())]).await;
+    app.put_policy("tls", json!({"rules": [{"name": "r", "algorithm": "gcra", "rate": 1, "period_ms": 60000, "burst": 1}]})).await;
+    for expected in [200, 200, 429] {
+        let status = app.check(json!({"policy": "tls", "identifiers": {"user": "1"}})).await.status();
+        assert_eq!(status, expected);
+    }
+    // The plain server saw nothing: everything went over TLS.
+    let mut conn = plain.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+
+    // Without the CA, the certificate is not trusted and nothing connects.
+    let untrusted = spillway::store::Store::connect_tls(&url, None, Duration::from_secs(2), spillway::store::Keys::default()).await;
+    assert!(untrusted.is_err(), "a certificate from an unknown CA was accepted");
+    let _ = std::fs::remove_dir_all(&dir);
+}
