@@ -14,15 +14,33 @@ use utoipa::{
 /// A check: may these identifiers do this now under this policy?
 #[derive(Serialize, ToSchema)]
 #[schema(example = json!({"policy": "api", "identifiers": {"ip": "203.0.113.7", "user": "42"}, "cost": 1}))]
+#[serde(deny_unknown_fields)]
 pub struct CheckRequest {
     /// Policy name, `[a-z0-9][a-z0-9_-]{0,63}`.
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     policy: String,
-    /// 1 to 16 `dimension: value` pairs; values are UTF-8, 1 to 256 bytes.
-    identifiers: BTreeMap<String, String>,
+    /// 1 to 16 `dimension: value` pairs: dimensions match `[a-z0-9][a-z0-9_-]{0,63}`,
+    /// values are UTF-8, 1 to 256 bytes, without control characters.
+    identifiers: BTreeMap<String, IdentifierValue>,
     /// Integer ≥ 0, default 1; 0 peeks without consuming.
     #[schema(minimum = 0, maximum = 1_000_000_000)]
     cost: Option<u64>,
 }
+
+/// An identifier value: UTF-8, 1 to 256 bytes, no control characters.
+#[derive(Serialize)]
+pub struct IdentifierValue(String);
+
+impl utoipa::PartialSchema for IdentifierValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some("^[^\\x00-\\x1f\\x7f]{1,256}$"))
+            .into()
+    }
+}
+
+impl ToSchema for IdentifierValue {}
 
 /// One rule × identifier evaluated by a check.
 #[derive(Serialize, ToSchema)]
@@ -61,8 +79,10 @@ pub struct CheckResponse {
 }
 
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// 1 to 100 checks.
+    #[schema(min_items = 1, max_items = 100)]
     checks: Vec<CheckRequest>,
 }
 
@@ -95,7 +115,9 @@ pub struct Problem {
 /// refill_period_ms; `leaky_bucket`: capacity, leak_tokens, leak_period_ms; `gcra`: rate,
 /// period_ms, burst; `bucketed_window`: limit, window_ms, bucket_ms.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RuleDocument {
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     name: String,
     #[schema(pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window)$")]
     algorithm: String,
@@ -116,6 +138,7 @@ pub struct RuleDocument {
 
 /// An override: `match` is `dimension=value`, `dimension=prefix-*` or `ip=10.0.0.0/8`.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct OverrideDocument {
     r#match: String,
     #[schema(pattern = "^(unlimited|block|limit)$")]
@@ -128,6 +151,7 @@ pub struct OverrideDocument {
 
 /// What `PUT /api/v1/policies/{name}` takes.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PolicyDocument {
     description: Option<String>,
     #[schema(pattern = "^(enforce|shadow)$")]
@@ -203,7 +227,7 @@ impl Modify for BearerAuth {
         super::identifiers::inspect,
         super::identifiers::reset,
     ),
-    components(schemas(CheckRequest, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
+    components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status)),
     modifiers(&BearerAuth),
     security(("api_key" = [])),

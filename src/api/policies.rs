@@ -53,7 +53,7 @@ async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
         .ok_or_else(|| ApiError::UnknownPolicy(name.to_string()))
 }
 
-#[utoipa::path(get, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<impl IntoResponse, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = load(&state, &name(&raw)?).await?;
@@ -94,7 +94,7 @@ async fn refresh(state: &AppState) {
     }
 }
 
-#[utoipa::path(put, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(put, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -108,7 +108,7 @@ pub(super) async fn put(
     Ok((status, [(header::ETAG, format!("\"{}\"", saved.version))], Json(view(&saved))))
 }
 
-#[utoipa::path(delete, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(delete, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<StatusCode, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
@@ -120,7 +120,7 @@ pub(super) async fn delete(State(state): State<AppState>, headers: HeaderMap, Pa
     }
 }
 
-#[utoipa::path(get, path = "/api/v1/policies/{name}/versions", params(("name" = String, Path, description = "Policy name")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies/{name}/versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn versions(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
@@ -128,7 +128,7 @@ pub(super) async fn versions(State(state): State<AppState>, headers: HeaderMap, 
     Ok(Json(json!({ "policy": name, "previous_versions": history.iter().map(view).collect::<Vec<_>>() })))
 }
 
-#[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list_overrides(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = load(&state, &name(&raw)?).await?;
@@ -136,7 +136,7 @@ pub(super) async fn list_overrides(State(state): State<AppState>, headers: Heade
 }
 
 /// Adds one override: a new version of the policy (so it is audited and can be rolled back).
-#[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name")), request_body = crate::api::openapi::OverrideDocument, responses((status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::OverrideDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn add_override(
     State(state): State<AppState>,
     headers: HeaderMap,
