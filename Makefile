@@ -4,12 +4,13 @@
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node_modules/.bin:$(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: deps-run run build test test-unit test-e2e deps-build deps-test bench clean help
+.PHONY: deps-run run build test test-unit test-e2e deps-build deps-test deps-bench bench clean help
 
 help:
 	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
 	@echo "make test   unit, integration (real redis-server) and browser tests"
 	@echo "make build  release build only"
+	@echo "make bench  benchmarks against redis-benchmark and the node rate limiters"
 
 deps-build:
 	@scripts/deps.sh build
@@ -38,6 +39,14 @@ test-e2e: deps-test build
 	  npx playwright test
 
 test: test-unit test-e2e
+
+deps-bench:
+	@scripts/deps.sh bench
+
+# Side-by-side benchmarks (release build, peers from npm, redis-benchmark); writes
+# bench-results/REPORT.md and benches/REPORT.md. Takes about 3 minutes.
+bench: deps-bench build
+	python3 benches/run.py
 
 clean:
 	cargo clean

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Spillway needs to build, run and test, and nothing that is already there.
-# Idempotent: a second run only checks versions. Usage: scripts/deps.sh build|run|test
+# Idempotent: a second run only checks versions. Usage: scripts/deps.sh build|run|test|bench
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -68,9 +68,18 @@ need_browser_tests() {
   fi
 }
 
+need_bench_tools() {
+  need_node
+  command -v wrk >/dev/null || apt_install wrk
+  command -v taskset >/dev/null || apt_install util-linux
+  [ -d benches/peers/node_modules/rate-limiter-flexible ] \
+    || (cd benches/peers && npm ci --no-audit --no-fund --silent)
+}
+
 case "${1:-}" in
   build) need_build_tools ;;
   run) need_build_tools; need_redis ;;
   test) need_build_tools; need_redis; need_browser_tests ;;
-  *) echo "usage: $0 build|run|test" >&2; exit 2 ;;
+  bench) need_build_tools; need_redis; need_bench_tools ;;
+  *) echo "usage: $0 build|run|test|bench" >&2; exit 2 ;;
 esac

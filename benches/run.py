@@ -1,0 +1,265 @@
+#!/usr/bin/env python3
+"""`make bench`: Spillway's check endpoint side by side with the Redis ceiling and the rate
+limiters people use today, on this machine, in one run.
+
+Layout on a 2-core machine: the server under test (Spillway's release build, or a peer) is
+pinned to core 0; Redis and the load generator (wrk) share core 1. Every scenario runs
+BENCH_RUNS times (default 3), interleaved, BENCH_SECONDS each (default 5); the report gives
+the median and the min-max. Writes bench-results/REPORT.md and copies it to benches/REPORT.md.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
+USERS = 10000
+SERVICE_KEY = "spw_svc_bench_" + "0123456789abcdef" * 2
+ADMIN_KEY = "spw_adm_bench_" + "0123456789abcdef" * 2
+LUA_ORDER = ["prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket",
+             "leaky_bucket", "gcra", "bucketed_window", "check"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"nothing listens on {port}")
+
+
+def start(cmd, cpu, env=None, cwd=ROOT):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, cwd=cwd, env=full_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def http(method, url, body=None, key=ADMIN_KEY):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def redis_cli(port, *args):
+    return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True, check=True).stdout
+
+
+def script_calls(port):
+    """(calls, usec) of EVALSHA and EVAL together since the last CONFIG RESETSTAT."""
+    calls = usec = 0
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        if line.startswith(("cmdstat_evalsha:", "cmdstat_eval:")):
+            fields = dict(kv.split("=") for kv in line.split(":", 1)[1].split(","))
+            calls += int(fields["calls"])
+            usec += int(fields["usec"])
+    return calls, usec
+
+
+def cpu_seconds(pid):
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def to_ms(value, unit):
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk(port, env):
+    out = subprocess.run(
+        ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{SECONDS}s", "--latency",
+         "-s", os.path.join(ROOT, "benches", "check.lua"), f"http://127.0.0.1:{port}"],
+        capture_output=True, text=True, env=dict(os.environ, KEY=SERVICE_KEY, USERS=str(USERS), **env), check=True,
+    ).stdout
+    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+              "requests": int(re.search(r"(\d+) requests in", out).group(1))}
+    for pct in ("50", "99"):
+        m = re.search(rf"^\s+{pct}(?:\.000)?%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        result[f"p{pct}"] = to_ms(*m.groups())
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    result["non2xx"] = int(non2xx.group(1)) if non2xx else 0
+    return result
+
+
+def redis_benchmark(port, sha, pipeline):
+    key = "spw:{bench|user|__rand_int__}:r:fw"
+    cmd = ["taskset", "-c", "1", "redis-benchmark", "-p", str(port), "-c", str(CONNECTIONS), "-r", str(USERS),
+           "-n", str(40000 * SECONDS * (4 if pipeline > 1 else 1)), "-P", str(pipeline), "--csv",
+           "EVALSHA", sha, "1", key, "", "1", "check", "fw", "0", "1000000000", "60000", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    row = next(l for l in out.splitlines() if l.startswith('"EVALSHA'))
+    cols = [c.strip('"') for c in row.split(",")]
+    return {"rps": float(cols[1]), "p50": float(cols[4]), "p99": float(cols[6]), "requests": 0, "non2xx": 0}
+
+
+def fmt(values, digits=0):
+    med = statistics.median(values)
+    return f"{med:,.{digits}f} ({min(values):,.{digits}f}–{max(values):,.{digits}f})"
+
+
+def main():
+    for tool in ("wrk", "redis-server", "redis-benchmark", "taskset", "node"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing (make bench installs it)")
+    binary = os.path.join(ROOT, "target", "release", "spillway")
+    tmp = tempfile.mkdtemp(prefix="spillway-bench-")
+    redis_port, app_port, peer_port = free_port(), free_port(), free_port()
+    redis = start(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no", "--dir", tmp], 1)
+    wait_port(redis_port)
+    redis_url = f"redis://127.0.0.1:{redis_port}"
+    app = start([binary], 0, {"REDIS_URL": redis_url, "LEPTOS_SITE_ADDR": f"127.0.0.1:{app_port}",
+                              "SPILLWAY_SERVICE_KEYS": SERVICE_KEY, "SPILLWAY_ADMIN_KEYS": ADMIN_KEY,
+                              "SPILLWAY_SEED_DEMO": "false", "RUST_LOG": "error",
+                              "SPILLWAY_REDIS_TIMEOUT_MS": "1000"})
+    wait_port(app_port)
+    base = f"http://127.0.0.1:{app_port}/api/v1"
+    big = 1_000_000_000
+    policies = {
+        "one": [{"name": "r", "algorithm": "fixed_window", "limit": big, "window_ms": 60000}],
+        "three": [{"name": "per-second", "algorithm": "fixed_window", "limit": big, "window_ms": 1000},
+                  {"name": "per-minute", "algorithm": "sliding_window", "limit": big, "window_ms": 60000},
+                  {"name": "smooth", "algorithm": "gcra", "rate": big, "period_ms": 1000, "burst": 1000}],
+        "hot": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000}],
+    }
+    for name, rules in policies.items():
+        status, body = http("PUT", f"{base}/policies/{name}", {"rules": rules})
+        assert status in (200, 201), body
+    for _ in range(2):
+        http("POST", f"{base}/check", {"policy": "hot", "identifiers": {"user": "abuser"}}, key=SERVICE_KEY)
+
+    script = "\n".join(open(os.path.join(ROOT, "lua", f"{n}.lua")).read() for n in LUA_ORDER)
+    sha = hashlib.sha1(script.encode()).hexdigest()
+    redis_cli(redis_port, "SCRIPT", "LOAD", script)
+
+    spillway = {
+        "Spillway, 1 rule (fixed_window)": {"POLICY": "one"},
+        "Spillway, 3 rules × 2 identifiers": {"POLICY": "three", "TWO": "1"},
+        "Spillway, hot identifier over its limit": {"POLICY": "hot", "HOT": "abuser"},
+    }
+    peers = {
+        "rate-limiter-flexible + ioredis (node:http)": "flexible.js",
+        "express-rate-limit + rate-limit-redis (express)": "express.js",
+    }
+    results = {}
+    extra = {}
+    for run in range(RUNS):
+        for name, env in spillway.items():
+            redis_cli(redis_port, "CONFIG", "RESETSTAT")
+            cpu0 = cpu_seconds(app.pid)
+            r = wrk(app_port, env)
+            calls, usec = script_calls(redis_port)
+            cpu = cpu_seconds(app.pid) - cpu0
+            results.setdefault(name, []).append(r)
+            extra.setdefault(name, []).append({
+                "round_trips": calls / max(r["requests"], 1),
+                "redis_us": usec / calls if calls else 0.0,
+                "cpu_us": cpu * 1e6 / max(r["requests"], 1),
+                "rss": rss_mb(app.pid),
+            })
+        for name, script_file in peers.items():
+            peer = start(["node", script_file], 0, {"REDIS_URL": redis_url, "PORT": str(peer_port)},
+                         cwd=os.path.join(ROOT, "benches", "peers"))
+            wait_port(peer_port)
+            time.sleep(0.5)
+            results.setdefault(name, []).append(wrk(peer_port, {"POLICY": "one"}))
+            stop(peer)
+        for name, pipeline in (("Redis ceiling: redis-benchmark EVALSHA, unpipelined", 1),
+                               ("Redis ceiling: redis-benchmark EVALSHA, -P 16", 16)):
+            results.setdefault(name, []).append(redis_benchmark(redis_port, sha, pipeline))
+        print(f"run {run + 1}/{RUNS} done", file=sys.stderr)
+    stop(app)
+    stop(redis)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    med = lambda name, key: statistics.median(r[key] for r in results[name])
+    one = "Spillway, 1 rule (fixed_window)"
+    lines = [
+        "# Benchmark report",
+        "",
+        f"`make bench` on {os.uname().nodename} ({os.cpu_count()} cores), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"{RUNS} interleaved runs of {SECONDS} s each, {CONNECTIONS} connections, {USERS:,} distinct users;",
+        "server under test on core 0, Redis and the load generator (wrk, redis-benchmark) on core 1.",
+        "Medians, with min–max in brackets.",
+        "",
+        "| scenario | checks/s | p50 ms | p99 ms |",
+        "|---|---|---|---|",
+    ]
+    for name, rs in results.items():
+        lines.append(f"| {name} | {fmt([r['rps'] for r in rs])} | {fmt([r['p50'] for r in rs], 2)} | {fmt([r['p99'] for r in rs], 2)} |")
+    lines += ["", "| Spillway scenario | Redis round trips per check | Redis µs per script call | Spillway CPU µs per check | RSS MB |",
+              "|---|---|---|---|---|"]
+    for name, es in extra.items():
+        lines.append(f"| {name} | {fmt([e['round_trips'] for e in es], 3)} | {fmt([e['redis_us'] for e in es], 1)} | "
+                     f"{fmt([e['cpu_us'] for e in es], 1)} | {fmt([e['rss'] for e in es], 1)} |")
+    wasm = os.path.join(ROOT, "target", "site", "pkg", "spillway.wasm")
+    wasm_gz = len(__import__("gzip").compress(open(wasm, "rb").read())) / 1024 if os.path.exists(wasm) else float("nan")
+    flexible = "rate-limiter-flexible + ioredis (node:http)"
+    ceiling = "Redis ceiling: redis-benchmark EVALSHA, unpipelined"
+    hot = "Spillway, hot identifier over its limit"
+    rss = max(e["rss"] for es in extra.values() for e in es)
+    targets = [
+        ("throughput ≥ 2× rate-limiter-flexible", med(one, "rps") / med(flexible, "rps"), 2.0),
+        ("throughput ≥ 1.0× the unpipelined redis-benchmark ceiling", med(one, "rps") / med(ceiling, "rps"), 1.0),
+        ("hot over-limit identifier ≥ 3× the normal path", med(hot, "rps") / med(one, "rps"), 3.0),
+    ]
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for label, ratio, goal in targets:
+        lines.append(f"| {label} | {ratio:.2f}× | {'yes' if ratio >= goal else 'no'} |")
+    rt = statistics.median(e["round_trips"] for e in extra[one])
+    hot_rt = statistics.median(e["round_trips"] for e in extra[hot])
+    lines.append(f"| exactly 1 Redis round trip per check (single slot) | {rt:.3f} | {'yes' if abs(rt - 1) < 0.01 else 'no'} |")
+    lines.append(f"| no Redis call for a hot identifier until its reset | {hot_rt:.4f} per check | {'yes' if hot_rt < 0.001 else 'no'} |")
+    lines.append(f"| RSS ≤ 100 MB under load | {rss:.1f} MB | {'yes' if rss <= 100 else 'no'} |")
+    lines.append(f"| release wasm bundle ≤ 400 KB gzipped | {wasm_gz:.0f} KB | {'yes' if wasm_gz <= 400 else 'no'} |")
+    lines += ["", "p99 at half of Spillway's maximum rate needs an open-loop, rate-controlled load generator",
+              "(wrk is closed-loop); not measured by this script. Memory per identifier: `cargo test --features ssr",
+              "--test it -- --ignored --nocapture memory` (100k identifiers per algorithm)."]
+    report = "\n".join(lines) + "\n"
+    os.makedirs(os.path.join(ROOT, "bench-results"), exist_ok=True)
+    open(os.path.join(ROOT, "bench-results", "REPORT.md"), "w").write(report)
+    open(os.path.join(ROOT, "benches", "REPORT.md"), "w").write(report)
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
