@@ -9,6 +9,11 @@ use spillway::{
     store::Store,
 };
 
+/// mimalloc: the check path allocates many small short-lived objects, where glibc malloc
+/// showed up as about a fifth of the CPU in `perf` (benches/REPORT.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

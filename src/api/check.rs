@@ -9,7 +9,7 @@ use axum::{
     http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, require_key};
@@ -85,7 +85,44 @@ impl CheckRequest {
 pub struct CheckAnswer {
     pub status: StatusCode,
     pub headers: HeaderMap,
-    pub body: Value,
+    pub body: CheckBody,
+}
+
+/// The body of SPEC §4, the same for 200 and 429. Typed rather than a `serde_json::Value`:
+/// the check path is hot, and a struct serializes without building maps.
+#[derive(Debug, Serialize)]
+pub struct CheckBody {
+    pub allowed: bool,
+    pub policy: String,
+    pub policy_version: u64,
+    pub mode: Mode,
+    pub limit: Option<u64>,
+    pub remaining: Option<u64>,
+    pub reset_ms: Option<u64>,
+    pub retry_after_ms: Option<u64>,
+    pub degraded: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow_denied: Option<bool>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refunded: bool,
+    pub results: Vec<ResultBody>,
+}
+
+/// One rule × identifier in a check's body.
+#[derive(Debug, Serialize)]
+pub struct ResultBody {
+    pub rule: String,
+    pub identifier: String,
+    pub algorithm: String,
+    pub allowed: bool,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    pub retry_after_ms: Option<u64>,
+    pub binding: bool,
+    /// Leaky bucket only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
 
 impl IntoResponse for CheckAnswer {
@@ -174,39 +211,36 @@ fn answer(policy: &Policy, decision: &Decision, degraded: bool, deny_status: Sta
     let shadow = policy.mode == Mode::Shadow;
     let denied = !decision.allowed;
     let status = if denied && !shadow { deny_status } else { StatusCode::OK };
-    let results: Vec<Value> = decision
+    let results = decision
         .results
         .iter()
-        .map(|r| {
-            let mut v = json!({
-                "rule": r.rule, "identifier": r.identifier.to_string(), "algorithm": r.algorithm,
-                "allowed": r.outcome.allowed, "limit": r.outcome.limit, "remaining": r.outcome.remaining,
-                "reset_ms": r.outcome.reset_ms, "retry_after_ms": r.outcome.retry_after_ms, "binding": r.binding,
-            });
-            if r.algorithm == "leaky_bucket" {
-                v["delay_ms"] = json!(r.outcome.delay_ms);
-            }
-            v
+        .map(|r| ResultBody {
+            rule: r.rule.to_string(),
+            identifier: r.identifier.to_string(),
+            algorithm: r.algorithm.clone(),
+            allowed: r.outcome.allowed,
+            limit: r.outcome.limit,
+            remaining: r.outcome.remaining,
+            reset_ms: r.outcome.reset_ms,
+            retry_after_ms: r.outcome.retry_after_ms,
+            binding: r.binding,
+            delay_ms: (r.algorithm == "leaky_bucket").then_some(r.outcome.delay_ms),
         })
         .collect();
-    let mut body = json!({
-        "allowed": decision.allowed || shadow,
-        "policy": policy.name,
-        "policy_version": policy.version,
-        "mode": policy.mode,
-        "limit": binding.map(|b| b.outcome.limit),
-        "remaining": binding.map(|b| b.outcome.remaining),
-        "reset_ms": binding.map(|b| b.outcome.reset_ms),
-        "retry_after_ms": binding.and_then(|b| b.outcome.retry_after_ms),
-        "degraded": degraded,
-        "results": results,
-    });
-    if shadow {
-        body["shadow_denied"] = json!(denied);
-    }
-    if decision.refunded {
-        body["refunded"] = json!(true);
-    }
+    let body = CheckBody {
+        allowed: decision.allowed || shadow,
+        policy: policy.name.to_string(),
+        policy_version: policy.version,
+        mode: policy.mode,
+        limit: binding.map(|b| b.outcome.limit),
+        remaining: binding.map(|b| b.outcome.remaining),
+        reset_ms: binding.map(|b| b.outcome.reset_ms),
+        retry_after_ms: binding.and_then(|b| b.outcome.retry_after_ms),
+        degraded,
+        shadow_denied: shadow.then_some(denied),
+        refunded: decision.refunded,
+        results,
+    };
     let mut headers = rate_limit_headers(policy, decision);
     if status != StatusCode::OK {
         if let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms) {
@@ -297,7 +331,7 @@ pub async fn batch_handler(State(state): State<AppState>, headers: HeaderMap, bo
             Err(e) => Err(e),
         };
         results.push(match answer {
-            Ok(a) => json!({ "status": a.status.as_u16(), "body": a.body }),
+            Ok(a) => json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) }),
             Err(e) => json!({ "status": e.status().as_u16(), "body": e.body() }),
         });
     }
