@@ -14,8 +14,13 @@ use crate::{
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
     Serve,
-    Export { format: Format, output: Option<PathBuf> },
-    Import { file: PathBuf },
+    Export {
+        format: Format,
+        output: Option<PathBuf>,
+    },
+    Import {
+        file: PathBuf,
+    },
     Help,
 }
 
@@ -48,16 +53,26 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                         format = match it.next() {
                             Some(&"json") => Format::Json,
                             Some(&"toml") => Format::Toml,
-                            other => return Err(format!("--format: expected json or toml, got {other:?}")),
+                            other => {
+                                return Err(format!(
+                                    "--format: expected json or toml, got {other:?}"
+                                ));
+                            }
                         }
                     }
-                    "--output" | "-o" => output = Some(PathBuf::from(it.next().ok_or("--output: a file name is missing")?)),
+                    "--output" | "-o" => {
+                        output = Some(PathBuf::from(
+                            it.next().ok_or("--output: a file name is missing")?,
+                        ))
+                    }
                     other => return Err(format!("unknown argument {other:?}")),
                 }
             }
             Ok(Command::Export { format, output })
         }
-        ["policy", "import", file] => Ok(Command::Import { file: PathBuf::from(file) }),
+        ["policy", "import", file] => Ok(Command::Import {
+            file: PathBuf::from(file),
+        }),
         _ => Err(format!("unknown command {:?}", args.join(" "))),
     }
 }
@@ -81,18 +96,25 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, PolicyError> {
     let doc: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(json_error) => toml::from_str::<Value>(text).map_err(|toml_error| {
-            PolicyError::field("file", format!("neither JSON ({json_error}) nor TOML ({toml_error})"))
+            PolicyError::field(
+                "file",
+                format!("neither JSON ({json_error}) nor TOML ({toml_error})"),
+            )
         })?,
     };
     let policies = doc
         .get("policies")
         .and_then(Value::as_object)
-        .ok_or_else(|| PolicyError::field("policies", "is required: a table of policy name -> policy"))?;
+        .ok_or_else(|| {
+            PolicyError::field("policies", "is required: a table of policy name -> policy")
+        })?;
     policies
         .iter()
         .map(|(name, body)| {
-            Policy::from_document(name, body)
-                .map_err(|e| PolicyError { field: format!("policies.{name}.{}", e.field), message: e.message })
+            Policy::from_document(name, body).map_err(|e| PolicyError {
+                field: format!("policies.{name}.{}", e.field),
+                message: e.message,
+            })
         })
         .collect()
 }
@@ -114,8 +136,19 @@ mod tests {
     #[test]
     fn commands_parse() {
         assert_eq!(parse(&args(&[])), Ok(Command::Serve));
-        assert_eq!(parse(&args(&["policy", "export", "--format", "toml"])), Ok(Command::Export { format: Format::Toml, output: None }));
-        assert_eq!(parse(&args(&["policy", "import", "p.json"])), Ok(Command::Import { file: "p.json".into() }));
+        assert_eq!(
+            parse(&args(&["policy", "export", "--format", "toml"])),
+            Ok(Command::Export {
+                format: Format::Toml,
+                output: None
+            })
+        );
+        assert_eq!(
+            parse(&args(&["policy", "import", "p.json"])),
+            Ok(Command::Import {
+                file: "p.json".into()
+            })
+        );
         assert!(parse(&args(&["policy", "export", "--format", "xml"])).is_err());
         assert!(parse(&args(&["frobnicate"])).is_err());
     }

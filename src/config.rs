@@ -40,8 +40,6 @@ pub struct Config {
     pub seed_demo: bool,
 }
 
-
-
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
@@ -68,7 +66,9 @@ impl Config {
     /// the process environment.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let leptos_toml = lookup("SPILLWAY_LEPTOS_TOML").unwrap_or_else(|| "Leptos.toml".into());
-        let file = Path::new(&leptos_toml).exists().then_some(leptos_toml.as_str());
+        let file = Path::new(&leptos_toml)
+            .exists()
+            .then_some(leptos_toml.as_str());
         let conf = leptos::config::get_configuration(file)
             .map_err(|e| ConfigError::Leptos(e.to_string()))?;
         let redis_url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
@@ -79,9 +79,17 @@ impl Config {
             });
         }
         let redis_cluster_urls: Vec<String> = lookup("REDIS_CLUSTER_URLS")
-            .map(|raw| raw.split(',').map(|u| u.trim().to_owned()).filter(|u| !u.is_empty()).collect())
+            .map(|raw| {
+                raw.split(',')
+                    .map(|u| u.trim().to_owned())
+                    .filter(|u| !u.is_empty())
+                    .collect()
+            })
             .unwrap_or_default();
-        if let Some(bad) = redis_cluster_urls.iter().find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://"))) {
+        if let Some(bad) = redis_cluster_urls
+            .iter()
+            .find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
+        {
             return Err(ConfigError::Invalid {
                 name: "REDIS_CLUSTER_URLS",
                 problem: format!("every URL must start with redis:// or rediss://, got {bad:?}"),
@@ -89,32 +97,51 @@ impl Config {
         }
         let list = |name: &str| -> Vec<String> {
             lookup(name)
-                .map(|raw| raw.split(',').map(|k| k.trim().to_owned()).filter(|k| !k.is_empty()).collect())
+                .map(|raw| {
+                    raw.split(',')
+                        .map(|k| k.trim().to_owned())
+                        .filter(|k| !k.is_empty())
+                        .collect()
+                })
                 .unwrap_or_default()
         };
-        let (service_keys, admin_keys) = (list("SPILLWAY_SERVICE_KEYS"), list("SPILLWAY_ADMIN_KEYS"));
-        if let Some(short) = service_keys.iter().chain(&admin_keys).find(|k| k.len() < 32) {
+        let (service_keys, admin_keys) =
+            (list("SPILLWAY_SERVICE_KEYS"), list("SPILLWAY_ADMIN_KEYS"));
+        if let Some(short) = service_keys
+            .iter()
+            .chain(&admin_keys)
+            .find(|k| k.len() < 32)
+        {
             return Err(ConfigError::Invalid {
                 name: "SPILLWAY_SERVICE_KEYS/SPILLWAY_ADMIN_KEYS",
-                problem: format!("every key must be at least 32 characters; one has {}", short.len()),
+                problem: format!(
+                    "every key must be at least 32 characters; one has {}",
+                    short.len()
+                ),
             });
         }
         let mut forward_auth_identifiers = Vec::new();
-        let raw_fa = lookup("SPILLWAY_FORWARD_AUTH_IDENTIFIERS").unwrap_or_else(|| "ip=X-Forwarded-For".into());
+        let raw_fa = lookup("SPILLWAY_FORWARD_AUTH_IDENTIFIERS")
+            .unwrap_or_else(|| "ip=X-Forwarded-For".into());
         for pair in raw_fa.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (dimension, header) = pair.split_once('=').ok_or_else(|| ConfigError::Invalid {
                 name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
                 problem: format!("expected dimension=Header-Name pairs, got {pair:?}"),
             })?;
-            crate::domain::Name::parse(dimension.trim()).map_err(|problem| ConfigError::Invalid {
-                name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
-                problem,
+            crate::domain::Name::parse(dimension.trim()).map_err(|problem| {
+                ConfigError::Invalid {
+                    name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+                    problem,
+                }
             })?;
             axum::http::HeaderName::try_from(header.trim()).map_err(|_| ConfigError::Invalid {
                 name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
                 problem: format!("{header:?} is not a header name"),
             })?;
-            forward_auth_identifiers.push((dimension.trim().to_owned(), header.trim().to_ascii_lowercase()));
+            forward_auth_identifiers.push((
+                dimension.trim().to_owned(),
+                header.trim().to_ascii_lowercase(),
+            ));
         }
         let forward_auth_deny_status = match lookup("SPILLWAY_FORWARD_AUTH_DENY_STATUS") {
             None => 429,
@@ -128,7 +155,10 @@ impl Config {
                 }
             },
         };
-        let seed_demo = !matches!(lookup("SPILLWAY_SEED_DEMO").as_deref(), Some("0" | "false" | "no"));
+        let seed_demo = !matches!(
+            lookup("SPILLWAY_SEED_DEMO").as_deref(),
+            Some("0" | "false" | "no")
+        );
         Ok(Self {
             service_keys,
             admin_keys,
@@ -142,7 +172,9 @@ impl Config {
             leptos_options: conf.leptos_options,
             redis_url,
             redis_cluster_urls,
-            redis_ca_cert: lookup("REDIS_CA_CERT").filter(|p| !p.is_empty()).map(std::path::PathBuf::from),
+            redis_ca_cert: lookup("REDIS_CA_CERT")
+                .filter(|p| !p.is_empty())
+                .map(std::path::PathBuf::from),
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             log_format: match lookup("SPILLWAY_LOG_FORMAT").as_deref() {

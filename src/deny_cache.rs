@@ -76,9 +76,20 @@ impl DenyCache {
         let now = Instant::now();
         let mut map = self.map.lock().expect("deny cache lock");
         // A rule that counts denials must see every request, so it is never cached.
-        let counts_denials = |name: &crate::domain::Name| policy.rules.iter().any(|x| &x.name == name && x.count_denied);
-        for r in decision.results.iter().filter(|r| !r.outcome.allowed && !counts_denials(&r.rule)) {
-            let Some(retry) = r.outcome.retry_after_ms else { continue };
+        let counts_denials = |name: &crate::domain::Name| {
+            policy
+                .rules
+                .iter()
+                .any(|x| &x.name == name && x.count_denied)
+        };
+        for r in decision
+            .results
+            .iter()
+            .filter(|r| !r.outcome.allowed && !counts_denials(&r.rule))
+        {
+            let Some(retry) = r.outcome.retry_after_ms else {
+                continue;
+            };
             if map.len() >= MAX_ENTRIES {
                 map.retain(|_, e| e.until > now);
                 if map.len() >= MAX_ENTRIES {
@@ -89,10 +100,16 @@ impl DenyCache {
                 until: now + Duration::from_millis(retry),
                 version: policy.version,
                 cost,
-                result: RuleResult { binding: false, ..r.clone() },
+                result: RuleResult {
+                    binding: false,
+                    ..r.clone()
+                },
                 reset_at: now + Duration::from_millis(r.outcome.reset_ms),
             };
-            map.insert(key(policy.name.as_str(), r.rule.as_str(), &r.identifier), entry);
+            map.insert(
+                key(policy.name.as_str(), r.rule.as_str(), &r.identifier),
+                entry,
+            );
         }
     }
 

@@ -30,10 +30,13 @@ async fn main() -> anyhow::Result<()> {
         Command::Help => println!("{}", cli::USAGE),
         Command::Serve => {
             let drain = config.shutdown_drain;
-            let state = AppState::connect(config).await.context("connecting to Redis")?;
+            let state = AppState::connect(config)
+                .await
+                .context("connecting to Redis")?;
             let addr = state.leptos_options.site_addr;
-            let listener =
-                tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr}"))?;
             tracing::info!(%addr, "spillway listening on http://{addr}");
             server::run(listener, state, server::shutdown_after_drain(drain)).await?;
             tracing::info!("stopped");
@@ -42,12 +45,14 @@ async fn main() -> anyhow::Result<()> {
             let store = connect(&config).await?;
             let text = cli::export(&store, format).await?;
             match output {
-                Some(path) => std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?,
+                Some(path) => std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?,
                 None => print!("{text}"),
             }
         }
         Command::Import { file } => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
             let store = connect(&config).await?;
             let written = cli::import(&store, &text).await?;
             println!("imported {written} policies from {}", file.display());
@@ -61,7 +66,12 @@ async fn connect(config: &Config) -> anyhow::Result<Store> {
     let store = if config.redis_cluster_urls.is_empty() {
         Store::connect(&config.redis_url, timeout).await
     } else {
-        Store::connect_cluster(&config.redis_cluster_urls, timeout, spillway::store::Keys::default()).await
+        Store::connect_cluster(
+            &config.redis_cluster_urls,
+            timeout,
+            spillway::store::Keys::default(),
+        )
+        .await
     };
     store.context("connecting to Redis")
 }

@@ -6,8 +6,9 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Check latency buckets, seconds: Spillway answers in well under a millisecond.
-const LATENCY_BUCKETS: &[f64] =
-    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
 
 /// The process-wide recorder, installed on first use.
 pub fn handle() -> &'static PrometheusHandle {
@@ -27,8 +28,10 @@ pub fn handle() -> &'static PrometheusHandle {
 
 /// Counts one check and its latency.
 pub fn check_done(policy: &str, outcome: &'static str, seconds: f64) {
-    metrics::counter!("spillway_checks_total", "policy" => policy.to_owned(), "outcome" => outcome).increment(1);
-    metrics::histogram!("spillway_check_duration_seconds", "policy" => policy.to_owned()).record(seconds);
+    metrics::counter!("spillway_checks_total", "policy" => policy.to_owned(), "outcome" => outcome)
+        .increment(1);
+    metrics::histogram!("spillway_check_duration_seconds", "policy" => policy.to_owned())
+        .record(seconds);
 }
 
 /// Counts one Redis call of the check path and its latency; `ok` false for errors.

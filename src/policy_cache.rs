@@ -30,7 +30,11 @@ pub struct PolicyCache {
 impl PolicyCache {
     /// The current version of `name`.
     pub fn get(&self, name: &str) -> Option<Arc<Policy>> {
-        self.snapshot.read().expect("policy cache lock").get(name).cloned()
+        self.snapshot
+            .read()
+            .expect("policy cache lock")
+            .get(name)
+            .cloned()
     }
 
     /// Whether policies were loaded at least once (false while Redis was never reachable).
@@ -46,16 +50,27 @@ impl PolicyCache {
     pub async fn reload(&self, store: &Store) -> Result<(), StoreError> {
         let mut generation = store.policy_generation().await?;
         if generation == 0 && self.generation.load(Ordering::Acquire) > 0 {
-            let known: Vec<Policy> = self.snapshot.read().expect("policy cache lock").values().map(|p| (**p).clone()).collect();
+            let known: Vec<Policy> = self
+                .snapshot
+                .read()
+                .expect("policy cache lock")
+                .values()
+                .map(|p| (**p).clone())
+                .collect();
             if !known.is_empty() {
-                tracing::error!(policies = known.len(), "Redis lost every policy; restoring them from memory");
+                tracing::error!(
+                    policies = known.len(),
+                    "Redis lost every policy; restoring them from memory"
+                );
                 store.import_policies(&known).await?;
                 generation = store.policy_generation().await?;
             }
         }
         let policies = store.list_policies().await?;
-        let map: HashMap<String, Arc<Policy>> =
-            policies.into_iter().map(|p| (p.name.as_str().to_owned(), Arc::new(p))).collect();
+        let map: HashMap<String, Arc<Policy>> = policies
+            .into_iter()
+            .map(|p| (p.name.as_str().to_owned(), Arc::new(p)))
+            .collect();
         *self.snapshot.write().expect("policy cache lock") = Arc::new(map);
         self.generation.store(generation, Ordering::Release);
         self.loaded.store(true, Ordering::Release);

@@ -38,12 +38,19 @@ impl AppState {
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
         let store = if config.redis_cluster_urls.is_empty() {
             let ca = match &config.redis_ca_cert {
-                Some(path) => Some(std::fs::read(path).map_err(|e| StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display())))?),
+                Some(path) => Some(std::fs::read(path).map_err(|e| {
+                    StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display()))
+                })?),
                 None => None,
             };
             Store::connect_tls(&config.redis_url, ca, config.redis_timeout, Keys::default()).await?
         } else {
-            Store::connect_cluster(&config.redis_cluster_urls, config.redis_timeout, Keys::default()).await?
+            Store::connect_cluster(
+                &config.redis_cluster_urls,
+                config.redis_timeout,
+                Keys::default(),
+            )
+            .await?
         };
         if config.seed_demo {
             if let Err(error) = crate::api::seed_demo_policy(&store).await {

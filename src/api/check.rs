@@ -15,9 +15,7 @@ use serde_json::{Value, json};
 use super::{ApiError, JsonBody, require_key};
 use crate::{
     auth::KeyRole,
-    domain::{
-        Decision, FailureMode, Identifier, Mode, Outcome, Policy, RuleResult, RulesFor,
-    },
+    domain::{Decision, FailureMode, Identifier, Mode, Outcome, Policy, RuleResult, RulesFor},
     state::AppState,
     store::{CheckEntry, Now},
 };
@@ -40,9 +38,24 @@ impl CheckRequest {
     /// Parses the JSON of SPEC §4; `path` prefixes field names (batch items).
     pub fn parse(value: &Value, path: &str) -> Result<Self, ApiError> {
         let at = |f: &str| format!("{path}{f}");
-        let obj = value.as_object().ok_or_else(|| ApiError::bad(if path.is_empty() { "body".into() } else { path.trim_end_matches('.').to_owned() }, "must be a JSON object"))?;
-        if let Some(k) = obj.keys().find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str())) {
-            return Err(ApiError::bad(at(k), "is not a known field (expected policy, identifiers, cost)"));
+        let obj = value.as_object().ok_or_else(|| {
+            ApiError::bad(
+                if path.is_empty() {
+                    "body".into()
+                } else {
+                    path.trim_end_matches('.').to_owned()
+                },
+                "must be a JSON object",
+            )
+        })?;
+        if let Some(k) = obj
+            .keys()
+            .find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str()))
+        {
+            return Err(ApiError::bad(
+                at(k),
+                "is not a known field (expected policy, identifiers, cost)",
+            ));
         }
         let policy = obj
             .get("policy")
@@ -54,9 +67,14 @@ impl CheckRequest {
             .get("identifiers")
             .ok_or_else(|| ApiError::bad(at("identifiers"), "is required"))?
             .as_object()
-            .ok_or_else(|| ApiError::bad(at("identifiers"), "must be an object of dimension: value"))?;
+            .ok_or_else(|| {
+                ApiError::bad(at("identifiers"), "must be an object of dimension: value")
+            })?;
         if ids.is_empty() || ids.len() > MAX_IDENTIFIERS {
-            return Err(ApiError::bad(at("identifiers"), format!("must hold 1 to {MAX_IDENTIFIERS} identifiers")));
+            return Err(ApiError::bad(
+                at("identifiers"),
+                format!("must hold 1 to {MAX_IDENTIFIERS} identifiers"),
+            ));
         }
         let identifiers = ids
             .iter()
@@ -72,12 +90,18 @@ impl CheckRequest {
             .collect::<Result<Vec<_>, _>>()?;
         let cost = match obj.get("cost") {
             None | Some(Value::Null) => 1,
-            Some(v) => v
-                .as_u64()
-                .filter(|c| *c <= MAX_COST)
-                .ok_or_else(|| ApiError::bad(at("cost"), format!("must be a whole number from 0 to {MAX_COST}")))?,
+            Some(v) => v.as_u64().filter(|c| *c <= MAX_COST).ok_or_else(|| {
+                ApiError::bad(
+                    at("cost"),
+                    format!("must be a whole number from 0 to {MAX_COST}"),
+                )
+            })?,
         };
-        Ok(Self { policy, identifiers, cost })
+        Ok(Self {
+            policy,
+            identifiers,
+            cost,
+        })
     }
 }
 
@@ -133,16 +157,24 @@ impl IntoResponse for CheckAnswer {
 
 /// Runs one check: policy from memory, one round trip to Redis, the failure mode when Redis
 /// fails. `deny_status` is 429 except for forward-auth, where it is configurable.
-pub async fn check(state: &AppState, request: &CheckRequest, deny_status: StatusCode) -> Result<CheckAnswer, ApiError> {
+pub async fn check(
+    state: &AppState,
+    request: &CheckRequest,
+    deny_status: StatusCode,
+) -> Result<CheckAnswer, ApiError> {
     let started = std::time::Instant::now();
     let found = state.policies.get(&request.policy);
     crate::metrics::policy_lookup(found.is_some());
     let policy = match found {
         Some(p) => p,
-        None if state.policies.is_loaded() => return Err(ApiError::UnknownPolicy(request.policy.clone())),
+        None if state.policies.is_loaded() => {
+            return Err(ApiError::UnknownPolicy(request.policy.clone()));
+        }
         None => return Err(ApiError::PoliciesNotLoaded),
     };
-    let now_ms = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     let mut entries = Vec::new();
     let mut blocked = Vec::new();
     for identifier in &request.identifiers {
@@ -150,24 +182,34 @@ pub async fn check(state: &AppState, request: &CheckRequest, deny_status: Status
             RulesFor::Unlimited => {}
             RulesFor::Blocked => blocked.push(identifier.clone()),
             RulesFor::Rules(rules) => entries.extend(
-                rules.iter().filter(|r| r.applies_to(identifier.dimension().as_str())).map(|rule| CheckEntry { rule, identifier }),
+                rules
+                    .iter()
+                    .filter(|r| r.applies_to(identifier.dimension().as_str()))
+                    .map(|rule| CheckEntry { rule, identifier }),
             ),
         }
     }
     let decision = if !blocked.is_empty() {
         // Blocked by an override: denied without touching Redis, nothing consumed.
-        Ok(Decision::new(blocked.into_iter().map(blocked_result).collect()))
+        Ok(Decision::new(
+            blocked.into_iter().map(blocked_result).collect(),
+        ))
     } else if entries.is_empty() {
         Ok(Decision::new(Vec::new()))
-    } else if let Some(cached) =
-        state.denials.lookup(&policy, entries.iter().map(|e| (e.rule.name.as_str(), e.identifier)), request.cost)
-    {
+    } else if let Some(cached) = state.denials.lookup(
+        &policy,
+        entries.iter().map(|e| (e.rule.name.as_str(), e.identifier)),
+        request.cost,
+    ) {
         // Denied until a known time: answered from memory, no Redis call.
         crate::metrics::deny_cache_hit();
         Ok(cached)
     } else {
         let redis_started = std::time::Instant::now();
-        let result = state.store.check_and_consume(&policy.name, &entries, request.cost, Now::Redis).await;
+        let result = state
+            .store
+            .check_and_consume(&policy.name, &entries, request.cost, Now::Redis)
+            .await;
         crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
         if let Ok(decision) = &result {
             state.denials.remember(&policy, decision, request.cost);
@@ -186,12 +228,24 @@ pub async fn check(state: &AppState, request: &CheckRequest, deny_status: Status
         Err(error) => {
             tracing::warn!(%error, policy = %policy.name, "check failed on redis");
             match policy.failure_mode {
-                FailureMode::Open => ("degraded", Ok(answer(&policy, &Decision::new(Vec::new()), true, deny_status))),
+                FailureMode::Open => (
+                    "degraded",
+                    Ok(answer(
+                        &policy,
+                        &Decision::new(Vec::new()),
+                        true,
+                        deny_status,
+                    )),
+                ),
                 FailureMode::Closed => ("unavailable", Err(ApiError::RedisUnavailable(error))),
             }
         }
     };
-    crate::metrics::check_done(policy.name.as_str(), outcome, started.elapsed().as_secs_f64());
+    crate::metrics::check_done(
+        policy.name.as_str(),
+        outcome,
+        started.elapsed().as_secs_f64(),
+    );
     answer
 }
 
@@ -200,17 +254,33 @@ fn blocked_result(identifier: Identifier) -> RuleResult {
         rule: crate::domain::Name::parse("override").expect("a valid name"),
         identifier,
         algorithm: "block".into(),
-        outcome: Outcome { allowed: false, limit: 0, remaining: 0, reset_ms: 0, retry_after_ms: None, delay_ms: 0 },
+        outcome: Outcome {
+            allowed: false,
+            limit: 0,
+            remaining: 0,
+            reset_ms: 0,
+            retry_after_ms: None,
+            delay_ms: 0,
+        },
         binding: false,
     }
 }
 
 /// Builds the body and headers of SPEC §4 from a decision.
-fn answer(policy: &Policy, decision: &Decision, degraded: bool, deny_status: StatusCode) -> CheckAnswer {
+fn answer(
+    policy: &Policy,
+    decision: &Decision,
+    degraded: bool,
+    deny_status: StatusCode,
+) -> CheckAnswer {
     let binding = decision.binding();
     let shadow = policy.mode == Mode::Shadow;
     let denied = !decision.allowed;
-    let status = if denied && !shadow { deny_status } else { StatusCode::OK };
+    let status = if denied && !shadow {
+        deny_status
+    } else {
+        StatusCode::OK
+    };
     let results = decision
         .results
         .iter()
@@ -244,11 +314,18 @@ fn answer(policy: &Policy, decision: &Decision, degraded: bool, deny_status: Sta
     let mut headers = rate_limit_headers(policy, decision);
     if status != StatusCode::OK {
         if let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms) {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry.div_ceil(1000).max(1)));
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry.div_ceil(1000).max(1)),
+            );
         }
     }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    CheckAnswer { status, headers, body }
+    CheckAnswer {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// `RateLimit-Policy` lists every rule evaluated (`"per-second";q=10;w=1`); `RateLimit` gives
@@ -265,16 +342,23 @@ pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
         seen.push(r.rule.as_str());
         let Some(rule) = policy.rules.iter().find(|x| x.name == r.rule).or_else(|| {
             policy.overrides.iter().find_map(|o| match &o.action {
-                crate::domain::overrides::Action::Rules(rules) => rules.iter().find(|x| x.name == r.rule),
+                crate::domain::overrides::Action::Rules(rules) => {
+                    rules.iter().find(|x| x.name == r.rule)
+                }
                 _ => None,
             })
         }) else {
             continue;
         };
-        let Ok(name) = sfv::StringRef::from_str(rule.name.as_str()) else { continue };
+        let Ok(name) = sfv::StringRef::from_str(rule.name.as_str()) else {
+            continue;
+        };
         list.bare_item(name)
             .parameter(sfv::KeyRef::constant("q"), integer(r.outcome.limit))
-            .parameter(sfv::KeyRef::constant("w"), integer(rule.algorithm.window_seconds()));
+            .parameter(
+                sfv::KeyRef::constant("w"),
+                integer(rule.algorithm.window_seconds()),
+            );
     }
     if let Some(value) = list.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
         headers.insert(HeaderName::from_static("ratelimit-policy"), value);
@@ -284,7 +368,10 @@ pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
             let mut item = sfv::ListSerializer::new();
             item.bare_item(name)
                 .parameter(sfv::KeyRef::constant("r"), integer(b.outcome.remaining))
-                .parameter(sfv::KeyRef::constant("t"), integer(b.outcome.reset_ms.div_ceil(1000)));
+                .parameter(
+                    sfv::KeyRef::constant("t"),
+                    integer(b.outcome.reset_ms.div_ceil(1000)),
+                );
             if let Some(value) = item.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
                 headers.insert(HeaderName::from_static("ratelimit"), value);
             }
@@ -294,7 +381,8 @@ pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
 }
 
 fn integer(v: u64) -> sfv::Integer {
-    sfv::Integer::try_from(v.min(999_999_999_999_999) as i64).expect("within the structured-field range")
+    sfv::Integer::try_from(v.min(999_999_999_999_999) as i64)
+        .expect("within the structured-field range")
 }
 
 /// `POST /api/v1/check`
@@ -304,7 +392,11 @@ fn integer(v: u64) -> sfv::Integer {
     (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 503, description = "Redis unreachable and the policy fails closed", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub async fn check_handler(State(state): State<AppState>, headers: HeaderMap, body: JsonBody) -> Result<CheckAnswer, ApiError> {
+pub async fn check_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: JsonBody,
+) -> Result<CheckAnswer, ApiError> {
     require_key(&state, &headers, KeyRole::Service)?;
     let request = CheckRequest::parse(&body.0, "")?;
     check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await
@@ -314,7 +406,11 @@ pub async fn check_handler(State(state): State<AppState>, headers: HeaderMap, bo
 /// its own status and body.
 #[utoipa::path(post, path = "/api/v1/check/batch", request_body = crate::api::openapi::BatchRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
     (status = 200, body = crate::api::openapi::BatchResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub async fn batch_handler(State(state): State<AppState>, headers: HeaderMap, body: JsonBody) -> Result<Json<Value>, ApiError> {
+pub async fn batch_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: JsonBody,
+) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Service)?;
     let checks = body
         .0
@@ -322,7 +418,10 @@ pub async fn batch_handler(State(state): State<AppState>, headers: HeaderMap, bo
         .and_then(Value::as_array)
         .ok_or_else(|| ApiError::bad("checks", "is required: an array of check requests"))?;
     if checks.is_empty() || checks.len() > MAX_BATCH {
-        return Err(ApiError::bad("checks", format!("must hold 1 to {MAX_BATCH} checks")));
+        return Err(ApiError::bad(
+            "checks",
+            format!("must hold 1 to {MAX_BATCH} checks"),
+        ));
     }
     let mut results = Vec::with_capacity(checks.len());
     for (i, item) in checks.iter().enumerate() {
@@ -356,31 +455,75 @@ pub async fn forward_auth_handler(
     Query(query): Query<BTreeMap<String, String>>,
     headers: HeaderMap,
 ) -> Result<CheckAnswer, ApiError> {
-    let key_ok = state.keys.role_of_bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())).is_some()
-        || headers.get("x-spillway-key").and_then(|v| v.to_str().ok()).and_then(|k| state.keys.role_of(k)).is_some();
+    let key_ok = state
+        .keys
+        .role_of_bearer(
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+        )
+        .is_some()
+        || headers
+            .get("x-spillway-key")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|k| state.keys.role_of(k))
+            .is_some();
     if !key_ok {
         return Err(ApiError::Unauthorized);
     }
-    let query = ForwardAuthQuery { policy: query.get("policy").cloned(), cost: query.get("cost").cloned() };
-    let policy = query.policy.ok_or_else(|| ApiError::bad("policy", "is required as a query parameter"))?;
+    let query = ForwardAuthQuery {
+        policy: query.get("policy").cloned(),
+        cost: query.get("cost").cloned(),
+    };
+    let policy = query
+        .policy
+        .ok_or_else(|| ApiError::bad("policy", "is required as a query parameter"))?;
     let cost = match query.cost {
         None => 1,
-        Some(raw) => raw.parse::<u64>().ok().filter(|c| *c <= MAX_COST).ok_or_else(|| ApiError::bad("cost", "must be a whole number"))?,
+        Some(raw) => raw
+            .parse::<u64>()
+            .ok()
+            .filter(|c| *c <= MAX_COST)
+            .ok_or_else(|| ApiError::bad("cost", "must be a whole number"))?,
     };
     let mut identifiers = Vec::new();
     for (dimension, header_name) in &state.forward_auth.identifiers {
-        let Some(raw) = headers.get(header_name.as_str()).and_then(|v| v.to_str().ok()) else { continue };
-        let value = if header_name == "x-forwarded-for" { raw.split(',').next().unwrap_or("").trim() } else { raw.trim() };
+        let Some(raw) = headers
+            .get(header_name.as_str())
+            .and_then(|v| v.to_str().ok())
+        else {
+            continue;
+        };
+        let value = if header_name == "x-forwarded-for" {
+            raw.split(',').next().unwrap_or("").trim()
+        } else {
+            raw.trim()
+        };
         if value.is_empty() {
             continue;
         }
-        identifiers.push(Identifier::new(dimension, value).map_err(|m| ApiError::bad(header_name.clone(), m))?);
+        identifiers.push(
+            Identifier::new(dimension, value).map_err(|m| ApiError::bad(header_name.clone(), m))?,
+        );
     }
     if identifiers.is_empty() {
-        let names: Vec<&str> = state.forward_auth.identifiers.iter().map(|(_, h)| h.as_str()).collect();
-        return Err(ApiError::bad(names.join(", "), "no identifier header in the request"));
+        let names: Vec<&str> = state
+            .forward_auth
+            .identifiers
+            .iter()
+            .map(|(_, h)| h.as_str())
+            .collect();
+        return Err(ApiError::bad(
+            names.join(", "),
+            "no identifier header in the request",
+        ));
     }
-    let deny = StatusCode::from_u16(state.forward_auth.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
-    let request = CheckRequest { policy, identifiers, cost };
+    let deny = StatusCode::from_u16(state.forward_auth.deny_status)
+        .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let request = CheckRequest {
+        policy,
+        identifiers,
+        cost,
+    };
     check(&state, &request, deny).await
 }

@@ -19,7 +19,10 @@ use crate::{
 };
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/api/v1/identifiers/{dimension}/{value}", get(inspect).delete(reset))
+    Router::new().route(
+        "/api/v1/identifiers/{dimension}/{value}",
+        get(inspect).delete(reset),
+    )
 }
 
 fn identifier(dimension: &str, value: &str) -> Result<Identifier, ApiError> {
@@ -48,9 +51,16 @@ pub(super) async fn inspect(
 ) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let id = identifier(&dimension, &value)?;
-    let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
     let mut out = Vec::new();
-    for policy in state.store.list_policies().await.map_err(ApiError::RedisUnavailable)? {
+    for policy in state
+        .store
+        .list_policies()
+        .await
+        .map_err(ApiError::RedisUnavailable)?
+    {
         let applies = match policy.rules_for(&id, now_ms) {
             RulesFor::Unlimited => json!("unlimited"),
             RulesFor::Blocked => json!("blocked"),
@@ -58,18 +68,27 @@ pub(super) async fn inspect(
                 let entries: Vec<CheckEntry<'_>> = rules
                     .iter()
                     .filter(|r| r.applies_to(id.dimension().as_str()))
-                    .map(|rule| CheckEntry { rule, identifier: &id })
+                    .map(|rule| CheckEntry {
+                        rule,
+                        identifier: &id,
+                    })
                     .collect();
                 if entries.is_empty() {
                     continue;
                 }
-                let decision = state.store.check_and_consume(&policy.name, &entries, 0, Now::Redis).await.map_err(ApiError::RedisUnavailable)?;
+                let decision = state
+                    .store
+                    .check_and_consume(&policy.name, &entries, 0, Now::Redis)
+                    .await
+                    .map_err(ApiError::RedisUnavailable)?;
                 json!(decision.results)
             }
         };
         out.push(json!({ "policy": policy.name, "version": policy.version, "rules": applies }));
     }
-    Ok(Json(json!({ "identifier": id.to_string(), "policies": out })))
+    Ok(Json(
+        json!({ "identifier": id.to_string(), "policies": out }),
+    ))
 }
 
 /// Resets the identifier's counters: everywhere, in one policy, or for one rule of it.
@@ -90,11 +109,18 @@ pub(super) async fn reset(
         Some(_) if query.policy.is_none() => return Err(ApiError::bad("rule", "needs policy too")),
         Some(r) => Some(Name::parse(r).map_err(|m| ApiError::bad("rule", m))?),
     };
-    let all = state.store.list_policies().await.map_err(ApiError::RedisUnavailable)?;
+    let all = state
+        .store
+        .list_policies()
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
     let chosen: Vec<_> = match &query.policy {
         None => all.iter().collect(),
         Some(name) => {
-            let p = all.iter().find(|p| p.name.as_str() == name).ok_or_else(|| ApiError::UnknownPolicy(name.clone()))?;
+            let p = all
+                .iter()
+                .find(|p| p.name.as_str() == name)
+                .ok_or_else(|| ApiError::UnknownPolicy(name.clone()))?;
             vec![p]
         }
     };
@@ -105,6 +131,10 @@ pub(super) async fn reset(
         .map_err(ApiError::RedisUnavailable)?;
     let names: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
     // This instance forgets at once; others on the pub/sub message.
-    state.denials.invalidate(query.policy.is_some().then_some(names.as_slice()), &id);
-    Ok(Json(json!({ "identifier": id.to_string(), "policies": names, "deleted_keys": deleted })))
+    state
+        .denials
+        .invalidate(query.policy.is_some().then_some(names.as_slice()), &id);
+    Ok(Json(
+        json!({ "identifier": id.to_string(), "policies": names, "deleted_keys": deleted }),
+    ))
 }

@@ -50,7 +50,11 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     if crate::server::draining() {
         return Err(ApiError::ShuttingDown);
     }
-    let health = state.store.health().await.map_err(ApiError::RedisUnavailable)?;
+    let health = state
+        .store
+        .health()
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({
         "status": "ready",
         "policies_loaded": state.policies.is_loaded(),
@@ -61,15 +65,26 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 async fn metrics() -> impl axum::response::IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::handle().render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::metrics::handle().render(),
+    )
 }
 
 /// Checks the caller's API key: `Service` accepts service and admin keys, `Admin` only
 /// admin keys.
-pub fn require_key(state: &AppState, headers: &HeaderMap, needed: KeyRole) -> Result<KeyRole, ApiError> {
+pub fn require_key(
+    state: &AppState,
+    headers: &HeaderMap,
+    needed: KeyRole,
+) -> Result<KeyRole, ApiError> {
     let role = state
         .keys
-        .role_of_bearer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+        .role_of_bearer(
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+        )
         .ok_or(ApiError::Unauthorized)?;
     match (needed, role) {
         (KeyRole::Admin, KeyRole::Service) => Err(ApiError::Forbidden),
@@ -89,7 +104,11 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
             .headers()
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+            .is_some_and(|ct| {
+                ct.split(';')
+                    .next()
+                    .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+            });
         if !is_json {
             return Err(ApiError::UnsupportedMediaType);
         }
@@ -103,7 +122,9 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         if bytes.len() > MAX_BODY {
             return Err(ApiError::PayloadTooLarge);
         }
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
     }
 }
 
@@ -125,7 +146,9 @@ pub fn demo_policy() -> Policy {
 /// Creates the demo policy unless it exists or existed (a deleted demo stays deleted).
 pub async fn seed_demo_policy(store: &Store) -> Result<(), crate::store::StoreError> {
     let demo = demo_policy();
-    if store.get_policy(&demo.name).await?.is_none() && store.policy_history(&demo.name, 1).await?.is_empty() {
+    if store.get_policy(&demo.name).await?.is_none()
+        && store.policy_history(&demo.name, 1).await?.is_empty()
+    {
         store.save_policy(&demo, Some(0)).await?;
     }
     Ok(())

@@ -119,7 +119,9 @@ pub struct Problem {
 pub struct RuleDocument {
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     name: String,
-    #[schema(pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window)$")]
+    #[schema(
+        pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window)$"
+    )]
     algorithm: String,
     dimensions: Option<Vec<String>>,
     count_denied: Option<bool>,
@@ -202,7 +204,10 @@ struct BearerAuth;
 impl Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("api_key", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
     }
 }
 

@@ -23,7 +23,10 @@ pub fn router() -> axum::Router<AppState> {
         .route("/api/v1/policies", get(list))
         .route("/api/v1/policies/{name}", get(read).put(put).delete(delete))
         .route("/api/v1/policies/{name}/versions", get(versions))
-        .route("/api/v1/policies/{name}/overrides", get(list_overrides).post(add_override))
+        .route(
+            "/api/v1/policies/{name}/overrides",
+            get(list_overrides).post(add_override),
+        )
 }
 
 fn view(policy: &Policy) -> Value {
@@ -38,10 +41,19 @@ fn name(raw: &str) -> Result<Name, ApiError> {
 }
 
 #[utoipa::path(get, path = "/api/v1/policies", responses((status = 200, body = crate::api::openapi::PolicyList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub(super) async fn list(State(state): State<AppState>, headers: HeaderMap) -> Result<Json<Value>, ApiError> {
+pub(super) async fn list(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
-    let policies = state.store.list_policies().await.map_err(ApiError::RedisUnavailable)?;
-    Ok(Json(json!({ "policies": policies.iter().map(view).collect::<Vec<_>>() })))
+    let policies = state
+        .store
+        .list_policies()
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    Ok(Json(
+        json!({ "policies": policies.iter().map(view).collect::<Vec<_>>() }),
+    ))
 }
 
 async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
@@ -54,10 +66,17 @@ async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
 }
 
 #[utoipa::path(get, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub(super) async fn read(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<impl IntoResponse, ApiError> {
+pub(super) async fn read(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = load(&state, &name(&raw)?).await?;
-    Ok(([(header::ETAG, format!("\"{}\"", policy.version))], Json(view(&policy))))
+    Ok((
+        [(header::ETAG, format!("\"{}\"", policy.version))],
+        Json(view(&policy)),
+    ))
 }
 
 /// `If-Match: "<version>"` makes the write conditional (optimistic concurrency).
@@ -74,7 +93,12 @@ fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 }
 
 async fn save(state: &AppState, policy: Policy, expected: Option<u64>) -> Result<Policy, ApiError> {
-    match state.store.save_policy(&policy, expected).await.map_err(ApiError::RedisUnavailable)? {
+    match state
+        .store
+        .save_policy(&policy, expected)
+        .await
+        .map_err(ApiError::RedisUnavailable)?
+    {
         Saved::Version(version) => {
             refresh(state).await;
             Ok(Policy { version, ..policy })
@@ -104,15 +128,32 @@ pub(super) async fn put(
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = Policy::from_document(&raw, &body.0)?;
     let saved = save(&state, policy, expected_version(&headers)?).await?;
-    let status = if saved.version == 1 { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, [(header::ETAG, format!("\"{}\"", saved.version))], Json(view(&saved))))
+    let status = if saved.version == 1 {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        [(header::ETAG, format!("\"{}\"", saved.version))],
+        Json(view(&saved)),
+    ))
 }
 
 #[utoipa::path(delete, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub(super) async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<StatusCode, ApiError> {
+pub(super) async fn delete(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<StatusCode, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
-    if state.store.delete_policy(&name).await.map_err(ApiError::RedisUnavailable)? {
+    if state
+        .store
+        .delete_policy(&name)
+        .await
+        .map_err(ApiError::RedisUnavailable)?
+    {
         refresh(&state).await;
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -121,21 +162,37 @@ pub(super) async fn delete(State(state): State<AppState>, headers: HeaderMap, Pa
 }
 
 #[utoipa::path(get, path = "/api/v1/policies/{name}/versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub(super) async fn versions(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn versions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
-    let history = state.store.policy_history(&name, 100).await.map_err(ApiError::RedisUnavailable)?;
-    Ok(Json(json!({ "policy": name, "previous_versions": history.iter().map(view).collect::<Vec<_>>() })))
+    let history = state
+        .store
+        .policy_history(&name, 100)
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    Ok(Json(
+        json!({ "policy": name, "previous_versions": history.iter().map(view).collect::<Vec<_>>() }),
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
-pub(super) async fn list_overrides(State(state): State<AppState>, headers: HeaderMap, Path(raw): Path<String>) -> Result<Json<Value>, ApiError> {
+pub(super) async fn list_overrides(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let policy = load(&state, &name(&raw)?).await?;
-    Ok(Json(json!({ "policy": policy.name, "version": policy.version, "overrides": policy.overrides })))
+    Ok(Json(
+        json!({ "policy": policy.name, "version": policy.version, "overrides": policy.overrides }),
+    ))
 }
 
-/// Adds one override: a new version of the policy (so it is audited and can be rolled back).
+/// Adds one override: a new version of the policy, so the previous one stays in its history.
 #[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::OverrideDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn add_override(
     State(state): State<AppState>,
@@ -147,10 +204,18 @@ pub(super) async fn add_override(
     let current = load(&state, &name(&raw)?).await?;
     let added = Override::from_document(&body.0, "body")?;
     if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
-        return Err(ApiError::bad("body", "this policy has the most overrides allowed"));
+        return Err(ApiError::bad(
+            "body",
+            "this policy has the most overrides allowed",
+        ));
     }
     let mut next = current.clone();
     next.overrides.push(added);
     let saved = save(&state, next, Some(current.version)).await?;
-    Ok((StatusCode::CREATED, Json(json!({ "policy": saved.name, "version": saved.version, "overrides": saved.overrides }))))
+    Ok((
+        StatusCode::CREATED,
+        Json(
+            json!({ "policy": saved.name, "version": saved.version, "overrides": saved.overrides }),
+        ),
+    ))
 }

@@ -38,13 +38,19 @@ pub enum ApiError {
 
 impl From<PolicyError> for ApiError {
     fn from(e: PolicyError) -> Self {
-        ApiError::BadRequest { field: e.field, detail: e.message }
+        ApiError::BadRequest {
+            field: e.field,
+            detail: e.message,
+        }
     }
 }
 
 impl ApiError {
     pub fn bad(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        ApiError::BadRequest { field: field.into(), detail: detail.into() }
+        ApiError::BadRequest {
+            field: field.into(),
+            detail: detail.into(),
+        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -63,7 +69,8 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "policies-not-loaded",
                 "Policies are not loaded yet",
-                "Spillway has not been able to read its policies from Redis since it started".into(),
+                "Spillway has not been able to read its policies from Redis since it started"
+                    .into(),
             ),
             ApiError::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -95,8 +102,18 @@ impl ApiError {
                 "Unknown policy",
                 format!("policy: no policy named {name:?}"),
             ),
-            ApiError::NotFound(what) => (StatusCode::NOT_FOUND, "not-found", "Not found", what.clone()),
-            ApiError::Conflict(what) => (StatusCode::CONFLICT, "conflict", "Version conflict", what.clone()),
+            ApiError::NotFound(what) => (
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "Not found",
+                what.clone(),
+            ),
+            ApiError::Conflict(what) => (
+                StatusCode::CONFLICT,
+                "conflict",
+                "Version conflict",
+                what.clone(),
+            ),
             ApiError::PayloadTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
@@ -135,12 +152,19 @@ impl IntoResponse for ApiError {
             tracing::warn!(error = ?self, "request failed");
         }
         let mut response = (status, self.body().to_string()).into_response();
-        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

@@ -30,7 +30,11 @@ pub async fn redis_status() -> Result<RedisReport, ServerFnError> {
         },
         Err(error) => {
             tracing::warn!(%error, "redis health probe failed");
-            RedisReport { up: false, server_time_ms: None, round_trip_us: None }
+            RedisReport {
+                up: false,
+                server_time_ms: None,
+                round_trip_us: None,
+            }
         }
     })
 }
@@ -51,7 +55,11 @@ fn clock(ms: i64) -> String {
 pub fn OverviewPage() -> impl IntoView {
     let query = use_query_map();
     let probe = move || {
-        query.with(|q| q.get("probe").and_then(|p| p.parse::<u32>().ok()).unwrap_or(0))
+        query.with(|q| {
+            q.get("probe")
+                .and_then(|p| p.parse::<u32>().ok())
+                .unwrap_or(0)
+        })
     };
     let status = Resource::new(probe, |_| redis_status());
 

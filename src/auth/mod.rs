@@ -22,7 +22,10 @@ pub struct ApiKeys {
 }
 
 impl ApiKeys {
-    pub fn new<'a>(service: impl IntoIterator<Item = &'a str>, admin: impl IntoIterator<Item = &'a str>) -> Self {
+    pub fn new<'a>(
+        service: impl IntoIterator<Item = &'a str>,
+        admin: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
         Self {
             service: service.into_iter().map(digest).collect(),
             admin: admin.into_iter().map(digest).collect(),
@@ -70,8 +73,14 @@ mod tests {
     #[test]
     fn keys_are_recognised_by_role() {
         let keys = ApiKeys::new(["svc"], ["adm"]);
-        assert_eq!(keys.role_of_bearer(Some("Bearer svc")), Some(KeyRole::Service));
-        assert_eq!(keys.role_of_bearer(Some("Bearer adm")), Some(KeyRole::Admin));
+        assert_eq!(
+            keys.role_of_bearer(Some("Bearer svc")),
+            Some(KeyRole::Service)
+        );
+        assert_eq!(
+            keys.role_of_bearer(Some("Bearer adm")),
+            Some(KeyRole::Admin)
+        );
         assert_eq!(keys.role_of_bearer(Some("Bearer nope")), None);
         assert_eq!(keys.role_of_bearer(Some("svc")), None);
         assert_eq!(keys.role_of_bearer(None), None);

@@ -37,23 +37,47 @@ pub struct Outcome {
 #[derive(Clone, Debug, PartialEq)]
 pub enum State {
     /// `window` is the clock-aligned window index, `count` what it has admitted.
-    FixedWindow { window: i64, count: i64 },
+    FixedWindow {
+        window: i64,
+        count: i64,
+    },
     /// Admission times (µs), oldest first; one per unit of cost.
-    SlidingLog { entries: Vec<i64> },
+    SlidingLog {
+        entries: Vec<i64>,
+    },
     /// Counts of the current window and the one before it.
-    SlidingWindow { window: i64, current: i64, previous: i64 },
-    TokenBucket { tokens: f64, last_us: i64 },
-    LeakyBucket { level: f64, last_us: i64 },
+    SlidingWindow {
+        window: i64,
+        current: i64,
+        previous: i64,
+    },
+    TokenBucket {
+        tokens: f64,
+        last_us: i64,
+    },
+    LeakyBucket {
+        level: f64,
+        last_us: i64,
+    },
     /// Theoretical arrival time, µs.
-    Gcra { tat_us: f64 },
+    Gcra {
+        tat_us: f64,
+    },
     /// `slots[i]` counts bucket indexes `≡ i (mod slots.len())`; `last` is the newest
     /// absolute bucket index written.
-    BucketedWindow { last: i64, slots: Vec<i64> },
+    BucketedWindow {
+        last: i64,
+        slots: Vec<i64>,
+    },
 }
 
 /// Milliseconds, rounded up, of a non-negative duration in microseconds.
 pub fn ceil_ms(us: f64) -> u64 {
-    if us <= 0.0 { 0 } else { (us / 1000.0).ceil() as u64 }
+    if us <= 0.0 {
+        0
+    } else {
+        (us / 1000.0).ceil() as u64
+    }
 }
 
 fn floor_div(a: i64, b: i64) -> i64 {
@@ -72,16 +96,35 @@ pub fn step(
 ) -> (Option<State>, Outcome) {
     let cost = cost as i64;
     match *algorithm {
-        Algorithm::FixedWindow { limit, window_ms } => {
-            fixed_window(state, now_us, cost, limit as i64, window_ms as i64 * 1000, count_denied)
-        }
-        Algorithm::SlidingLog { limit, window_ms } => {
-            sliding_log(state, now_us, cost, limit as i64, window_ms as i64 * 1000, count_denied)
-        }
-        Algorithm::SlidingWindow { limit, window_ms } => {
-            sliding_window(state, now_us, cost, limit as i64, window_ms as i64 * 1000, count_denied)
-        }
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => token_bucket(
+        Algorithm::FixedWindow { limit, window_ms } => fixed_window(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            window_ms as i64 * 1000,
+            count_denied,
+        ),
+        Algorithm::SlidingLog { limit, window_ms } => sliding_log(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            window_ms as i64 * 1000,
+            count_denied,
+        ),
+        Algorithm::SlidingWindow { limit, window_ms } => sliding_window(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            window_ms as i64 * 1000,
+            count_denied,
+        ),
+        Algorithm::TokenBucket {
+            capacity,
+            refill_tokens,
+            refill_period_ms,
+        } => token_bucket(
             state,
             now_us,
             cost,
@@ -89,7 +132,11 @@ pub fn step(
             refill_tokens as f64 / (refill_period_ms as f64 * 1000.0),
             count_denied,
         ),
-        Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => leaky_bucket(
+        Algorithm::LeakyBucket {
+            capacity,
+            leak_tokens,
+            leak_period_ms,
+        } => leaky_bucket(
             state,
             now_us,
             cost,
@@ -97,10 +144,16 @@ pub fn step(
             leak_tokens as f64 / (leak_period_ms as f64 * 1000.0),
             count_denied,
         ),
-        Algorithm::Gcra { rate, period_ms, burst } => {
-            gcra(state, now_us, cost, rate, period_ms, burst, count_denied)
-        }
-        Algorithm::BucketedWindow { limit, window_ms, bucket_ms } => bucketed_window(
+        Algorithm::Gcra {
+            rate,
+            period_ms,
+            burst,
+        } => gcra(state, now_us, cost, rate, period_ms, burst, count_denied),
+        Algorithm::BucketedWindow {
+            limit,
+            window_ms,
+            bucket_ms,
+        } => bucketed_window(
             state,
             now_us,
             cost,
@@ -112,7 +165,13 @@ pub fn step(
     }
 }
 
-fn outcome(allowed: bool, limit: i64, remaining: i64, reset_us: f64, retry_us: Option<f64>) -> Outcome {
+fn outcome(
+    allowed: bool,
+    limit: i64,
+    remaining: i64,
+    reset_us: f64,
+    retry_us: Option<f64>,
+) -> Outcome {
     Outcome {
         allowed,
         limit: limit as u64,
@@ -140,10 +199,16 @@ fn fixed_window(
     let allowed = count + cost <= limit;
     let consume = cost > 0 && (allowed || count_denied);
     let after = if consume { count + cost } else { count };
-    let new_state = consume.then_some(State::FixedWindow { window: w, count: after });
+    let new_state = consume.then_some(State::FixedWindow {
+        window: w,
+        count: after,
+    });
     let reset = if after > 0 { end as f64 } else { 0.0 };
     let retry = (!allowed && cost <= limit).then_some(end as f64);
-    (new_state, outcome(allowed, limit, limit - after, reset, retry))
+    (
+        new_state,
+        outcome(allowed, limit, limit - after, reset, retry),
+    )
 }
 
 fn sliding_log(
@@ -155,9 +220,11 @@ fn sliding_log(
     count_denied: bool,
 ) -> (Option<State>, Outcome) {
     let mut entries: Vec<i64> = match state {
-        Some(State::SlidingLog { entries }) => {
-            entries.iter().copied().filter(|s| *s > now - window).collect()
-        }
+        Some(State::SlidingLog { entries }) => entries
+            .iter()
+            .copied()
+            .filter(|s| *s > now - window)
+            .collect(),
         _ => Vec::new(),
     };
     let count = entries.len() as i64;
@@ -175,7 +242,9 @@ fn sliding_log(
         entries.extend(std::iter::repeat_n(now, added as usize));
     }
     let remaining = limit - entries.len() as i64;
-    let reset = entries.last().map_or(0.0, |newest| (newest + window - now) as f64);
+    let reset = entries
+        .last()
+        .map_or(0.0, |newest| (newest + window - now) as f64);
     let new_state = consume.then_some(State::SlidingLog { entries });
     (new_state, outcome(allowed, limit, remaining, reset, retry))
 }
@@ -190,8 +259,16 @@ fn sliding_window(
 ) -> (Option<State>, Outcome) {
     let w = floor_div(now, window);
     let (current, previous) = match state {
-        Some(State::SlidingWindow { window: sw, current, previous }) if *sw == w => (*current, *previous),
-        Some(State::SlidingWindow { window: sw, current, .. }) if *sw == w - 1 => (0, *current),
+        Some(State::SlidingWindow {
+            window: sw,
+            current,
+            previous,
+        }) if *sw == w => (*current, *previous),
+        Some(State::SlidingWindow {
+            window: sw,
+            current,
+            ..
+        }) if *sw == w - 1 => (0, *current),
         _ => (0, 0),
     };
     let elapsed = now - w * window;
@@ -222,8 +299,11 @@ fn sliding_window(
             Some(to_end + (x.floor() + 1.0).max(0.0))
         }
     };
-    let new_state =
-        consume.then_some(State::SlidingWindow { window: w, current: current_after, previous });
+    let new_state = consume.then_some(State::SlidingWindow {
+        window: w,
+        current: current_after,
+        previous,
+    });
     (new_state, outcome(allowed, limit, remaining, reset, retry))
 }
 
@@ -250,8 +330,20 @@ fn token_bucket(
         tokens = (tokens - cost_f).max(0.0);
     }
     let reset = (capacity - tokens) / rate;
-    let new_state = consume.then_some(State::TokenBucket { tokens, last_us: now });
-    (new_state, outcome(allowed, capacity as i64, tokens.floor() as i64, reset, retry))
+    let new_state = consume.then_some(State::TokenBucket {
+        tokens,
+        last_us: now,
+    });
+    (
+        new_state,
+        outcome(
+            allowed,
+            capacity as i64,
+            tokens.floor() as i64,
+            reset,
+            retry,
+        ),
+    )
 }
 
 fn leaky_bucket(
@@ -278,8 +370,17 @@ fn leaky_bucket(
         level = capacity.min(level + cost_f);
     }
     let reset = level / rate;
-    let new_state = consume.then_some(State::LeakyBucket { level, last_us: now });
-    let mut out = outcome(allowed, capacity as i64, (capacity - level).floor() as i64, reset, retry);
+    let new_state = consume.then_some(State::LeakyBucket {
+        level,
+        last_us: now,
+    });
+    let mut out = outcome(
+        allowed,
+        capacity as i64,
+        (capacity - level).floor() as i64,
+        reset,
+        retry,
+    );
     out.delay_ms = ceil_ms(delay);
     (new_state, out)
 }
@@ -307,7 +408,11 @@ fn gcra(
     let allowed = diff >= 0.0;
     let (ttl, new_state, retry) = if allowed {
         let write = cost > 0;
-        (new_tat - now_f, write.then_some(State::Gcra { tat_us: new_tat }), None)
+        (
+            new_tat - now_f,
+            write.then_some(State::Gcra { tat_us: new_tat }),
+            None,
+        )
     } else {
         let retry = (increment <= tolerance).then_some(-diff);
         if count_denied && cost > 0 {
@@ -319,8 +424,15 @@ fn gcra(
         }
     };
     let next = tolerance - ttl;
-    let remaining = if next > 0.0 { (next / emission).floor() as i64 } else { 0 };
-    (new_state, outcome(allowed, burst as i64 + 1, remaining, ttl, retry))
+    let remaining = if next > 0.0 {
+        (next / emission).floor() as i64
+    } else {
+        0
+    };
+    (
+        new_state,
+        outcome(allowed, burst as i64 + 1, remaining, ttl, retry),
+    )
 }
 
 fn bucketed_window(
@@ -336,7 +448,11 @@ fn bucketed_window(
     let cur = floor_div(now, bucket);
     // Absolute bucket index held by each slot, or None when the slot is stale.
     let mut slots = vec![0i64; n as usize];
-    if let Some(State::BucketedWindow { last, slots: stored }) = state {
+    if let Some(State::BucketedWindow {
+        last,
+        slots: stored,
+    }) = state
+    {
         for (i, count) in stored.iter().enumerate() {
             // The newest absolute index a ≤ last with a ≡ i (mod n).
             let a = last - (last - i as i64).rem_euclid(n);
@@ -367,10 +483,15 @@ fn bucketed_window(
         slots[cur.rem_euclid(n) as usize] += cost;
     }
     let after: i64 = slots.iter().sum();
-    let newest = ((cur - n + 1)..=cur).rev().find(|a| slots[a.rem_euclid(n) as usize] > 0);
+    let newest = ((cur - n + 1)..=cur)
+        .rev()
+        .find(|a| slots[a.rem_euclid(n) as usize] > 0);
     let reset = newest.map_or(0.0, |a| ((a + n) * bucket - now) as f64);
     let new_state = consume.then_some(State::BucketedWindow { last: cur, slots });
-    (new_state, outcome(allowed, limit, limit - after, reset, retry))
+    (
+        new_state,
+        outcome(allowed, limit, limit - after, reset, retry),
+    )
 }
 
 #[cfg(test)]

@@ -39,7 +39,11 @@ impl Decision {
         if let Some(i) = binding_index(results.iter().map(|r| &r.outcome)) {
             results[i].binding = true;
         }
-        Self { allowed, results, refunded: false }
+        Self {
+            allowed,
+            results,
+            refunded: false,
+        }
     }
 
     /// The binding result, if the check evaluated anything.

@@ -30,15 +30,21 @@ impl Identifier {
             ));
         }
         if value.chars().any(char::is_control) {
-            return Err(format!("value of {dimension} must not contain control characters"));
+            return Err(format!(
+                "value of {dimension} must not contain control characters"
+            ));
         }
-        Ok(Self { dimension, value: value.to_owned() })
+        Ok(Self {
+            dimension,
+            value: value.to_owned(),
+        })
     }
 
     /// Parses `dimension=value` (the value may itself contain `=`).
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let (dimension, value) =
-            raw.split_once('=').ok_or_else(|| format!("expected dimension=value, got {raw:?}"))?;
+        let (dimension, value) = raw
+            .split_once('=')
+            .ok_or_else(|| format!("expected dimension=value, got {raw:?}"))?;
         Self::new(dimension, value)
     }
 

@@ -27,8 +27,12 @@ impl Name {
     /// Parses a name; the error says what is wrong with it.
     pub fn parse(raw: &str) -> Result<Self, String> {
         let bytes = raw.as_bytes();
-        let ok_first = bytes.first().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        let ok_rest = bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-');
+        let ok_first = bytes
+            .first()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        let ok_rest = bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-');
         if raw.is_empty() || raw.len() > 64 || !ok_first || !ok_rest {
             return Err(format!(
                 "must match [a-z0-9][a-z0-9_-]{{0,63}} (lowercase letters, digits, '_' and '-', at most 64), got {raw:?}"
@@ -71,6 +75,9 @@ pub struct PolicyError {
 
 impl PolicyError {
     pub fn field(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { field: field.into(), message: message.into() }
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }

@@ -110,29 +110,53 @@ impl Override {
     /// "expires_at_ms": 1767225600000, "reason": "..."}` found at `path`.
     pub fn from_document(value: &Value, path: &str) -> Result<Self, PolicyError> {
         let at = |f: &str| format!("{path}.{f}");
-        let obj = value.as_object().ok_or_else(|| PolicyError::field(path, "must be an object"))?;
-        if let Some(k) = obj.keys().find(|k| !["match", "action", "rules", "expires_at_ms", "reason"].contains(&k.as_str())) {
-            return Err(PolicyError::field(at(k), "is not a known field (expected match, action, rules, expires_at_ms, reason)"));
+        let obj = value
+            .as_object()
+            .ok_or_else(|| PolicyError::field(path, "must be an object"))?;
+        if let Some(k) = obj.keys().find(|k| {
+            !["match", "action", "rules", "expires_at_ms", "reason"].contains(&k.as_str())
+        }) {
+            return Err(PolicyError::field(
+                at(k),
+                "is not a known field (expected match, action, rules, expires_at_ms, reason)",
+            ));
         }
-        let raw = obj
-            .get("match")
-            .and_then(Value::as_str)
-            .ok_or_else(|| PolicyError::field(at("match"), "is required: dimension=value, dimension=prefix-*, or ip=10.0.0.0/8"))?;
-        let (dimension, pattern) =
-            raw.split_once('=').ok_or_else(|| PolicyError::field(at("match"), format!("expected dimension=value, got {raw:?}")))?;
-        let dimension = Name::parse(dimension).map_err(|m| PolicyError::field(at("match"), format!("dimension {m}")))?;
+        let raw = obj.get("match").and_then(Value::as_str).ok_or_else(|| {
+            PolicyError::field(
+                at("match"),
+                "is required: dimension=value, dimension=prefix-*, or ip=10.0.0.0/8",
+            )
+        })?;
+        let (dimension, pattern) = raw.split_once('=').ok_or_else(|| {
+            PolicyError::field(
+                at("match"),
+                format!("expected dimension=value, got {raw:?}"),
+            )
+        })?;
+        let dimension = Name::parse(dimension)
+            .map_err(|m| PolicyError::field(at("match"), format!("dimension {m}")))?;
         let pattern = Pattern::parse(pattern).map_err(|m| PolicyError::field(at("match"), m))?;
         let action = match obj.get("action").and_then(Value::as_str) {
             Some("unlimited") => Action::Unlimited,
             Some("block") => Action::Block,
             Some("limit") => Action::Rules(parse_rules(
-                obj.get("rules").ok_or_else(|| PolicyError::field(at("rules"), "is required when action is limit"))?,
+                obj.get("rules").ok_or_else(|| {
+                    PolicyError::field(at("rules"), "is required when action is limit")
+                })?,
                 &at("rules"),
             )?),
-            _ => return Err(PolicyError::field(at("action"), "must be one of unlimited, block, limit")),
+            _ => {
+                return Err(PolicyError::field(
+                    at("action"),
+                    "must be one of unlimited, block, limit",
+                ));
+            }
         };
         if !matches!(action, Action::Rules(_)) && obj.contains_key("rules") {
-            return Err(PolicyError::field(at("rules"), "only an override with action limit has rules"));
+            return Err(PolicyError::field(
+                at("rules"),
+                "only an override with action limit has rules",
+            ));
         }
         let expires_at_ms = match obj.get("expires_at_ms") {
             None | Some(Value::Null) => None,
@@ -143,9 +167,20 @@ impl Override {
         let reason = match obj.get("reason") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) if s.len() <= 1024 => s.clone(),
-            Some(_) => return Err(PolicyError::field(at("reason"), "must be a string of at most 1024 bytes")),
+            Some(_) => {
+                return Err(PolicyError::field(
+                    at("reason"),
+                    "must be a string of at most 1024 bytes",
+                ));
+            }
         };
-        Ok(Self { dimension, pattern, action, expires_at_ms, reason })
+        Ok(Self {
+            dimension,
+            pattern,
+            action,
+            expires_at_ms,
+            reason,
+        })
     }
 
     /// Whether this override applies to `identifier` at `now_ms`.
@@ -159,7 +194,10 @@ impl Override {
 impl Serialize for Override {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("match", &format!("{}={}", self.dimension, self.pattern.as_string()))?;
+        map.serialize_entry(
+            "match",
+            &format!("{}={}", self.dimension, self.pattern.as_string()),
+        )?;
         match &self.action {
             Action::Unlimited => map.serialize_entry("action", "unlimited")?,
             Action::Block => map.serialize_entry("action", "block")?,
@@ -180,7 +218,11 @@ impl Serialize for Override {
 
 /// The override that applies to `identifier` at `now_ms`, by precedence; ties go to the
 /// first listed.
-pub fn best_match<'a>(overrides: &'a [Override], identifier: &Identifier, now_ms: i64) -> Option<&'a Override> {
+pub fn best_match<'a>(
+    overrides: &'a [Override],
+    identifier: &Identifier,
+    now_ms: i64,
+) -> Option<&'a Override> {
     let mut best: Option<&Override> = None;
     for o in overrides.iter().filter(|o| o.applies(identifier, now_ms)) {
         if best.is_none_or(|b| o.pattern.precedence() > b.pattern.precedence()) {
@@ -208,18 +250,34 @@ mod tests {
         let list = vec![
             parse(json!({"match": "ip=10.0.0.0/8", "action": "block"})),
             parse(json!({"match": "ip=10.1.*", "action": "unlimited"})),
-            parse(json!({"match": "ip=10.1.2.3", "action": "limit", "rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}]})),
+            parse(
+                json!({"match": "ip=10.1.2.3", "action": "limit", "rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}]}),
+            ),
         ];
-        assert!(matches!(best_match(&list, &id("ip=10.1.2.3"), 0).unwrap().action, Action::Rules(_)));
-        assert_eq!(best_match(&list, &id("ip=10.1.9.9"), 0).unwrap().action, Action::Unlimited);
-        assert_eq!(best_match(&list, &id("ip=10.200.0.1"), 0).unwrap().action, Action::Block);
+        assert!(matches!(
+            best_match(&list, &id("ip=10.1.2.3"), 0).unwrap().action,
+            Action::Rules(_)
+        ));
+        assert_eq!(
+            best_match(&list, &id("ip=10.1.9.9"), 0).unwrap().action,
+            Action::Unlimited
+        );
+        assert_eq!(
+            best_match(&list, &id("ip=10.200.0.1"), 0).unwrap().action,
+            Action::Block
+        );
         assert!(best_match(&list, &id("ip=11.0.0.1"), 0).is_none());
-        assert!(best_match(&list, &id("user=10.1.2.3"), 0).is_none(), "other dimension");
+        assert!(
+            best_match(&list, &id("user=10.1.2.3"), 0).is_none(),
+            "other dimension"
+        );
     }
 
     #[test]
     fn expired_overrides_do_not_apply() {
-        let list = vec![parse(json!({"match": "user=42", "action": "unlimited", "expires_at_ms": 1000}))];
+        let list = vec![parse(
+            json!({"match": "user=42", "action": "unlimited", "expires_at_ms": 1000}),
+        )];
         assert!(best_match(&list, &id("user=42"), 999).is_some());
         assert!(best_match(&list, &id("user=42"), 1000).is_none());
     }
@@ -235,8 +293,10 @@ mod tests {
 
     #[test]
     fn a_serialized_override_parses_back_to_itself() {
-        let o = parse(json!({"match": "ip=192.168.0.0/16", "action": "limit", "expires_at_ms": 5, "reason": "partner",
-            "rules": [{"name": "r", "algorithm": "gcra", "rate": 5, "period_ms": 1000, "burst": 2}]}));
+        let o = parse(
+            json!({"match": "ip=192.168.0.0/16", "action": "limit", "expires_at_ms": 5, "reason": "partner",
+            "rules": [{"name": "r", "algorithm": "gcra", "rate": 5, "period_ms": 1000, "burst": 2}]}),
+        );
         let back = Override::from_document(&serde_json::to_value(&o).unwrap(), "x").unwrap();
         assert_eq!(back, o);
     }
@@ -245,12 +305,30 @@ mod tests {
     fn errors_name_the_field() {
         for (doc, field) in [
             (json!({"action": "block"}), "overrides[0].match"),
-            (json!({"match": "user", "action": "block"}), "overrides[0].match"),
-            (json!({"match": "user=1", "action": "maybe"}), "overrides[0].action"),
-            (json!({"match": "user=1", "action": "limit"}), "overrides[0].rules"),
-            (json!({"match": "user=1", "action": "block", "expires_at_ms": "soon"}), "overrides[0].expires_at_ms"),
+            (
+                json!({"match": "user", "action": "block"}),
+                "overrides[0].match",
+            ),
+            (
+                json!({"match": "user=1", "action": "maybe"}),
+                "overrides[0].action",
+            ),
+            (
+                json!({"match": "user=1", "action": "limit"}),
+                "overrides[0].rules",
+            ),
+            (
+                json!({"match": "user=1", "action": "block", "expires_at_ms": "soon"}),
+                "overrides[0].expires_at_ms",
+            ),
         ] {
-            assert_eq!(Override::from_document(&doc, "overrides[0]").unwrap_err().field, field, "{doc}");
+            assert_eq!(
+                Override::from_document(&doc, "overrides[0]")
+                    .unwrap_err()
+                    .field,
+                field,
+                "{doc}"
+            );
         }
     }
 }

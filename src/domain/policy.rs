@@ -51,25 +51,54 @@ impl Policy {
     /// Parses the policy document `doc` for `name` (version 1; the store numbers versions).
     pub fn from_document(name: &str, doc: &Value) -> Result<Self, PolicyError> {
         let name = Name::parse(name).map_err(|m| PolicyError::field("name", m))?;
-        let obj = doc.as_object().ok_or_else(|| PolicyError::field("body", "must be a JSON object"))?;
-        reject_unknown(obj, "", &["name", "version", "description", "mode", "failure_mode", "rules", "overrides"])?;
+        let obj = doc
+            .as_object()
+            .ok_or_else(|| PolicyError::field("body", "must be a JSON object"))?;
+        reject_unknown(
+            obj,
+            "",
+            &[
+                "name",
+                "version",
+                "description",
+                "mode",
+                "failure_mode",
+                "rules",
+                "overrides",
+            ],
+        )?;
         if let Some(given) = obj.get("name") {
             if given.as_str() != Some(name.as_str()) {
-                return Err(PolicyError::field("name", format!("does not match the policy in the path ({name})")));
+                return Err(PolicyError::field(
+                    "name",
+                    format!("does not match the policy in the path ({name})"),
+                ));
             }
         }
         let description = match obj.get("description") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) if s.len() <= MAX_DESCRIPTION => s.clone(),
             Some(Value::String(_)) => {
-                return Err(PolicyError::field("description", format!("at most {MAX_DESCRIPTION} bytes")));
+                return Err(PolicyError::field(
+                    "description",
+                    format!("at most {MAX_DESCRIPTION} bytes"),
+                ));
             }
             Some(_) => return Err(PolicyError::field("description", "must be a string")),
         };
-        let mode = enum_field(obj, "mode", &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)])?;
-        let failure_mode =
-            enum_field(obj, "failure_mode", &[("open", FailureMode::Open), ("closed", FailureMode::Closed)])?;
-        let rules_value = obj.get("rules").ok_or_else(|| PolicyError::field("rules", "is required"))?;
+        let mode = enum_field(
+            obj,
+            "mode",
+            &[("enforce", Mode::Enforce), ("shadow", Mode::Shadow)],
+        )?;
+        let failure_mode = enum_field(
+            obj,
+            "failure_mode",
+            &[("open", FailureMode::Open), ("closed", FailureMode::Closed)],
+        )?;
+        let rules_value = obj
+            .get("rules")
+            .ok_or_else(|| PolicyError::field("rules", "is required"))?;
         let rules = parse_rules(rules_value, "rules")?;
         let overrides = match obj.get("overrides") {
             None | Some(Value::Null) => Vec::new(),
@@ -80,7 +109,15 @@ impl Policy {
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err(PolicyError::field("overrides", "must be an array")),
         };
-        Ok(Self { name, version: 1, description, mode, failure_mode, rules, overrides })
+        Ok(Self {
+            name,
+            version: 1,
+            description,
+            mode,
+            failure_mode,
+            rules,
+            overrides,
+        })
     }
 
     /// The rules that apply to `identifier` at `now_ms`: the policy's, or the ones of the
@@ -108,18 +145,26 @@ pub enum RulesFor<'a> {
 
 /// Parses a non-empty array of rule documents found at `path`.
 pub fn parse_rules(value: &Value, path: &str) -> Result<Vec<Rule>, PolicyError> {
-    let items = value.as_array().ok_or_else(|| PolicyError::field(path, "must be an array of rules"))?;
+    let items = value
+        .as_array()
+        .ok_or_else(|| PolicyError::field(path, "must be an array of rules"))?;
     if items.is_empty() {
         return Err(PolicyError::field(path, "must hold at least one rule"));
     }
     if items.len() > MAX_RULES {
-        return Err(PolicyError::field(path, format!("at most {MAX_RULES} rules")));
+        return Err(PolicyError::field(
+            path,
+            format!("at most {MAX_RULES} rules"),
+        ));
     }
     let mut rules: Vec<Rule> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let rule = parse_rule(item, i, path)?;
         if rules.iter().any(|r| r.name == rule.name) {
-            return Err(PolicyError::field(format!("{path}[{i}].name"), format!("{} is used by another rule", rule.name)));
+            return Err(PolicyError::field(
+                format!("{path}[{i}].name"),
+                format!("{} is used by another rule", rule.name),
+            ));
         }
         rules.push(rule);
     }
@@ -128,7 +173,9 @@ pub fn parse_rules(value: &Value, path: &str) -> Result<Vec<Rule>, PolicyError> 
 
 fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyError> {
     let at = |f: &str| format!("{path}[{index}].{f}");
-    let obj = value.as_object().ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
     let name = obj
         .get("name")
         .ok_or_else(|| PolicyError::field(at("name"), "is required"))?
@@ -141,14 +188,37 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         .ok_or_else(|| PolicyError::field(at("algorithm"), "must be a string"))?;
     let int = |field: &str| -> Result<u64, PolicyError> {
         match obj.get(field) {
-            None => Err(PolicyError::field(at(field), format!("is required for {algorithm_name}"))),
-            Some(v) => v.as_u64().ok_or_else(|| PolicyError::field(at(field), "must be a whole number ≥ 0")),
+            None => Err(PolicyError::field(
+                at(field),
+                format!("is required for {algorithm_name}"),
+            )),
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| PolicyError::field(at(field), "must be a whole number ≥ 0")),
         }
     };
     let (algorithm, params): (Algorithm, &[&str]) = match algorithm_name {
-        "fixed_window" => (Algorithm::FixedWindow { limit: int("limit")?, window_ms: int("window_ms")? }, &["limit", "window_ms"]),
-        "sliding_log" => (Algorithm::SlidingLog { limit: int("limit")?, window_ms: int("window_ms")? }, &["limit", "window_ms"]),
-        "sliding_window" => (Algorithm::SlidingWindow { limit: int("limit")?, window_ms: int("window_ms")? }, &["limit", "window_ms"]),
+        "fixed_window" => (
+            Algorithm::FixedWindow {
+                limit: int("limit")?,
+                window_ms: int("window_ms")?,
+            },
+            &["limit", "window_ms"],
+        ),
+        "sliding_log" => (
+            Algorithm::SlidingLog {
+                limit: int("limit")?,
+                window_ms: int("window_ms")?,
+            },
+            &["limit", "window_ms"],
+        ),
+        "sliding_window" => (
+            Algorithm::SlidingWindow {
+                limit: int("limit")?,
+                window_ms: int("window_ms")?,
+            },
+            &["limit", "window_ms"],
+        ),
         "token_bucket" => (
             Algorithm::TokenBucket {
                 capacity: int("capacity")?,
@@ -166,17 +236,27 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
             &["capacity", "leak_tokens", "leak_period_ms"],
         ),
         "gcra" => (
-            Algorithm::Gcra { rate: int("rate")?, period_ms: int("period_ms")?, burst: int("burst")? },
+            Algorithm::Gcra {
+                rate: int("rate")?,
+                period_ms: int("period_ms")?,
+                burst: int("burst")?,
+            },
             &["rate", "period_ms", "burst"],
         ),
         "bucketed_window" => (
-            Algorithm::BucketedWindow { limit: int("limit")?, window_ms: int("window_ms")?, bucket_ms: int("bucket_ms")? },
+            Algorithm::BucketedWindow {
+                limit: int("limit")?,
+                window_ms: int("window_ms")?,
+                bucket_ms: int("bucket_ms")?,
+            },
             &["limit", "window_ms", "bucket_ms"],
         ),
         other => {
             return Err(PolicyError::field(
                 at("algorithm"),
-                format!("unknown algorithm {other:?}; one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, bucketed_window"),
+                format!(
+                    "unknown algorithm {other:?}; one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, bucketed_window"
+                ),
             ));
         }
     };
@@ -190,37 +270,73 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                 .iter()
                 .enumerate()
                 .map(|(j, d)| {
-                    d.as_str().map(str::to_owned).ok_or_else(|| PolicyError::field(format!("{}[{j}]", at("dimensions")), "must be a string"))
+                    d.as_str().map(str::to_owned).ok_or_else(|| {
+                        PolicyError::field(format!("{}[{j}]", at("dimensions")), "must be a string")
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?,
         ),
-        Some(_) => return Err(PolicyError::field(at("dimensions"), "must be an array of dimension names")),
+        Some(_) => {
+            return Err(PolicyError::field(
+                at("dimensions"),
+                "must be an array of dimension names",
+            ));
+        }
     };
     let count_denied = match obj.get("count_denied") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(PolicyError::field(at("count_denied"), "must be true or false")),
+        Some(_) => {
+            return Err(PolicyError::field(
+                at("count_denied"),
+                "must be true or false",
+            ));
+        }
     };
     Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
         // Rule::new names fields as rules[i].x; keep the caller's path.
-        PolicyError { field: e.field.replacen("rules", path, 1), message: e.message }
+        PolicyError {
+            field: e.field.replacen("rules", path, 1),
+            message: e.message,
+        }
     })
 }
 
-fn reject_unknown(obj: &Map<String, Value>, prefix: &str, known: &[&str]) -> Result<(), PolicyError> {
+fn reject_unknown(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    known: &[&str],
+) -> Result<(), PolicyError> {
     match obj.keys().find(|k| !known.contains(&k.as_str())) {
-        Some(k) => Err(PolicyError::field(format!("{prefix}{k}"), format!("is not a known field (expected one of {})", known.join(", ")))),
+        Some(k) => Err(PolicyError::field(
+            format!("{prefix}{k}"),
+            format!(
+                "is not a known field (expected one of {})",
+                known.join(", ")
+            ),
+        )),
         None => Ok(()),
     }
 }
 
-fn enum_field<T: Copy + Default>(obj: &Map<String, Value>, field: &str, options: &[(&str, T)]) -> Result<T, PolicyError> {
+fn enum_field<T: Copy + Default>(
+    obj: &Map<String, Value>,
+    field: &str,
+    options: &[(&str, T)],
+) -> Result<T, PolicyError> {
     match obj.get(field) {
         None | Some(Value::Null) => Ok(T::default()),
-        Some(Value::String(s)) => options.iter().find(|(n, _)| n == s).map(|(_, v)| *v).ok_or_else(|| {
-            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-            PolicyError::field(field, format!("must be one of {}, got {s:?}", names.join(", ")))
-        }),
+        Some(Value::String(s)) => options
+            .iter()
+            .find(|(n, _)| n == s)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                PolicyError::field(
+                    field,
+                    format!("must be one of {}, got {s:?}", names.join(", ")),
+                )
+            }),
         Some(_) => Err(PolicyError::field(field, "must be a string")),
     }
 }
@@ -244,7 +360,14 @@ mod tests {
            {"name": "smooth", "algorithm": "gcra", "rate": 100, "period_ms": 60000, "burst": 10}]});
         let policy = Policy::from_document("api", &doc).unwrap();
         assert_eq!(policy.rules.len(), 4);
-        assert_eq!(policy.rules[3].algorithm, Algorithm::Gcra { rate: 100, period_ms: 60000, burst: 10 });
+        assert_eq!(
+            policy.rules[3].algorithm,
+            Algorithm::Gcra {
+                rate: 100,
+                period_ms: 60000,
+                burst: 10
+            }
+        );
         assert!(policy.rules[0].applies_to("ip") && !policy.rules[0].applies_to("key"));
         assert!(policy.rules[1].applies_to("anything"));
     }
@@ -257,22 +380,70 @@ mod tests {
             (json!({"rules": []}), "rules"),
             (json!({"rules": [{"algorithm": "gcra"}]}), "rules[0].name"),
             (json!({"rules": [{"name": "a"}]}), "rules[0].algorithm"),
-            (json!({"rules": [{"name": "a", "algorithm": "magic"}]}), "rules[0].algorithm"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "window_ms": 10}]}), "rules[0].limit"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": -1, "window_ms": 10}]}), "rules[0].limit"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 0, "window_ms": 10}]}), "rules[0].limit"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 0}]}), "rules[0].window_ms"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "capacity": 3}]}), "rules[0].capacity"),
-            (json!({"rules": [{"name": "A", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "rules[0].name"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}, {"name": "a", "algorithm": "gcra", "rate": 1, "period_ms": 1, "burst": 0}]}), "rules[1].name"),
-            (json!({"rules": [{"name": "a", "algorithm": "bucketed_window", "limit": 1, "window_ms": 1000, "bucket_ms": 300}]}), "rules[0].bucket_ms"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "dimensions": []}]}), "rules[0].dimensions"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "dimensions": ["IP"]}]}), "rules[0].dimensions[0]"),
-            (json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "count_denied": "yes"}]}), "rules[0].count_denied"),
-            (json!({"mode": "loud", "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "mode"),
-            (json!({"failure_mode": 1, "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "failure_mode"),
-            (json!({"colour": "red", "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "colour"),
-            (json!({"description": 5, "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}), "description"),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "magic"}]}),
+                "rules[0].algorithm",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "window_ms": 10}]}),
+                "rules[0].limit",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": -1, "window_ms": 10}]}),
+                "rules[0].limit",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 0, "window_ms": 10}]}),
+                "rules[0].limit",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 0}]}),
+                "rules[0].window_ms",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "capacity": 3}]}),
+                "rules[0].capacity",
+            ),
+            (
+                json!({"rules": [{"name": "A", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}),
+                "rules[0].name",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}, {"name": "a", "algorithm": "gcra", "rate": 1, "period_ms": 1, "burst": 0}]}),
+                "rules[1].name",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "bucketed_window", "limit": 1, "window_ms": 1000, "bucket_ms": 300}]}),
+                "rules[0].bucket_ms",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "dimensions": []}]}),
+                "rules[0].dimensions",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "dimensions": ["IP"]}]}),
+                "rules[0].dimensions[0]",
+            ),
+            (
+                json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "count_denied": "yes"}]}),
+                "rules[0].count_denied",
+            ),
+            (
+                json!({"mode": "loud", "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}),
+                "mode",
+            ),
+            (
+                json!({"failure_mode": 1, "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}),
+                "failure_mode",
+            ),
+            (
+                json!({"colour": "red", "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}),
+                "colour",
+            ),
+            (
+                json!({"description": 5, "rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]}),
+                "description",
+            ),
         ];
         for (doc, field) in cases {
             assert_eq!(err(doc.clone()).field, field, "{doc}");
@@ -283,7 +454,11 @@ mod tests {
     fn bad_policy_names_are_refused() {
         let doc = json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]});
         for bad in ["", "API", "a|x", "-a", &"a".repeat(65)] {
-            assert_eq!(Policy::from_document(bad, &doc).unwrap_err().field, "name", "{bad:?}");
+            assert_eq!(
+                Policy::from_document(bad, &doc).unwrap_err().field,
+                "name",
+                "{bad:?}"
+            );
         }
     }
 }

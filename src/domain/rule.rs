@@ -16,13 +16,38 @@ pub const MAX_BUCKETS: u64 = 3600;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "algorithm", rename_all = "snake_case")]
 pub enum Algorithm {
-    FixedWindow { limit: u64, window_ms: u64 },
-    SlidingLog { limit: u64, window_ms: u64 },
-    SlidingWindow { limit: u64, window_ms: u64 },
-    TokenBucket { capacity: u64, refill_tokens: u64, refill_period_ms: u64 },
-    LeakyBucket { capacity: u64, leak_tokens: u64, leak_period_ms: u64 },
-    Gcra { rate: u64, period_ms: u64, burst: u64 },
-    BucketedWindow { limit: u64, window_ms: u64, bucket_ms: u64 },
+    FixedWindow {
+        limit: u64,
+        window_ms: u64,
+    },
+    SlidingLog {
+        limit: u64,
+        window_ms: u64,
+    },
+    SlidingWindow {
+        limit: u64,
+        window_ms: u64,
+    },
+    TokenBucket {
+        capacity: u64,
+        refill_tokens: u64,
+        refill_period_ms: u64,
+    },
+    LeakyBucket {
+        capacity: u64,
+        leak_tokens: u64,
+        leak_period_ms: u64,
+    },
+    Gcra {
+        rate: u64,
+        period_ms: u64,
+        burst: u64,
+    },
+    BucketedWindow {
+        limit: u64,
+        window_ms: u64,
+        bucket_ms: u64,
+    },
 }
 
 impl Algorithm {
@@ -61,15 +86,21 @@ impl Algorithm {
             | Algorithm::SlidingWindow { window_ms, .. }
             | Algorithm::BucketedWindow { window_ms, .. } => window_ms,
             // Time for an empty bucket to refill completely.
-            Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => {
-                capacity.saturating_mul(refill_period_ms) / refill_tokens.max(1)
-            }
-            Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => {
-                capacity.saturating_mul(leak_period_ms) / leak_tokens.max(1)
-            }
-            Algorithm::Gcra { rate, period_ms, burst } => {
-                (burst + 1).saturating_mul(period_ms) / rate.max(1)
-            }
+            Algorithm::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period_ms,
+            } => capacity.saturating_mul(refill_period_ms) / refill_tokens.max(1),
+            Algorithm::LeakyBucket {
+                capacity,
+                leak_tokens,
+                leak_period_ms,
+            } => capacity.saturating_mul(leak_period_ms) / leak_tokens.max(1),
+            Algorithm::Gcra {
+                rate,
+                period_ms,
+                burst,
+            } => (burst + 1).saturating_mul(period_ms) / rate.max(1),
         };
         ms.div_ceil(1000).max(1)
     }
@@ -78,13 +109,19 @@ impl Algorithm {
         let field = |name: &str| format!("rules[{rule}].{name}");
         let amount = |name: &str, v: u64| -> Result<(), PolicyError> {
             if v == 0 || v > MAX_AMOUNT {
-                return Err(PolicyError::field(field(name), format!("must be between 1 and {MAX_AMOUNT}")));
+                return Err(PolicyError::field(
+                    field(name),
+                    format!("must be between 1 and {MAX_AMOUNT}"),
+                ));
             }
             Ok(())
         };
         let period = |name: &str, v: u64| -> Result<(), PolicyError> {
             if v == 0 || v > MAX_PERIOD_MS {
-                return Err(PolicyError::field(field(name), format!("must be between 1 and {MAX_PERIOD_MS} milliseconds")));
+                return Err(PolicyError::field(
+                    field(name),
+                    format!("must be between 1 and {MAX_PERIOD_MS} milliseconds"),
+                ));
             }
             Ok(())
         };
@@ -95,35 +132,63 @@ impl Algorithm {
                 amount("limit", limit)?;
                 period("window_ms", window_ms)?;
                 if matches!(self, Algorithm::SlidingLog { .. }) && limit > 100_000 {
-                    return Err(PolicyError::field(field("limit"), "a sliding_log keeps one entry per request: at most 100000; use sliding_window for more"));
+                    return Err(PolicyError::field(
+                        field("limit"),
+                        "a sliding_log keeps one entry per request: at most 100000; use sliding_window for more",
+                    ));
                 }
             }
-            Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => {
+            Algorithm::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period_ms,
+            } => {
                 amount("capacity", capacity)?;
                 amount("refill_tokens", refill_tokens)?;
                 period("refill_period_ms", refill_period_ms)?;
             }
-            Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => {
+            Algorithm::LeakyBucket {
+                capacity,
+                leak_tokens,
+                leak_period_ms,
+            } => {
                 amount("capacity", capacity)?;
                 amount("leak_tokens", leak_tokens)?;
                 period("leak_period_ms", leak_period_ms)?;
             }
-            Algorithm::Gcra { rate, period_ms, burst } => {
+            Algorithm::Gcra {
+                rate,
+                period_ms,
+                burst,
+            } => {
                 amount("rate", rate)?;
                 period("period_ms", period_ms)?;
                 if burst >= MAX_AMOUNT {
-                    return Err(PolicyError::field(field("burst"), format!("must be between 0 and {}", MAX_AMOUNT - 1)));
+                    return Err(PolicyError::field(
+                        field("burst"),
+                        format!("must be between 0 and {}", MAX_AMOUNT - 1),
+                    ));
                 }
             }
-            Algorithm::BucketedWindow { limit, window_ms, bucket_ms } => {
+            Algorithm::BucketedWindow {
+                limit,
+                window_ms,
+                bucket_ms,
+            } => {
                 amount("limit", limit)?;
                 period("window_ms", window_ms)?;
                 period("bucket_ms", bucket_ms)?;
                 if window_ms % bucket_ms != 0 {
-                    return Err(PolicyError::field(field("bucket_ms"), "must divide window_ms exactly"));
+                    return Err(PolicyError::field(
+                        field("bucket_ms"),
+                        "must divide window_ms exactly",
+                    ));
                 }
                 if window_ms / bucket_ms > MAX_BUCKETS {
-                    return Err(PolicyError::field(field("bucket_ms"), format!("window_ms / bucket_ms must be at most {MAX_BUCKETS}")));
+                    return Err(PolicyError::field(
+                        field("bucket_ms"),
+                        format!("window_ms / bucket_ms must be at most {MAX_BUCKETS}"),
+                    ));
                 }
             }
         }
@@ -154,27 +219,40 @@ impl Rule {
         dimensions: Option<Vec<String>>,
         count_denied: bool,
     ) -> Result<Self, PolicyError> {
-        let name = Name::parse(name).map_err(|m| PolicyError::field(format!("rules[{index}].name"), m))?;
+        let name =
+            Name::parse(name).map_err(|m| PolicyError::field(format!("rules[{index}].name"), m))?;
         algorithm.validate(index)?;
         let dimensions = match dimensions {
             None => None,
             Some(dims) if dims.is_empty() => {
-                return Err(PolicyError::field(format!("rules[{index}].dimensions"), "must name at least one dimension, or be left out for all"));
+                return Err(PolicyError::field(
+                    format!("rules[{index}].dimensions"),
+                    "must name at least one dimension, or be left out for all",
+                ));
             }
             Some(dims) => Some(
                 dims.iter()
                     .enumerate()
                     .map(|(j, d)| {
-                        Name::parse(d).map_err(|m| PolicyError::field(format!("rules[{index}].dimensions[{j}]"), m))
+                        Name::parse(d).map_err(|m| {
+                            PolicyError::field(format!("rules[{index}].dimensions[{j}]"), m)
+                        })
                     })
                     .collect::<Result<Vec<_>, _>>()?,
             ),
         };
-        Ok(Self { name, algorithm, dimensions, count_denied })
+        Ok(Self {
+            name,
+            algorithm,
+            dimensions,
+            count_denied,
+        })
     }
 
     /// Whether this rule counts identifiers of `dimension`.
     pub fn applies_to(&self, dimension: &str) -> bool {
-        self.dimensions.as_ref().is_none_or(|dims| dims.iter().any(|d| d.as_str() == dimension))
+        self.dimensions
+            .as_ref()
+            .is_none_or(|dims| dims.iter().any(|d| d.as_str() == dimension))
     }
 }

@@ -20,12 +20,18 @@ pub struct Breaker {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Breaker {
     pub fn new(cooldown: Duration) -> Self {
-        Self { failures: AtomicU32::new(0), open_until_ms: AtomicU64::new(0), cooldown }
+        Self {
+            failures: AtomicU32::new(0),
+            open_until_ms: AtomicU64::new(0),
+            cooldown,
+        }
     }
 
     /// Whether a call may go to Redis now. While open, only one caller per cool-down gets
@@ -39,7 +45,12 @@ impl Breaker {
         now >= until
             && self
                 .open_until_ms
-                .compare_exchange(until, now + self.cooldown.as_millis() as u64, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(
+                    until,
+                    now + self.cooldown.as_millis() as u64,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
                 .is_ok()
     }
 
@@ -52,7 +63,10 @@ impl Breaker {
     pub fn failure(&self) {
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
         if failures >= THRESHOLD {
-            self.open_until_ms.store(now_ms() + self.cooldown.as_millis() as u64, Ordering::Release);
+            self.open_until_ms.store(
+                now_ms() + self.cooldown.as_millis() as u64,
+                Ordering::Release,
+            );
         }
     }
 

@@ -12,17 +12,25 @@ use crate::domain::{Identifier, Name, Policy};
 pub enum Event {
     PolicyChanged(String),
     /// `policies: None` means every policy.
-    Reset { policies: Option<Vec<String>>, identifier: Identifier },
+    Reset {
+        policies: Option<Vec<String>>,
+        identifier: Identifier,
+    },
 }
 
 impl Store {
     /// Events as they are published. The receiver ends when the subscription breaks; the
     /// caller subscribes again (and polls the policy generation meanwhile).
     pub async fn subscribe(&self) -> Result<mpsc::Receiver<Event>, StoreError> {
-        let client = self.client.as_ref().ok_or_else(|| StoreError::Reply("pub/sub needs a single Redis".into()))?;
+        let client = self
+            .client
+            .as_ref()
+            .ok_or_else(|| StoreError::Reply("pub/sub needs a single Redis".into()))?;
         let mut pubsub = client.get_async_pubsub().await?;
         let (policies, resets) = (self.keys.policy_channel(), self.keys.reset_channel());
-        pubsub.subscribe(&[policies.as_str(), resets.as_str()]).await?;
+        pubsub
+            .subscribe(&[policies.as_str(), resets.as_str()])
+            .await?;
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let mut messages = pubsub.on_message();
@@ -54,13 +62,19 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for policy in policies {
-            let rules = policy.rules.iter().chain(policy.overrides.iter().flat_map(|o| match &o.action {
-                crate::domain::overrides::Action::Rules(rules) => rules.as_slice(),
-                _ => &[],
-            }));
+            let rules = policy
+                .rules
+                .iter()
+                .chain(policy.overrides.iter().flat_map(|o| match &o.action {
+                    crate::domain::overrides::Action::Rules(rules) => rules.as_slice(),
+                    _ => &[],
+                }));
             let keys: Vec<String> = rules
                 .filter(|r| rule.is_none_or(|name| &r.name == name))
-                .map(|r| self.keys.rule_state(&policy.name, identifier, &r.name, &r.algorithm))
+                .map(|r| {
+                    self.keys
+                        .rule_state(&policy.name, identifier, &r.name, &r.algorithm)
+                })
                 .collect();
             if !keys.is_empty() {
                 // One identifier's keys under one policy share a slot: one DEL.
@@ -68,8 +82,22 @@ impl Store {
                 deleted += n;
             }
         }
-        let scope = if all_policies { "*".to_owned() } else { policies.iter().map(|p| p.name.to_string()).collect::<Vec<_>>().join(",") };
-        let _: i64 = self.query(redis::cmd("PUBLISH").arg(self.keys.reset_channel()).arg(format!("{scope}\n{identifier}"))).await?;
+        let scope = if all_policies {
+            "*".to_owned()
+        } else {
+            policies
+                .iter()
+                .map(|p| p.name.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let _: i64 = self
+            .query(
+                redis::cmd("PUBLISH")
+                    .arg(self.keys.reset_channel())
+                    .arg(format!("{scope}\n{identifier}")),
+            )
+            .await?;
         Ok(deleted)
     }
 }
@@ -78,5 +106,8 @@ fn parse_reset(payload: &str) -> Option<Event> {
     let (scope, identifier) = payload.split_once('\n')?;
     let identifier = Identifier::parse(identifier).ok()?;
     let policies = (scope != "*").then(|| scope.split(',').map(str::to_owned).collect());
-    Some(Event::Reset { policies, identifier })
+    Some(Event::Reset {
+        policies,
+        identifier,
+    })
 }

@@ -23,7 +23,9 @@ impl Default for Keys {
 
 impl Keys {
     pub fn new(namespace: impl Into<String>) -> Self {
-        Self { namespace: namespace.into() }
+        Self {
+            namespace: namespace.into(),
+        }
     }
 
     /// The hash tag, braces included, shared by every rule of `policy` for `identifier`.
@@ -37,7 +39,13 @@ impl Keys {
     }
 
     /// Where `rule` keeps its state for `identifier` under `policy`.
-    pub fn rule_state(&self, policy: &Name, identifier: &Identifier, rule: &Name, algorithm: &Algorithm) -> String {
+    pub fn rule_state(
+        &self,
+        policy: &Name,
+        identifier: &Identifier,
+        rule: &Name,
+        algorithm: &Algorithm,
+    ) -> String {
         format!(
             "{}:{}:{}:{}",
             self.namespace,
@@ -122,13 +130,21 @@ mod tests {
         Name::parse(raw).unwrap()
     }
 
-    const FW: Algorithm = Algorithm::FixedWindow { limit: 1, window_ms: 1000 };
+    const FW: Algorithm = Algorithm::FixedWindow {
+        limit: 1,
+        window_ms: 1000,
+    };
 
     #[test]
     fn layout_matches_the_spec() {
         let keys = Keys::default();
         assert_eq!(
-            keys.rule_state(&name("api"), &id("ip=203.0.113.7"), &name("per-second"), &FW),
+            keys.rule_state(
+                &name("api"),
+                &id("ip=203.0.113.7"),
+                &name("per-second"),
+                &FW
+            ),
             "spw:{api|ip|203.0.113.7}:per-second:fw"
         );
     }

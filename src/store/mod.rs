@@ -15,7 +15,10 @@ pub use policies::Saved;
 
 use std::{sync::Arc, time::Duration};
 
-use redis::{FromRedisValue, Script, ScriptInvocation, aio::ConnectionManager, cluster_async::ClusterConnection};
+use redis::{
+    FromRedisValue, Script, ScriptInvocation, aio::ConnectionManager,
+    cluster_async::ClusterConnection,
+};
 
 use crate::domain::{Algorithm, Decision, Identifier, Name, Outcome, Rule, RuleResult};
 
@@ -147,17 +150,32 @@ impl Store {
     }
 
     /// Connects with keys under their own namespace (tests use one per test).
-    pub async fn connect_with_keys(url: &str, timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
+    pub async fn connect_with_keys(
+        url: &str,
+        timeout: Duration,
+        keys: Keys,
+    ) -> Result<Self, StoreError> {
         Self::connect_tls(url, None, timeout, keys).await
     }
 
     /// Connects to `url`; for `rediss://`, `ca_pem` is the CA to trust instead of the
     /// system's trust store.
-    pub async fn connect_tls(url: &str, ca_pem: Option<Vec<u8>>, timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
+    pub async fn connect_tls(
+        url: &str,
+        ca_pem: Option<Vec<u8>>,
+        timeout: Duration,
+        keys: Keys,
+    ) -> Result<Self, StoreError> {
         // rustls needs one process-wide crypto provider; a second install is a no-op error.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = match ca_pem {
-            Some(root_cert) => redis::Client::build_with_tls(url, redis::TlsCertificates { client_tls: None, root_cert: Some(root_cert) })?,
+            Some(root_cert) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            )?,
             None => redis::Client::open(url)?,
         };
         let pubsub_client = client.clone();
@@ -166,18 +184,36 @@ impl Store {
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self { backend: Backend::Single(conn), client: Some(pubsub_client), scripts: Arc::new(Scripts::load()), keys, timeout, breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))) })
+        Ok(Self {
+            backend: Backend::Single(conn),
+            client: Some(pubsub_client),
+            scripts: Arc::new(Scripts::load()),
+            keys,
+            timeout,
+            breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
+        })
     }
 
     /// Connects to a Redis Cluster through any of `urls`.
-    pub async fn connect_cluster(urls: &[String], timeout: Duration, keys: Keys) -> Result<Self, StoreError> {
+    pub async fn connect_cluster(
+        urls: &[String],
+        timeout: Duration,
+        keys: Keys,
+    ) -> Result<Self, StoreError> {
         let client = redis::cluster::ClusterClient::builder(urls.to_vec())
             .response_timeout(timeout)
             .connection_timeout(Duration::from_secs(2))
             .retries(2)
             .build()?;
         let conn = client.get_async_connection().await?;
-        Ok(Self { backend: Backend::Cluster(conn), client: None, scripts: Arc::new(Scripts::load()), keys, timeout, breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))) })
+        Ok(Self {
+            backend: Backend::Cluster(conn),
+            client: None,
+            scripts: Arc::new(Scripts::load()),
+            keys,
+            timeout,
+            breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
+        })
     }
 
     /// Whether the circuit breaker is refusing calls (Redis failed repeatedly just now).
@@ -208,7 +244,10 @@ impl Store {
         }
     }
 
-    async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> Result<T, StoreError> {
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
         match &self.backend {
             Backend::Single(conn) => {
                 let mut conn = conn.clone();
@@ -250,10 +289,15 @@ impl Store {
     ) -> Result<Decision, StoreError> {
         let keys: Vec<String> = entries
             .iter()
-            .map(|e| self.keys.rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm))
+            .map(|e| {
+                self.keys
+                    .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+            })
             .collect();
-        let rules: Vec<(Algorithm, bool)> =
-            entries.iter().map(|e| (e.rule.algorithm, e.rule.count_denied)).collect();
+        let rules: Vec<(Algorithm, bool)> = entries
+            .iter()
+            .map(|e| (e.rule.algorithm, e.rule.count_denied))
+            .collect();
         let mut outcomes = Vec::with_capacity(entries.len());
         let mut refunded = false;
         if !self.is_cluster() {
@@ -268,13 +312,17 @@ impl Store {
                 }
             }
             let mut slots: Vec<Option<Outcome>> = vec![None; entries.len()];
-            let mut committed: Vec<(Vec<String>, Vec<(Algorithm, bool)>, i64, Vec<usize>)> = Vec::new();
+            let mut committed: Vec<(Vec<String>, Vec<(Algorithm, bool)>, i64, Vec<usize>)> =
+                Vec::new();
             let mut denied = false;
             for (_, members) in &groups {
                 let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
-                let group_rules: Vec<(Algorithm, bool)> = members.iter().map(|&i| rules[i]).collect();
+                let group_rules: Vec<(Algorithm, bool)> =
+                    members.iter().map(|&i| rules[i]).collect();
                 let mode = if denied { Mode::Denied } else { Mode::Check };
-                let reply = self.run_script(&group_keys, &group_rules, cost, now, mode).await?;
+                let reply = self
+                    .run_script(&group_keys, &group_rules, cost, now, mode)
+                    .await?;
                 if mode == Mode::Check && !reply.allowed {
                     denied = true;
                 }
@@ -287,14 +335,20 @@ impl Store {
             }
             if denied {
                 for (group_keys, group_rules, at, members) in committed {
-                    let reply = self.run_script(&group_keys, &group_rules, cost, Now::At(at), Mode::Refund).await?;
+                    let reply = self
+                        .run_script(&group_keys, &group_rules, cost, Now::At(at), Mode::Refund)
+                        .await?;
                     for (&i, outcome) in members.iter().zip(reply.outcomes) {
                         slots[i] = Some(outcome);
                     }
                     refunded = true;
                 }
             }
-            outcomes.extend(slots.into_iter().map(|o| o.expect("every entry is in a group")));
+            outcomes.extend(
+                slots
+                    .into_iter()
+                    .map(|o| o.expect("every entry is in a group")),
+            );
         }
         let results = entries
             .iter()
@@ -333,7 +387,11 @@ impl Store {
         mode: Mode,
     ) -> Result<ScriptReply, StoreError> {
         if keys.is_empty() {
-            return Ok(ScriptReply { allowed: true, now_us: 0, outcomes: vec![] });
+            return Ok(ScriptReply {
+                allowed: true,
+                now_us: 0,
+                outcomes: vec![],
+            });
         }
         let mut invocation = self.scripts.check.prepare_invoke();
         for key in keys {
@@ -342,7 +400,9 @@ impl Store {
         invocation.arg(now.arg()).arg(cost).arg(mode.arg());
         for (algorithm, count_denied) in rules {
             let (p1, p2, p3) = params(algorithm);
-            invocation.arg(keys::algorithm_code(algorithm)).arg(if *count_denied { "1" } else { "0" });
+            invocation
+                .arg(keys::algorithm_code(algorithm))
+                .arg(if *count_denied { "1" } else { "0" });
             invocation.arg(p1).arg(p2).arg(p3);
         }
         let raw: Vec<i64> = self.invoke(&invocation).await?;
@@ -365,7 +425,8 @@ impl Store {
         match &result {
             Ok(_) => self.breaker.success(),
             // A script error is Redis answering: the connection is fine.
-            Err(StoreError::Redis(e)) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {}
+            Err(StoreError::Redis(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {}
             Err(_) => self.breaker.failure(),
         }
         result
@@ -378,14 +439,26 @@ fn params(algorithm: &Algorithm) -> (u64, u64, u64) {
         Algorithm::FixedWindow { limit, window_ms }
         | Algorithm::SlidingLog { limit, window_ms }
         | Algorithm::SlidingWindow { limit, window_ms } => (limit, window_ms, 0),
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms } => {
-            (capacity, refill_tokens, refill_period_ms)
-        }
-        Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms } => {
-            (capacity, leak_tokens, leak_period_ms)
-        }
-        Algorithm::Gcra { rate, period_ms, burst } => (rate, period_ms, burst),
-        Algorithm::BucketedWindow { limit, window_ms, bucket_ms } => (limit, window_ms, bucket_ms),
+        Algorithm::TokenBucket {
+            capacity,
+            refill_tokens,
+            refill_period_ms,
+        } => (capacity, refill_tokens, refill_period_ms),
+        Algorithm::LeakyBucket {
+            capacity,
+            leak_tokens,
+            leak_period_ms,
+        } => (capacity, leak_tokens, leak_period_ms),
+        Algorithm::Gcra {
+            rate,
+            period_ms,
+            burst,
+        } => (rate, period_ms, burst),
+        Algorithm::BucketedWindow {
+            limit,
+            window_ms,
+            bucket_ms,
+        } => (limit, window_ms, bucket_ms),
     }
 }
 
@@ -412,5 +485,9 @@ fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, StoreError> {
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(ScriptReply { allowed: raw[0] == 1, now_us: raw[1], outcomes })
+    Ok(ScriptReply {
+        allowed: raw[0] == 1,
+        now_us: raw[1],
+        outcomes,
+    })
 }

@@ -28,32 +28,66 @@ impl Store {
     /// Every policy, current versions, sorted by name. A stored document that no longer
     /// parses is logged and left out, never served half-understood.
     pub async fn list_policies(&self) -> Result<Vec<Policy>, StoreError> {
-        let raw: Vec<(String, String)> = self.query(redis::cmd("HGETALL").arg(self.keys.policies())).await?;
-        let mut policies: Vec<Policy> = raw.iter().filter_map(|(name, json)| parse_stored(name, json)).collect();
+        let raw: Vec<(String, String)> = self
+            .query(redis::cmd("HGETALL").arg(self.keys.policies()))
+            .await?;
+        let mut policies: Vec<Policy> = raw
+            .iter()
+            .filter_map(|(name, json)| parse_stored(name, json))
+            .collect();
         policies.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(policies)
     }
 
     /// The current version of `name`, if it exists.
     pub async fn get_policy(&self, name: &Name) -> Result<Option<Policy>, StoreError> {
-        let raw: Option<String> = self.query(redis::cmd("HGET").arg(self.keys.policies()).arg(name.as_str())).await?;
+        let raw: Option<String> = self
+            .query(
+                redis::cmd("HGET")
+                    .arg(self.keys.policies())
+                    .arg(name.as_str()),
+            )
+            .await?;
         Ok(raw.and_then(|json| parse_stored(name.as_str(), &json)))
     }
 
     /// Previous versions of `name`, newest first, at most `limit`.
-    pub async fn policy_history(&self, name: &Name, limit: usize) -> Result<Vec<Policy>, StoreError> {
+    pub async fn policy_history(
+        &self,
+        name: &Name,
+        limit: usize,
+    ) -> Result<Vec<Policy>, StoreError> {
         let raw: Vec<String> = self
-            .query(redis::cmd("LRANGE").arg(self.keys.policy_history(name)).arg(0).arg(limit.saturating_sub(1) as i64))
+            .query(
+                redis::cmd("LRANGE")
+                    .arg(self.keys.policy_history(name))
+                    .arg(0)
+                    .arg(limit.saturating_sub(1) as i64),
+            )
             .await?;
-        Ok(raw.iter().filter_map(|json| parse_stored(name.as_str(), json)).collect())
+        Ok(raw
+            .iter()
+            .filter_map(|json| parse_stored(name.as_str(), json))
+            .collect())
     }
 
     /// Stores `policy` as its next version. With `expected`, only if the current version is
     /// that one (0: only if it does not exist yet).
-    pub async fn save_policy(&self, policy: &Policy, expected: Option<u64>) -> Result<Saved, StoreError> {
-        let doc = serde_json::to_string(&document(policy)).map_err(|e| StoreError::Reply(e.to_string()))?;
-        let reply: i64 = self.run_policy_script(&policy.name, "put", &doc, expected).await?;
-        Ok(if reply < 0 { Saved::Conflict } else { Saved::Version(reply as u64) })
+    pub async fn save_policy(
+        &self,
+        policy: &Policy,
+        expected: Option<u64>,
+    ) -> Result<Saved, StoreError> {
+        let doc = serde_json::to_string(&document(policy))
+            .map_err(|e| StoreError::Reply(e.to_string()))?;
+        let reply: i64 = self
+            .run_policy_script(&policy.name, "put", &doc, expected)
+            .await?;
+        Ok(if reply < 0 {
+            Saved::Conflict
+        } else {
+            Saved::Version(reply as u64)
+        })
     }
 
     /// Stores every policy of `policies` as its next version, all in one atomic script:
@@ -63,11 +97,18 @@ impl Store {
             return Ok(0);
         }
         let mut invocation = self.scripts.policy_import.prepare_invoke();
-        invocation.key(self.keys.policies()).key(self.keys.policy_generation()).key(self.keys.policy_versions());
+        invocation
+            .key(self.keys.policies())
+            .key(self.keys.policy_generation())
+            .key(self.keys.policy_versions());
         invocation.arg(self.keys.policy_channel());
         for policy in policies {
-            let doc = serde_json::to_string(&document(policy)).map_err(|e| StoreError::Reply(e.to_string()))?;
-            invocation.key(self.keys.policy_history(&policy.name)).arg(policy.name.as_str()).arg(doc);
+            let doc = serde_json::to_string(&document(policy))
+                .map_err(|e| StoreError::Reply(e.to_string()))?;
+            invocation
+                .key(self.keys.policy_history(&policy.name))
+                .arg(policy.name.as_str())
+                .arg(doc);
         }
         let written: usize = self.invoke(&invocation).await?;
         Ok(written)
@@ -81,7 +122,9 @@ impl Store {
 
     /// The policy generation: it changes whenever any policy does.
     pub async fn policy_generation(&self) -> Result<u64, StoreError> {
-        let raw: Option<u64> = self.query(redis::cmd("GET").arg(self.keys.policy_generation())).await?;
+        let raw: Option<u64> = self
+            .query(redis::cmd("GET").arg(self.keys.policy_generation()))
+            .await?;
         Ok(raw.unwrap_or(0))
     }
 
@@ -105,7 +148,6 @@ impl Store {
             .arg(self.keys.policy_channel());
         self.invoke(&invocation).await
     }
-
 }
 
 /// The document a policy is stored as (and exported as): SPEC §4's shape.
@@ -125,7 +167,10 @@ fn parse_stored(name: &str, json: &str) -> Option<Policy> {
         Some(Policy { version, ..policy })
     });
     if parsed.is_none() {
-        tracing::error!(policy = name, "a stored policy does not parse; it is ignored");
+        tracing::error!(
+            policy = name,
+            "a stored policy does not parse; it is ignored"
+        );
     }
     parsed
 }

@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{
+    ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with,
+};
 
 fn one_rule(limit: u64) -> Value {
     json!({"rules": [{"name": "per-minute", "algorithm": "fixed_window", "limit": limit, "window_ms": 3_600_000}]})
@@ -13,7 +15,10 @@ fn one_rule(limit: u64) -> Value {
 
 async fn problem(response: reqwest::Response, status: u16) -> Value {
     assert_eq!(response.status().as_u16(), status);
-    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["status"], status);
     assert!(body["type"].as_str().unwrap().starts_with("https://"));
@@ -25,7 +30,9 @@ async fn problem(response: reqwest::Response, status: u16) -> Value {
 async fn an_allowed_check_has_the_spec_shape_and_headers() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
-    let response = app.check(json!({"policy": "demo", "identifiers": {"ip": "203.0.113.7", "user": "42"}})).await;
+    let response = app
+        .check(json!({"policy": "demo", "identifiers": {"ip": "203.0.113.7", "user": "42"}}))
+        .await;
     assert_eq!(response.status(), 200);
     let headers = response.headers().clone();
     let body: Value = response.json().await.unwrap();
@@ -46,10 +53,22 @@ async fn an_allowed_check_has_the_spec_shape_and_headers() {
     assert_eq!(body["remaining"], 9);
 
     // Both headers parse as RFC 9651 lists.
-    let policy: sfv::List = sfv::Parser::new(headers["ratelimit-policy"].to_str().unwrap()).parse().unwrap();
-    assert_eq!(policy.len(), 3, "one member per rule: {:?}", headers["ratelimit-policy"]);
-    assert_eq!(headers["ratelimit-policy"], r#""per-second";q=10;w=1, "per-minute";q=120;w=60, "burst";q=20;w=4"#);
-    let state: sfv::List = sfv::Parser::new(headers["ratelimit"].to_str().unwrap()).parse().unwrap();
+    let policy: sfv::List = sfv::Parser::new(headers["ratelimit-policy"].to_str().unwrap())
+        .parse()
+        .unwrap();
+    assert_eq!(
+        policy.len(),
+        3,
+        "one member per rule: {:?}",
+        headers["ratelimit-policy"]
+    );
+    assert_eq!(
+        headers["ratelimit-policy"],
+        r#""per-second";q=10;w=1, "per-minute";q=120;w=60, "burst";q=20;w=4"#
+    );
+    let state: sfv::List = sfv::Parser::new(headers["ratelimit"].to_str().unwrap())
+        .parse()
+        .unwrap();
     assert_eq!(state.len(), 1);
     assert_eq!(headers["ratelimit"], r#""per-second";r=9;t=1"#);
     assert!(headers.get("retry-after").is_none());
@@ -61,11 +80,22 @@ async fn a_denied_check_is_429_with_retry_after_and_consumes_nothing() {
     let app = spawn_app(&redis).await;
     app.put_policy("tight", one_rule(3)).await;
     for _ in 0..3 {
-        assert_eq!(app.check(json!({"policy": "tight", "identifiers": {"user": "1"}})).await.status(), 200);
+        assert_eq!(
+            app.check(json!({"policy": "tight", "identifiers": {"user": "1"}}))
+                .await
+                .status(),
+            200
+        );
     }
-    let denied = app.check(json!({"policy": "tight", "identifiers": {"user": "1"}})).await;
+    let denied = app
+        .check(json!({"policy": "tight", "identifiers": {"user": "1"}}))
+        .await;
     assert_eq!(denied.status(), 429);
-    let retry: u64 = denied.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = denied.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=3600).contains(&retry), "{retry}");
     let body: Value = denied.json().await.unwrap();
     assert_eq!(body["allowed"], false);
@@ -73,13 +103,20 @@ async fn a_denied_check_is_429_with_retry_after_and_consumes_nothing() {
     assert!(body["retry_after_ms"].as_u64().unwrap() > 0);
 
     // A cost no rule could ever admit: denied with no retry time.
-    let never = app.check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 4})).await;
+    let never = app
+        .check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 4}))
+        .await;
     assert_eq!(never.status(), 429);
     assert!(never.headers().get("retry-after").is_none());
     let body: Value = never.json().await.unwrap();
     assert_eq!(body["retry_after_ms"], Value::Null);
     // ...and it consumed nothing; cost 0 peeks.
-    let peek: Value = app.check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 0})).await.json().await.unwrap();
+    let peek: Value = app
+        .check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 0}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(peek["remaining"], 3);
 }
 
@@ -90,9 +127,16 @@ async fn shadow_mode_lets_through_and_says_so() {
     let mut doc = one_rule(1);
     doc["mode"] = json!("shadow");
     app.put_policy("quiet", doc).await;
-    let first: Value = app.check(json!({"policy": "quiet", "identifiers": {"user": "1"}})).await.json().await.unwrap();
+    let first: Value = app
+        .check(json!({"policy": "quiet", "identifiers": {"user": "1"}}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(first["shadow_denied"], false);
-    let second = app.check(json!({"policy": "quiet", "identifiers": {"user": "1"}})).await;
+    let second = app
+        .check(json!({"policy": "quiet", "identifiers": {"user": "1"}}))
+        .await;
     assert_eq!(second.status(), 200);
     let body: Value = second.json().await.unwrap();
     assert_eq!(body["allowed"], true);
@@ -111,19 +155,43 @@ async fn bad_input_is_400_naming_the_field_never_500() {
         (json!({"policy": 5, "identifiers": {"ip": "1"}}), "policy"),
         (json!({"policy": "demo"}), "identifiers"),
         (json!({"policy": "demo", "identifiers": {}}), "identifiers"),
-        (json!({"policy": "demo", "identifiers": {"ip": ""}}), "identifiers.ip"),
-        (json!({"policy": "demo", "identifiers": {"ip": long}}), "identifiers.ip"),
-        (json!({"policy": "demo", "identifiers": {"IP!": "1"}}), "identifiers.IP!"),
-        (json!({"policy": "demo", "identifiers": {"ip": ["1"]}}), "identifiers.ip"),
-        (json!({"policy": "demo", "identifiers": {"ip": "1"}, "cost": -1}), "cost"),
-        (json!({"policy": "demo", "identifiers": {"ip": "1"}, "cost": 1.5}), "cost"),
-        (json!({"policy": "demo", "identifiers": {"ip": "1"}, "extra": 1}), "extra"),
+        (
+            json!({"policy": "demo", "identifiers": {"ip": ""}}),
+            "identifiers.ip",
+        ),
+        (
+            json!({"policy": "demo", "identifiers": {"ip": long}}),
+            "identifiers.ip",
+        ),
+        (
+            json!({"policy": "demo", "identifiers": {"IP!": "1"}}),
+            "identifiers.IP!",
+        ),
+        (
+            json!({"policy": "demo", "identifiers": {"ip": ["1"]}}),
+            "identifiers.ip",
+        ),
+        (
+            json!({"policy": "demo", "identifiers": {"ip": "1"}, "cost": -1}),
+            "cost",
+        ),
+        (
+            json!({"policy": "demo", "identifiers": {"ip": "1"}, "cost": 1.5}),
+            "cost",
+        ),
+        (
+            json!({"policy": "demo", "identifiers": {"ip": "1"}, "extra": 1}),
+            "extra",
+        ),
     ];
     for (body, field) in cases {
         let response = app.check(body.clone()).await;
         let problem = problem(response, 400).await;
         assert_eq!(problem["field"], field, "{body}");
-        assert!(problem["detail"].as_str().unwrap().starts_with(field), "{problem}");
+        assert!(
+            problem["detail"].as_str().unwrap().starts_with(field),
+            "{problem}"
+        );
     }
     let malformed = app
         .client
@@ -135,12 +203,26 @@ async fn bad_input_is_400_naming_the_field_never_500() {
         .await
         .unwrap();
     assert_eq!(problem(malformed, 400).await["field"], "body");
-    let not_json = app.client.post(app.url("/api/v1/check")).bearer_auth(SERVICE_KEY).body("policy=demo").send().await.unwrap();
+    let not_json = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .bearer_auth(SERVICE_KEY)
+        .body("policy=demo")
+        .send()
+        .await
+        .unwrap();
     problem(not_json, 415).await;
     let huge = json!({"policy": "demo", "identifiers": {"ip": "1"}, "pad": "x".repeat(70_000)});
     problem(app.check(huge).await, 413).await;
-    let unknown = app.check(json!({"policy": "nope", "identifiers": {"ip": "1"}})).await;
-    assert!(problem(unknown, 404).await["detail"].as_str().unwrap().contains("nope"));
+    let unknown = app
+        .check(json!({"policy": "nope", "identifiers": {"ip": "1"}}))
+        .await;
+    assert!(
+        problem(unknown, 404).await["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
 }
 
 #[tokio::test]
@@ -148,15 +230,46 @@ async fn keys_are_required_and_roles_enforced() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     let body = json!({"policy": "demo", "identifiers": {"ip": "1"}});
-    let none = app.client.post(app.url("/api/v1/check")).json(&body).send().await.unwrap();
+    let none = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     problem(none, 401).await;
-    let wrong = app.client.post(app.url("/api/v1/check")).bearer_auth("spw_svc_wrong").json(&body).send().await.unwrap();
+    let wrong = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .bearer_auth("spw_svc_wrong")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     problem(wrong, 401).await;
-    let admin_may_check = app.client.post(app.url("/api/v1/check")).bearer_auth(ADMIN_KEY).json(&body).send().await.unwrap();
+    let admin_may_check = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(admin_may_check.status(), 200);
-    let service_may_not_admin = app.client.get(app.url("/api/v1/policies")).bearer_auth(SERVICE_KEY).send().await.unwrap();
+    let service_may_not_admin = app
+        .client
+        .get(app.url("/api/v1/policies"))
+        .bearer_auth(SERVICE_KEY)
+        .send()
+        .await
+        .unwrap();
     problem(service_may_not_admin, 403).await;
-    let anonymous_admin = app.client.get(app.url("/api/v1/policies")).send().await.unwrap();
+    let anonymous_admin = app
+        .client
+        .get(app.url("/api/v1/policies"))
+        .send()
+        .await
+        .unwrap();
     problem(anonymous_admin, 401).await;
 }
 
@@ -169,12 +282,16 @@ async fn redis_down_follows_the_policys_failure_mode() {
     app.put_policy("strict", closed).await;
     app.put_policy("lenient", one_rule(10)).await;
     redis.kill();
-    let open = app.check(json!({"policy": "lenient", "identifiers": {"user": "1"}})).await;
+    let open = app
+        .check(json!({"policy": "lenient", "identifiers": {"user": "1"}}))
+        .await;
     assert_eq!(open.status(), 200);
     let body: Value = open.json().await.unwrap();
     assert_eq!(body["degraded"], true);
     assert_eq!(body["allowed"], true);
-    let refused = app.check(json!({"policy": "strict", "identifiers": {"user": "1"}})).await;
+    let refused = app
+        .check(json!({"policy": "strict", "identifiers": {"user": "1"}}))
+        .await;
     assert!(refused.headers().contains_key("retry-after"));
     problem(refused, 503).await;
 
@@ -182,7 +299,9 @@ async fn redis_down_follows_the_policys_failure_mode() {
     redis.restart();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = app.check(json!({"policy": "strict", "identifiers": {"user": "1"}})).await;
+        let r = app
+            .check(json!({"policy": "strict", "identifiers": {"user": "1"}}))
+            .await;
         if r.status() == 200 {
             break;
         }
@@ -202,14 +321,37 @@ async fn batch_answers_each_check_in_order() {
         {"policy": "missing", "identifiers": {"user": "a"}},
         {"policy": "one", "identifiers": {"user": ""}},
     ]});
-    let response = app.client.post(app.url("/api/v1/check/batch")).bearer_auth(SERVICE_KEY).json(&body).send().await.unwrap();
+    let response = app
+        .client
+        .post(app.url("/api/v1/check/batch"))
+        .bearer_auth(SERVICE_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let body: Value = response.json().await.unwrap();
-    let statuses: Vec<u64> = body["results"].as_array().unwrap().iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    let statuses: Vec<u64> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_u64().unwrap())
+        .collect();
     assert_eq!(statuses, [200, 429, 404, 400]);
-    assert_eq!(body["results"][3]["body"]["field"], "checks[3].identifiers.user");
-    let too_many = json!({"checks": vec![json!({"policy": "one", "identifiers": {"user": "a"}}); 101]});
-    let response = app.client.post(app.url("/api/v1/check/batch")).bearer_auth(SERVICE_KEY).json(&too_many).send().await.unwrap();
+    assert_eq!(
+        body["results"][3]["body"]["field"],
+        "checks[3].identifiers.user"
+    );
+    let too_many =
+        json!({"checks": vec![json!({"policy": "one", "identifiers": {"user": "a"}}); 101]});
+    let response = app
+        .client
+        .post(app.url("/api/v1/check/batch"))
+        .bearer_auth(SERVICE_KEY)
+        .json(&too_many)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(problem(response, 400).await["field"], "checks");
 }
 
@@ -234,7 +376,12 @@ async fn forward_auth_reads_identifiers_from_headers() {
     assert!(denied.headers().contains_key("retry-after"));
     let body: Value = denied.json().await.unwrap();
     assert_eq!(body["results"][0]["identifier"], "ip=198.51.100.4");
-    let no_key = app.client.get(app.url("/api/v1/forward-auth?policy=edge")).send().await.unwrap();
+    let no_key = app
+        .client
+        .get(app.url("/api/v1/forward-auth?policy=edge"))
+        .send()
+        .await
+        .unwrap();
     problem(no_key, 401).await;
 }
 
@@ -243,40 +390,135 @@ async fn policies_are_versioned_validated_and_deletable() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     let url = app.url("/api/v1/policies/api");
-    let created = app.client.put(&url).bearer_auth(ADMIN_KEY).json(&one_rule(5)).send().await.unwrap();
+    let created = app
+        .client
+        .put(&url)
+        .bearer_auth(ADMIN_KEY)
+        .json(&one_rule(5))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201);
     assert_eq!(created.headers()["etag"], "\"1\"");
     let updated = app.put_policy("api", one_rule(6)).await;
     assert_eq!(updated["version"], 2);
-    let read: Value = app.client.get(&url).bearer_auth(ADMIN_KEY).send().await.unwrap().json().await.unwrap();
+    let read: Value = app
+        .client
+        .get(&url)
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(read["rules"][0]["limit"], 6);
-    let history: Value = app.client.get(app.url("/api/v1/policies/api/versions")).bearer_auth(ADMIN_KEY).send().await.unwrap().json().await.unwrap();
+    let history: Value = app
+        .client
+        .get(app.url("/api/v1/policies/api/versions"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(history["previous_versions"][0]["version"], 1);
     assert_eq!(history["previous_versions"][0]["rules"][0]["limit"], 5);
 
     // Optimistic concurrency with If-Match.
-    let stale = app.client.put(&url).bearer_auth(ADMIN_KEY).header("If-Match", "\"1\"").json(&one_rule(7)).send().await.unwrap();
+    let stale = app
+        .client
+        .put(&url)
+        .bearer_auth(ADMIN_KEY)
+        .header("If-Match", "\"1\"")
+        .json(&one_rule(7))
+        .send()
+        .await
+        .unwrap();
     problem(stale, 409).await;
-    let fresh = app.client.put(&url).bearer_auth(ADMIN_KEY).header("If-Match", "\"2\"").json(&one_rule(7)).send().await.unwrap();
+    let fresh = app
+        .client
+        .put(&url)
+        .bearer_auth(ADMIN_KEY)
+        .header("If-Match", "\"2\"")
+        .json(&one_rule(7))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(fresh.status(), 200);
 
     // Validation names the field.
-    let bad = app.client.put(&url).bearer_auth(ADMIN_KEY).json(&json!({"rules": [{"name": "r", "algorithm": "gcra"}]})).send().await.unwrap();
+    let bad = app
+        .client
+        .put(&url)
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"rules": [{"name": "r", "algorithm": "gcra"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(problem(bad, 400).await["field"], "rules[0].rate");
-    let bad_name = app.client.put(app.url("/api/v1/policies/Bad%20Name")).bearer_auth(ADMIN_KEY).json(&one_rule(1)).send().await.unwrap();
+    let bad_name = app
+        .client
+        .put(app.url("/api/v1/policies/Bad%20Name"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&one_rule(1))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(problem(bad_name, 400).await["field"], "name");
 
-    let list: Value = app.client.get(app.url("/api/v1/policies")).bearer_auth(ADMIN_KEY).send().await.unwrap().json().await.unwrap();
-    let names: Vec<&str> = list["policies"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    let list: Value = app
+        .client
+        .get(app.url("/api/v1/policies"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = list["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["api", "demo"]);
 
-    assert_eq!(app.client.delete(&url).bearer_auth(ADMIN_KEY).send().await.unwrap().status(), 204);
-    problem(app.client.get(&url).bearer_auth(ADMIN_KEY).send().await.unwrap(), 404).await;
-    problem(app.check(json!({"policy": "api", "identifiers": {"user": "1"}})).await, 404).await;
+    assert_eq!(
+        app.client
+            .delete(&url)
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    problem(
+        app.client
+            .get(&url)
+            .bearer_auth(ADMIN_KEY)
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    problem(
+        app.check(json!({"policy": "api", "identifiers": {"user": "1"}}))
+            .await,
+        404,
+    )
+    .await;
 
     // Policies have no TTL; the next version number continues after a delete.
     let mut conn = redis.connection();
-    let ttl: i64 = redis::cmd("TTL").arg("spw:{policies}:current").query(&mut conn).unwrap();
+    let ttl: i64 = redis::cmd("TTL")
+        .arg("spw:{policies}:current")
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(ttl, -1);
     assert_eq!(app.put_policy("api", one_rule(1)).await["version"], 4);
 }
@@ -295,19 +537,40 @@ async fn overrides_block_unlimit_and_relimit_by_exact_wildcard_and_cidr() {
     app.put_policy("ov", doc).await;
     let status = |id: Value| {
         let app = &app;
-        async move { app.check(json!({"policy": "ov", "identifiers": id})).await.status().as_u16() }
+        async move {
+            app.check(json!({"policy": "ov", "identifiers": id}))
+                .await
+                .status()
+                .as_u16()
+        }
     };
-    assert_eq!(status(json!({"ip": "10.1.2.3"})).await, 429, "blocked by CIDR");
+    assert_eq!(
+        status(json!({"ip": "10.1.2.3"})).await,
+        429,
+        "blocked by CIDR"
+    );
     assert_eq!(status(json!({"ip": "11.1.2.3"})).await, 200);
     for _ in 0..5 {
-        assert_eq!(status(json!({"user": "vip-7"})).await, 200, "unlimited by wildcard");
+        assert_eq!(
+            status(json!({"user": "vip-7"})).await,
+            200,
+            "unlimited by wildcard"
+        );
     }
     for _ in 0..3 {
-        assert_eq!(status(json!({"user": "partner"})).await, 200, "its own limit of 3");
+        assert_eq!(
+            status(json!({"user": "partner"})).await,
+            200,
+            "its own limit of 3"
+        );
     }
     assert_eq!(status(json!({"user": "partner"})).await, 429);
     assert_eq!(status(json!({"user": "expired"})).await, 200);
-    assert_eq!(status(json!({"user": "expired"})).await, 429, "an expired override no longer applies");
+    assert_eq!(
+        status(json!({"user": "expired"})).await,
+        429,
+        "an expired override no longer applies"
+    );
 
     // Adding one through the overrides resource makes a new version.
     let added = app
@@ -336,7 +599,11 @@ async fn two_instances_share_limits_and_policies() {
     wait_for_policy(&b, "shared", 1).await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..2_000 {
-        let (client, url) = if i % 2 == 0 { (a.client.clone(), a.url("/api/v1/check")) } else { (b.client.clone(), b.url("/api/v1/check")) };
+        let (client, url) = if i % 2 == 0 {
+            (a.client.clone(), a.url("/api/v1/check"))
+        } else {
+            (b.client.clone(), b.url("/api/v1/check"))
+        };
         tasks.spawn(async move {
             client
                 .post(url)
@@ -362,18 +629,27 @@ async fn two_instances_share_limits_and_policies() {
     let changed_at = Instant::now();
     a.put_policy("shared", one_rule(5000)).await;
     let seen = wait_for_policy(&b, "shared", 2).await;
-    assert!(seen - changed_at < Duration::from_secs(1), "B enforced the change after {:?}", seen - changed_at);
+    assert!(
+        seen - changed_at < Duration::from_secs(1),
+        "B enforced the change after {:?}",
+        seen - changed_at
+    );
 }
 
 /// Polls `app` until a check of `policy` reports `version`; returns when.
 async fn wait_for_policy(app: &TestApp, policy: &str, version: u64) -> Instant {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let r = app.check(json!({"policy": policy, "identifiers": {"user": "probe"}, "cost": 0})).await;
+        let r = app
+            .check(json!({"policy": policy, "identifiers": {"user": "probe"}, "cost": 0}))
+            .await;
         if r.status() == 200 && r.json::<Value>().await.unwrap()["policy_version"] == version {
             return Instant::now();
         }
-        assert!(Instant::now() < deadline, "{policy} v{version} never reached this instance");
+        assert!(
+            Instant::now() < deadline,
+            "{policy} v{version} never reached this instance"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -383,14 +659,35 @@ async fn metrics_count_checks_by_policy_and_outcome_never_by_identifier() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     app.put_policy("metered", one_rule(1)).await;
-    app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}})).await;
-    app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}})).await;
-    let text = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    let line = |needle: &str| text.lines().find(|l| l.starts_with("spillway_checks_total") && l.contains("policy=\"metered\"") && l.contains(needle)).map(str::to_owned);
+    app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}}))
+        .await;
+    app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}}))
+        .await;
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |needle: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("spillway_checks_total")
+                    && l.contains("policy=\"metered\"")
+                    && l.contains(needle)
+            })
+            .map(str::to_owned)
+    };
     let allowed = line("outcome=\"allowed\"").expect(&text);
     assert!(allowed.ends_with(" 1"), "{allowed}");
     assert!(line("outcome=\"denied\"").is_some(), "{text}");
-    assert!(text.contains("spillway_check_duration_seconds_bucket"), "{text}");
+    assert!(
+        text.contains("spillway_check_duration_seconds_bucket"),
+        "{text}"
+    );
     assert!(text.contains("spillway_redis_duration_seconds"), "{text}");
     assert!(!text.contains("secret-user-77"));
 }

@@ -27,18 +27,52 @@ async fn export_then_import_restores_policies_after_losing_redis() {
     std::fs::create_dir_all(&dir).unwrap();
     for format in ["json", "toml"] {
         let file = dir.join(format!("policies.{format}"));
-        let out = spillway(&redis, &["policy", "export", "--format", format, "--output", file.to_str().unwrap()]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let out = spillway(
+            &redis,
+            &[
+                "policy",
+                "export",
+                "--format",
+                format,
+                "--output",
+                file.to_str().unwrap(),
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = std::fs::read_to_string(&file).unwrap();
-        assert!(text.contains("10.0.0.0/8") && text.contains("gcra"), "{text}");
+        assert!(
+            text.contains("10.0.0.0/8") && text.contains("gcra"),
+            "{text}"
+        );
     }
 
     redis.restart(); // empty: everything lost
-    let out = spillway(&redis, &["policy", "import", dir.join("policies.toml").to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = spillway(
+        &redis,
+        &[
+            "policy",
+            "import",
+            dir.join("policies.toml").to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("imported 2 policies"));
     let app = spawn_app(&redis).await;
-    let restored = app.client.get(app.url("/api/v1/policies/api")).bearer_auth(crate::helpers::ADMIN_KEY).send().await.unwrap();
+    let restored = app
+        .client
+        .get(app.url("/api/v1/policies/api"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
     let body: serde_json::Value = restored.json().await.unwrap();
     assert_eq!(body["rules"][0]["algorithm"], "gcra");
     assert_eq!(body["overrides"][0]["match"], "ip=10.0.0.0/8");
@@ -49,8 +83,21 @@ async fn export_then_import_restores_policies_after_losing_redis() {
         "broken": {"rules": []}}}"#).unwrap();
     let out = spillway(&redis, &["policy", "import", bad.to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("policies.broken.rules"), "{}", String::from_utf8_lossy(&out.stderr));
-    let still: serde_json::Value = app.client.get(app.url("/api/v1/policies/api")).bearer_auth(crate::helpers::ADMIN_KEY).send().await.unwrap().json().await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("policies.broken.rules"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let still: serde_json::Value = app
+        .client
+        .get(app.url("/api/v1/policies/api"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(still["rules"][0]["algorithm"], "gcra");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,12 +6,17 @@ use std::time::Duration;
 use spillway::store::{Keys, Store};
 
 use crate::{
-    engine::{admits_exactly_the_limit, denied_checks_consume_nothing, one_denial_consumes_nothing_elsewhere},
+    engine::{
+        admits_exactly_the_limit, denied_checks_consume_nothing,
+        one_denial_consumes_nothing_elsewhere,
+    },
     helpers::RedisCluster,
 };
 
 async fn cluster_store(cluster: &RedisCluster, ns: &str) -> Store {
-    Store::connect_cluster(&cluster.urls(), Duration::from_secs(30), Keys::new(ns)).await.unwrap()
+    Store::connect_cluster(&cluster.urls(), Duration::from_secs(30), Keys::new(ns))
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -24,15 +29,28 @@ async fn the_engine_suite_passes_on_a_cluster() {
     admits_exactly_the_limit(&stores).await;
     denied_checks_consume_nothing(&cluster_store(&cluster, "cost").await).await;
 
-    let decision = one_denial_consumes_nothing_elsewhere(&cluster_store(&cluster, "refund").await).await;
-    assert!(decision.refunded, "the ip slot consumed before the user slot denied: {decision:?}");
+    let decision =
+        one_denial_consumes_nothing_elsewhere(&cluster_store(&cluster, "refund").await).await;
+    assert!(
+        decision.refunded,
+        "the ip slot consumed before the user slot denied: {decision:?}"
+    );
 
     // The identifiers really are in different slots (so the refund path was exercised).
     let keys = Keys::new("refund");
     let policy = spillway::domain::Name::parse("api").unwrap();
     let tag = |raw: &str| keys.tag(&policy, &spillway::domain::Identifier::parse(raw).unwrap());
-    let mut conn = redis::Client::open(cluster.urls()[0].as_str()).unwrap().get_connection().unwrap();
-    let mut slot = |t: String| -> i64 { redis::cmd("CLUSTER").arg("KEYSLOT").arg(t).query(&mut conn).unwrap() };
+    let mut conn = redis::Client::open(cluster.urls()[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut slot = |t: String| -> i64 {
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(t)
+            .query(&mut conn)
+            .unwrap()
+    };
     let (ip_slot, user_slot) = (slot(tag("ip=203.0.113.7")), slot(tag("user=42")));
     assert_ne!(ip_slot, user_slot);
 }
@@ -44,15 +62,29 @@ async fn braces_in_values_cannot_move_the_slot() {
     let keys = Keys::new("spw");
     let policy = spillway::domain::Name::parse("api").unwrap();
     let rule = spillway::domain::Name::parse("r").unwrap();
-    let algorithm = spillway::domain::Algorithm::FixedWindow { limit: 1, window_ms: 1000 };
-    let mut conn = redis::Client::open(cluster.urls()[0].as_str()).unwrap().get_connection().unwrap();
+    let algorithm = spillway::domain::Algorithm::FixedWindow {
+        limit: 1,
+        window_ms: 1000,
+    };
+    let mut conn = redis::Client::open(cluster.urls()[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
     for value in ["}x{", "{user}", "a}{b", "}{"] {
         let id = spillway::domain::Identifier::new("user", value).unwrap();
         let key = keys.rule_state(&policy, &id, &rule, &algorithm);
         let tag = keys.tag(&policy, &id);
         let inner = &tag[1..tag.len() - 1];
-        let key_slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(&key).query(&mut conn).unwrap();
-        let tag_slot: i64 = redis::cmd("CLUSTER").arg("KEYSLOT").arg(inner).query(&mut conn).unwrap();
+        let key_slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&key)
+            .query(&mut conn)
+            .unwrap();
+        let tag_slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(inner)
+            .query(&mut conn)
+            .unwrap();
         assert_eq!(key_slot, tag_slot, "{key}");
     }
 }

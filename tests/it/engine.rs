@@ -25,7 +25,9 @@ static NAMESPACE: AtomicU64 = AtomicU64::new(0);
 
 async fn store(redis: &RedisServer) -> Store {
     let ns = format!("t{}", NAMESPACE.fetch_add(1, Ordering::Relaxed));
-    Store::connect_with_keys(&redis.url(), Duration::from_secs(10), Keys::new(ns)).await.unwrap()
+    Store::connect_with_keys(&redis.url(), Duration::from_secs(10), Keys::new(ns))
+        .await
+        .unwrap()
 }
 
 fn name(raw: &str) -> Name {
@@ -39,13 +41,38 @@ fn rule(rule_name: &str, algorithm: Algorithm) -> Rule {
 /// Every algorithm with a capacity of 100 and nothing refilling during a test.
 fn hundred_without_refill() -> Vec<Algorithm> {
     vec![
-        Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS },
-        Algorithm::SlidingLog { limit: 100, window_ms: LONG_MS },
-        Algorithm::SlidingWindow { limit: 100, window_ms: LONG_MS },
-        Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period_ms: LONG_MS },
-        Algorithm::LeakyBucket { capacity: 100, leak_tokens: 1, leak_period_ms: LONG_MS },
-        Algorithm::Gcra { rate: 1, period_ms: LONG_MS, burst: 99 },
-        Algorithm::BucketedWindow { limit: 100, window_ms: LONG_MS, bucket_ms: LONG_MS / 400 },
+        Algorithm::FixedWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+        },
+        Algorithm::SlidingLog {
+            limit: 100,
+            window_ms: LONG_MS,
+        },
+        Algorithm::SlidingWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+        },
+        Algorithm::TokenBucket {
+            capacity: 100,
+            refill_tokens: 1,
+            refill_period_ms: LONG_MS,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 100,
+            leak_tokens: 1,
+            leak_period_ms: LONG_MS,
+        },
+        Algorithm::Gcra {
+            rate: 1,
+            period_ms: LONG_MS,
+            burst: 99,
+        },
+        Algorithm::BucketedWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+            bucket_ms: LONG_MS / 400,
+        },
     ]
 }
 
@@ -55,19 +82,40 @@ fn hundred_without_refill() -> Vec<Algorithm> {
 fn algorithm_strategy() -> impl Strategy<Value = Algorithm> {
     let windowed = (1u64..=12, prop_oneof![Just(1u64), 1u64..=3000]);
     prop_oneof![
-        windowed.clone().prop_map(|(limit, window_ms)| Algorithm::FixedWindow { limit, window_ms }),
-        windowed.clone().prop_map(|(limit, window_ms)| Algorithm::SlidingLog { limit, window_ms }),
+        windowed
+            .clone()
+            .prop_map(|(limit, window_ms)| Algorithm::FixedWindow { limit, window_ms }),
+        windowed
+            .clone()
+            .prop_map(|(limit, window_ms)| Algorithm::SlidingLog { limit, window_ms }),
         windowed.prop_map(|(limit, window_ms)| Algorithm::SlidingWindow { limit, window_ms }),
-        (1u64..=12, 1u64..=5, 1u64..=3000).prop_map(|(capacity, refill_tokens, refill_period_ms)| {
-            Algorithm::TokenBucket { capacity, refill_tokens, refill_period_ms }
-        }),
+        (1u64..=12, 1u64..=5, 1u64..=3000).prop_map(
+            |(capacity, refill_tokens, refill_period_ms)| {
+                Algorithm::TokenBucket {
+                    capacity,
+                    refill_tokens,
+                    refill_period_ms,
+                }
+            }
+        ),
         (1u64..=12, 1u64..=5, 1u64..=3000).prop_map(|(capacity, leak_tokens, leak_period_ms)| {
-            Algorithm::LeakyBucket { capacity, leak_tokens, leak_period_ms }
+            Algorithm::LeakyBucket {
+                capacity,
+                leak_tokens,
+                leak_period_ms,
+            }
         }),
-        (1u64..=10, 1u64..=3000, 0u64..=6)
-            .prop_map(|(rate, period_ms, burst)| Algorithm::Gcra { rate, period_ms, burst }),
+        (1u64..=10, 1u64..=3000, 0u64..=6).prop_map(|(rate, period_ms, burst)| Algorithm::Gcra {
+            rate,
+            period_ms,
+            burst
+        }),
         (1u64..=12, 1u64..=10, 1u64..=300).prop_map(|(limit, buckets, bucket_ms)| {
-            Algorithm::BucketedWindow { limit, window_ms: buckets * bucket_ms, bucket_ms }
+            Algorithm::BucketedWindow {
+                limit,
+                window_ms: buckets * bucket_ms,
+                bucket_ms,
+            }
         }),
     ]
 }
@@ -75,7 +123,10 @@ fn algorithm_strategy() -> impl Strategy<Value = Algorithm> {
 /// A request: microseconds since the previous one, and its cost.
 fn requests(max_cost: u64) -> impl Strategy<Value = Vec<(i64, u64)>> {
     prop::collection::vec(
-        (prop_oneof![Just(0i64), 0i64..2_000, 0i64..400_000, 0i64..4_000_000], 0..=max_cost),
+        (
+            prop_oneof![Just(0i64), 0i64..2_000, 0i64..400_000, 0i64..4_000_000],
+            0..=max_cost,
+        ),
         1..40,
     )
 }
@@ -89,9 +140,16 @@ fn script_matches_model(
     sequence: &[(i64, u64)],
 ) -> Result<(), TestCaseError> {
     let case = NAMESPACE.fetch_add(1, Ordering::Relaxed);
-    let keys: Vec<String> = (0..rules.len()).map(|i| format!("model:{{case{case}}}:{i}")).collect();
-    let entries: Vec<Entry<'_>> =
-        rules.iter().map(|(algorithm, count_denied)| Entry { algorithm, count_denied: *count_denied }).collect();
+    let keys: Vec<String> = (0..rules.len())
+        .map(|i| format!("model:{{case{case}}}:{i}"))
+        .collect();
+    let entries: Vec<Entry<'_>> = rules
+        .iter()
+        .map(|(algorithm, count_denied)| Entry {
+            algorithm,
+            count_denied: *count_denied,
+        })
+        .collect();
     let mut states: Vec<Option<State>> = vec![None; rules.len()];
     // The scripts set real TTLs, so the test clock must never run slower than Redis's:
     // each check runs at Redis TIME plus the sum of the steps so far, and the model is
@@ -100,7 +158,9 @@ fn script_matches_model(
     let mut offset = (case as i64 % 7919) * 13;
     for (i, &(dt, cost)) in sequence.iter().enumerate() {
         offset += dt;
-        let reply = rt.block_on(store.run_check(&keys, rules, cost, Now::RedisPlus(offset))).unwrap();
+        let reply = rt
+            .block_on(store.run_check(&keys, rules, cost, Now::RedisPlus(offset)))
+            .unwrap();
         let now = reply.now_us;
         let (after, expected) = evaluate(&states, now, cost, &entries);
         states = after;
@@ -124,7 +184,11 @@ fn each_script_matches_its_model() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let redis = RedisServer::start();
     let store = rt.block_on(store(&redis));
-    let config = ProptestConfig { cases: 350, failure_persistence: None, ..ProptestConfig::default() };
+    let config = ProptestConfig {
+        cases: 350,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
     proptest!(config, |(algorithm in algorithm_strategy(), count_denied in prop::bool::weighted(0.2), sequence in requests(14))| {
         script_matches_model(&rt, &store, &[(algorithm, count_denied)], &sequence)?;
     });
@@ -135,7 +199,11 @@ fn composite_checks_match_the_model_all_or_nothing() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let redis = RedisServer::start();
     let store = rt.block_on(store(&redis));
-    let config = ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() };
+    let config = ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
     proptest!(config, |(rules in prop::collection::vec((algorithm_strategy(), prop::bool::weighted(0.2)), 2..5), sequence in requests(8))| {
         script_matches_model(&rt, &store, &rules, &sequence)?;
     });
@@ -148,9 +216,20 @@ fn composite_checks_match_the_model_all_or_nothing() {
 type Row = (i64, u64, bool, u64, u64, Option<u64>);
 
 async fn run_table(store: &Store, algorithm: Algorithm, rows: &[Row]) {
-    let keys = vec![format!("table:{{{}}}", NAMESPACE.fetch_add(1, Ordering::Relaxed))];
+    let keys = vec![format!(
+        "table:{{{}}}",
+        NAMESPACE.fetch_add(1, Ordering::Relaxed)
+    )];
     for (n, &(at_ms, cost, allowed, remaining, reset_ms, retry_ms)) in rows.iter().enumerate() {
-        let reply = store.run_check(&keys, &[(algorithm, false)], cost, Now::At(T0 + at_ms * 1000)).await.unwrap();
+        let reply = store
+            .run_check(
+                &keys,
+                &[(algorithm, false)],
+                cost,
+                Now::At(T0 + at_ms * 1000),
+            )
+            .await
+            .unwrap();
         let o = reply.outcomes[0];
         assert_eq!(
             (o.allowed, o.remaining, o.reset_ms, o.retry_after_ms),
@@ -165,7 +244,11 @@ async fn run_table(store: &Store, algorithm: Algorithm, rows: &[Row]) {
 async fn gcra_reproduces_redis_cells_table() {
     let redis = RedisServer::start();
     let store = store(&redis).await;
-    let gcra = Algorithm::Gcra { rate: 1, period_ms: 1000, burst: 4 };
+    let gcra = Algorithm::Gcra {
+        rate: 1,
+        period_ms: 1000,
+        burst: 4,
+    };
     #[rustfmt::skip]
     let rows: [Row; 15] = [
         // You can never make a request larger than the maximum.
@@ -200,8 +283,14 @@ async fn gcra_reproduces_redis_cells_table() {
 async fn sliding_window_reproduces_the_limits_example() {
     let redis = RedisServer::start();
     let store = store(&redis).await;
-    let algorithm = Algorithm::SlidingWindow { limit: 10, window_ms: 60_000 };
-    let keys = vec![format!("limits:{{{}}}", NAMESPACE.fetch_add(1, Ordering::Relaxed))];
+    let algorithm = Algorithm::SlidingWindow {
+        limit: 10,
+        window_ms: 60_000,
+    };
+    let keys = vec![format!(
+        "limits:{{{}}}",
+        NAMESPACE.fetch_add(1, Ordering::Relaxed)
+    )];
     let window_start = (T0 / 60_000_000 + 1) * 60_000_000; // a minute boundary
     let at = |offset_ms: i64| Now::At(window_start + offset_ms * 1000);
     let rules = [(algorithm, false)];
@@ -210,11 +299,21 @@ async fn sliding_window_reproduces_the_limits_example() {
     // "<window index>:<current>:<previous>"): 8 in this minute, 4 in the one before.
     let mut conn = redis.connection();
     let window = window_start / 60_000_000;
-    redis::cmd("SET").arg(&keys[0]).arg(format!("{window}:8:4")).arg("PX").arg(120_000).query::<()>(&mut conn).unwrap();
+    redis::cmd("SET")
+        .arg(&keys[0])
+        .arg(format!("{window}:8:4"))
+        .arg("PX")
+        .arg(120_000)
+        .query::<()>(&mut conn)
+        .unwrap();
     let at_30 = check(at(30_000)).await.unwrap().outcomes[0];
     assert!(!at_30.allowed);
     assert_eq!(at_30.remaining, 0);
-    assert_eq!(at_30.retry_after_ms, Some(1), "⌊4·(60−e)/60⌋ ≤ 1 as soon as e > 30 s");
+    assert_eq!(
+        at_30.retry_after_ms,
+        Some(1),
+        "⌊4·(60−e)/60⌋ ≤ 1 as soon as e > 30 s"
+    );
     let at_40 = check(at(40_000)).await.unwrap().outcomes[0];
     assert!(at_40.allowed, "{at_40:?}");
     assert_eq!(at_40.remaining, 0, "⌊1.33⌋ + 9 = 10: now full");
@@ -232,7 +331,11 @@ async fn concurrent_checks_admit_exactly_the_limit_for_every_algorithm() {
     let ns = format!("conc{}", NAMESPACE.fetch_add(1, Ordering::Relaxed));
     let mut stores = Vec::new();
     for _ in 0..8 {
-        stores.push(Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::new(ns.clone())).await.unwrap());
+        stores.push(
+            Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::new(ns.clone()))
+                .await
+                .unwrap(),
+        );
     }
     admits_exactly_the_limit(&stores).await;
 }
@@ -247,8 +350,14 @@ pub async fn admits_exactly_the_limit(stores: &[Store]) {
             let store = stores[i % stores.len()].clone();
             let (policy, user, rule) = (policy.clone(), user.clone(), rule.clone());
             tasks.spawn(async move {
-                let entry = CheckEntry { rule: &rule, identifier: &user };
-                store.check_and_consume(&policy, &[entry], 1, Now::Redis).await.unwrap()
+                let entry = CheckEntry {
+                    rule: &rule,
+                    identifier: &user,
+                };
+                store
+                    .check_and_consume(&policy, &[entry], 1, Now::Redis)
+                    .await
+                    .unwrap()
             });
         }
         let mut remaining_seen = BTreeMap::new();
@@ -257,12 +366,23 @@ pub async fn admits_exactly_the_limit(stores: &[Store]) {
             let decision = decision.unwrap();
             if decision.allowed {
                 allowed += 1;
-                *remaining_seen.entry(decision.results[0].outcome.remaining).or_insert(0) += 1;
+                *remaining_seen
+                    .entry(decision.results[0].outcome.remaining)
+                    .or_insert(0) += 1;
             }
         }
         assert_eq!(allowed, 100, "{}", algorithm.name());
-        assert_eq!(remaining_seen.len(), 100, "{}: {remaining_seen:?}", algorithm.name());
-        assert!(remaining_seen.iter().all(|(r, n)| *r < 100 && *n == 1), "{}: {remaining_seen:?}", algorithm.name());
+        assert_eq!(
+            remaining_seen.len(),
+            100,
+            "{}: {remaining_seen:?}",
+            algorithm.name()
+        );
+        assert!(
+            remaining_seen.iter().all(|(r, n)| *r < 100 && *n == 1),
+            "{}: {remaining_seen:?}",
+            algorithm.name()
+        );
     }
 }
 
@@ -279,18 +399,32 @@ pub async fn denied_checks_consume_nothing(store: &Store) {
     for algorithm in hundred_without_refill() {
         let policy = name(&format!("cost-{}", algorithm.name().replace('_', "-")));
         let rule = rule("r", algorithm);
-        let entry = [CheckEntry { rule: &rule, identifier: &user }];
+        let entry = [CheckEntry {
+            rule: &rule,
+            identifier: &user,
+        }];
         let mut allowed = 0;
         for _ in 0..20 {
-            if store.check_and_consume(&policy, &entry, 7, Now::Redis).await.unwrap().allowed {
+            if store
+                .check_and_consume(&policy, &entry, 7, Now::Redis)
+                .await
+                .unwrap()
+                .allowed
+            {
                 allowed += 1;
             }
         }
         assert_eq!(allowed, 14, "{}", algorithm.name());
-        let fits = store.check_and_consume(&policy, &entry, 2, Now::Redis).await.unwrap();
+        let fits = store
+            .check_and_consume(&policy, &entry, 2, Now::Redis)
+            .await
+            .unwrap();
         assert!(fits.allowed, "{}: {fits:?}", algorithm.name());
         assert_eq!(fits.results[0].outcome.remaining, 0, "{}", algorithm.name());
-        let over = store.check_and_consume(&policy, &entry, 1, Now::Redis).await.unwrap();
+        let over = store
+            .check_and_consume(&policy, &entry, 1, Now::Redis)
+            .await
+            .unwrap();
         assert!(!over.allowed, "{}", algorithm.name());
     }
 }
@@ -300,35 +434,79 @@ pub async fn denied_checks_consume_nothing(store: &Store) {
 async fn one_denial_consumes_nothing_anywhere() {
     let redis = RedisServer::start();
     let decision = one_denial_consumes_nothing_elsewhere(&store(&redis).await).await;
-    assert!(!decision.refunded, "one round trip on a single Redis: nothing to refund");
+    assert!(
+        !decision.refunded,
+        "one round trip on a single Redis: nothing to refund"
+    );
 }
 
 /// Two identifiers (different slots on a cluster), one strict rule on the second: once it
 /// denies, neither identifier's other rules consume. Returns the last denial.
 pub async fn one_denial_consumes_nothing_elsewhere(store: &Store) -> spillway::domain::Decision {
     let policy = name("api");
-    let per_second = rule("per-second", Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS });
-    let strict = Rule::new(0, "strict", Algorithm::TokenBucket { capacity: 3, refill_tokens: 1, refill_period_ms: LONG_MS }, Some(vec!["user".into()]), false).unwrap();
+    let per_second = rule(
+        "per-second",
+        Algorithm::FixedWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+        },
+    );
+    let strict = Rule::new(
+        0,
+        "strict",
+        Algorithm::TokenBucket {
+            capacity: 3,
+            refill_tokens: 1,
+            refill_period_ms: LONG_MS,
+        },
+        Some(vec!["user".into()]),
+        false,
+    )
+    .unwrap();
     let ip = Identifier::parse("ip=203.0.113.7").unwrap();
     let user = Identifier::parse("user=42").unwrap();
     // The identifier whose rule denies comes last, so on a cluster the first slot has
     // already consumed when the second denies.
     let entries = [
-        CheckEntry { rule: &per_second, identifier: &ip },
-        CheckEntry { rule: &per_second, identifier: &user },
-        CheckEntry { rule: &strict, identifier: &user },
+        CheckEntry {
+            rule: &per_second,
+            identifier: &ip,
+        },
+        CheckEntry {
+            rule: &per_second,
+            identifier: &user,
+        },
+        CheckEntry {
+            rule: &strict,
+            identifier: &user,
+        },
     ];
     for _ in 0..3 {
-        assert!(store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap().allowed);
+        assert!(
+            store
+                .check_and_consume(&policy, &entries, 1, Now::Redis)
+                .await
+                .unwrap()
+                .allowed
+        );
     }
     let mut last = None;
     for _ in 0..5 {
-        let denied = store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap();
+        let denied = store
+            .check_and_consume(&policy, &entries, 1, Now::Redis)
+            .await
+            .unwrap();
         assert!(!denied.allowed);
         let binding = denied.binding().unwrap();
         assert_eq!(binding.rule.as_str(), "strict");
-        assert!(denied.results[0].outcome.allowed, "the other rules would allow");
-        assert_eq!(denied.results[0].outcome.remaining, 97, "…but consumed nothing");
+        assert!(
+            denied.results[0].outcome.allowed,
+            "the other rules would allow"
+        );
+        assert_eq!(
+            denied.results[0].outcome.remaining, 97,
+            "…but consumed nothing"
+        );
         assert_eq!(denied.results[1].outcome.remaining, 97);
         last = Some(denied);
     }
@@ -344,12 +522,36 @@ async fn checks_survive_script_flush() {
     let store = store(&redis).await;
     let policy = name("flush");
     let user = Identifier::parse("user=1").unwrap();
-    let rule = rule("r", Algorithm::FixedWindow { limit: 10, window_ms: LONG_MS });
-    let entry = [CheckEntry { rule: &rule, identifier: &user }];
-    assert_eq!(store.check_and_consume(&policy, &entry, 1, Now::Redis).await.unwrap().results[0].outcome.remaining, 9);
+    let rule = rule(
+        "r",
+        Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: LONG_MS,
+        },
+    );
+    let entry = [CheckEntry {
+        rule: &rule,
+        identifier: &user,
+    }];
+    assert_eq!(
+        store
+            .check_and_consume(&policy, &entry, 1, Now::Redis)
+            .await
+            .unwrap()
+            .results[0]
+            .outcome
+            .remaining,
+        9
+    );
     let mut conn = redis.connection();
-    redis::cmd("SCRIPT").arg("FLUSH").query::<()>(&mut conn).unwrap();
-    let after = store.check_and_consume(&policy, &entry, 1, Now::Redis).await.unwrap();
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut conn)
+        .unwrap();
+    let after = store
+        .check_and_consume(&policy, &entry, 1, Now::Redis)
+        .await
+        .unwrap();
     assert_eq!(after.results[0].outcome.remaining, 8);
 }
 
@@ -362,13 +564,38 @@ async fn every_key_has_a_ttl_after_100k_identifiers() {
     let policy = name("ttl");
     let rules: Vec<Rule> = [
         // Long enough that no key expires (and no window ends) before the count below.
-        Algorithm::FixedWindow { limit: 10, window_ms: LONG_MS },
-        Algorithm::SlidingLog { limit: 10, window_ms: LONG_MS },
-        Algorithm::SlidingWindow { limit: 10, window_ms: LONG_MS },
-        Algorithm::TokenBucket { capacity: 10, refill_tokens: 1, refill_period_ms: LONG_MS },
-        Algorithm::LeakyBucket { capacity: 10, leak_tokens: 1, leak_period_ms: LONG_MS },
-        Algorithm::Gcra { rate: 1, period_ms: LONG_MS, burst: 5 },
-        Algorithm::BucketedWindow { limit: 10, window_ms: LONG_MS, bucket_ms: LONG_MS / 400 },
+        Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: LONG_MS,
+        },
+        Algorithm::SlidingLog {
+            limit: 10,
+            window_ms: LONG_MS,
+        },
+        Algorithm::SlidingWindow {
+            limit: 10,
+            window_ms: LONG_MS,
+        },
+        Algorithm::TokenBucket {
+            capacity: 10,
+            refill_tokens: 1,
+            refill_period_ms: LONG_MS,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 10,
+            leak_tokens: 1,
+            leak_period_ms: LONG_MS,
+        },
+        Algorithm::Gcra {
+            rate: 1,
+            period_ms: LONG_MS,
+            burst: 5,
+        },
+        Algorithm::BucketedWindow {
+            limit: 10,
+            window_ms: LONG_MS,
+            bucket_ms: LONG_MS / 400,
+        },
     ]
     .into_iter()
     .enumerate()
@@ -381,8 +608,20 @@ async fn every_key_has_a_ttl_after_100k_identifiers() {
         tasks.spawn(async move {
             for i in (worker..100_000).step_by(64) {
                 let user = Identifier::parse(&format!("user={i}")).unwrap();
-                let entries: Vec<_> = rules.iter().map(|rule| CheckEntry { rule, identifier: &user }).collect();
-                assert!(store.check_and_consume(&policy, &entries, 1, Now::Redis).await.unwrap().allowed);
+                let entries: Vec<_> = rules
+                    .iter()
+                    .map(|rule| CheckEntry {
+                        rule,
+                        identifier: &user,
+                    })
+                    .collect();
+                assert!(
+                    store
+                        .check_and_consume(&policy, &entries, 1, Now::Redis)
+                        .await
+                        .unwrap()
+                        .allowed
+                );
             }
         });
     }
@@ -393,7 +632,11 @@ async fn every_key_has_a_ttl_after_100k_identifiers() {
     let info: String = redis::cmd("INFO").arg("keyspace").query(&mut conn).unwrap();
     let line = info.lines().find(|l| l.starts_with("db0:")).expect(&info);
     let field = |name: &str| -> u64 {
-        line.split([':', ',']).find_map(|kv| kv.strip_prefix(&format!("{name}="))).unwrap().parse().unwrap()
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .parse()
+            .unwrap()
     };
     assert_eq!(field("keys"), 700_000, "{line}");
     assert_eq!(field("expires"), field("keys"), "{line}");
@@ -413,16 +656,39 @@ fn names_cannot_carry_separators() {
 async fn tricky_values_get_their_own_keys_in_their_own_slot() {
     let redis = RedisServer::start();
     let store = store(&redis).await;
-    let rule = rule("r", Algorithm::FixedWindow { limit: 1, window_ms: LONG_MS });
+    let rule = rule(
+        "r",
+        Algorithm::FixedWindow {
+            limit: 1,
+            window_ms: LONG_MS,
+        },
+    );
     // Identifier values that try to look like another policy's or identifier's key.
-    let cases = [("a", "user=x|y"), ("a", "user=x%7Cy"), ("a", "user=}x{"), ("a", "user=x"), ("b", "user=x|y")];
+    let cases = [
+        ("a", "user=x|y"),
+        ("a", "user=x%7Cy"),
+        ("a", "user=}x{"),
+        ("a", "user=x"),
+        ("b", "user=x|y"),
+    ];
     for (policy, id) in cases {
         let id = Identifier::parse(id).unwrap();
         let decision = store
-            .check_and_consume(&name(policy), &[CheckEntry { rule: &rule, identifier: &id }], 1, Now::Redis)
+            .check_and_consume(
+                &name(policy),
+                &[CheckEntry {
+                    rule: &rule,
+                    identifier: &id,
+                }],
+                1,
+                Now::Redis,
+            )
             .await
             .unwrap();
-        assert!(decision.allowed, "{policy} {id}: a key collided with an earlier case");
+        assert!(
+            decision.allowed,
+            "{policy} {id}: a key collided with an earlier case"
+        );
     }
     let mut conn = redis.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
@@ -433,4 +699,3 @@ async fn tricky_values_get_their_own_keys_in_their_own_slot() {
         assert_eq!(key.matches('}').count(), 1, "{key}");
     }
 }
-

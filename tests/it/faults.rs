@@ -9,7 +9,9 @@ use std::{
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::helpers::{ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{
+    ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with,
+};
 
 /// One answer seen by the load generator.
 #[derive(Clone, Debug)]
@@ -27,14 +29,26 @@ async fn load(app: &TestApp, policy: &str, workers: usize, run_for: Duration) ->
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..workers {
-        let (client, url, samples, policy) = (app.client.clone(), app.url("/api/v1/check"), samples.clone(), policy.to_owned());
+        let (client, url, samples, policy) = (
+            app.client.clone(),
+            app.url("/api/v1/check"),
+            samples.clone(),
+            policy.to_owned(),
+        );
         tasks.spawn(async move {
             let mut i = 0u64;
             while started.elapsed() < run_for {
                 i += 1;
                 let sent = Instant::now();
-                let body = json!({"policy": policy, "identifiers": {"user": format!("w{w}-{}", i % 50)}});
-                let response = client.post(&url).bearer_auth(SERVICE_KEY).json(&body).send().await.unwrap();
+                let body =
+                    json!({"policy": policy, "identifiers": {"user": format!("w{w}-{}", i % 50)}});
+                let response = client
+                    .post(&url)
+                    .bearer_auth(SERVICE_KEY)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
                 let status = response.status().as_u16();
                 let body: Value = response.json().await.unwrap_or(Value::Null);
                 samples.lock().await.push(Sample {
@@ -54,7 +68,10 @@ async fn load(app: &TestApp, policy: &str, workers: usize, run_for: Duration) ->
 
 fn percentile(mut values: Vec<Duration>, p: f64) -> Duration {
     values.sort();
-    values.get(((values.len() as f64 * p) as usize).min(values.len().saturating_sub(1))).copied().unwrap_or_default()
+    values
+        .get(((values.len() as f64 * p) as usize).min(values.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
 }
 
 fn generous() -> Value {
@@ -76,9 +93,14 @@ async fn while_redis_is_down_every_check_answers_within_the_timeout_and_recovers
         down_at
     };
     let started = Instant::now();
-    let (samples, _down_at) = tokio::join!(load(&app, "svc", 8, Duration::from_millis(5000)), killer);
+    let (samples, _down_at) =
+        tokio::join!(load(&app, "svc", 8, Duration::from_millis(5000)), killer);
     let errors: Vec<&Sample> = samples.iter().filter(|s| s.status != 200).collect();
-    assert!(errors.is_empty(), "failure_mode open: only 200s, got {:?}", &errors[..errors.len().min(5)]);
+    assert!(
+        errors.is_empty(),
+        "failure_mode open: only 200s, got {:?}",
+        &errors[..errors.len().min(5)]
+    );
     let degraded: Vec<&Sample> = samples.iter().filter(|s| s.degraded).collect();
     assert!(!degraded.is_empty(), "Redis was down for 1.5 s");
     let slowest = degraded.iter().map(|s| s.latency).max().unwrap();
@@ -91,8 +113,14 @@ async fn while_redis_is_down_every_check_answers_within_the_timeout_and_recovers
         slowest,
         last_degraded.saturating_sub(restarted_at)
     );
-    assert!(slowest <= Duration::from_millis(100), "slowest answer while down: {slowest:?} (timeout 50 ms + 50 ms)");
-    assert!(last_degraded < restarted_at + Duration::from_secs(3), "correct decisions resumed {last_degraded:?} after start");
+    assert!(
+        slowest <= Duration::from_millis(100),
+        "slowest answer while down: {slowest:?} (timeout 50 ms + 50 ms)"
+    );
+    assert!(
+        last_degraded < restarted_at + Duration::from_secs(3),
+        "correct decisions resumed {last_degraded:?} after start"
+    );
     let _ = started;
 }
 
@@ -106,27 +134,64 @@ async fn client_pause_and_script_flush_under_load_show_only_the_failure_mode() {
         let client = redis::Client::open(url).unwrap();
         let mut conn = client.get_multiplexed_async_connection().await.unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let _: () = redis::cmd("CLIENT").arg("PAUSE").arg(2000).arg("ALL").query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(2000)
+            .arg("ALL")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
     };
     let (samples, ()) = tokio::join!(load(&app, "svc", 8, Duration::from_millis(5000)), breaker);
-    assert!(samples.iter().all(|s| s.status == 200), "failure_mode open: only 200s");
+    assert!(
+        samples.iter().all(|s| s.status == 200),
+        "failure_mode open: only 200s"
+    );
     // SCRIPT FLUSH at 0.5 s: nobody notices (the script is loaded again on NOSCRIPT).
-    let before_pause: Vec<&Sample> = samples.iter().filter(|s| s.at < Duration::from_millis(950)).collect();
-    assert!(before_pause.iter().all(|s| !s.degraded), "a SCRIPT FLUSH must not degrade anything");
+    let before_pause: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.at < Duration::from_millis(950))
+        .collect();
+    assert!(
+        before_pause.iter().all(|s| !s.degraded),
+        "a SCRIPT FLUSH must not degrade anything"
+    );
     // CLIENT PAUSE from 1 s to 3 s: degraded answers, each within the timeout + 50 ms.
     let paused: Vec<&Sample> = samples.iter().filter(|s| s.degraded).collect();
     assert!(!paused.is_empty());
     let slowest = paused.iter().map(|s| s.latency).max().unwrap();
-    let mut slow: Vec<&&Sample> = paused.iter().filter(|s| s.latency > Duration::from_millis(100)).collect();
+    let mut slow: Vec<&&Sample> = paused
+        .iter()
+        .filter(|s| s.latency > Duration::from_millis(100))
+        .collect();
     slow.sort_by_key(|s| s.at);
-    eprintln!("slow: {} e.g. {:?}", slow.len(), &slow[..slow.len().min(10)]);
+    eprintln!(
+        "slow: {} e.g. {:?}",
+        slow.len(),
+        &slow[..slow.len().min(10)]
+    );
     // After the pause: p99 back to normal within 1 s.
-    let normal: Vec<Duration> = samples.iter().filter(|s| s.at < Duration::from_millis(950)).map(|s| s.latency).collect();
-    let after: Vec<Duration> = samples.iter().filter(|s| s.at > Duration::from_millis(4000)).map(|s| s.latency).collect();
+    let normal: Vec<Duration> = samples
+        .iter()
+        .filter(|s| s.at < Duration::from_millis(950))
+        .map(|s| s.latency)
+        .collect();
+    let after: Vec<Duration> = samples
+        .iter()
+        .filter(|s| s.at > Duration::from_millis(4000))
+        .map(|s| s.latency)
+        .collect();
     let (p99_normal, p99_after) = (percentile(normal, 0.99), percentile(after.clone(), 0.99));
-    let degraded_after = samples.iter().filter(|s| s.at > Duration::from_millis(4000) && s.degraded).count();
+    let degraded_after = samples
+        .iter()
+        .filter(|s| s.at > Duration::from_millis(4000) && s.degraded)
+        .count();
     println!(
         "pause: {} degraded, slowest {:?}; p99 before {:?}, p99 from 1 s after the pause {:?} ({} checks, {} degraded)",
         paused.len(),
@@ -138,7 +203,10 @@ async fn client_pause_and_script_flush_under_load_show_only_the_failure_mode() {
     );
     assert!(slowest <= Duration::from_millis(100), "{slowest:?}");
     assert_eq!(degraded_after, 0);
-    assert!(p99_after <= p99_normal * 3 + Duration::from_millis(5), "p99 {p99_after:?} vs {p99_normal:?} before");
+    assert!(
+        p99_after <= p99_normal * 3 + Duration::from_millis(5),
+        "p99 {p99_after:?} vs {p99_normal:?} before"
+    );
 }
 
 /// A hot identifier over its limit is answered from memory until its reset, without Redis;
@@ -152,7 +220,12 @@ async fn over_limit_identifiers_are_answered_from_memory_until_reset() {
     a.put_policy("hot", json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 2, "window_ms": 3600000}]})).await;
     let check = |app: &TestApp| {
         let app = app.clone_client();
-        async move { app.check(json!({"policy": "hot", "identifiers": {"user": "abuser"}})).await.status().as_u16() }
+        async move {
+            app.check(json!({"policy": "hot", "identifiers": {"user": "abuser"}}))
+                .await
+                .status()
+                .as_u16()
+        }
     };
     assert_eq!(check(&a).await, 200);
     assert_eq!(check(&a).await, 200);
@@ -168,7 +241,14 @@ async fn over_limit_identifiers_are_answered_from_memory_until_reset() {
         let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
         info.lines()
             .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
             .sum()
     };
     let before = calls(&mut conn);
@@ -176,19 +256,35 @@ async fn over_limit_identifiers_are_answered_from_memory_until_reset() {
         assert_eq!(check(&a).await, 429);
         assert_eq!(check(&b).await, 429);
     }
-    assert_eq!(calls(&mut conn), before, "100 denials answered without a script call");
+    assert_eq!(
+        calls(&mut conn),
+        before,
+        "100 denials answered without a script call"
+    );
 
     // Reset through A: both instances allow again at once.
-    let reset = a.client.delete(a.url("/api/v1/identifiers/user/abuser?policy=hot")).bearer_auth(ADMIN_KEY).send().await.unwrap();
+    let reset = a
+        .client
+        .delete(a.url("/api/v1/identifiers/user/abuser?policy=hot"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(reset.status(), 200);
     assert_eq!(reset.json::<Value>().await.unwrap()["deleted_keys"], 1);
     assert_eq!(check(&a).await, 200);
     let reset_at = Instant::now();
     while check(&b).await != 200 {
-        assert!(reset_at.elapsed() < Duration::from_millis(500), "B still denies from its cache");
+        assert!(
+            reset_at.elapsed() < Duration::from_millis(500),
+            "B still denies from its cache"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    println!("B allowed again {:?} after the reset through A", reset_at.elapsed());
+    println!(
+        "B allowed again {:?} after the reset through A",
+        reset_at.elapsed()
+    );
 }
 
 /// On SIGTERM, requests in flight finish: during the drain every request is answered (with
@@ -204,7 +300,9 @@ async fn sigterm_lets_in_flight_checks_finish() {
     let started = Instant::now();
     let stopper = async move {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let _ = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
     };
     let sender = async {
         let mut tasks = tokio::task::JoinSet::new();
@@ -248,9 +346,19 @@ async fn sigterm_lets_in_flight_checks_finish() {
     };
     let before = tally(&|t| t < close && !near(t));
     let after = tally(&|t| t > close && !near(t));
-    println!("SIGTERM under load: sent before the close {before:?}, after {after:?}, racing it {:?}", tally(&near));
-    assert_eq!(before.keys().copied().collect::<Vec<&str>>(), ["answered"], "{before:?}");
+    println!(
+        "SIGTERM under load: sent before the close {before:?}, after {after:?}, racing it {:?}",
+        tally(&near)
+    );
+    assert_eq!(
+        before.keys().copied().collect::<Vec<&str>>(),
+        ["answered"],
+        "{before:?}"
+    );
     assert!(before["answered"] > 200);
     assert_eq!(after.get("cut off"), None, "{after:?}");
-    assert!(after.get("refused").copied().unwrap_or(0) > 100, "{after:?}");
+    assert!(
+        after.get("refused").copied().unwrap_or(0) > 100,
+        "{after:?}"
+    );
 }

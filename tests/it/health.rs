@@ -26,12 +26,21 @@ async fn readyz_runs_a_script_on_redis() {
         .unwrap()
         .as_micros() as i64;
     let server_us = body["redis"]["server_time_us"].as_i64().unwrap();
-    assert!((server_us - now_us).abs() < 5_000_000, "redis clock {server_us} vs ours {now_us}");
+    assert!(
+        (server_us - now_us).abs() < 5_000_000,
+        "redis clock {server_us} vs ours {now_us}"
+    );
 
     // The probe is a script, so Redis's script cache now holds it.
     let mut conn = redis.connection();
-    let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut conn).unwrap();
-    assert!(stats.contains("cmdstat_evalsha") || stats.contains("cmdstat_eval:"), "{stats}");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        stats.contains("cmdstat_evalsha") || stats.contains("cmdstat_eval:"),
+        "{stats}"
+    );
 }
 
 #[tokio::test]
@@ -41,7 +50,10 @@ async fn readyz_is_503_problem_json_while_redis_is_down_and_recovers() {
     redis.kill();
     let response = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(response.status(), 503);
-    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    assert_eq!(
+        response.headers()["content-type"],
+        "application/problem+json"
+    );
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["status"], 503);
     assert!(body["detail"].as_str().unwrap().contains("Redis"));
@@ -49,11 +61,20 @@ async fn readyz_is_503_problem_json_while_redis_is_down_and_recovers() {
     redis.restart();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let status = app.client.get(app.url("/readyz")).send().await.unwrap().status();
+        let status = app
+            .client
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status();
         if status == 200 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "readyz did not recover: {status}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "readyz did not recover: {status}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
@@ -66,5 +87,8 @@ async fn the_dashboard_renders_on_the_server() {
     assert_eq!(response.status(), 200);
     let html = response.text().await.unwrap();
     assert!(html.contains("<h1>Overview</h1>"), "{html}");
-    assert!(html.contains("Server clock"), "the server function ran during SSR: {html}");
+    assert!(
+        html.contains("Server clock"),
+        "the server function ran during SSR: {html}"
+    );
 }

@@ -11,7 +11,11 @@ use spillway::{config::Config, server, state::AppState};
 
 /// Returns a TCP port nobody is listening on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Waits until a redis-server answers PING on `port`.
@@ -42,7 +46,11 @@ impl RedisServer {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("spillway-it-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut server = Self { port, dir, child: None };
+        let mut server = Self {
+            port,
+            dir,
+            child: None,
+        };
         server.restart();
         server
     }
@@ -82,7 +90,10 @@ impl RedisServer {
 
     /// A plain synchronous connection for inspecting what the app wrote.
     pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
     }
 }
 
@@ -103,7 +114,11 @@ pub struct TestApp {
 impl TestApp {
     /// A client for an app served elsewhere (another process).
     pub fn remote(addr: SocketAddr) -> Self {
-        Self { addr, client: reqwest::Client::new(), shutdown: None }
+        Self {
+            addr,
+            client: reqwest::Client::new(),
+            shutdown: None,
+        }
     }
 
     /// Another handle on the same app (does not stop it when dropped).
@@ -117,7 +132,13 @@ impl TestApp {
 
     /// `POST /api/v1/check` with the service key.
     pub async fn check(&self, body: serde_json::Value) -> reqwest::Response {
-        self.client.post(self.url("/api/v1/check")).bearer_auth(SERVICE_KEY).json(&body).send().await.unwrap()
+        self.client
+            .post(self.url("/api/v1/check"))
+            .bearer_auth(SERVICE_KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
     }
 
     /// `PUT /api/v1/policies/{name}` with the admin key; panics unless it is stored.
@@ -158,9 +179,15 @@ pub async fn spawn_app(redis: &RedisServer) -> TestApp {
 /// Starts the app with extra configuration variables.
 pub async fn spawn_app_with(redis: &RedisServer, extra: &[(&str, &str)]) -> TestApp {
     let url = redis.url();
-    let extra: Vec<(String, String)> = extra.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let extra: Vec<(String, String)> = extra
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     let config = Config::from_lookup(|name| match name {
-        _ if extra.iter().any(|(k, _)| k == name) => extra.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+        _ if extra.iter().any(|(k, _)| k == name) => extra
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone()),
         "REDIS_URL" => Some(url.clone()),
         "SPILLWAY_SERVICE_KEYS" => Some(SERVICE_KEY.into()),
         "SPILLWAY_ADMIN_KEYS" => Some(ADMIN_KEY.into()),
@@ -168,14 +195,20 @@ pub async fn spawn_app_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Test
         _ => None,
     })
     .expect("test configuration is valid");
-    let state = AppState::connect(config).await.expect("connects to the test redis");
+    let state = AppState::connect(config)
+        .await
+        .expect("connects to the test redis");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server::run(listener, state, async {
         let _ = rx.await;
     }));
-    TestApp { addr, client: reqwest::Client::new(), shutdown: Some(tx) }
+    TestApp {
+        addr,
+        client: reqwest::Client::new(),
+        shutdown: Some(tx),
+    }
 }
 
 /// A local Redis Cluster of three masters on free ports, torn down on drop.
@@ -189,14 +222,23 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers, joins them and waits for `cluster_state:ok`.
     pub fn start() -> Self {
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let dir = std::env::temp_dir().join(format!("spillway-cluster-{}-{}", std::process::id(), ports[0]));
+        let dir = std::env::temp_dir().join(format!(
+            "spillway-cluster-{}-{}",
+            std::process::id(),
+            ports[0]
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let children = ports
             .iter()
             .map(|port| {
                 Command::new("redis-server")
                     .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args(["--cluster-enabled", "yes", "--cluster-config-file", &format!("nodes-{port}.conf")])
+                    .args([
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        &format!("nodes-{port}.conf"),
+                    ])
                     .args(["--save", "", "--appendonly", "no"])
                     .arg("--dir")
                     .arg(&dir)
@@ -206,11 +248,19 @@ impl RedisCluster {
                     .expect("redis-server must be installed")
             })
             .collect();
-        let cluster = Self { ports, dir, children };
+        let cluster = Self {
+            ports,
+            dir,
+            children,
+        };
         for port in &cluster.ports {
             wait_for_redis(*port);
         }
-        let nodes: Vec<String> = cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let nodes: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
         let status = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&nodes)
@@ -222,7 +272,10 @@ impl RedisCluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         'wait: while Instant::now() < deadline {
             for port in &cluster.ports {
-                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap().get_connection().unwrap();
+                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
                 let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
                 if !info.contains("cluster_state:ok") {
                     std::thread::sleep(Duration::from_millis(100));
@@ -235,7 +288,10 @@ impl RedisCluster {
     }
 
     pub fn urls(&self) -> Vec<String> {
-        self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect()
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
     }
 }
 
@@ -276,7 +332,10 @@ impl AppProcess {
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "spillway did not start on {addr}");
+            assert!(
+                Instant::now() < deadline,
+                "spillway did not start on {addr}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Self { addr, child }

@@ -10,6 +10,6 @@ mod engine;
 mod faults;
 mod fuzz;
 mod health;
-mod tls;
 mod memory;
 mod openapi;
+mod tls;

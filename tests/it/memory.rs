@@ -15,7 +15,12 @@ const LONG_MS: u64 = 400 * 24 * 3600 * 1000;
 
 fn used_memory(conn: &mut redis::Connection) -> i64 {
     let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
-    info.lines().find_map(|l| l.strip_prefix("used_memory:")).unwrap().trim().parse().unwrap()
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 async fn fill(store: &Store, algorithm: Algorithm, identifiers: usize, checks_each: usize) {
@@ -29,8 +34,14 @@ async fn fill(store: &Store, algorithm: Algorithm, identifiers: usize, checks_ea
             for i in (worker..identifiers).step_by(32) {
                 let id = Identifier::new("user", &(100_000_000 + i).to_string()).unwrap();
                 for _ in 0..checks_each {
-                    let entry = CheckEntry { rule: &rule, identifier: &id };
-                    store.check_and_consume(&policy, &[entry], 1, Now::Redis).await.unwrap();
+                    let entry = CheckEntry {
+                        rule: &rule,
+                        identifier: &id,
+                    };
+                    store
+                        .check_and_consume(&policy, &[entry], 1, Now::Redis)
+                        .await
+                        .unwrap();
                 }
             }
         });
@@ -44,17 +55,44 @@ async fn fill(store: &Store, algorithm: Algorithm, identifiers: usize, checks_ea
 #[ignore = "a measurement: run on demand"]
 async fn memory_per_identifier() {
     let redis = RedisServer::start();
-    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::default()).await.unwrap();
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::default())
+        .await
+        .unwrap();
     let mut conn = redis.connection();
     let n = 100_000;
     let algorithms = [
-        Algorithm::FixedWindow { limit: 100, window_ms: LONG_MS },
-        Algorithm::SlidingWindow { limit: 100, window_ms: LONG_MS },
-        Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period_ms: LONG_MS },
-        Algorithm::LeakyBucket { capacity: 100, leak_tokens: 1, leak_period_ms: LONG_MS },
-        Algorithm::Gcra { rate: 1, period_ms: LONG_MS, burst: 99 },
-        Algorithm::BucketedWindow { limit: 100, window_ms: LONG_MS, bucket_ms: LONG_MS / 60 },
-        Algorithm::SlidingLog { limit: 1000, window_ms: LONG_MS },
+        Algorithm::FixedWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+        },
+        Algorithm::SlidingWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+        },
+        Algorithm::TokenBucket {
+            capacity: 100,
+            refill_tokens: 1,
+            refill_period_ms: LONG_MS,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 100,
+            leak_tokens: 1,
+            leak_period_ms: LONG_MS,
+        },
+        Algorithm::Gcra {
+            rate: 1,
+            period_ms: LONG_MS,
+            burst: 99,
+        },
+        Algorithm::BucketedWindow {
+            limit: 100,
+            window_ms: LONG_MS,
+            bucket_ms: LONG_MS / 60,
+        },
+        Algorithm::SlidingLog {
+            limit: 1000,
+            window_ms: LONG_MS,
+        },
     ];
     println!("\n| algorithm | bytes per identifier ({n} identifiers, 1 check each) |\n|---|---|");
     for algorithm in algorithms {
@@ -69,9 +107,27 @@ async fn memory_per_identifier() {
         let ids = 1000;
         redis::cmd("FLUSHALL").query::<()>(&mut conn).unwrap();
         let base = used_memory(&mut conn);
-        fill(&store, Algorithm::SlidingLog { limit: 1000, window_ms: LONG_MS }, ids, 1).await;
+        fill(
+            &store,
+            Algorithm::SlidingLog {
+                limit: 1000,
+                window_ms: LONG_MS,
+            },
+            ids,
+            1,
+        )
+        .await;
         let one = used_memory(&mut conn);
-        fill(&store, Algorithm::SlidingLog { limit: 1000, window_ms: LONG_MS }, ids, entries - 1).await;
+        fill(
+            &store,
+            Algorithm::SlidingLog {
+                limit: 1000,
+                window_ms: LONG_MS,
+            },
+            ids,
+            entries - 1,
+        )
+        .await;
         let many = used_memory(&mut conn);
         println!(
             "| sliding_log, per entry at {entries} entries | {} (first entry with its key: {}) |",

@@ -45,28 +45,54 @@ fn refs(value: &Value, out: &mut Vec<String>) {
 async fn the_document_lists_exactly_the_routes_served_and_its_refs_resolve() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
-    let doc: Value = app.client.get(app.url("/api/openapi.json")).send().await.unwrap().json().await.unwrap();
+    let doc: Value = app
+        .client
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
         .unwrap()
         .iter()
-        .flat_map(|(path, ops)| ops.as_object().unwrap().keys().map(move |m| (m.clone(), path.clone())))
+        .flat_map(|(path, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), path.clone()))
+        })
         .collect();
-    let expected: BTreeSet<(String, String)> = ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect();
+    let expected: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
     assert_eq!(documented, expected);
 
     let mut all = Vec::new();
     refs(&doc, &mut all);
     assert!(!all.is_empty());
     for r in all {
-        let name = r.strip_prefix("#/components/schemas/").unwrap_or_else(|| panic!("{r}"));
-        assert!(doc["components"]["schemas"].get(name).is_some(), "dangling {r}");
+        let name = r
+            .strip_prefix("#/components/schemas/")
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(
+            doc["components"]["schemas"].get(name).is_some(),
+            "dangling {r}"
+        );
     }
 
     // Every documented route is served: none answers 404 for the route itself or 405.
     for (method, path) in ROUTES {
-        let url = app.url(&path.replace("{name}", "demo").replace("{dimension}", "user").replace("{value}", "42"));
+        let url = app.url(
+            &path
+                .replace("{name}", "demo")
+                .replace("{dimension}", "user")
+                .replace("{value}", "42"),
+        );
         let request = match *method {
             "get" => app.client.get(&url),
             "post" => app.client.post(&url),
@@ -74,12 +100,21 @@ async fn the_document_lists_exactly_the_routes_served_and_its_refs_resolve() {
             "delete" => app.client.delete(&url),
             _ => unreachable!(),
         };
-        let response = request.bearer_auth(ADMIN_KEY).header("content-type", "application/json").body("{}").send().await.unwrap();
+        let response = request
+            .bearer_auth(ADMIN_KEY)
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
         let status = response.status().as_u16();
         assert_ne!(status, 405, "{method} {path}");
         if status == 404 {
             let body: Value = response.json().await.unwrap_or(Value::Null);
-            assert_eq!(body["title"], "Unknown policy", "{method} {path} is not routed");
+            assert_eq!(
+                body["title"], "Unknown policy",
+                "{method} {path} is not routed"
+            );
         }
     }
 }

@@ -11,16 +11,71 @@ use serde_json::json;
 use crate::helpers::{RedisServer, free_port, spawn_app_with};
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let status = Command::new("openssl").args(args).current_dir(dir).stderr(Stdio::null()).status().expect("openssl is installed");
+    let status = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl is installed");
     assert!(status.success(), "openssl {args:?}");
 }
 
 /// A CA and a server certificate for 127.0.0.1, in `dir`.
 fn make_certificates(dir: &Path) {
-    openssl(dir, &["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=spillway-test-ca"]);
-    openssl(dir, &["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"]);
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=spillway-test-ca",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    );
     std::fs::write(dir.join("ext"), "subjectAltName=DNS:localhost,IP:127.0.0.1").unwrap();
-    openssl(dir, &["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "ext"]);
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
 }
 
 struct TlsRedis(Child);
@@ -41,9 +96,30 @@ async fn checks_work_over_tls_with_a_private_ca() {
     let port = free_port();
     let _server = TlsRedis(
         Command::new("redis-server")
-            .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--tls-cert-file", "server.crt", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.crt"])
-            .args(["--tls-auth-clients", "no", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .args([
+                "--tls-cert-file",
+                "server.crt",
+                "--tls-key-file",
+                "server.key",
+                "--tls-ca-cert-file",
+                "ca.crt",
+            ])
+            .args([
+                "--tls-auth-clients",
+                "no",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .current_dir(&dir)
             .stdout(Stdio::null())
             .spawn()
@@ -56,10 +132,17 @@ async fn checks_work_over_tls_with_a_private_ca() {
     }
     let url = format!("rediss://127.0.0.1:{port}");
     let ca = dir.join("ca.crt");
-    let app = spawn_app_with(&plain, &[("REDIS_URL", &url), ("REDIS_CA_CERT", ca.to_str().unwrap())]).await;
+    let app = spawn_app_with(
+        &plain,
+        &[("REDIS_URL", &url), ("REDIS_CA_CERT", ca.to_str().unwrap())],
+    )
+    .await;
     app.put_policy("tls", json!({"rules": [{"name": "r", "algorithm": "gcra", "rate": 1, "period_ms": 60000, "burst": 1}]})).await;
     for expected in [200, 200, 429] {
-        let status = app.check(json!({"policy": "tls", "identifiers": {"user": "1"}})).await.status();
+        let status = app
+            .check(json!({"policy": "tls", "identifiers": {"user": "1"}}))
+            .await
+            .status();
         assert_eq!(status, expected);
     }
     // The plain server saw nothing: everything went over TLS.
@@ -68,7 +151,16 @@ async fn checks_work_over_tls_with_a_private_ca() {
     assert!(keys.is_empty(), "{keys:?}");
 
     // Without the CA, the certificate is not trusted and nothing connects.
-    let untrusted = spillway::store::Store::connect_tls(&url, None, Duration::from_secs(2), spillway::store::Keys::default()).await;
-    assert!(untrusted.is_err(), "a certificate from an unknown CA was accepted");
+    let untrusted = spillway::store::Store::connect_tls(
+        &url,
+        None,
+        Duration::from_secs(2),
+        spillway::store::Keys::default(),
+    )
+    .await;
+    assert!(
+        untrusted.is_err(),
+        "a certificate from an unknown CA was accepted"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
