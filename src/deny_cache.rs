@@ -52,17 +52,19 @@ impl DenyCache {
             return None;
         }
         for (rule, identifier) in entries {
-            if let Some(e) = map.get(&key(policy.name.as_str(), rule, identifier)) {
-                if e.until > now && e.version == policy.version && cost >= e.cost {
-                    let mut result = e.result.clone();
-                    let left = |t: Instant| t.saturating_duration_since(now).as_millis() as u64;
-                    result.outcome = Outcome {
-                        retry_after_ms: Some(left(e.until).max(1)),
-                        reset_ms: left(e.reset_at),
-                        ..result.outcome
-                    };
-                    return Some(Decision::new(vec![result]));
-                }
+            if let Some(e) = map.get(&key(policy.name.as_str(), rule, identifier))
+                && e.until > now
+                && e.version == policy.version
+                && cost >= e.cost
+            {
+                let mut result = e.result.clone();
+                let left = |t: Instant| t.saturating_duration_since(now).as_millis() as u64;
+                result.outcome = Outcome {
+                    retry_after_ms: Some(left(e.until).max(1)),
+                    reset_ms: left(e.reset_at),
+                    ..result.outcome
+                };
+                return Some(Decision::new(vec![result]));
             }
         }
         None
@@ -124,13 +126,5 @@ impl DenyCache {
             let policy = k.split('\u{0}').next().unwrap_or_default();
             !policies.is_none_or(|ps| ps.iter().any(|p| p == policy))
         });
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.lock().expect("deny cache lock").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }

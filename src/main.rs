@@ -5,7 +5,7 @@ use spillway::{
     cli::{self, Command},
     config::Config,
     server,
-    state::AppState,
+    state::{self, AppState},
     store::Store,
 };
 
@@ -62,16 +62,9 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn connect(config: &Config) -> anyhow::Result<Store> {
+    // The command line is not on the hot path: give Redis longer than the check timeout.
     let timeout = config.redis_timeout.max(std::time::Duration::from_secs(5));
-    let store = if config.redis_cluster_urls.is_empty() {
-        Store::connect(&config.redis_url, timeout).await
-    } else {
-        Store::connect_cluster(
-            &config.redis_cluster_urls,
-            timeout,
-            spillway::store::Keys::default(),
-        )
+    state::connect_store(config, timeout)
         .await
-    };
-    store.context("connecting to Redis")
+        .context("connecting to Redis")
 }

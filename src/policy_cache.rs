@@ -106,10 +106,8 @@ impl PolicyCache {
                             cache.generation_moved(&store).await
                         }
                     };
-                    if changed {
-                        if let Err(error) = cache.reload(&store).await {
-                            tracing::warn!(%error, "reloading policies failed");
-                        }
+                    if changed && let Err(error) = cache.reload(&store).await {
+                        tracing::warn!(%error, "reloading policies failed");
                     }
                     if events.is_none() && store.is_single() {
                         break; // try to subscribe again

@@ -36,7 +36,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::GATEWAY_TIMEOUT,
-            Duration::from_secs(10),
+            state.request_timeout,
         ))
         .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::map_response(close_while_draining))

@@ -29,6 +29,8 @@ pub struct AppState {
     pub denials: DenyCache,
     pub keys: Arc<ApiKeys>,
     pub forward_auth: Arc<ForwardAuth>,
+    /// Longest time any HTTP request may take.
+    pub request_timeout: std::time::Duration,
 }
 
 impl AppState {
@@ -36,26 +38,11 @@ impl AppState {
     /// first start) and starts keeping them fresh. Starts even when Redis is down: checks
     /// then answer by failure mode, and the policies load once Redis is back.
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
-        let store = if config.redis_cluster_urls.is_empty() {
-            let ca = match &config.redis_ca_cert {
-                Some(path) => Some(std::fs::read(path).map_err(|e| {
-                    StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display()))
-                })?),
-                None => None,
-            };
-            Store::connect_tls(&config.redis_url, ca, config.redis_timeout, Keys::default()).await?
-        } else {
-            Store::connect_cluster(
-                &config.redis_cluster_urls,
-                config.redis_timeout,
-                Keys::default(),
-            )
-            .await?
-        };
-        if config.seed_demo {
-            if let Err(error) = crate::api::seed_demo_policy(&store).await {
-                tracing::warn!(%error, "could not seed the demo policy");
-            }
+        let store = connect_store(&config, config.redis_timeout).await?;
+        if config.seed_demo
+            && let Err(error) = crate::api::seed_demo_policy(&store).await
+        {
+            tracing::warn!(%error, "could not seed the demo policy");
         }
         let policies = PolicyCache::default();
         if let Err(error) = policies.reload(&store).await {
@@ -72,12 +59,32 @@ impl AppState {
                 config.service_keys.iter().map(String::as_str),
                 config.admin_keys.iter().map(String::as_str),
             )),
+            request_timeout: config.request_timeout,
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,
             }),
         })
     }
+}
+
+/// The Redis the configuration names: a cluster, or one server (with a private CA for
+/// `rediss://` when `REDIS_CA_CERT` is set). The server and the command line both connect here.
+pub async fn connect_store(
+    config: &Config,
+    timeout: std::time::Duration,
+) -> Result<Store, StoreError> {
+    if !config.redis_cluster_urls.is_empty() {
+        return Store::connect_cluster(&config.redis_cluster_urls, timeout, Keys::default()).await;
+    }
+    let ca = match &config.redis_ca_cert {
+        Some(path) => Some(
+            std::fs::read(path)
+                .map_err(|e| StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    Store::connect_tls(&config.redis_url, ca, timeout, Keys::default()).await
 }
 
 impl FromRef<AppState> for LeptosOptions {

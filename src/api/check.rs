@@ -1,7 +1,7 @@
 //! The check endpoints services call on every request: `POST /api/v1/check`,
 //! `POST /api/v1/check/batch` and `GET /api/v1/forward-auth`.
 
-use std::{collections::BTreeMap, time::SystemTime};
+use std::time::SystemTime;
 
 use axum::{
     Json,
@@ -312,13 +312,13 @@ fn answer(
         results,
     };
     let mut headers = rate_limit_headers(policy, decision);
-    if status != StatusCode::OK {
-        if let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms) {
-            headers.insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(retry.div_ceil(1000).max(1)),
-            );
-        }
+    if status != StatusCode::OK
+        && let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms)
+    {
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(retry.div_ceil(1000).max(1)),
+        );
     }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     CheckAnswer {
@@ -340,14 +340,7 @@ pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
             continue;
         }
         seen.push(r.rule.as_str());
-        let Some(rule) = policy.rules.iter().find(|x| x.name == r.rule).or_else(|| {
-            policy.overrides.iter().find_map(|o| match &o.action {
-                crate::domain::overrides::Action::Rules(rules) => {
-                    rules.iter().find(|x| x.name == r.rule)
-                }
-                _ => None,
-            })
-        }) else {
+        let Some(rule) = policy.all_rules().find(|x| x.name == r.rule) else {
             continue;
         };
         let Ok(name) = sfv::StringRef::from_str(rule.name.as_str()) else {
@@ -363,18 +356,18 @@ pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
     if let Some(value) = list.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
         headers.insert(HeaderName::from_static("ratelimit-policy"), value);
     }
-    if let Some(b) = decision.binding() {
-        if let Ok(name) = sfv::StringRef::from_str(b.rule.as_str()) {
-            let mut item = sfv::ListSerializer::new();
-            item.bare_item(name)
-                .parameter(sfv::KeyRef::constant("r"), integer(b.outcome.remaining))
-                .parameter(
-                    sfv::KeyRef::constant("t"),
-                    integer(b.outcome.reset_ms.div_ceil(1000)),
-                );
-            if let Some(value) = item.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
-                headers.insert(HeaderName::from_static("ratelimit"), value);
-            }
+    if let Some(b) = decision.binding()
+        && let Ok(name) = sfv::StringRef::from_str(b.rule.as_str())
+    {
+        let mut item = sfv::ListSerializer::new();
+        item.bare_item(name)
+            .parameter(sfv::KeyRef::constant("r"), integer(b.outcome.remaining))
+            .parameter(
+                sfv::KeyRef::constant("t"),
+                integer(b.outcome.reset_ms.div_ceil(1000)),
+            );
+        if let Some(value) = item.finish().and_then(|v| HeaderValue::from_str(&v).ok()) {
+            headers.insert(HeaderName::from_static("ratelimit"), value);
         }
     }
     headers
@@ -437,6 +430,8 @@ pub async fn batch_handler(
     Ok(Json(json!({ "results": results })))
 }
 
+/// Query of forward-auth. Both are strings so that parsing the query never fails before
+/// our own field-named errors can answer.
 #[derive(Deserialize)]
 pub struct ForwardAuthQuery {
     policy: Option<String>,
@@ -452,7 +447,7 @@ pub struct ForwardAuthQuery {
     (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub async fn forward_auth_handler(
     State(state): State<AppState>,
-    Query(query): Query<BTreeMap<String, String>>,
+    Query(query): Query<ForwardAuthQuery>,
     headers: HeaderMap,
 ) -> Result<CheckAnswer, ApiError> {
     let key_ok = state
@@ -471,10 +466,6 @@ pub async fn forward_auth_handler(
     if !key_ok {
         return Err(ApiError::Unauthorized);
     }
-    let query = ForwardAuthQuery {
-        policy: query.get("policy").cloned(),
-        cost: query.get("cost").cloned(),
-    };
     let policy = query
         .policy
         .ok_or_else(|| ApiError::bad("policy", "is required as a query parameter"))?;

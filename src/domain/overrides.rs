@@ -30,10 +30,10 @@ impl Pattern {
         if raw.contains('*') {
             return Ok(Pattern::Wildcard(raw.to_owned()));
         }
-        if raw.contains('/') {
-            if let Ok(net) = raw.parse::<IpNet>() {
-                return Ok(Pattern::Cidr(net.trunc()));
-            }
+        if raw.contains('/')
+            && let Ok(net) = raw.parse::<IpNet>()
+        {
+            return Ok(Pattern::Cidr(net.trunc()));
         }
         Ok(Pattern::Exact(raw.to_owned()))
     }

@@ -67,13 +67,13 @@ impl Policy {
                 "overrides",
             ],
         )?;
-        if let Some(given) = obj.get("name") {
-            if given.as_str() != Some(name.as_str()) {
-                return Err(PolicyError::field(
-                    "name",
-                    format!("does not match the policy in the path ({name})"),
-                ));
-            }
+        if let Some(given) = obj.get("name")
+            && given.as_str() != Some(name.as_str())
+        {
+            return Err(PolicyError::field(
+                "name",
+                format!("does not match the policy in the path ({name})"),
+            ));
         }
         let description = match obj.get("description") {
             None | Some(Value::Null) => String::new(),
@@ -118,6 +118,16 @@ impl Policy {
             rules,
             overrides,
         })
+    }
+
+    /// Every rule that can hold state for this policy: its own and those of its overrides.
+    pub fn all_rules(&self) -> impl Iterator<Item = &Rule> {
+        self.rules
+            .iter()
+            .chain(self.overrides.iter().flat_map(|o| match &o.action {
+                super::overrides::Action::Rules(rules) => rules.as_slice(),
+                _ => &[],
+            }))
     }
 
     /// The rules that apply to `identifier` at `now_ms`: the policy's, or the ones of the

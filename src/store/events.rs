@@ -41,10 +41,10 @@ impl Store {
                 } else {
                     parse_reset(&payload)
                 };
-                if let Some(event) = event {
-                    if tx.send(event).await.is_err() {
-                        break;
-                    }
+                if let Some(event) = event
+                    && tx.send(event).await.is_err()
+                {
+                    break;
                 }
             }
         });
@@ -62,14 +62,8 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for policy in policies {
-            let rules = policy
-                .rules
-                .iter()
-                .chain(policy.overrides.iter().flat_map(|o| match &o.action {
-                    crate::domain::overrides::Action::Rules(rules) => rules.as_slice(),
-                    _ => &[],
-                }));
-            let keys: Vec<String> = rules
+            let keys: Vec<String> = policy
+                .all_rules()
                 .filter(|r| rule.is_none_or(|name| &r.name == name))
                 .map(|r| {
                     self.keys

@@ -311,32 +311,39 @@ impl Store {
                     None => groups.push((e.identifier, vec![i])),
                 }
             }
+            // Each group's keys and rules, in the order of its members.
+            let groups: Vec<SlotGroup> = groups
+                .into_iter()
+                .map(|(_, members)| {
+                    let group_keys = members.iter().map(|&i| keys[i].clone()).collect();
+                    let group_rules = members.iter().map(|&i| rules[i]).collect();
+                    (members, group_keys, group_rules)
+                })
+                .collect();
             let mut slots: Vec<Option<Outcome>> = vec![None; entries.len()];
-            let mut committed: Vec<(Vec<String>, Vec<(Algorithm, bool)>, i64, Vec<usize>)> =
-                Vec::new();
+            // Groups that consumed, with the time their script used (for the refund).
+            let mut committed: Vec<(usize, i64)> = Vec::new();
             let mut denied = false;
-            for (_, members) in &groups {
-                let group_keys: Vec<String> = members.iter().map(|&i| keys[i].clone()).collect();
-                let group_rules: Vec<(Algorithm, bool)> =
-                    members.iter().map(|&i| rules[i]).collect();
+            for (g, (members, group_keys, group_rules)) in groups.iter().enumerate() {
                 let mode = if denied { Mode::Denied } else { Mode::Check };
                 let reply = self
-                    .run_script(&group_keys, &group_rules, cost, now, mode)
+                    .run_script(group_keys, group_rules, cost, now, mode)
                     .await?;
                 if mode == Mode::Check && !reply.allowed {
                     denied = true;
                 }
                 if mode == Mode::Check && reply.allowed && cost > 0 {
-                    committed.push((group_keys, group_rules, reply.now_us, members.clone()));
+                    committed.push((g, reply.now_us));
                 }
                 for (&i, outcome) in members.iter().zip(reply.outcomes) {
                     slots[i] = Some(outcome);
                 }
             }
             if denied {
-                for (group_keys, group_rules, at, members) in committed {
+                for (g, at) in committed {
+                    let (members, group_keys, group_rules) = &groups[g];
                     let reply = self
-                        .run_script(&group_keys, &group_rules, cost, Now::At(at), Mode::Refund)
+                        .run_script(group_keys, group_rules, cost, Now::At(at), Mode::Refund)
                         .await?;
                     for (&i, outcome) in members.iter().zip(reply.outcomes) {
                         slots[i] = Some(outcome);
@@ -432,6 +439,10 @@ impl Store {
         result
     }
 }
+
+/// On a cluster, the entries of one identifier (one slot): their indexes in the check, their
+/// keys and their rules.
+type SlotGroup = (Vec<usize>, Vec<String>, Vec<(Algorithm, bool)>);
 
 /// The three numeric parameters each algorithm takes in ARGV, in its file's order.
 fn params(algorithm: &Algorithm) -> (u64, u64, u64) {
