@@ -38,6 +38,10 @@ pub struct Config {
     pub shutdown_drain: Duration,
     /// Whether to create the demo policy when no policy exists (`SPILLWAY_SEED_DEMO`).
     pub seed_demo: bool,
+    /// Session timeouts (`SPILLWAY_SESSION_IDLE_MS`, default 30 min;
+    /// `SPILLWAY_SESSION_ABSOLUTE_MS`, default 12 h) and `SPILLWAY_SECURE_COOKIES=1` to mark
+    /// cookies Secure even without `X-Forwarded-Proto: https`.
+    pub sessions: crate::auth::session::SessionSettings,
 }
 
 /// How log lines are written.
@@ -159,7 +163,16 @@ impl Config {
             lookup("SPILLWAY_SEED_DEMO").as_deref(),
             Some("0" | "false" | "no")
         );
+        let sessions = crate::auth::session::SessionSettings {
+            idle: millis(&lookup, "SPILLWAY_SESSION_IDLE_MS", 30 * 60 * 1000)?,
+            absolute: millis(&lookup, "SPILLWAY_SESSION_ABSOLUTE_MS", 12 * 3600 * 1000)?,
+            secure_cookies: matches!(
+                lookup("SPILLWAY_SECURE_COOKIES").as_deref(),
+                Some("1" | "true" | "yes")
+            ),
+        };
         Ok(Self {
+            sessions,
             service_keys,
             admin_keys,
             forward_auth_identifiers,

@@ -6,6 +6,8 @@
 //! and algorithm models.
 
 pub mod app;
+#[cfg(feature = "ssr")]
+pub mod audit;
 pub mod domain;
 
 #[cfg(feature = "ssr")]

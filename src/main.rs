@@ -50,6 +50,10 @@ async fn main() -> anyhow::Result<()> {
                 None => print!("{text}"),
             }
         }
+        Command::People(command) => {
+            let store = connect(&config).await?;
+            print!("{}", cli::people_command(&store, command).await?);
+        }
         Command::Import { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;

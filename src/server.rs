@@ -7,7 +7,7 @@ use std::{
 };
 
 use axum::Router;
-use leptos::prelude::provide_context;
+use leptos::prelude::{provide_context, use_context};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
 use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
@@ -15,6 +15,7 @@ use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
 use crate::{
     api,
     app::{App, shell},
+    auth,
     config::{Config, LogFormat},
     state::AppState,
 };
@@ -23,17 +24,22 @@ use crate::{
 pub fn router(state: AppState) -> Router {
     crate::metrics::handle();
     let routes = generate_route_list(App);
-    let context_store = state.store.clone();
+    let context_state = state.clone();
     let leptos_options = state.leptos_options.clone();
     Router::new()
         .merge(api::router())
+        .merge(auth::login::router())
         .leptos_routes_with_context(
             &state,
             routes,
-            move || provide_context(context_store.clone()),
+            move || provide_server_context(&context_state),
             move || shell(leptos_options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::session::middleware,
+        ))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::GATEWAY_TIMEOUT,
             state.request_timeout,
@@ -41,6 +47,18 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::map_response(close_while_draining))
         .with_state(state)
+}
+
+/// What pages and server functions reach through Leptos's context: the store and the whole
+/// state, and this response's CSP nonce (the one the session middleware put in the header).
+fn provide_server_context(state: &AppState) {
+    provide_context(state.store.clone());
+    provide_context(state.clone());
+    if let Some(parts) = use_context::<axum::http::request::Parts>()
+        && let Some(nonce) = parts.extensions.get::<auth::session::CspNonce>()
+    {
+        provide_context(leptos::nonce::Nonce::from_value(nonce.0.clone()));
+    }
 }
 
 /// Set once a shutdown signal arrived: the instance still answers, but tells clients to

@@ -6,7 +6,7 @@ use axum::extract::FromRef;
 use leptos::config::LeptosOptions;
 
 use crate::{
-    auth::ApiKeys,
+    auth::{ApiKeys, session::SessionSettings},
     config::Config,
     deny_cache::DenyCache,
     policy_cache::PolicyCache,
@@ -28,6 +28,7 @@ pub struct AppState {
     pub policies: PolicyCache,
     pub denials: DenyCache,
     pub keys: Arc<ApiKeys>,
+    pub sessions: SessionSettings,
     pub forward_auth: Arc<ForwardAuth>,
     /// Longest time any HTTP request may take.
     pub request_timeout: std::time::Duration,
@@ -50,15 +51,32 @@ impl AppState {
         }
         let denials = DenyCache::default();
         policies.spawn_refresher(store.clone(), denials.clone());
+        match ensure_first_admin(&store).await {
+            Ok(Some((user, password))) => {
+                // Printed once, to the terminal only: never logged.
+                println!(
+                    "\n  First start: created the admin user {user:?} with password\n\n      {password}\n\n  Sign in at the dashboard and keep it safe; it is not shown again.\n  Change it with `spillway user set-password {user}`.\n"
+                );
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "could not check for a first admin"),
+        }
+        let keys = ApiKeys::new(
+            config.service_keys.iter().map(String::as_str),
+            config.admin_keys.iter().map(String::as_str),
+        );
+        if let Err(error) = keys.reload(&store).await {
+            tracing::warn!(%error, "stored API keys not loaded yet");
+        }
+        keys.spawn_refresher(store.clone());
+        tokio::task::spawn_blocking(crate::auth::password::warm_up);
         Ok(Self {
             leptos_options: config.leptos_options,
             store,
             policies,
             denials,
-            keys: Arc::new(ApiKeys::new(
-                config.service_keys.iter().map(String::as_str),
-                config.admin_keys.iter().map(String::as_str),
-            )),
+            keys: Arc::new(keys),
+            sessions: config.sessions,
             request_timeout: config.request_timeout,
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
@@ -85,6 +103,47 @@ pub async fn connect_store(
         None => None,
     };
     Store::connect_tls(&config.redis_url, ca, timeout, Keys::default()).await
+}
+
+/// Creates the user `admin` with a random password when there are no users at all;
+/// returns the name and password to show once. Several instances starting together create
+/// it once (HSETNX).
+pub async fn ensure_first_admin(store: &Store) -> Result<Option<(String, String)>, StoreError> {
+    use crate::{
+        domain::people::{Role, Username},
+        store::people::UserRecord,
+    };
+    if !store.list_users().await?.is_empty() {
+        return Ok(None);
+    }
+    let password = crate::auth::password::generate_password();
+    let user = UserRecord {
+        username: Username::parse("admin").expect("a valid name"),
+        role: Role::Admin,
+        password_hash: crate::auth::password::hash(password.clone()).await,
+        created_at_ms: crate::auth::keys::now_ms(),
+    };
+    if store.add_user(&user).await? {
+        let _ = crate::audit::Actor {
+            name: "system".into(),
+            role: "system".into(),
+            ip: String::new(),
+        }
+        .record(
+            store,
+            crate::audit::Change {
+                action: "user.add",
+                target: "admin",
+                after: serde_json::json!({ "username": "admin", "role": "admin" }).to_string(),
+                reason: "first start",
+                ..Default::default()
+            },
+        )
+        .await;
+        Ok(Some(("admin".into(), password)))
+    } else {
+        Ok(None)
+    }
 }
 
 impl FromRef<AppState> for LeptosOptions {

@@ -452,7 +452,7 @@ pub async fn forward_auth_handler(
 ) -> Result<CheckAnswer, ApiError> {
     let key_ok = state
         .keys
-        .role_of_bearer(
+        .caller_of_bearer(
             headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok()),
@@ -461,7 +461,7 @@ pub async fn forward_auth_handler(
         || headers
             .get("x-spillway-key")
             .and_then(|v| v.to_str().ok())
-            .and_then(|k| state.keys.role_of(k))
+            .and_then(|k| state.keys.caller_of(k))
             .is_some();
     if !key_ok {
         return Err(ApiError::Unauthorized);

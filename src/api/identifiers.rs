@@ -1,17 +1,20 @@
 //! The admin JSON API for identifiers: the live state of every rule of every policy for one
 //! identifier, and resetting it (all policies, one policy, or one rule).
 
+use std::net::SocketAddr;
+
 use axum::{
     Json, Router,
-    extract::{Path, Query, State},
+    extract::{ConnectInfo, Path, Query, State},
     http::HeaderMap,
     routing::get,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_key};
+use super::{ApiError, key_actor, require_key};
 use crate::{
+    audit::Change,
     auth::KeyRole,
     domain::{Identifier, Name, RulesFor},
     state::AppState,
@@ -37,6 +40,9 @@ pub(super) struct ResetQuery {
     /// Only this rule (needs `policy`).
     #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     rule: Option<String>,
+    /// Why (kept in the audit log).
+    #[param(max_length = 500)]
+    reason: Option<String>,
 }
 
 /// Live state of every rule of every policy that applies to the identifier (a peek: nothing
@@ -98,11 +104,16 @@ pub(super) async fn inspect(
     responses((status = 200, description = "How many keys were deleted"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn reset(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path((dimension, value)): Path<(String, String)>,
     Query(query): Query<ResetQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    let caller = require_key(&state, &headers, KeyRole::Admin)?;
+    let reason = query.reason.as_deref().unwrap_or("").trim();
+    if reason.chars().count() > 500 {
+        return Err(ApiError::bad("reason", "must be at most 500 characters"));
+    }
     let id = identifier(&dimension, &value)?;
     let rule = match &query.rule {
         None => None,
@@ -134,6 +145,19 @@ pub(super) async fn reset(
     state
         .denials
         .invalidate(query.policy.is_some().then_some(names.as_slice()), &id);
+    let scope = json!({ "policies": names, "rule": query.rule, "deleted_keys": deleted });
+    let _ = key_actor(&caller, addr)
+        .record(
+            &state.store,
+            Change {
+                action: "identifier.reset",
+                target: &id.to_string(),
+                before: String::new(),
+                after: scope.to_string(),
+                reason,
+            },
+        )
+        .await;
     Ok(Json(
         json!({ "identifier": id.to_string(), "policies": names, "deleted_keys": deleted }),
     ))

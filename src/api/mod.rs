@@ -18,7 +18,12 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::{auth::KeyRole, domain::Policy, state::AppState, store::Store};
+use crate::{
+    auth::{KeyCaller, KeyRole},
+    domain::Policy,
+    state::AppState,
+    store::Store,
+};
 
 /// Largest request body the API reads.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -77,18 +82,27 @@ pub fn require_key(
     state: &AppState,
     headers: &HeaderMap,
     needed: KeyRole,
-) -> Result<KeyRole, ApiError> {
-    let role = state
+) -> Result<KeyCaller, ApiError> {
+    let caller = state
         .keys
-        .role_of_bearer(
+        .caller_of_bearer(
             headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok()),
         )
         .ok_or(ApiError::Unauthorized)?;
-    match (needed, role) {
+    match (needed, caller.role) {
         (KeyRole::Admin, KeyRole::Service) => Err(ApiError::Forbidden),
-        _ => Ok(role),
+        _ => Ok(caller),
+    }
+}
+
+/// The audit actor for an admin key calling from `addr`.
+pub fn key_actor(caller: &KeyCaller, addr: std::net::SocketAddr) -> crate::audit::Actor {
+    crate::audit::Actor {
+        name: caller.actor.clone(),
+        role: caller.role.as_str().to_owned(),
+        ip: addr.ip().to_string(),
     }
 }
 

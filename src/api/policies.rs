@@ -1,17 +1,20 @@
 //! The admin JSON API for policies: list, read, create or replace (versioned), delete,
 //! history, and overrides. Admin API keys only.
 
+use std::net::SocketAddr;
+
 use axum::{
     Json, Router,
-    extract::{Path, State},
+    extract::{ConnectInfo, Path, State},
     http::{HeaderMap, StatusCode, header},
     response::IntoResponse,
     routing::get,
 };
 use serde_json::{Value, json};
 
-use super::{ApiError, JsonBody, require_key};
+use super::{ApiError, JsonBody, key_actor, require_key};
 use crate::{
+    audit::Change,
     auth::KeyRole,
     domain::{Name, Policy, overrides::Override},
     state::AppState,
@@ -34,6 +37,22 @@ fn view(policy: &Policy) -> Value {
     doc["name"] = json!(policy.name);
     doc["version"] = json!(policy.version);
     doc
+}
+
+/// The audit record of a policy change: the documents before and after.
+pub(crate) fn policy_change<'a>(
+    action: &'a str,
+    before: Option<&'a Policy>,
+    after: Option<&'a Policy>,
+) -> Change<'a> {
+    let target = before.or(after).map_or("", |p| p.name.as_str());
+    Change {
+        action,
+        target,
+        before: before.map_or(String::new(), |p| view(p).to_string()),
+        after: after.map_or(String::new(), |p| view(p).to_string()),
+        reason: "",
+    }
 }
 
 fn name(raw: &str) -> Result<Name, ApiError> {
@@ -121,13 +140,25 @@ async fn refresh(state: &AppState) {
 #[utoipa::path(put, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path(raw): Path<String>,
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    let caller = require_key(&state, &headers, KeyRole::Admin)?;
     let policy = Policy::from_document(&raw, &body.0)?;
+    let before = state
+        .store
+        .get_policy(&policy.name)
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
     let saved = save(&state, policy, expected_version(&headers)?).await?;
+    let _ = key_actor(&caller, addr)
+        .record(
+            &state.store,
+            policy_change("policy.save", before.as_ref(), Some(&saved)),
+        )
+        .await;
     let status = if saved.version == 1 {
         StatusCode::CREATED
     } else {
@@ -143,11 +174,17 @@ pub(super) async fn put(
 #[utoipa::path(delete, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn delete(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    let caller = require_key(&state, &headers, KeyRole::Admin)?;
     let name = name(&raw)?;
+    let before = state
+        .store
+        .get_policy(&name)
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
     if state
         .store
         .delete_policy(&name)
@@ -155,6 +192,12 @@ pub(super) async fn delete(
         .map_err(ApiError::RedisUnavailable)?
     {
         refresh(&state).await;
+        let _ = key_actor(&caller, addr)
+            .record(
+                &state.store,
+                policy_change("policy.delete", before.as_ref(), None),
+            )
+            .await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::UnknownPolicy(name.to_string()))
@@ -196,11 +239,12 @@ pub(super) async fn list_overrides(
 #[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::OverrideDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn add_override(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Path(raw): Path<String>,
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    let caller = require_key(&state, &headers, KeyRole::Admin)?;
     let current = load(&state, &name(&raw)?).await?;
     let added = Override::from_document(&body.0, "body")?;
     if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
@@ -212,6 +256,12 @@ pub(super) async fn add_override(
     let mut next = current.clone();
     next.overrides.push(added);
     let saved = save(&state, next, Some(current.version)).await?;
+    let _ = key_actor(&caller, addr)
+        .record(
+            &state.store,
+            policy_change("override.add", Some(&current), Some(&saved)),
+        )
+        .await;
     Ok((
         StatusCode::CREATED,
         Json(

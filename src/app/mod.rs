@@ -1,10 +1,15 @@
 //! The dashboard: the HTML shell, the navigation and the pages. Rendered on the server and
 //! hydrated in the browser; every page works with JavaScript off.
 
+mod login;
 mod overview;
+pub mod people;
+pub mod session;
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+
+use crate::domain::people::Action;
 use leptos_router::{
     SsrMode, StaticSegment,
     components::{A, Route, Router, Routes},
@@ -14,6 +19,15 @@ pub use overview::{RedisReport, redis_status};
 
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    // The CSP header's nonce (from the session middleware) for the inline scripts.
+    #[cfg(feature = "ssr")]
+    if let Some(nonce) = use_context::<axum::http::request::Parts>().and_then(|p| {
+        p.extensions
+            .get::<crate::auth::session::CspNonce>()
+            .cloned()
+    }) {
+        provide_context(leptos::nonce::Nonce::from_value(nonce.0));
+    }
     view! {
         <!DOCTYPE html>
         <html lang="en">
@@ -43,18 +57,36 @@ pub fn App() -> impl IntoView {
             let _ = body.set_attribute("data-hydrated", "true");
         }
     });
+    let session: session::SessionResource = Resource::new(|| (), |_| session::whoami());
+    provide_context(session);
     view! {
         <Stylesheet id="leptos" href="/pkg/spillway.css"/>
         <Title formatter=|page: String| format!("{page} · Spillway")/>
         <Router>
             <header class="topbar">
                 <a class="brand" href="/">"Spillway"</a>
-                <nav aria-label="Main">
-                    <A href="/" exact=true>"Overview"</A>
-                    <A href="/identifiers">"Identifiers"</A>
-                    <A href="/policies">"Policies"</A>
-                    <A href="/audit">"Audit"</A>
-                </nav>
+                <Suspense fallback=|| ()>
+                    {move || Suspend::new(async move {
+                        let s = session.await.unwrap_or_default();
+                        s.user.clone().map(|user| {
+                            let admin = s.may(Action::ManagePeople);
+                            view! {
+                                <nav aria-label="Main">
+                                    <A href="/" exact=true>"Overview"</A>
+                                    <A href="/identifiers">"Identifiers"</A>
+                                    <A href="/policies">"Policies"</A>
+                                    <A href="/audit">"Audit"</A>
+                                    {admin.then(|| view! { <A href="/people">"Users & keys"</A> })}
+                                </nav>
+                                <form method="post" action="/auth/logout" class="whoami">
+                                    <span data-testid="whoami">{user}" · "{s.role.map(|r| r.as_str())}</span>
+                                    <input type="hidden" name="csrf" value=s.csrf.clone()/>
+                                    <button type="submit" class="small quiet">"Sign out"</button>
+                                </form>
+                            }
+                        })
+                    })}
+                </Suspense>
             </header>
             <main>
                 <Routes fallback=NotFound>
@@ -64,6 +96,8 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("identifiers") view=IdentifiersPage/>
                     <Route path=StaticSegment("policies") view=PoliciesPage/>
                     <Route path=StaticSegment("audit") view=AuditPage/>
+                    <Route path=StaticSegment("login") view=login::LoginPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("people") view=people::PeoplePage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

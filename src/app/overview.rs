@@ -21,6 +21,7 @@ pub struct RedisReport {
 /// Reads Redis's status on the server by running the health script.
 #[server(prefix = "/fn", endpoint = "redis_status")]
 pub async fn redis_status() -> Result<RedisReport, ServerFnError> {
+    crate::auth::guard::require(crate::domain::people::Action::View)?;
     let store = expect_context::<crate::store::Store>();
     Ok(match store.health().await {
         Ok(h) => RedisReport {

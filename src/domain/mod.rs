@@ -5,8 +5,10 @@ pub mod algorithm;
 pub mod check;
 pub mod identifier;
 pub mod overrides;
+pub mod people;
 pub mod policy;
 pub mod rule;
+pub mod time;
 
 use std::fmt;
 

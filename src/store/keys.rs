@@ -7,7 +7,7 @@
 //! two different (policy, identifier) pairs share a key. The algorithm code in the key keeps
 //! a rule whose algorithm changed from reading the old algorithm's state.
 
-use crate::domain::{Algorithm, Identifier, Name};
+use crate::domain::{Algorithm, Identifier, Name, people::Username};
 
 /// Builds keys under one namespace (`spw` in production; tests use their own).
 #[derive(Clone, Debug)]
@@ -87,6 +87,43 @@ impl Keys {
     /// Pub/sub channel that carries the name of every changed policy.
     pub fn policy_channel(&self) -> String {
         format!("{}:policy-changes", self.namespace)
+    }
+}
+
+impl Keys {
+    /// Hash of every user: name -> JSON record. No TTL: users are kept.
+    pub fn users(&self) -> String {
+        format!("{}:{{people}}:users", self.namespace)
+    }
+
+    /// Hash of every API key made in the dashboard or CLI: id -> JSON record (digest only).
+    pub fn api_keys(&self) -> String {
+        format!("{}:{{people}}:api-keys", self.namespace)
+    }
+
+    /// Hash of API key id -> last time it was used (ms), written at most every few seconds.
+    pub fn api_key_last_used(&self) -> String {
+        format!("{}:{{people}}:api-keys:last-used", self.namespace)
+    }
+
+    /// Counter bumped whenever a user or API key changes; instances poll it.
+    pub fn people_generation(&self) -> String {
+        format!("{}:{{people}}:generation", self.namespace)
+    }
+
+    /// One session, by the hex SHA-256 of its id (the id itself is never stored).
+    pub fn session(&self, digest_hex: &str) -> String {
+        format!("{}:{{sessions}}:s:{digest_hex}", self.namespace)
+    }
+
+    /// Set of the session digests of one user, so removing the user ends them all.
+    pub fn user_sessions(&self, user: &Username) -> String {
+        format!("{}:{{sessions}}:u:{user}", self.namespace)
+    }
+
+    /// The audit log: a stream nothing in the app trims or edits.
+    pub fn audit_log(&self) -> String {
+        format!("{}:{{audit}}:log", self.namespace)
     }
 }
 

@@ -6,6 +6,7 @@ mod breaker;
 mod error;
 pub mod events;
 pub mod keys;
+pub mod people;
 pub mod policies;
 
 pub use error::StoreError;
@@ -29,6 +30,7 @@ struct Scripts {
     check: Script,
     policy_save: Script,
     policy_import: Script,
+    session_touch: Script,
 }
 
 impl Scripts {
@@ -52,6 +54,7 @@ impl Scripts {
             check: Script::new(&check),
             policy_save: policies::save_script(),
             policy_import: policies::import_script(),
+            session_touch: people::touch_script(),
         }
     }
 }
@@ -244,6 +247,19 @@ impl Store {
         }
     }
 
+    async fn query_pipe<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Single(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(pipe.query_async(&mut conn)).await
+            }
+            Backend::Cluster(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(pipe.query_async(&mut conn)).await
+            }
+        }
+    }
+
     async fn invoke<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
@@ -371,6 +387,43 @@ impl Store {
         let mut decision = Decision::new(results);
         decision.refunded = refunded;
         Ok(decision)
+    }
+
+    /// Gives back what a `check_and_consume` of the same entries and cost consumed when run
+    /// at `Now::At(at_us)`. Used where an attempt is charged first and forgiven when it turns
+    /// out well (a successful login).
+    pub async fn refund(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+        at_us: i64,
+    ) -> Result<(), StoreError> {
+        // Per identifier: on a cluster each identifier is its own slot.
+        let mut seen: Vec<&Identifier> = Vec::new();
+        for e in entries {
+            if !seen.contains(&e.identifier) {
+                seen.push(e.identifier);
+            }
+        }
+        for id in seen {
+            let group: Vec<&CheckEntry<'_>> =
+                entries.iter().filter(|e| e.identifier == id).collect();
+            let keys: Vec<String> = group
+                .iter()
+                .map(|e| {
+                    self.keys
+                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+                })
+                .collect();
+            let rules: Vec<(Algorithm, bool)> = group
+                .iter()
+                .map(|e| (e.rule.algorithm, e.rule.count_denied))
+                .collect();
+            self.run_script(&keys, &rules, cost, Now::At(at_us), Mode::Refund)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Runs the check script on explicit keys. The building block of `check_and_consume`,

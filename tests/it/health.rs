@@ -78,17 +78,3 @@ async fn readyz_is_503_problem_json_while_redis_is_down_and_recovers() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
 }
-
-#[tokio::test]
-async fn the_dashboard_renders_on_the_server() {
-    let redis = RedisServer::start();
-    let app = spawn_app(&redis).await;
-    let response = app.client.get(app.url("/")).send().await.unwrap();
-    assert_eq!(response.status(), 200);
-    let html = response.text().await.unwrap();
-    assert!(html.contains("<h1>Overview</h1>"), "{html}");
-    assert!(
-        html.contains("Server clock"),
-        "the server function ran during SSR: {html}"
-    );
-}

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod api;
+mod auth;
 mod cli;
 mod cluster;
 mod engine;

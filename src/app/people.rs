@@ -1,0 +1,350 @@
+//! Users and API keys (admins only): add users, change roles, remove them; create API keys
+//! (the key is shown once), see when each was last used, revoke them.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use serde::{Deserialize, Serialize};
+
+use super::session::{CsrfField, error_message};
+use crate::domain::{
+    people::{KeyRole, Role},
+    time::utc_minutes,
+};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRow {
+    pub username: String,
+    pub role: Role,
+    pub created_at_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRow {
+    pub id: String,
+    pub name: String,
+    pub role: KeyRole,
+    pub created_at_ms: i64,
+    pub created_by: String,
+    pub revoked_at_ms: Option<i64>,
+    pub last_used_ms: Option<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeopleView {
+    pub users: Vec<UserRow>,
+    pub keys: Vec<KeyRow>,
+    /// A key created just now, shown once.
+    pub new_key: Option<String>,
+    pub csrf: String,
+    pub me: String,
+}
+
+#[cfg(feature = "ssr")]
+fn state() -> crate::state::AppState {
+    expect_context::<crate::state::AppState>()
+}
+
+#[cfg(feature = "ssr")]
+fn store_failed(e: impl std::fmt::Display) -> ServerFnError {
+    tracing::warn!(error = %e, "dashboard: Redis call failed");
+    if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
+        r.set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    }
+    ServerFnError::new("Redis is unavailable; try again")
+}
+
+/// A 400 naming the form field.
+#[cfg(feature = "ssr")]
+pub(crate) fn bad_input(field: &str, message: impl std::fmt::Display) -> ServerFnError {
+    if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
+        r.set_status(axum::http::StatusCode::BAD_REQUEST);
+    }
+    ServerFnError::new(format!("{field}: {message}"))
+}
+
+#[cfg(feature = "ssr")]
+fn people_failed(e: crate::auth::people::PeopleError) -> ServerFnError {
+    use crate::auth::people::PeopleError;
+    match e {
+        PeopleError::Store(e) => store_failed(e),
+        other => {
+            if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
+                r.set_status(axum::http::StatusCode::BAD_REQUEST);
+            }
+            ServerFnError::new(other.to_string())
+        }
+    }
+}
+
+#[server(prefix = "/fn", endpoint = "people")]
+pub async fn list_people() -> Result<PeopleView, ServerFnError> {
+    use crate::{auth::guard, domain::people::Action};
+    let caller = guard::require(Action::ManagePeople)?;
+    let store = state().store;
+    let users = store.list_users().await.map_err(store_failed)?;
+    let keys = store.list_api_keys().await.map_err(store_failed)?;
+    let new_key = store
+        .take_session_flash(&caller.session_digest)
+        .await
+        .map_err(store_failed)?;
+    Ok(PeopleView {
+        users: users
+            .into_iter()
+            .map(|u| UserRow {
+                username: u.username.to_string(),
+                role: u.role,
+                created_at_ms: u.created_at_ms,
+            })
+            .collect(),
+        keys: keys
+            .into_iter()
+            .map(|k| KeyRow {
+                id: k.id,
+                name: k.name,
+                role: k.role,
+                created_at_ms: k.created_at_ms,
+                created_by: k.created_by,
+                revoked_at_ms: k.revoked_at_ms,
+                last_used_ms: k.last_used_ms,
+            })
+            .collect(),
+        new_key,
+        csrf: caller.csrf,
+        me: caller.user.to_string(),
+    })
+}
+
+#[server(prefix = "/fn", endpoint = "user_add")]
+pub async fn add_user(
+    #[server(default)] csrf: String,
+    #[server(default)] username: String,
+    #[server(default)] role: String,
+    #[server(default)] password: String,
+) -> Result<(), ServerFnError> {
+    use crate::{auth::guard, auth::people, domain::people::Action};
+    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+    let role = Role::parse(&role).map_err(|m| bad_input("role", m))?;
+    people::add_user(&state().store, &caller.actor(), &username, role, &password)
+        .await
+        .map_err(people_failed)?;
+    Ok(())
+}
+
+#[server(prefix = "/fn", endpoint = "user_set_role")]
+pub async fn set_user_role(
+    #[server(default)] csrf: String,
+    #[server(default)] username: String,
+    #[server(default)] role: String,
+) -> Result<(), ServerFnError> {
+    use crate::{auth::guard, auth::people, domain::people::Action};
+    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+    let role = Role::parse(&role).map_err(|m| bad_input("role", m))?;
+    people::set_role(&state().store, &caller.actor(), &username, role)
+        .await
+        .map_err(people_failed)
+}
+
+#[server(prefix = "/fn", endpoint = "user_remove")]
+pub async fn remove_user(
+    #[server(default)] csrf: String,
+    #[server(default)] username: String,
+) -> Result<(), ServerFnError> {
+    use crate::{auth::guard, auth::people, domain::people::Action};
+    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+    people::remove_user(&state().store, &caller.actor(), &username)
+        .await
+        .map_err(people_failed)
+}
+
+#[server(prefix = "/fn", endpoint = "key_create")]
+pub async fn create_key(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] role: String,
+) -> Result<(), ServerFnError> {
+    use crate::{auth::guard, auth::people, domain::people::Action};
+    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+    let role = KeyRole::parse(&role).map_err(|m| bad_input("role", m))?;
+    let store = state().store;
+    let (_, secret) = people::create_key(&store, &caller.actor(), &name, role)
+        .await
+        .map_err(people_failed)?;
+    // Shown once by the next read of the page, with or without JavaScript.
+    store
+        .set_session_flash(&caller.session_digest, &secret)
+        .await
+        .map_err(store_failed)
+}
+
+#[server(prefix = "/fn", endpoint = "key_revoke")]
+pub async fn revoke_key(
+    #[server(default)] csrf: String,
+    #[server(default)] id: String,
+) -> Result<(), ServerFnError> {
+    use crate::{auth::guard, auth::people, domain::people::Action};
+    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+    people::revoke_key(&state().store, &caller.actor(), &id)
+        .await
+        .map_err(people_failed)
+}
+
+#[component]
+pub fn PeoplePage() -> impl IntoView {
+    let add = ServerAction::<AddUser>::new();
+    let set_role = ServerAction::<SetUserRole>::new();
+    let remove = ServerAction::<RemoveUser>::new();
+    let create = ServerAction::<CreateKey>::new();
+    let revoke = ServerAction::<RevokeKey>::new();
+    let data = Resource::new(
+        move || {
+            (
+                add.version().get(),
+                set_role.version().get(),
+                remove.version().get(),
+                create.version().get(),
+                revoke.version().get(),
+            )
+        },
+        |_| list_people(),
+    );
+    let errors = move || {
+        [
+            add.value().get(),
+            set_role.value().get(),
+            remove.value().get(),
+            create.value().get(),
+            revoke.value().get(),
+        ]
+        .into_iter()
+        .filter_map(|r| r.and_then(Result::err))
+        .map(|e| error_message(&e))
+        .collect::<Vec<_>>()
+    };
+
+    view! {
+        <Title text="Users and keys"/>
+        <h1>"Users and API keys"</h1>
+        {move || errors().into_iter().map(|e| view! { <p class="alert" role="alert">{e}</p> }).collect_view()}
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match data.await {
+                    Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                    Ok(p) => {
+                        let csrf = p.csrf.clone();
+                        let (csrf_add, csrf_key) = (csrf.clone(), csrf.clone());
+                        let me = p.me.clone();
+                        let user_rows = p.users.into_iter().map(|u| {
+                            let name = u.username.clone();
+                            let is_me = name == me;
+                            let role = u.role;
+                            let (c1, c2) = (csrf.clone(), csrf.clone());
+                            let (n1, n2) = (name.clone(), name.clone());
+                            let role_label = format!("Role of {name}");
+                            let remove_label = format!("Remove {name}");
+                            view! {
+                                <tr>
+                                    <td>{name}{is_me.then_some(" (you)")}</td>
+                                    <td>
+                                        <ActionForm action=set_role attr:class="inline">
+                                            <CsrfField csrf=c1/>
+                                            <input type="hidden" name="username" value=n1/>
+                                            <select name="role" aria-label=role_label>
+                                                {Role::ALL.iter().map(|r| view! {
+                                                    <option value=r.as_str() selected=*r == role>{r.as_str()}</option>
+                                                }).collect_view()}
+                                            </select>
+                                            <button type="submit" class="small">"Set role"</button>
+                                        </ActionForm>
+                                    </td>
+                                    <td>{utc_minutes(Some(u.created_at_ms))}</td>
+                                    <td>
+                                        <ActionForm action=remove attr:class="inline">
+                                            <CsrfField csrf=c2/>
+                                            <input type="hidden" name="username" value=n2/>
+                                            <button type="submit" class="small danger" aria-label=remove_label>"Remove"</button>
+                                        </ActionForm>
+                                    </td>
+                                </tr>
+                            }
+                        }).collect_view();
+                        let key_rows = p.keys.into_iter().map(|k| {
+                            let revoked = k.revoked_at_ms;
+                            let label = format!("Revoke {}", k.name);
+                            let id = k.id.clone();
+                            let c = csrf.clone();
+                            view! {
+                                <tr>
+                                    <td>{k.name}<br/><span class="muted small">{k.id}</span></td>
+                                    <td>{k.role.as_str()}</td>
+                                    <td>{utc_minutes(Some(k.created_at_ms))}<br/><span class="muted small">{k.created_by}</span></td>
+                                    <td>{utc_minutes(k.last_used_ms)}</td>
+                                    <td>{match revoked {
+                                        Some(ms) => view! { <span class="badge bad">"revoked"</span>" "{utc_minutes(Some(ms))} }.into_any(),
+                                        None => view! { <span class="badge ok">"active"</span> }.into_any(),
+                                    }}</td>
+                                    <td>{revoked.is_none().then(|| view! {
+                                        <ActionForm action=revoke attr:class="inline">
+                                            <CsrfField csrf=c/>
+                                            <input type="hidden" name="id" value=id/>
+                                            <button type="submit" class="small danger" aria-label=label>"Revoke"</button>
+                                        </ActionForm>
+                                    })}</td>
+                                </tr>
+                            }
+                        }).collect_view();
+                        view! {
+                            {p.new_key.map(|k| view! {
+                                <section class="card notice" aria-labelledby="new-key">
+                                    <h2 id="new-key">"New API key"</h2>
+                                    <p>"Copy it now: it is not shown again."</p>
+                                    <code data-testid="new-key">{k}</code>
+                                </section>
+                            })}
+                            <section class="card" aria-labelledby="users-heading">
+                                <h2 id="users-heading">"Users"</h2>
+                                <table>
+                                    <thead><tr><th>"User"</th><th>"Role"</th><th>"Created"</th><th></th></tr></thead>
+                                    <tbody>{user_rows}</tbody>
+                                </table>
+                                <h3>"Add a user"</h3>
+                                <ActionForm action=add attr:class="row">
+                                    <CsrfField csrf=csrf_add/>
+                                    <label>"User name"<input name="username" required autocomplete="off"/></label>
+                                    <label>"Role"
+                                        <select name="role">
+                                            <option value="viewer">"viewer"</option>
+                                            <option value="support">"support"</option>
+                                            <option value="admin">"admin"</option>
+                                        </select>
+                                    </label>
+                                    <label>"Password (12 or more characters)"<input name="password" type="password" required minlength="12" autocomplete="new-password"/></label>
+                                    <button type="submit">"Add user"</button>
+                                </ActionForm>
+                            </section>
+                            <section class="card" aria-labelledby="keys-heading">
+                                <h2 id="keys-heading">"API keys"</h2>
+                                <p class="muted">"Service keys may only call the check endpoints; admin keys act as admins on the JSON API. Keys from SPILLWAY_SERVICE_KEYS and SPILLWAY_ADMIN_KEYS are not listed."</p>
+                                <table>
+                                    <thead><tr><th>"Name"</th><th>"Role"</th><th>"Created"</th><th>"Last used"</th><th>"State"</th><th></th></tr></thead>
+                                    <tbody>{key_rows}</tbody>
+                                </table>
+                                <h3>"Create a key"</h3>
+                                <ActionForm action=create attr:class="row">
+                                    <CsrfField csrf=csrf_key/>
+                                    <label>"Name"<input name="name" required autocomplete="off"/></label>
+                                    <label>"Role"
+                                        <select name="role">
+                                            <option value="service">"service"</option>
+                                            <option value="admin">"admin"</option>
+                                        </select>
+                                    </label>
+                                    <button type="submit">"Create key"</button>
+                                </ActionForm>
+                            </section>
+                        }.into_any()
+                    }
+                }
+            })}
+        </Suspense>
+    }
+}

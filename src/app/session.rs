@@ -1,0 +1,61 @@
+//! Who is using the dashboard, as the page sees it: the signed-in user and role (or none)
+//! and the session's CSRF token, which every form sends back.
+
+use leptos::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::people::{Action, Role};
+
+/// The current session, as pages need it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub user: Option<String>,
+    pub role: Option<Role>,
+    /// The token forms must send back.
+    pub csrf: String,
+}
+
+impl SessionView {
+    pub fn may(&self, action: Action) -> bool {
+        self.role.is_some_and(|r| r.may(action))
+    }
+}
+
+/// The caller's session (for the login form, a session without a user).
+#[server(prefix = "/fn", endpoint = "whoami")]
+pub async fn whoami() -> Result<SessionView, ServerFnError> {
+    use crate::auth::session::CurrentSession;
+    let session = use_context::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<CurrentSession>().cloned())
+        .and_then(|s| s.0);
+    Ok(match session {
+        None => SessionView::default(),
+        Some(s) => SessionView {
+            user: s.record.user.as_ref().map(|u| u.to_string()),
+            role: s.record.role,
+            csrf: s.record.csrf.clone(),
+        },
+    })
+}
+
+/// The session resource the app provides to every page.
+pub type SessionResource = Resource<Result<SessionView, ServerFnError>>;
+
+/// The session resource (provided by `App`).
+pub fn use_session() -> SessionResource {
+    expect_context::<SessionResource>()
+}
+
+/// The message of a server function error, without the framework's prefix.
+pub fn error_message(e: &ServerFnError) -> String {
+    match e {
+        ServerFnError::ServerError(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A hidden input carrying the CSRF token.
+#[component]
+pub fn CsrfField(csrf: String) -> impl IntoView {
+    view! { <input type="hidden" name="csrf" value=csrf/> }
+}

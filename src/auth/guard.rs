@@ -1,0 +1,88 @@
+//! The checks every server function makes first: who is calling (the session the
+//! middleware loaded), whether their role may do this, and for changes whether the request
+//! carries the session's CSRF token. Failures set the HTTP status (401, 403) as well.
+
+use axum::http::{StatusCode, request::Parts};
+use leptos::prelude::*;
+
+use super::session::{ClientIp, CurrentSession};
+use crate::{
+    audit::Actor,
+    domain::people::{Action, Role, Username},
+};
+
+/// A signed-in person calling a server function.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub user: Username,
+    pub role: Role,
+    pub ip: String,
+    /// The session's CSRF token, for forms the page renders.
+    pub csrf: String,
+    /// Digest of the session (to end it).
+    pub session_digest: String,
+}
+
+impl Caller {
+    /// The caller as the audit log names them.
+    pub fn actor(&self) -> Actor {
+        Actor {
+            name: format!("user:{}", self.user),
+            role: self.role.to_string(),
+            ip: self.ip.clone(),
+        }
+    }
+}
+
+fn fail(status: StatusCode, message: &str) -> ServerFnError {
+    if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+        response.set_status(status);
+    }
+    ServerFnError::new(message)
+}
+
+/// The signed-in caller, if any (no role check).
+pub fn caller() -> Option<Caller> {
+    let parts = use_context::<Parts>()?;
+    let session = parts.extensions.get::<CurrentSession>()?.0.clone()?;
+    let (user, role) = session.user()?;
+    Some(Caller {
+        user: user.clone(),
+        role,
+        ip: parts
+            .extensions
+            .get::<ClientIp>()
+            .map(|ip| ip.0.clone())
+            .unwrap_or_default(),
+        csrf: session.record.csrf.clone(),
+        session_digest: session.digest.clone(),
+    })
+}
+
+/// For reads: a signed-in caller whose role may do `action`.
+pub fn require(action: Action) -> Result<Caller, ServerFnError> {
+    let caller = caller().ok_or_else(|| fail(StatusCode::UNAUTHORIZED, "sign in first"))?;
+    if !caller.role.may(action) {
+        return Err(fail(
+            StatusCode::FORBIDDEN,
+            &format!("the {} role may not do this", caller.role),
+        ));
+    }
+    Ok(caller)
+}
+
+/// For changes: as `require`, and the request must carry the session's CSRF token (the
+/// middleware already refused other origins).
+pub fn require_change(action: Action, csrf: &str) -> Result<Caller, ServerFnError> {
+    let caller = require(action)?;
+    let matches = use_context::<Parts>()
+        .and_then(|p| p.extensions.get::<CurrentSession>()?.0.clone())
+        .is_some_and(|s| s.csrf_matches(csrf));
+    if !matches {
+        return Err(fail(
+            StatusCode::FORBIDDEN,
+            "the form's security token is missing or stale; reload the page",
+        ));
+    }
+    Ok(caller)
+}

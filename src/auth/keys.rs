@@ -1,0 +1,215 @@
+//! API keys: random secrets of 256 bits, so a SHA-256 digest is a safe way to keep them.
+//! Only digests are held, in memory and in Redis.
+//!
+//! Two sources: keys from the environment (`SPILLWAY_SERVICE_KEYS`, `SPILLWAY_ADMIN_KEYS`,
+//! for bootstrapping and automation; revoked by changing the configuration), and keys
+//! created in the dashboard or with `spillway key add` (stored in Redis, revocable). Every
+//! instance polls the people generation every 250 ms and reloads the Redis keys when it
+//! moved, so a revoked key fails everywhere within about a quarter of a second.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, RwLock},
+    time::Duration,
+};
+
+use sha2::{Digest, Sha256};
+
+pub use crate::domain::people::KeyRole;
+use crate::store::Store;
+
+/// Who called, by API key: its role and the name the audit log gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyCaller {
+    pub role: KeyRole,
+    /// `key:<name>` for a stored key, `key:env` for a configured one.
+    pub actor: String,
+}
+
+#[derive(Clone, Debug)]
+struct StoredKey {
+    id: String,
+    name: String,
+    role: KeyRole,
+}
+
+/// The API keys this instance accepts.
+#[derive(Clone, Debug, Default)]
+pub struct ApiKeys {
+    service: HashSet<[u8; 32]>,
+    admin: HashSet<[u8; 32]>,
+    stored: Arc<RwLock<HashMap<[u8; 32], StoredKey>>>,
+    /// Key id -> last use (ms), waiting to be written to Redis.
+    uses: Arc<Mutex<HashMap<String, i64>>>,
+}
+
+impl ApiKeys {
+    pub fn new<'a>(
+        service: impl IntoIterator<Item = &'a str>,
+        admin: impl IntoIterator<Item = &'a str>,
+    ) -> Self {
+        Self {
+            service: service.into_iter().map(digest).collect(),
+            admin: admin.into_iter().map(digest).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// The caller of an `Authorization: Bearer <key>` header value, if it is a valid key.
+    pub fn caller_of_bearer(&self, header: Option<&str>) -> Option<KeyCaller> {
+        let key = header?.strip_prefix("Bearer ")?.trim();
+        self.caller_of(key)
+    }
+
+    /// The caller of a raw key, if it is a valid one.
+    pub fn caller_of(&self, key: &str) -> Option<KeyCaller> {
+        if key.is_empty() {
+            return None;
+        }
+        let d = digest(key);
+        if self.admin.contains(&d) {
+            return Some(KeyCaller {
+                role: KeyRole::Admin,
+                actor: "key:env".into(),
+            });
+        }
+        if self.service.contains(&d) {
+            return Some(KeyCaller {
+                role: KeyRole::Service,
+                actor: "key:env".into(),
+            });
+        }
+        let stored = self.stored.read().expect("key map lock");
+        let k = stored.get(&d)?;
+        self.uses
+            .lock()
+            .expect("key use lock")
+            .insert(k.id.clone(), now_ms());
+        Some(KeyCaller {
+            role: k.role,
+            actor: format!("key:{}", k.name),
+        })
+    }
+
+    /// Loads the stored keys that are not revoked.
+    pub async fn reload(&self, store: &Store) -> Result<(), crate::store::StoreError> {
+        let keys = store.list_api_keys().await?;
+        let map: HashMap<[u8; 32], StoredKey> = keys
+            .into_iter()
+            .filter(|k| k.revoked_at_ms.is_none())
+            .filter_map(|k| {
+                let d = from_hex(&k.digest)?;
+                Some((
+                    d,
+                    StoredKey {
+                        id: k.id,
+                        name: k.name,
+                        role: k.role,
+                    },
+                ))
+            })
+            .collect();
+        *self.stored.write().expect("key map lock") = map;
+        Ok(())
+    }
+
+    /// Keeps the stored keys fresh (polling the people generation every 250 ms) and writes
+    /// last-used times every 5 s.
+    pub fn spawn_refresher(&self, store: Store) {
+        let keys = self.clone();
+        tokio::spawn(async move {
+            let mut seen: Option<u64> = None;
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut ticks: u32 = 0;
+            loop {
+                tick.tick().await;
+                ticks = ticks.wrapping_add(1);
+                if let Ok(generation) = store.people_generation().await
+                    && seen != Some(generation)
+                {
+                    match keys.reload(&store).await {
+                        Ok(()) => seen = Some(generation),
+                        Err(error) => tracing::warn!(%error, "could not reload API keys"),
+                    }
+                }
+                if ticks.is_multiple_of(20) {
+                    let uses: Vec<(String, i64)> =
+                        keys.uses.lock().expect("key use lock").drain().collect();
+                    if let Err(error) = store.record_key_use(&uses).await {
+                        tracing::debug!(%error, "could not record API key use");
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// SHA-256 of a key.
+pub fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// Lowercase hex.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, chunk) in hex.as_bytes().chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(chunk).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// `n` random bytes from the OS.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).expect("the OS random generator works");
+    bytes
+}
+
+/// A new random key: 256 bits, hex, with a prefix that says what it is.
+pub fn generate_key(prefix: &str) -> String {
+    format!("{prefix}_{}", to_hex(&random_bytes::<32>()))
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_recognised_by_role() {
+        let keys = ApiKeys::new(["svc"], ["adm"]);
+        let role = |h| keys.caller_of_bearer(h).map(|c| c.role);
+        assert_eq!(role(Some("Bearer svc")), Some(KeyRole::Service));
+        assert_eq!(role(Some("Bearer adm")), Some(KeyRole::Admin));
+        assert_eq!(role(Some("Bearer nope")), None);
+        assert_eq!(role(Some("svc")), None);
+        assert_eq!(role(None), None);
+        assert_eq!(keys.caller_of(""), None);
+    }
+
+    #[test]
+    fn generated_keys_are_long_and_distinct() {
+        let (a, b) = (generate_key("spw_svc"), generate_key("spw_svc"));
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "spw_svc_".len() + 64);
+    }
+
+    #[test]
+    fn hex_round_trips() {
+        let d = digest("x");
+        assert_eq!(from_hex(&to_hex(&d)), Some(d));
+        assert_eq!(from_hex("zz"), None);
+    }
+}

@@ -1,0 +1,293 @@
+//! Signing in and out. Plain form posts (they work with JavaScript off), answered with a
+//! redirect.
+//!
+//! Failed sign-ins are limited by Spillway's own engine: every attempt is charged to two
+//! sliding logs (5 per 15 minutes for the user name and address together, 50 per 15
+//! minutes for the address alone) before the password is checked, and a successful attempt
+//! is refunded, so only failures count. Unknown user and wrong password get the same answer
+//! after the same Argon2 work.
+
+use std::sync::LazyLock;
+
+use axum::{
+    Extension, Form, Router,
+    extract::State,
+    http::{HeaderMap, StatusCode, header},
+    response::{Html, IntoResponse, Redirect, Response},
+    routing::post,
+};
+use serde::Deserialize;
+
+use super::{
+    keys::now_ms,
+    password,
+    session::{self, ClientIp, CurrentSession, encode_component, safe_next},
+};
+use crate::{
+    audit::{Actor, Change},
+    domain::{Algorithm, Identifier, Name, Rule, people::Username},
+    state::AppState,
+    store::{CheckEntry, Now},
+};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/auth/login", post(login))
+        .route("/auth/logout", post(logout))
+}
+
+/// The internal policy name the sign-in limits are kept under (reserved).
+pub const LOGIN_POLICY: &str = "spillway-login";
+
+struct LoginLimits {
+    policy: Name,
+    per_user_and_ip: Rule,
+    per_ip: Rule,
+}
+
+static LIMITS: LazyLock<LoginLimits> = LazyLock::new(|| {
+    let window_ms = 15 * 60 * 1000;
+    let rule = |name: &str, limit| {
+        Rule::new(
+            0,
+            name,
+            Algorithm::SlidingLog { limit, window_ms },
+            None,
+            false,
+        )
+        .expect("the sign-in rules are valid")
+    };
+    LoginLimits {
+        policy: Name::parse(LOGIN_POLICY).expect("a valid name"),
+        per_user_and_ip: rule("failures", 5),
+        per_ip: rule("failures-per-address", 50),
+    }
+});
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    username: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    next: String,
+}
+
+fn back_to_login(error: &str, next: &str, extra: &str) -> Response {
+    Redirect::to(&format!(
+        "/login?error={error}{extra}&next={}",
+        encode_component(safe_next(next))
+    ))
+    .into_response()
+}
+
+fn forbidden(message: &'static str) -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        Html(format!(
+            "<!DOCTYPE html><title>Refused</title><p>{message}</p><p><a href=\"/login\">Sign in again</a></p>"
+        )),
+    )
+        .into_response()
+}
+
+async fn login(
+    State(state): State<AppState>,
+    Extension(current): Extension<CurrentSession>,
+    Extension(ClientIp(ip)): Extension<ClientIp>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    let Some(pre) = current.0 else {
+        return forbidden("Your sign-in form expired. Load the sign-in page again.");
+    };
+    if !pre.csrf_matches(&form.csrf) {
+        return forbidden("The sign-in form was not sent from this site.");
+    }
+    // User names are at most 64 characters; a longer one is wrong, but still charged.
+    let attempted: String = form
+        .username
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(65)
+        .collect();
+    let actor = Actor {
+        name: attempted.clone(),
+        role: String::new(),
+        ip: ip.clone(),
+    };
+
+    // Charge the attempt before looking at the password.
+    let limits = &*LIMITS;
+    let pair = Identifier::new("login", &format!("{ip} {attempted}"));
+    let addr = Identifier::new("login-ip", if ip.is_empty() { "unknown" } else { &ip });
+    let (Ok(pair), Ok(addr)) = (pair, addr) else {
+        return back_to_login("invalid", &form.next, "");
+    };
+    let entries = [
+        CheckEntry {
+            rule: &limits.per_user_and_ip,
+            identifier: &pair,
+        },
+        CheckEntry {
+            rule: &limits.per_ip,
+            identifier: &addr,
+        },
+    ];
+    let at_us = now_ms() * 1000;
+    let decision = match state
+        .store
+        .check_and_consume(&limits.policy, &entries, 1, Now::At(at_us))
+        .await
+    {
+        Ok(d) => d,
+        Err(error) => {
+            tracing::warn!(%error, "sign-in: Redis unavailable");
+            return back_to_login("unavailable", &form.next, "");
+        }
+    };
+    if !decision.allowed {
+        let wait_s = decision
+            .binding()
+            .and_then(|b| b.outcome.retry_after_ms)
+            .map_or(900, |ms| ms.div_ceil(1000));
+        let _ = actor
+            .record(
+                &state.store,
+                Change {
+                    action: "login.limited",
+                    target: &attempted,
+                    reason: "too many failed sign-ins",
+                    ..Change::default()
+                },
+            )
+            .await;
+        return back_to_login("limited", &form.next, &format!("&retry={wait_s}"));
+    }
+
+    let user = match Username::parse(&attempted) {
+        Ok(name) => match state.store.get_user(&name).await {
+            Ok(user) => user,
+            Err(error) => {
+                tracing::warn!(%error, "sign-in: Redis unavailable");
+                return back_to_login("unavailable", &form.next, "");
+            }
+        },
+        Err(_) => None,
+    };
+    let stored_hash = user.as_ref().map(|u| u.password_hash.clone());
+    let ok = password::verify(stored_hash, form.password).await;
+    let user = match (ok, user) {
+        (true, Some(user)) => user,
+        _ => {
+            let _ = actor
+                .record(
+                    &state.store,
+                    Change {
+                        action: "login.failure",
+                        target: &attempted,
+                        ..Change::default()
+                    },
+                )
+                .await;
+            return back_to_login("invalid", &form.next, "");
+        }
+    };
+
+    // Success: forgive the attempt, replace the login-form session with a new one.
+    if let Err(error) = state.store.refund(&limits.policy, &entries, 1, at_us).await {
+        tracing::warn!(%error, "sign-in: could not refund the attempt");
+    }
+    let _ = state.store.delete_session(&pre.digest, None).await;
+    let (id, _) = match session::start(&state, Some((user.username.clone(), user.role))).await {
+        Ok(started) => started,
+        Err(error) => {
+            tracing::warn!(%error, "sign-in: could not start a session");
+            return back_to_login("unavailable", &form.next, "");
+        }
+    };
+    let _ = Actor {
+        name: format!("user:{}", user.username),
+        role: user.role.to_string(),
+        ip,
+    }
+    .record(
+        &state.store,
+        Change {
+            action: "login.success",
+            target: user.username.as_str(),
+            ..Change::default()
+        },
+    )
+    .await;
+    let secure = session::is_https(&state, &headers);
+    (
+        [(header::SET_COOKIE, session::cookie(&id, secure))],
+        Redirect::to(safe_next(&form.next)),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+pub struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    Extension(current): Extension<CurrentSession>,
+    Extension(ClientIp(ip)): Extension<ClientIp>,
+    headers: HeaderMap,
+    Form(form): Form<LogoutForm>,
+) -> Response {
+    let secure = session::is_https(&state, &headers);
+    let Some(s) = current.0 else {
+        return (
+            [(header::SET_COOKIE, session::removal_cookie(secure))],
+            Redirect::to("/login"),
+        )
+            .into_response();
+    };
+    if !s.csrf_matches(&form.csrf) {
+        return forbidden("The sign-out form was not sent from this site.");
+    }
+    if let Err(error) = state
+        .store
+        .delete_session(&s.digest, s.record.user.as_ref())
+        .await
+    {
+        tracing::warn!(%error, "sign-out: could not delete the session");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Redis is unavailable; try again.",
+        )
+            .into_response();
+    }
+    if let Some((user, role)) = s.user() {
+        let _ = Actor {
+            name: format!("user:{user}"),
+            role: role.to_string(),
+            ip,
+        }
+        .record(
+            &state.store,
+            Change {
+                action: "logout",
+                target: user.as_str(),
+                ..Change::default()
+            },
+        )
+        .await;
+    }
+    (
+        [(header::SET_COOKIE, session::removal_cookie(secure))],
+        Redirect::to("/login"),
+    )
+        .into_response()
+}

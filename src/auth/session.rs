@@ -1,0 +1,387 @@
+//! Sessions for people using the dashboard, and the middleware every dashboard request
+//! passes through.
+//!
+//! A session id is 256 random bits, sent only in an HttpOnly, SameSite=Strict cookie (Secure
+//! over https). Redis keeps the session under the SHA-256 of its id, with the idle timeout as
+//! TTL (renewed on each request, never past the absolute expiry). A visitor of the login
+//! page gets a session without a user, which only carries the CSRF token of the login form;
+//! signing in replaces it with a new session (a new id), so a session id planted before
+//! login is worthless after it.
+//!
+//! The middleware also refuses state changes from other origins (Origin or Sec-Fetch-Site),
+//! sends people who are not signed in to the login page, and puts the security headers
+//! (CSP with a per-response nonce, `frame-ancestors 'none'`, `Cache-Control: no-store`) on
+//! every dashboard response.
+
+use std::{net::SocketAddr, time::Duration};
+
+use axum::{
+    extract::{ConnectInfo, Request, State},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    middleware::Next,
+    response::{IntoResponse, Redirect, Response},
+};
+use subtle::ConstantTimeEq;
+
+use super::keys::{now_ms, random_bytes, to_hex};
+use crate::{
+    domain::people::{Role, Username},
+    state::AppState,
+    store::people::SessionRecord,
+};
+
+/// The session cookie.
+pub const COOKIE: &str = "spillway_session";
+
+/// How long sessions live.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionSettings {
+    /// Ends a session nobody used for this long (30 min).
+    pub idle: Duration,
+    /// Ends every session this long after sign-in (12 h).
+    pub absolute: Duration,
+    /// Always mark the cookie Secure (otherwise only when the request came over https,
+    /// as `X-Forwarded-Proto` says).
+    pub secure_cookies: bool,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(30 * 60),
+            absolute: Duration::from_secs(12 * 3600),
+            secure_cookies: false,
+        }
+    }
+}
+
+/// A live session of this request.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// Hex SHA-256 of the session id: the Redis key's suffix.
+    pub digest: String,
+    pub record: SessionRecord,
+}
+
+impl Session {
+    /// The signed-in user and role, if this session has one.
+    pub fn user(&self) -> Option<(&Username, Role)> {
+        Some((self.record.user.as_ref()?, self.record.role?))
+    }
+
+    /// Whether `token` is this session's CSRF token (compared in constant time).
+    pub fn csrf_matches(&self, token: &str) -> bool {
+        !self.record.csrf.is_empty()
+            && bool::from(self.record.csrf.as_bytes().ct_eq(token.as_bytes()))
+    }
+}
+
+/// The session of the current request, put in its extensions by the middleware.
+#[derive(Clone, Debug, Default)]
+pub struct CurrentSession(pub Option<Session>);
+
+/// The caller's address (the TCP peer), for the audit log and the login limit.
+#[derive(Clone, Debug, Default)]
+pub struct ClientIp(pub String);
+
+/// The CSP nonce of this response; the page's inline scripts carry it.
+#[derive(Clone, Debug)]
+pub struct CspNonce(pub String);
+
+/// A new session id (what the cookie carries) and its digest (what Redis keeps).
+fn new_session_id() -> (String, String) {
+    let id = to_hex(&random_bytes::<32>());
+    let digest = to_hex(&super::keys::digest(&id));
+    (id, digest)
+}
+
+/// Creates and stores a session; returns the id for the cookie.
+pub async fn start(
+    state: &AppState,
+    user: Option<(Username, Role)>,
+) -> Result<(String, Session), crate::store::StoreError> {
+    let (id, digest) = new_session_id();
+    let now = now_ms();
+    let settings = state.sessions;
+    let (user, role) = match user {
+        Some((u, r)) => (Some(u), Some(r)),
+        None => (None, None),
+    };
+    // A login-form session lives only as long as the idle timeout.
+    let lifetime = if user.is_some() {
+        settings.absolute
+    } else {
+        settings.idle
+    };
+    let record = SessionRecord {
+        user,
+        role,
+        csrf: to_hex(&random_bytes::<32>()),
+        created_ms: now,
+        expires_ms: now + lifetime.as_millis() as i64,
+    };
+    state
+        .store
+        .create_session(&digest, &record, settings.idle.as_millis() as u64)
+        .await?;
+    Ok((id, Session { digest, record }))
+}
+
+/// The `Set-Cookie` value for session `id`.
+pub fn cookie(id: &str, secure: bool) -> HeaderValue {
+    let c = cookie::Cookie::build((COOKIE, id.to_owned()))
+        .http_only(true)
+        .same_site(cookie::SameSite::Strict)
+        .path("/")
+        .secure(secure)
+        .build();
+    HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
+}
+
+/// The `Set-Cookie` value that removes the session cookie.
+pub fn removal_cookie(secure: bool) -> HeaderValue {
+    let mut c = cookie::Cookie::build((COOKIE, ""))
+        .http_only(true)
+        .same_site(cookie::SameSite::Strict)
+        .path("/")
+        .secure(secure)
+        .build();
+    c.make_removal();
+    HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
+}
+
+/// Whether the request came over https (directly or through a proxy that says so).
+pub fn is_https(state: &AppState, headers: &HeaderMap) -> bool {
+    state.sessions.secure_cookies
+        || headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|p| p.eq_ignore_ascii_case("https"))
+}
+
+fn session_id_from(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(cookie::Cookie::split_parse)
+        .filter_map(Result::ok)
+        .find(|c| c.name() == COOKIE)
+        .map(|c| c.value().to_owned())
+        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Whether a state-changing request comes from this site: its `Origin` names this host,
+/// or (without Origin) `Sec-Fetch-Site` says same-origin. Requests with neither header are
+/// not from a browser form; they still need the session's CSRF token.
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    let host = headers
+        .get("x-forwarded-host")
+        .or_else(|| headers.get(header::HOST))
+        .and_then(|v| v.to_str().ok());
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let Ok(origin) = origin.to_str() else {
+            return false;
+        };
+        let authority = origin
+            .strip_prefix("https://")
+            .or_else(|| origin.strip_prefix("http://"));
+        return matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h));
+    }
+    match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        Some(site) => site == "same-origin" || site == "none",
+        None => true,
+    }
+}
+
+/// Paths the session middleware leaves alone: the service API, probes and static files.
+fn is_outside_dashboard(path: &str) -> bool {
+    path.starts_with("/api/")
+        || path.starts_with("/pkg/")
+        || matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico")
+}
+
+/// Dashboard paths anyone may load: the login page and the endpoints that do their own
+/// checks (server functions answer 401/403 themselves, the login form checks its token).
+fn is_open(path: &str) -> bool {
+    path == "/login" || path.starts_with("/fn/") || path.starts_with("/auth/")
+}
+
+/// The middleware: loads the session, guards origins and pages, sets security headers.
+pub async fn middleware(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    if is_outside_dashboard(&path) {
+        let mut response = next.run(req).await;
+        if !path.starts_with("/pkg/") {
+            response
+                .headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        }
+        return response;
+    }
+    let ip = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip().to_string())
+        .unwrap_or_default();
+    req.extensions_mut().insert(ClientIp(ip));
+    let changes_state = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if changes_state && !same_origin(req.headers()) {
+        return secured(
+            (
+                StatusCode::FORBIDDEN,
+                "Refused: this request came from another site.",
+            )
+                .into_response(),
+            None,
+        );
+    }
+
+    let mut session = None;
+    if let Some(id) = session_id_from(req.headers()) {
+        let digest = to_hex(&super::keys::digest(&id));
+        match state
+            .store
+            .touch_session(&digest, now_ms(), state.sessions.idle.as_millis() as u64)
+            .await
+        {
+            Ok(Some(record)) => session = Some(Session { digest, record }),
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "could not read a session"),
+        }
+    }
+    let secure = is_https(&state, req.headers());
+    let mut new_cookie = None;
+    if path == "/login" && session.is_none() && req.method() == Method::GET {
+        match start(&state, None).await {
+            Ok((id, s)) => {
+                new_cookie = Some(cookie(&id, secure));
+                session = Some(s);
+            }
+            Err(error) => tracing::warn!(%error, "could not start a login-form session"),
+        }
+    }
+    let signed_in = session.as_ref().is_some_and(|s| s.user().is_some());
+    if !signed_in && !is_open(&path) {
+        let target = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+        let to = format!("/login?next={}", encode_component(&target));
+        return secured(Redirect::to(&to).into_response(), None);
+    }
+    req.extensions_mut().insert(CurrentSession(session));
+    let nonce = to_hex(&random_bytes::<16>());
+    req.extensions_mut().insert(CspNonce(nonce.clone()));
+    let mut response = next.run(req).await;
+    if let Some(c) = new_cookie {
+        response.headers_mut().append(header::SET_COOKIE, c);
+    }
+    secured(response, Some(&nonce))
+}
+
+/// Adds the headers every dashboard response carries.
+fn secured(mut response: Response, nonce: Option<&str>) -> Response {
+    let script = nonce.map_or(String::new(), |n| format!(" 'nonce-{n}'"));
+    let csp = format!(
+        "default-src 'self'; script-src 'self'{script} 'wasm-unsafe-eval'; style-src 'self'; \
+         img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+         form-action 'self'; frame-ancestors 'none'"
+    );
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_str(&csp).expect("the CSP is a valid header value"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
+}
+
+/// Percent-encodes a query parameter value.
+pub fn encode_component(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Where to go after signing in: only a path on this site, never another host.
+pub fn safe_next(next: &str) -> &str {
+    if next.starts_with('/') && !next.starts_with("//") && !next.starts_with("/\\") {
+        next
+    } else {
+        "/"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn origins_are_compared_with_the_host() {
+        assert!(same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "http://127.0.0.1:3000")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "https://evil.example")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "127.0.0.1:3000"),
+            ("origin", "null")
+        ])));
+        assert!(!same_origin(&headers(&[
+            ("host", "a"),
+            ("sec-fetch-site", "cross-site")
+        ])));
+        assert!(same_origin(&headers(&[
+            ("host", "a"),
+            ("sec-fetch-site", "same-origin")
+        ])));
+        assert!(same_origin(&headers(&[("host", "a")])));
+    }
+
+    #[test]
+    fn next_stays_on_this_site() {
+        assert_eq!(
+            safe_next("/identifiers?q=user%3D1"),
+            "/identifiers?q=user%3D1"
+        );
+        for bad in ["//evil.example", "https://evil.example", "/\\evil", ""] {
+            assert_eq!(safe_next(bad), "/");
+        }
+    }
+
+    #[test]
+    fn session_cookies_are_locked_down() {
+        let c = cookie("ab", false).to_str().unwrap().to_owned();
+        assert!(c.contains("HttpOnly") && c.contains("SameSite=Strict") && c.contains("Path=/"));
+        assert!(!c.contains("Secure"));
+        assert!(cookie("ab", true).to_str().unwrap().contains("Secure"));
+    }
+}

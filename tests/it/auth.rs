@@ -1,0 +1,805 @@
+//! People and keys: sign-in, sessions, CSRF, roles on every server function and admin
+//! route, API key revocation, and the audit trail. Against a real Redis and the real app.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{StatusCode, header};
+use serde_json::json;
+use spillway::{
+    audit::Actor,
+    auth::people,
+    domain::people::{AuditFilter, KeyRole, Role},
+    store::{Keys, Store},
+};
+
+use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+
+const PASSWORD: &str = "correct horse battery staple";
+
+async fn store(redis: &RedisServer) -> Store {
+    Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
+        .await
+        .unwrap()
+}
+
+fn test_actor() -> Actor {
+    Actor {
+        name: "test".into(),
+        role: "admin".into(),
+        ip: String::new(),
+    }
+}
+
+async fn add_user(store: &Store, name: &str, role: Role) {
+    people::add_user(store, &test_actor(), name, role, PASSWORD)
+        .await
+        .unwrap();
+}
+
+/// A browser-like client: keeps the session cookie, never follows redirects.
+struct Visitor {
+    base: String,
+    client: reqwest::Client,
+    cookie: Option<String>,
+}
+
+impl Visitor {
+    fn new(app: &TestApp) -> Self {
+        Self {
+            base: format!("http://{}", app.addr),
+            client: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            cookie: None,
+        }
+    }
+
+    fn keep_cookie(&mut self, response: &reqwest::Response) {
+        for v in response.headers().get_all(header::SET_COOKIE) {
+            let v = v.to_str().unwrap();
+            let pair = v.split(';').next().unwrap();
+            let (name, value) = pair.split_once('=').unwrap();
+            if name == "spillway_session" {
+                self.cookie = (!value.is_empty()).then(|| pair.to_owned());
+            }
+        }
+    }
+
+    async fn get(&mut self, path: &str) -> reqwest::Response {
+        let mut req = self.client.get(format!("{}{path}", self.base));
+        if let Some(c) = &self.cookie {
+            req = req.header(header::COOKIE, c);
+        }
+        let r = req.send().await.unwrap();
+        self.keep_cookie(&r);
+        r
+    }
+
+    async fn post_form(
+        &mut self,
+        path: &str,
+        form: &[(&str, &str)],
+        origin: Option<&str>,
+    ) -> reqwest::Response {
+        let mut req = self.client.post(format!("{}{path}", self.base)).form(form);
+        if let Some(c) = &self.cookie {
+            req = req.header(header::COOKIE, c);
+        }
+        if let Some(o) = origin {
+            req = req.header(header::ORIGIN, o);
+        }
+        let r = req.send().await.unwrap();
+        self.keep_cookie(&r);
+        r
+    }
+
+    fn origin(&self) -> String {
+        self.base.clone()
+    }
+
+    /// The session's CSRF token, as the page's forms carry it.
+    async fn csrf(&mut self) -> String {
+        let r = self.post_form("/fn/whoami", &[], None).await;
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        v["csrf"].as_str().unwrap().to_owned()
+    }
+
+    async fn login(&mut self, user: &str, password: &str) -> reqwest::Response {
+        let page = self.get("/login").await;
+        assert_eq!(page.status(), 200);
+        let csrf = self.csrf().await;
+        let origin = self.origin();
+        self.post_form(
+            "/auth/login",
+            &[
+                ("username", user),
+                ("password", password),
+                ("csrf", &csrf),
+                ("next", "/people"),
+            ],
+            Some(&origin),
+        )
+        .await
+    }
+
+    async fn signed_in(app: &TestApp, user: &str) -> Self {
+        let mut v = Self::new(app);
+        let r = v.login(user, PASSWORD).await;
+        assert_eq!(r.status(), StatusCode::SEE_OTHER);
+        assert_eq!(r.headers()[header::LOCATION], "/people");
+        v
+    }
+}
+
+fn location(r: &reqwest::Response) -> String {
+    r.headers()
+        .get(header::LOCATION)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_first_start_creates_exactly_one_admin() {
+    let redis = RedisServer::start();
+    let _a = spawn_app(&redis).await;
+    let _b = spawn_app(&redis).await;
+    let users = store(&redis).await.list_users().await.unwrap();
+    assert_eq!(users.len(), 1);
+    assert_eq!(users[0].username.as_str(), "admin");
+    assert_eq!(users[0].role, Role::Admin);
+    assert!(users[0].password_hash.starts_with("$argon2id$"));
+}
+
+#[tokio::test]
+async fn the_dashboard_renders_on_the_server_for_people_signed_in() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut anon = Visitor::new(&app);
+    let r = anon.get("/identifiers?q=user%3D1").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&r), "/login?next=/identifiers%3Fq%3Duser%253D1");
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    let r = v.get("/").await;
+    assert_eq!(r.status(), 200);
+    let html = r.text().await.unwrap();
+    assert!(html.contains("<h1>Overview</h1>"), "{html}");
+    assert!(
+        html.contains("Server clock"),
+        "the server function ran during SSR: {html}"
+    );
+    assert!(html.contains("data-testid=\"whoami\">ann"), "{html}");
+}
+
+#[tokio::test]
+async fn signing_in_replaces_the_pre_login_session() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+
+    let mut v = Visitor::new(&app);
+    v.get("/login").await;
+    let before = v.cookie.clone().expect("the login page starts a session");
+    let r = v.login("ann", PASSWORD).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER, "{}", location(&r));
+    let set_cookie = r.headers()[header::SET_COOKIE].to_str().unwrap().to_owned();
+    assert!(set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict"));
+    let after = v.cookie.clone().unwrap();
+    assert_ne!(before, after, "the session id changes at login");
+
+    // The new session is signed in.
+    assert_eq!(v.get("/").await.status(), 200);
+    // The planted pre-login id is dead: it is not even a login-form session any more.
+    let mut attacker = Visitor::new(&app);
+    attacker.cookie = Some(before);
+    let r = attacker.get("/").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert!(location(&r).starts_with("/login"));
+    let r = attacker.post_form("/fn/whoami", &[], None).await;
+    let who: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(who["user"], json!(null));
+    assert_eq!(who["csrf"], json!(""));
+}
+
+#[tokio::test]
+async fn logout_ends_the_session_on_the_server() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    let cookie = v.cookie.clone().unwrap();
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form("/auth/logout", &[("csrf", &csrf)], Some(&origin))
+        .await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&r), "/login");
+    // Replaying the old cookie gets nowhere.
+    let mut replay = Visitor::new(&app);
+    replay.cookie = Some(cookie);
+    assert_eq!(replay.get("/").await.status(), StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn sessions_end_after_the_idle_timeout() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_SESSION_IDLE_MS", "700")]).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    // Used within the idle time, it lives on.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(v.get("/").await.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(v.get("/").await.status(), StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn sessions_end_at_the_absolute_timeout_even_when_used() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_SESSION_ABSOLUTE_MS", "1200")]).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(900) {
+        assert_eq!(v.get("/").await.status(), 200);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(v.get("/").await.status(), StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn unknown_user_and_wrong_password_look_the_same() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut times = (Vec::new(), Vec::new());
+    let mut locations = Vec::new();
+    for i in 0..3 {
+        let mut v = Visitor::new(&app);
+        let t = Instant::now();
+        let r = v.login(&format!("nobody{i}"), "wrong password!").await;
+        times.0.push(t.elapsed());
+        locations.push(location(&r));
+        let mut v = Visitor::new(&app);
+        let t = Instant::now();
+        let r = v.login("ann", "wrong password!").await;
+        times.1.push(t.elapsed());
+        locations.push(location(&r));
+    }
+    assert!(
+        locations
+            .iter()
+            .all(|l| l == "/login?error=invalid&next=/people"),
+        "{locations:?}"
+    );
+    times.0.sort();
+    times.1.sort();
+    let (unknown, wrong) = (times.0[1].as_secs_f64(), times.1[1].as_secs_f64());
+    assert!(
+        unknown / wrong > 0.5 && unknown / wrong < 2.0,
+        "median unknown {unknown:.4}s vs wrong password {wrong:.4}s"
+    );
+}
+
+#[tokio::test]
+async fn five_failures_lock_the_login_even_with_the_right_password() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let s = store(&redis).await;
+    add_user(&s, "ann", Role::Viewer).await;
+    add_user(&s, "bob", Role::Viewer).await;
+    // A success refunds: it never counts.
+    for _ in 0..6 {
+        let mut v = Visitor::new(&app);
+        assert_eq!(location(&v.login("ann", PASSWORD).await), "/people");
+    }
+    for _ in 0..5 {
+        let mut v = Visitor::new(&app);
+        assert!(location(&v.login("ann", "wrong password!").await).contains("error=invalid"));
+    }
+    let mut v = Visitor::new(&app);
+    let l = location(&v.login("ann", PASSWORD).await);
+    assert!(l.contains("error=limited") && l.contains("retry="), "{l}");
+    // Another user from the same address is not locked out.
+    let mut v = Visitor::new(&app);
+    assert_eq!(location(&v.login("bob", PASSWORD).await), "/people");
+    let limited = s
+        .read_audit(
+            &AuditFilter {
+                action: "login.limited".into(),
+                ..Default::default()
+            },
+            10,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(limited.len(), 1);
+}
+
+#[tokio::test]
+async fn state_changes_need_the_token_and_this_origin() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let s = store(&redis).await;
+    add_user(&s, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let form = |token: &'static str| {
+        vec![
+            ("csrf", token),
+            ("username", "eve"),
+            ("role", "viewer"),
+            ("password", PASSWORD),
+        ]
+    };
+    // No token.
+    let r = v.post_form("/fn/user_add", &form(""), Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // The right token from another site.
+    let token: &'static str = Box::leak(csrf.into_boxed_str());
+    let r = v
+        .post_form("/fn/user_add", &form(token), Some("https://evil.example"))
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(s.get_user(&"eve".parse_user()).await.unwrap().is_none());
+    // The login form itself: no token, or another site.
+    let mut anon = Visitor::new(&app);
+    anon.get("/login").await;
+    let r = anon
+        .post_form(
+            "/auth/login",
+            &[("username", "root"), ("password", PASSWORD)],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // Both right: it works.
+    let r = v
+        .post_form("/fn/user_add", &form(token), Some(&origin))
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert!(s.get_user(&"eve".parse_user()).await.unwrap().is_some());
+}
+
+trait ParseUser {
+    fn parse_user(&self) -> spillway::domain::people::Username;
+}
+impl ParseUser for &str {
+    fn parse_user(&self) -> spillway::domain::people::Username {
+        spillway::domain::people::Username::parse(self).unwrap()
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_key_fails_within_a_second_on_every_instance() {
+    let redis = RedisServer::start();
+    let a = spawn_app(&redis).await;
+    let b = spawn_app(&redis).await;
+    let s = store(&redis).await;
+    let (record, secret) = people::create_key(&s, &test_actor(), "billing", KeyRole::Admin)
+        .await
+        .unwrap();
+    let call = |app: &TestApp| {
+        app.client
+            .get(app.url("/api/v1/policies"))
+            .bearer_auth(&secret)
+            .send()
+    };
+    // New keys are picked up within the poll interval too.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while call(&a).await.unwrap().status() != 200 || call(&b).await.unwrap().status() != 200 {
+        assert!(Instant::now() < deadline, "the new key never worked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    people::revoke_key(&s, &test_actor(), &record.id)
+        .await
+        .unwrap();
+    let revoked_at = Instant::now();
+    for app in [&a, &b] {
+        loop {
+            let status = call(app).await.unwrap().status();
+            if status == StatusCode::UNAUTHORIZED {
+                break;
+            }
+            assert!(
+                revoked_at.elapsed() < Duration::from_secs(1),
+                "still {status} after a second"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Last-used time was recorded (written every 5 s).
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let keys = s.list_api_keys().await.unwrap();
+    assert!(keys[0].last_used_ms.is_some());
+    assert!(keys[0].revoked_at_ms.is_some());
+}
+
+#[tokio::test]
+async fn n_admin_actions_leave_n_audit_records_in_order() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let s = store(&redis).await;
+    add_user(&s, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let before = s.audit_len().await.unwrap();
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let mut expected = Vec::new();
+    for i in 0..4 {
+        let name = format!("user{i}");
+        let r = v
+            .post_form(
+                "/fn/user_add",
+                &[
+                    ("csrf", &csrf),
+                    ("username", &name),
+                    ("role", "viewer"),
+                    ("password", PASSWORD),
+                ],
+                Some(&origin),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        expected.push(("user.add".to_owned(), name.clone()));
+        let r = v
+            .post_form(
+                "/fn/user_set_role",
+                &[("csrf", &csrf), ("username", &name), ("role", "support")],
+                Some(&origin),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        expected.push(("user.set-role".to_owned(), name));
+    }
+    // An API reset and a policy change through the admin key are audited too.
+    let r = app
+        .client
+        .delete(app.url("/api/v1/identifiers/user/42?reason=support+ticket+7"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    expected.push(("identifier.reset".to_owned(), "user=42".to_owned()));
+    // A refused change leaves no record.
+    let r = v
+        .post_form(
+            "/fn/user_add",
+            &[
+                ("csrf", &csrf),
+                ("username", "user0"),
+                ("role", "viewer"),
+                ("password", PASSWORD),
+            ],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    assert_eq!(s.audit_len().await.unwrap() - before, expected.len() as u64);
+    let mut records = s
+        .read_audit(&AuditFilter::default(), 100, None)
+        .await
+        .unwrap();
+    records.truncate(expected.len());
+    records.reverse();
+    let got: Vec<(String, String)> = records
+        .iter()
+        .map(|r| (r.action.clone(), r.target.clone()))
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(records[0].actor, "user:root");
+    assert_eq!(records[0].role, "admin");
+    assert_eq!(records[0].ip, "127.0.0.1");
+    let reset = records.last().unwrap();
+    assert_eq!(reset.actor, "key:env");
+    assert_eq!(reset.reason, "support ticket 7");
+    // Filters: by actor and by action.
+    let by_key = s
+        .read_audit(
+            &AuditFilter {
+                actor: "key:".into(),
+                ..Default::default()
+            },
+            100,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(by_key.len(), 1);
+}
+
+#[tokio::test]
+async fn pages_send_the_security_headers() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut v = Visitor::new(&app);
+    let r = v.get("/login").await;
+    let h = r.headers().clone();
+    let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(csp.contains("script-src 'self' 'nonce-"), "{csp}");
+    assert_eq!(h[header::CACHE_CONTROL], "no-store");
+    assert_eq!(h[header::X_FRAME_OPTIONS], "DENY");
+    let nonce = csp
+        .split("'nonce-")
+        .nth(1)
+        .unwrap()
+        .split('\'')
+        .next()
+        .unwrap();
+    let html = r.text().await.unwrap();
+    let scripts = html.matches("<script").count();
+    assert!(scripts >= 2, "{html}");
+    assert_eq!(
+        html.matches(&format!("<script nonce=\"{nonce}\"")).count()
+            + html
+                .matches(&format!("<script type=\"module\" nonce=\"{nonce}\""))
+                .count(),
+        scripts,
+        "every inline script carries the header's nonce: {html}"
+    );
+    // Secure cookies when the proxy says https.
+    let r = reqwest::Client::new()
+        .get(app.url("/login"))
+        .header("x-forwarded-proto", "https")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.headers()[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Secure")
+    );
+}
+
+/// Who calls in the matrix.
+#[derive(Clone, Copy, Debug)]
+enum Who {
+    Admin,
+    Support,
+    Viewer,
+    ServiceKey,
+    AdminKey,
+    Anonymous,
+}
+
+#[tokio::test]
+async fn every_role_gets_what_it_may_on_every_route() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let s = store(&redis).await;
+    for (name, role) in [
+        ("root", Role::Admin),
+        ("sam", Role::Support),
+        ("vic", Role::Viewer),
+    ] {
+        add_user(&s, name, role).await;
+    }
+    let mut sessions = Vec::new();
+    for name in ["root", "sam", "vic"] {
+        let mut v = Visitor::signed_in(&app, name).await;
+        let csrf = v.csrf().await;
+        sessions.push((v, csrf));
+    }
+    let policy = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}]});
+
+    // (route, [admin, support, viewer, service key, admin key, anonymous])
+    type Expect = [u16; 6];
+    let server_fns: Vec<(&str, Vec<(&str, &str)>, Expect)> = vec![
+        ("whoami", vec![], [200, 200, 200, 200, 200, 200]),
+        ("redis_status", vec![], [200, 200, 200, 401, 401, 401]),
+        ("people", vec![], [200, 403, 403, 401, 401, 401]),
+        (
+            "user_add",
+            vec![
+                ("username", "{who}-new"),
+                ("role", "viewer"),
+                ("password", PASSWORD),
+            ],
+            [200, 403, 403, 401, 401, 401],
+        ),
+        (
+            "user_set_role",
+            vec![("username", "admin-new"), ("role", "support")],
+            [200, 403, 403, 401, 401, 401],
+        ),
+        (
+            "key_create",
+            vec![("name", "k"), ("role", "service")],
+            [200, 403, 403, 401, 401, 401],
+        ),
+        (
+            "key_revoke",
+            vec![("id", "nope")],
+            [400, 403, 403, 401, 401, 401],
+        ),
+        (
+            "user_remove",
+            vec![("username", "admin-new")],
+            [200, 403, 403, 401, 401, 401],
+        ),
+    ];
+    let who_all = [
+        Who::Admin,
+        Who::Support,
+        Who::Viewer,
+        Who::ServiceKey,
+        Who::AdminKey,
+        Who::Anonymous,
+    ];
+    let mut failures = Vec::new();
+    for (endpoint, args, expect) in &server_fns {
+        for (i, who) in who_all.iter().enumerate() {
+            let tag = format!("{who:?}").to_lowercase();
+            let mut form: Vec<(String, String)> = args
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.replace("{who}", &tag)))
+                .collect();
+            let status = match who {
+                Who::Admin | Who::Support | Who::Viewer => {
+                    let (v, csrf) = &mut sessions[i];
+                    form.push(("csrf".into(), csrf.clone()));
+                    let pairs: Vec<(&str, &str)> =
+                        form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let origin = v.origin();
+                    v.post_form(&format!("/fn/{endpoint}"), &pairs, Some(&origin))
+                        .await
+                        .status()
+                }
+                Who::ServiceKey | Who::AdminKey | Who::Anonymous => {
+                    let mut req = app
+                        .client
+                        .post(app.url(&format!("/fn/{endpoint}")))
+                        .form(&form);
+                    match who {
+                        Who::ServiceKey => req = req.bearer_auth(SERVICE_KEY),
+                        Who::AdminKey => req = req.bearer_auth(ADMIN_KEY),
+                        _ => {}
+                    }
+                    req.send().await.unwrap().status()
+                }
+            };
+            if status.as_u16() != expect[i] {
+                failures.push(format!(
+                    "{endpoint} as {who:?}: {status}, expected {}",
+                    expect[i]
+                ));
+            }
+        }
+    }
+
+    // Admin JSON API: API keys only (sessions are for the dashboard).
+    let api: Vec<(reqwest::Method, String, Option<serde_json::Value>, Expect)> = vec![
+        (
+            reqwest::Method::GET,
+            "/api/v1/policies".into(),
+            None,
+            [401, 401, 401, 403, 200, 401],
+        ),
+        (
+            reqwest::Method::PUT,
+            "/api/v1/policies/matrix".into(),
+            Some(policy.clone()),
+            [401, 401, 401, 403, 201, 401],
+        ),
+        (
+            reqwest::Method::GET,
+            "/api/v1/policies/matrix".into(),
+            None,
+            [401, 401, 401, 403, 200, 401],
+        ),
+        (
+            reqwest::Method::GET,
+            "/api/v1/policies/matrix/versions".into(),
+            None,
+            [401, 401, 401, 403, 200, 401],
+        ),
+        (
+            reqwest::Method::GET,
+            "/api/v1/policies/matrix/overrides".into(),
+            None,
+            [401, 401, 401, 403, 200, 401],
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/v1/policies/matrix/overrides".into(),
+            Some(json!({"match": "user=vip", "action": "unlimited"})),
+            [401, 401, 401, 403, 201, 401],
+        ),
+        (
+            reqwest::Method::GET,
+            "/api/v1/identifiers/user/1".into(),
+            None,
+            [401, 401, 401, 403, 200, 401],
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/api/v1/identifiers/user/1?reason=matrix".into(),
+            None,
+            [401, 401, 401, 403, 200, 401],
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/api/v1/policies/matrix".into(),
+            None,
+            [401, 401, 401, 403, 204, 401],
+        ),
+        (
+            reqwest::Method::POST,
+            "/api/v1/check".into(),
+            Some(json!({"policy": "demo", "identifiers": {"user": "1"}})),
+            [401, 401, 401, 200, 200, 401],
+        ),
+    ];
+    for (method, path, body, expect) in &api {
+        for (i, who) in who_all.iter().enumerate() {
+            let mut req = app.client.request(method.clone(), app.url(path));
+            if let Some(b) = body {
+                req = req.json(b);
+            }
+            match who {
+                Who::Admin | Who::Support | Who::Viewer => {
+                    let (v, _) = &sessions[i];
+                    req = req.header(header::COOKIE, v.cookie.clone().unwrap());
+                }
+                Who::ServiceKey => req = req.bearer_auth(SERVICE_KEY),
+                Who::AdminKey => req = req.bearer_auth(ADMIN_KEY),
+                Who::Anonymous => {}
+            }
+            let status = req.send().await.unwrap().status();
+            if status.as_u16() != expect[i] {
+                failures.push(format!(
+                    "{method} {path} as {who:?}: {status}, expected {}",
+                    expect[i]
+                ));
+            }
+        }
+    }
+
+    // Pages: anonymous visitors are sent to sign in; everyone signed in may look, but only
+    // admins see users and keys.
+    for (path, expect) in [
+        ("/", [200, 200, 200, 303, 303, 303]),
+        ("/identifiers", [200, 200, 200, 303, 303, 303]),
+        ("/policies", [200, 200, 200, 303, 303, 303]),
+        ("/audit", [200, 200, 200, 303, 303, 303]),
+        ("/people", [200, 403, 403, 303, 303, 303]),
+        ("/login", [200, 200, 200, 200, 200, 200]),
+    ] {
+        for (i, who) in who_all.iter().enumerate() {
+            let status = match who {
+                Who::Admin | Who::Support | Who::Viewer => sessions[i].0.get(path).await.status(),
+                _ => {
+                    let mut v = Visitor::new(&app);
+                    let mut req = v.client.get(format!("{}{path}", v.base));
+                    match who {
+                        Who::ServiceKey => req = req.bearer_auth(SERVICE_KEY),
+                        Who::AdminKey => req = req.bearer_auth(ADMIN_KEY),
+                        _ => {}
+                    }
+                    let r = req.send().await.unwrap();
+                    v.keep_cookie(&r);
+                    r.status()
+                }
+            };
+            if status.as_u16() != expect[i] {
+                failures.push(format!(
+                    "GET {path} as {who:?}: {status}, expected {}",
+                    expect[i]
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
