@@ -21,6 +21,8 @@ pub mod config;
 #[cfg(feature = "ssr")]
 pub mod deny_cache;
 #[cfg(feature = "ssr")]
+pub mod live;
+#[cfg(feature = "ssr")]
 pub mod metrics;
 #[cfg(feature = "ssr")]
 pub mod policy_cache;

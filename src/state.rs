@@ -29,6 +29,8 @@ pub struct AppState {
     pub denials: DenyCache,
     pub keys: Arc<ApiKeys>,
     pub sessions: SessionSettings,
+    /// Denials answered from the cache, on their way to the overview's counters.
+    pub live: crate::live::LiveCounts,
     pub forward_auth: Arc<ForwardAuth>,
     /// Longest time any HTTP request may take.
     pub request_timeout: std::time::Duration,
@@ -70,6 +72,8 @@ impl AppState {
         }
         keys.spawn_refresher(store.clone());
         tokio::task::spawn_blocking(crate::auth::password::warm_up);
+        let live = crate::live::LiveCounts::default();
+        live.spawn_flusher(store.clone());
         Ok(Self {
             leptos_options: config.leptos_options,
             store,
@@ -77,6 +81,7 @@ impl AppState {
             denials,
             keys: Arc::new(keys),
             sessions: config.sessions,
+            live,
             request_timeout: config.request_timeout,
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,

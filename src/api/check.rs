@@ -17,7 +17,7 @@ use crate::{
     auth::KeyRole,
     domain::{Decision, FailureMode, Identifier, Mode, Outcome, Policy, RuleResult, RulesFor},
     state::AppState,
-    store::{CheckEntry, Now},
+    store::CheckEntry,
 };
 
 /// Largest cost one check may ask for.
@@ -201,14 +201,19 @@ pub async fn check(
         entries.iter().map(|e| (e.rule.name.as_str(), e.identifier)),
         request.cost,
     ) {
-        // Denied until a known time: answered from memory, no Redis call.
+        // Denied until a known time: answered from memory, no Redis call (the overview's
+        // counters hear of it within a second).
         crate::metrics::deny_cache_hit();
+        state.live.denied_from_cache(
+            policy.name.as_str(),
+            cached.binding().map(|b| b.identifier.to_string()),
+        );
         Ok(cached)
     } else {
         let redis_started = std::time::Instant::now();
         let result = state
             .store
-            .check_and_consume(&policy.name, &entries, request.cost, Now::Redis)
+            .check_and_count(&policy.name, &entries, request.cost)
             .await;
         crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
         if let Ok(decision) = &result {

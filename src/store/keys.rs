@@ -121,6 +121,22 @@ impl Keys {
         format!("{}:{{sessions}}:u:{user}", self.namespace)
     }
 
+    /// Live counters (see `lua/stats.lua`), all under `{stats}` with TTLs: the circle of
+    /// per-second buckets of `policy`.
+    pub fn stats_rate(&self, policy: &str) -> String {
+        format!("{}:{{stats}}:rate:{}", self.namespace, escape(policy))
+    }
+
+    /// Denials per identifier in minute `minute` (ms since the epoch / 60 000).
+    pub fn stats_denied(&self, minute: i64) -> String {
+        format!("{}:{{stats}}:denied:{minute}", self.namespace)
+    }
+
+    /// Identifiers near their limit in minute `minute`.
+    pub fn stats_near(&self, minute: i64) -> String {
+        format!("{}:{{stats}}:near:{minute}", self.namespace)
+    }
+
     /// The audit log: a stream nothing in the app trims or edits.
     pub fn audit_log(&self) -> String {
         format!("{}:{{audit}}:log", self.namespace)

@@ -8,6 +8,7 @@ pub mod events;
 pub mod keys;
 pub mod people;
 pub mod policies;
+pub mod stats;
 
 pub use error::StoreError;
 pub use events::Event;
@@ -31,6 +32,7 @@ struct Scripts {
     policy_save: Script,
     policy_import: Script,
     session_touch: Script,
+    stats_flush: Script,
 }
 
 impl Scripts {
@@ -46,6 +48,7 @@ impl Scripts {
             include_str!("../../lua/leaky_bucket.lua"),
             include_str!("../../lua/gcra.lua"),
             include_str!("../../lua/bucketed_window.lua"),
+            include_str!("../../lua/stats.lua"),
             include_str!("../../lua/check.lua"),
         ]
         .join("\n");
@@ -55,6 +58,13 @@ impl Scripts {
             policy_save: policies::save_script(),
             policy_import: policies::import_script(),
             session_touch: people::touch_script(),
+            stats_flush: Script::new(
+                &[
+                    include_str!("../../lua/stats.lua"),
+                    include_str!("../../lua/stats_flush.lua"),
+                ]
+                .join("\n"),
+            ),
         }
     }
 }
@@ -373,6 +383,12 @@ impl Store {
                     .map(|o| o.expect("every entry is in a group")),
             );
         }
+        let mut decision = self.decision_of(entries, outcomes);
+        decision.refunded = refunded;
+        Ok(decision)
+    }
+
+    fn decision_of(&self, entries: &[CheckEntry<'_>], outcomes: Vec<Outcome>) -> Decision {
         let results = entries
             .iter()
             .zip(outcomes)
@@ -384,9 +400,48 @@ impl Store {
                 binding: false,
             })
             .collect();
-        let mut decision = Decision::new(results);
-        decision.refunded = refunded;
-        Ok(decision)
+        Decision::new(results)
+    }
+
+    /// A single-Redis check that also updates the live counters (mode `check+stats`).
+    async fn run_with_stats(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+        stats_keys: &[String; 3],
+        labels: &[String],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let mut invocation = self.scripts.check.prepare_invoke();
+        for e in entries {
+            invocation.key(self.keys.rule_state(
+                policy,
+                e.identifier,
+                &e.rule.name,
+                &e.rule.algorithm,
+            ));
+        }
+        for k in stats_keys {
+            invocation.key(k);
+        }
+        invocation
+            .arg(Now::Redis.arg())
+            .arg(cost)
+            .arg("check+stats");
+        for e in entries {
+            let (p1, p2, p3) = params(&e.rule.algorithm);
+            invocation
+                .arg(keys::algorithm_code(&e.rule.algorithm))
+                .arg(if e.rule.count_denied { "1" } else { "0" })
+                .arg(p1)
+                .arg(p2)
+                .arg(p3);
+        }
+        for l in labels {
+            invocation.arg(l);
+        }
+        let raw: Vec<i64> = self.invoke(&invocation).await?;
+        Ok(parse_reply(&raw, entries.len())?.outcomes)
     }
 
     /// Gives back what a `check_and_consume` of the same entries and cost consumed when run

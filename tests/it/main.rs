@@ -11,6 +11,7 @@ mod engine;
 mod faults;
 mod fuzz;
 mod health;
+mod live;
 mod memory;
 mod openapi;
 mod tls;

@@ -1,0 +1,93 @@
+//! The overview's live counters: kept by the check path (and the over-limit cache's flush),
+//! read from a few keys, all with TTLs.
+
+use std::time::Duration;
+
+use serde_json::json;
+use spillway::store::{Keys, Store};
+
+use crate::helpers::{RedisServer, spawn_app};
+
+#[tokio::test]
+async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "live",
+        json!({"rules": [{"name": "per-second", "algorithm": "fixed_window", "limit": 5, "window_ms": 10000}]}),
+    )
+    .await;
+    for _ in 0..8 {
+        app.check(json!({"policy": "live", "identifiers": {"user": "1"}}))
+            .await;
+    }
+    app.check(json!({"policy": "live", "identifiers": {"user": "2"}}))
+        .await;
+    // Cached denials reach the counters within a second.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
+        .await
+        .unwrap();
+    let (_, rates) = store.policy_rates(&["live".into()], 10).await.unwrap();
+    let allowed: u64 = rates[0].iter().map(|s| s.allowed).sum();
+    let denied: u64 = rates[0].iter().map(|s| s.denied).sum();
+    assert_eq!((allowed, denied), (6, 3), "{:?}", rates[0]);
+
+    let top = store.top_denied(5, 10).await.unwrap();
+    assert_eq!(top.len(), 1);
+    assert_eq!(
+        (
+            top[0].policy.as_str(),
+            top[0].identifier.as_str(),
+            top[0].value
+        ),
+        ("live", "user=1", 3)
+    );
+
+    let near = store.near_limit(10).await.unwrap();
+    assert_eq!(near.len(), 1, "{near:?}");
+    assert_eq!(near[0].identifier, "user=1");
+    assert_eq!(near[0].value, 100);
+
+    // Every counter key expires.
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("spw:{stats}:*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    for k in keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).unwrap();
+        assert!(ttl > 0, "{k} has no TTL");
+    }
+}
+
+#[tokio::test]
+async fn a_quiet_spell_does_not_bring_back_old_counts() {
+    let redis = RedisServer::start();
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
+        .await
+        .unwrap();
+    // A bucket written 300 s ago sits where the current second's bucket is.
+    let mut conn = redis.connection();
+    let (now, _): (i64, i64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let i = now % 300;
+    let _: () = redis::cmd("HSET")
+        .arg("spw:{stats}:rate:old")
+        .arg(format!("t{i}"))
+        .arg(now - 300)
+        .arg(format!("a{i}"))
+        .arg(99)
+        .query(&mut conn)
+        .unwrap();
+    let (_, rates) = store.policy_rates(&["old".into()], 5).await.unwrap();
+    assert!(rates[0].iter().all(|s| s.allowed == 0), "{:?}", rates[0]);
+    store.add_stats("old", 0, 2, &[]).await.unwrap();
+    let (_, rates) = store.policy_rates(&["old".into()], 5).await.unwrap();
+    let last = rates[0].last().unwrap();
+    assert_eq!(
+        (last.allowed, last.denied),
+        (0, 2),
+        "the stale bucket was zeroed first"
+    );
+}
