@@ -3,6 +3,10 @@ import { defineConfig, devices } from "@playwright/test";
 // The server is the release build, started with its own redis-server on a free port by
 // ../scripts/e2e-server.sh. `make test-e2e` picks E2E_PORT.
 const port = Number(process.env.E2E_PORT ?? 3100);
+// Known to the specs (tests/fixtures/people.ts) and to the server script, which creates the
+// users and accepts the key.
+export const E2E_PASSWORD = "e2e password that is long enough";
+export const E2E_SERVICE_KEY = "spw_svc_e2e_0123456789abcdef0123456789abcdef";
 
 const chromium = {
   ...devices["Desktop Chrome"],
@@ -44,7 +48,7 @@ export default defineConfig({
   webServer: {
     command: "../scripts/e2e-server.sh",
     url: `http://127.0.0.1:${port}/readyz`,
-    env: { E2E_PORT: String(port) },
+    env: { E2E_PORT: String(port), E2E_PASSWORD, E2E_SERVICE_KEY },
     timeout: 60_000,
     reuseExistingServer: false,
     stdout: "pipe",

@@ -15,7 +15,13 @@ trap cleanup EXIT
 trap 'exit 0' TERM INT
 for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
-REDIS_URL="redis://127.0.0.1:$redis_port" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" \
+export REDIS_URL="redis://127.0.0.1:$redis_port"
+# The people the specs sign in as, and the service key they drive traffic with.
+: "${E2E_PASSWORD:?E2E_PASSWORD must be set}"
+: "${E2E_SERVICE_KEY:?E2E_SERVICE_KEY must be set}"
+printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-admin --role admin --password-stdin
+printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-support --role support --password-stdin
+SPILLWAY_SERVICE_KEYS="$E2E_SERVICE_KEY" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" \
   ./target/release/spillway &
 app_pid=$!
 wait "$app_pid"

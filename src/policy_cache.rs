@@ -37,6 +37,14 @@ impl PolicyCache {
             .cloned()
     }
 
+    /// Every policy, sorted by name.
+    pub fn all(&self) -> Vec<Arc<Policy>> {
+        let snapshot = self.snapshot.read().expect("policy cache lock").clone();
+        let mut all: Vec<Arc<Policy>> = snapshot.values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
     /// Whether policies were loaded at least once (false while Redis was never reachable).
     pub fn is_loaded(&self) -> bool {
         self.loaded.load(Ordering::Acquire)

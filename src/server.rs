@@ -29,6 +29,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(api::router())
         .merge(auth::login::router())
+        .merge(crate::app::events::router())
         .leptos_routes_with_context(
             &state,
             routes,

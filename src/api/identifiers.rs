@@ -97,6 +97,53 @@ pub(super) async fn inspect(
     ))
 }
 
+/// Resets `id`'s counters: everywhere, in one policy, or for one rule of it; every instance
+/// forgets its cached denials of it at once. Returns the policies touched and how many keys
+/// were deleted. Shared by the JSON API and the dashboard.
+pub async fn reset_scope(
+    state: &AppState,
+    id: &Identifier,
+    policy: Option<&str>,
+    rule: Option<&str>,
+) -> Result<(Vec<String>, u64), ApiError> {
+    let rule = match rule {
+        None => None,
+        Some(_) if policy.is_none() => return Err(ApiError::bad("rule", "needs policy too")),
+        Some(r) => Some(Name::parse(r).map_err(|m| ApiError::bad("rule", m))?),
+    };
+    let all = state
+        .store
+        .list_policies()
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    let chosen: Vec<_> = match policy {
+        None => all.iter().collect(),
+        Some(name) => {
+            let p = all
+                .iter()
+                .find(|p| p.name.as_str() == name)
+                .ok_or_else(|| ApiError::UnknownPolicy(name.to_owned()))?;
+            if let Some(r) = &rule
+                && !p.all_rules().any(|x| &x.name == r)
+            {
+                return Err(ApiError::bad("rule", format!("{name} has no rule {r}")));
+            }
+            vec![p]
+        }
+    };
+    let deleted = state
+        .store
+        .reset_identifier(&chosen, id, rule.as_ref(), policy.is_none())
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    let names: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
+    // This instance forgets at once; others on the pub/sub message.
+    state
+        .denials
+        .invalidate(policy.is_some().then_some(names.as_slice()), id);
+    Ok((names, deleted))
+}
+
 /// Resets the identifier's counters: everywhere, in one policy, or for one rule of it.
 /// Every instance forgets its cached denials of it at once.
 #[utoipa::path(delete, path = "/api/v1/identifiers/{dimension}/{value}",
@@ -115,36 +162,8 @@ pub(super) async fn reset(
         return Err(ApiError::bad("reason", "must be at most 500 characters"));
     }
     let id = identifier(&dimension, &value)?;
-    let rule = match &query.rule {
-        None => None,
-        Some(_) if query.policy.is_none() => return Err(ApiError::bad("rule", "needs policy too")),
-        Some(r) => Some(Name::parse(r).map_err(|m| ApiError::bad("rule", m))?),
-    };
-    let all = state
-        .store
-        .list_policies()
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    let chosen: Vec<_> = match &query.policy {
-        None => all.iter().collect(),
-        Some(name) => {
-            let p = all
-                .iter()
-                .find(|p| p.name.as_str() == name)
-                .ok_or_else(|| ApiError::UnknownPolicy(name.clone()))?;
-            vec![p]
-        }
-    };
-    let deleted = state
-        .store
-        .reset_identifier(&chosen, &id, rule.as_ref(), query.policy.is_none())
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    let names: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
-    // This instance forgets at once; others on the pub/sub message.
-    state
-        .denials
-        .invalidate(query.policy.is_some().then_some(names.as_slice()), &id);
+    let (names, deleted) =
+        reset_scope(&state, &id, query.policy.as_deref(), query.rule.as_deref()).await?;
     let scope = json!({ "policies": names, "rule": query.rule, "deleted_keys": deleted });
     let _ = key_actor(&caller, addr)
         .record(

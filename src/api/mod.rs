@@ -2,7 +2,7 @@
 //! the admin JSON API. Errors are problem+json (`ApiError`).
 
 pub mod check;
-mod identifiers;
+pub mod identifiers;
 pub mod openapi;
 pub(crate) mod policies;
 mod problem;

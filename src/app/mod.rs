@@ -1,8 +1,11 @@
 //! The dashboard: the HTML shell, the navigation and the pages. Rendered on the server and
 //! hydrated in the browser; every page works with JavaScript off.
 
+#[cfg(feature = "ssr")]
+pub mod events;
+pub mod inspector;
 mod login;
-mod overview;
+pub mod overview;
 pub mod people;
 pub mod session;
 
@@ -93,7 +96,7 @@ pub fn App() -> impl IntoView {
                     // Async SSR: the HTML is sent once the data has loaded, so the page is complete
                     // without JavaScript (streamed fragments would need a script to land).
                     <Route path=StaticSegment("") view=overview::OverviewPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("identifiers") view=IdentifiersPage/>
+                    <Route path=StaticSegment("identifiers") view=inspector::InspectorPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("policies") view=PoliciesPage/>
                     <Route path=StaticSegment("audit") view=AuditPage/>
                     <Route path=StaticSegment("login") view=login::LoginPage ssr=SsrMode::Async/>
@@ -101,16 +104,6 @@ pub fn App() -> impl IntoView {
                 </Routes>
             </main>
         </Router>
-    }
-}
-
-#[component]
-fn IdentifiersPage() -> impl IntoView {
-    view! {
-        <Title text="Identifiers"/>
-        <h1>"Identifier inspector"</h1>
-        <p class="muted">"Look up an identifier such as user=42 to see its counters in every policy."</p>
-        <p class="empty">"The inspector is not built yet."</p>
     }
 }
 

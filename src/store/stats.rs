@@ -230,6 +230,24 @@ impl Store {
         Ok(ranked)
     }
 
+    /// The remaining TTL (ms) of each entry's state key; -2 when there is no state.
+    pub async fn rule_ttls(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut pipe = redis::pipe();
+        for e in entries {
+            pipe.cmd("PTTL").arg(self.keys.rule_state(
+                policy,
+                e.identifier,
+                &e.rule.name,
+                &e.rule.algorithm,
+            ));
+        }
+        self.query_pipe(&pipe).await
+    }
+
     /// How many keys Redis holds (DBSIZE: constant time).
     pub async fn key_count(&self) -> Result<u64, StoreError> {
         self.query(&redis::cmd("DBSIZE")).await

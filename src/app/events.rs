@@ -1,0 +1,96 @@
+//! Server-sent event streams the hydrated dashboard follows: the overview, and one
+//! identifier in the inspector. A signed-in session is needed (the session middleware sends
+//! anyone else to sign in), and it is checked again every few seconds, so signing out or
+//! losing the role stops the stream.
+
+use std::{convert::Infallible, time::Duration};
+
+use axum::{
+    Extension, Router,
+    extract::{Query, State},
+    response::sse::{Event, KeepAlive, Sse},
+    routing::get,
+};
+use futures_util::stream::Stream;
+use serde::Deserialize;
+
+use crate::{
+    auth::{keys::now_ms, session::CurrentSession},
+    state::AppState,
+};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/events/overview", get(overview_events))
+        .route("/events/identifier", get(identifier_events))
+}
+
+/// Whether the session is still alive (re-read from Redis).
+async fn still_signed_in(state: &AppState, digest: &str) -> bool {
+    matches!(
+        state
+            .store
+            .touch_session(digest, now_ms(), state.sessions.idle.as_millis() as u64)
+            .await,
+        Ok(Some(s)) if s.user.is_some()
+    )
+}
+
+fn ticks<T, F, Fut>(
+    state: AppState,
+    session: CurrentSession,
+    make: F,
+) -> impl Stream<Item = Result<Event, Infallible>>
+where
+    T: serde::Serialize,
+    F: Fn(AppState) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    let digest = session.0.map(|s| s.digest).unwrap_or_default();
+    futures_util::stream::unfold(0u64, move |n| {
+        let state = state.clone();
+        let digest = digest.clone();
+        let fut = make(state.clone());
+        async move {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            if n % 5 == 0 && !still_signed_in(&state, &digest).await {
+                return None;
+            }
+            let data = fut.await;
+            let event = Event::default()
+                .json_data(&data)
+                .unwrap_or_else(|_| Event::default().comment("unserializable"));
+            Some((Ok(event), n + 1))
+        }
+    })
+}
+
+async fn overview_events(
+    State(state): State<AppState>,
+    Extension(session): Extension<CurrentSession>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    Sse::new(ticks(state.clone(), session, |s| async move {
+        super::overview::gather(&s).await
+    }))
+    .keep_alive(KeepAlive::default())
+}
+
+#[derive(Deserialize)]
+struct IdentifierQuery {
+    id: String,
+}
+
+async fn identifier_events(
+    State(state): State<AppState>,
+    Extension(session): Extension<CurrentSession>,
+    Query(q): Query<IdentifierQuery>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let id = q.id;
+    Sse::new(ticks(state.clone(), session, move |s| {
+        let id = id.clone();
+        async move { super::inspector::inspect_now(&s, &id).await }
+    }))
+    .keep_alive(KeepAlive::default())
+}

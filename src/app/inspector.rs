@@ -1,0 +1,442 @@
+//! The identifier inspector: type `user=42`, see every policy and rule that applies with
+//! its live counter as a bar, the time to reset and the key's TTL, which rule binds, and a
+//! per-second history (sampled while the page is open, from `/events/identifier`); reset one
+//! rule, one policy or everything, with a reason that goes to the audit log.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::{components::Form, hooks::use_query_map};
+use serde::{Deserialize, Serialize};
+
+use super::session::{CsrfField, error_message, use_session};
+use crate::domain::people::Action;
+
+/// One rule's state for the identifier.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleState {
+    pub rule: String,
+    pub algorithm: String,
+    pub identifier: String,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    /// Milliseconds until Redis drops the state (`None`: no state kept now).
+    pub ttl_ms: Option<i64>,
+    pub binding: bool,
+    pub retry_after_ms: Option<u64>,
+}
+
+/// One policy's view of the identifier.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyState {
+    pub policy: String,
+    pub version: u64,
+    /// `rules`, or `unlimited` / `blocked` by an override.
+    pub status: String,
+    pub rules: Vec<RuleState>,
+}
+
+/// The identifier in every policy, at `at_ms`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inspection {
+    pub identifier: String,
+    pub at_ms: i64,
+    pub policies: Vec<PolicyState>,
+    /// Why nothing could be shown (a malformed identifier, Redis down).
+    pub error: Option<String>,
+}
+
+/// Reads the identifier's state in every policy (server only): a peek at cost 0 per policy,
+/// and the TTL of each rule's key.
+#[cfg(feature = "ssr")]
+pub async fn inspect_now(state: &crate::state::AppState, raw: &str) -> Inspection {
+    use crate::{
+        domain::{Identifier, RulesFor},
+        store::{CheckEntry, Now},
+    };
+    let now_ms = crate::auth::keys::now_ms();
+    let mut out = Inspection {
+        identifier: raw.trim().to_owned(),
+        at_ms: now_ms,
+        ..Inspection::default()
+    };
+    let id = match Identifier::parse(raw.trim()) {
+        Ok(id) => id,
+        Err(e) => {
+            out.error = Some(format!(
+                "identifier: {e} (write it as dimension=value, such as user=42)"
+            ));
+            return out;
+        }
+    };
+    out.identifier = id.to_string();
+    for policy in state.policies.all() {
+        let mut ps = PolicyState {
+            policy: policy.name.to_string(),
+            version: policy.version,
+            status: "rules".into(),
+            rules: Vec::new(),
+        };
+        match policy.rules_for(&id, now_ms) {
+            RulesFor::Unlimited => ps.status = "unlimited".into(),
+            RulesFor::Blocked => ps.status = "blocked".into(),
+            RulesFor::Rules(rules) => {
+                let entries: Vec<CheckEntry<'_>> = rules
+                    .iter()
+                    .filter(|r| r.applies_to(id.dimension().as_str()))
+                    .map(|rule| CheckEntry {
+                        rule,
+                        identifier: &id,
+                    })
+                    .collect();
+                if entries.is_empty() {
+                    continue;
+                }
+                let peek = state
+                    .store
+                    .check_and_consume(&policy.name, &entries, 0, Now::Redis)
+                    .await;
+                let ttls = state.store.rule_ttls(&policy.name, &entries).await;
+                match (peek, ttls) {
+                    (Ok(decision), Ok(ttls)) => {
+                        ps.rules = decision
+                            .results
+                            .into_iter()
+                            .zip(ttls)
+                            .map(|(r, ttl)| RuleState {
+                                rule: r.rule.to_string(),
+                                algorithm: r.algorithm,
+                                identifier: r.identifier.to_string(),
+                                limit: r.outcome.limit,
+                                remaining: r.outcome.remaining,
+                                reset_ms: r.outcome.reset_ms,
+                                ttl_ms: (ttl >= 0).then_some(ttl),
+                                binding: r.binding,
+                                retry_after_ms: r.outcome.retry_after_ms,
+                            })
+                            .collect();
+                    }
+                    (Err(e), _) | (_, Err(e)) => {
+                        tracing::warn!(error = %e, "inspector: Redis call failed");
+                        out.error =
+                            Some("Redis is unavailable; the counters cannot be read".into());
+                        return out;
+                    }
+                }
+            }
+        }
+        out.policies.push(ps);
+    }
+    out
+}
+
+#[server(prefix = "/fn", endpoint = "inspect")]
+pub async fn inspect_identifier(
+    #[server(default)] id: String,
+) -> Result<Inspection, ServerFnError> {
+    crate::auth::guard::require(Action::View)?;
+    Ok(inspect_now(&expect_context::<crate::state::AppState>(), &id).await)
+}
+
+/// Resets the identifier: `scope` is empty (every policy), `<policy>` or `<policy>/<rule>`.
+#[server(prefix = "/fn", endpoint = "reset")]
+pub async fn reset_identifier(
+    #[server(default)] csrf: String,
+    #[server(default)] id: String,
+    #[server(default)] scope: String,
+    #[server(default)] reason: String,
+) -> Result<u64, ServerFnError> {
+    use super::people::bad_input;
+    use crate::{api::identifiers::reset_scope, audit::Change, domain::Identifier};
+    let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let state = expect_context::<crate::state::AppState>();
+    let id = Identifier::parse(id.trim()).map_err(|m| bad_input("id", m))?;
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(bad_input(
+            "reason",
+            "is required: say why (it goes to the audit log)",
+        ));
+    }
+    if reason.chars().count() > 500 {
+        return Err(bad_input("reason", "must be at most 500 characters"));
+    }
+    let (policy, rule) = match scope.split_once('/') {
+        Some((p, r)) => (Some(p), Some(r)),
+        None if scope.is_empty() => (None, None),
+        None => (Some(scope.as_str()), None),
+    };
+    let (names, deleted) = reset_scope(&state, &id, policy, rule).await.map_err(|e| {
+        let status = e.status();
+        if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
+            r.set_status(status);
+        }
+        ServerFnError::new(e.to_string())
+    })?;
+    let _ = caller
+        .actor()
+        .record(
+            &state.store,
+            Change {
+                action: "identifier.reset",
+                target: &id.to_string(),
+                after:
+                    serde_json::json!({ "policies": names, "rule": rule, "deleted_keys": deleted })
+                        .to_string(),
+                reason,
+                ..Change::default()
+            },
+        )
+        .await;
+    Ok(deleted)
+}
+
+fn seconds(ms: u64) -> String {
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if ms < 120_000 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else {
+        format!("{:.1} min", ms as f64 / 60_000.0)
+    }
+}
+
+/// Follows `/events/identifier?id=…` in the browser; each sample replaces the data and is
+/// added to the history (the last 60).
+#[cfg(feature = "hydrate")]
+fn follow_events(
+    id: String,
+    live: RwSignal<Option<Inspection>>,
+    history: RwSignal<Vec<Inspection>>,
+) {
+    use wasm_bindgen::{JsCast, closure::Closure};
+    let path = format!("/events/identifier?id={}", super::overview::encode(&id));
+    let Ok(source) = web_sys::EventSource::new(&path) else {
+        return;
+    };
+    let on_message =
+        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |event: web_sys::MessageEvent| {
+            if let Some(text) = event.data().as_string()
+                && let Ok(data) = serde_json::from_str::<Inspection>(&text)
+            {
+                history.update(|h| {
+                    h.push(data.clone());
+                    if h.len() > 60 {
+                        h.remove(0);
+                    }
+                });
+                live.set(Some(data));
+            }
+        });
+    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    let source = send_wrapper::SendWrapper::new(source);
+    on_cleanup(move || source.close());
+}
+
+#[component]
+pub fn InspectorPage() -> impl IntoView {
+    let query = use_query_map();
+    let id = move || query.with(|q| q.get("id").unwrap_or_default());
+    let reset = ServerAction::<ResetIdentifier>::new();
+    let data = Resource::new(
+        move || (id(), reset.version().get()),
+        |(id, _)| async move {
+            if id.trim().is_empty() {
+                Ok(None)
+            } else {
+                inspect_identifier(id).await.map(Some)
+            }
+        },
+    );
+    let session = use_session();
+    let live = RwSignal::new(None::<Inspection>);
+    let history = RwSignal::new(Vec::<Inspection>::new());
+    #[cfg(feature = "hydrate")]
+    Effect::new(move |_| {
+        let id = id();
+        live.set(None);
+        history.set(Vec::new());
+        if !id.trim().is_empty() {
+            follow_events(id, live, history);
+        }
+    });
+    // After a reset, show the fresh read at once rather than the last sample.
+    Effect::new(move |_| {
+        reset.version().track();
+        live.set(None);
+    });
+
+    view! {
+        <Title text="Identifiers"/>
+        <h1>"Identifier inspector"</h1>
+        <Form method="GET" action="" attr:class="row">
+            <label>"Identifier"
+                <input name="id" placeholder="user=42" value=id prop:value=id required/>
+            </label>
+            <button type="submit">"Inspect"</button>
+        </Form>
+        {move || reset.value().get().map(|r| match r {
+            Ok(n) => view! { <p class="notice" role="status">{format!("Reset: {n} keys deleted.")}</p> }.into_any(),
+            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+        })}
+        <Suspense fallback=|| view! { <p>"Reading counters…"</p> }>
+            {move || Suspend::new(async move {
+                let s = session.await.unwrap_or_default();
+                match data.await {
+                    Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                    Ok(None) => view! { <p class="muted">"Type an identifier as dimension=value, such as user=42 or ip=203.0.113.7."</p> }.into_any(),
+                    Ok(Some(first)) => {
+                        let can_reset = s.may(Action::ResetIdentifier);
+                        let csrf = s.csrf.clone();
+                        let current = Signal::derive(move || live.get().unwrap_or_else(|| first.clone()));
+                        view! {
+                            {move || current.get().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
+                            {move || view! { <Policies inspection=current.get()/> }}
+                            <History history=history/>
+                            {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone()/> })}
+                        }.into_any()
+                    }
+                }
+            })}
+        </Suspense>
+    }
+}
+
+#[component]
+fn Policies(inspection: Inspection) -> impl IntoView {
+    if inspection.error.is_some() {
+        return ().into_any();
+    }
+    if inspection.policies.is_empty() {
+        return view! { <p class="empty">"No policy applies to "{inspection.identifier}"."</p> }
+            .into_any();
+    }
+    let id = inspection.identifier.clone();
+    inspection
+        .policies
+        .into_iter()
+        .map(|p| {
+            let status = match p.status.as_str() {
+                "unlimited" => Some(view! { <p><span class="badge ok">"unlimited"</span>" An override lets it through without counting."</p> }),
+                "blocked" => Some(view! { <p><span class="badge bad">"blocked"</span>" An override denies it."</p> }),
+                _ => None,
+            };
+            let rows = p
+                .rules
+                .into_iter()
+                .map(|r| {
+                    let used = r.limit.saturating_sub(r.remaining);
+                    let pct = if r.limit == 0 { 0 } else { used * 100 / r.limit };
+                    view! {
+                        <tr class:binding=r.binding>
+                            <td>{r.rule.clone()}{r.binding.then(|| view! { " " <span class="badge warn">"binds"</span> })}</td>
+                            <td>{r.algorithm}</td>
+                            <td>
+                                <meter min="0" max=r.limit.to_string() value=used.to_string() high=(r.limit * 8 / 10).to_string()
+                                    optimum="0" aria-label=format!("{} used", r.rule)></meter>
+                                " "<span data-testid=format!("used-{}-{}", p.policy, r.rule)>{format!("{used} / {}", r.limit)}</span>
+                                <span class="muted">{format!(" ({pct} %)")}</span>
+                            </td>
+                            <td>{seconds(r.reset_ms)}</td>
+                            <td>{r.ttl_ms.map_or("no state".to_owned(), |t| seconds(t as u64))}</td>
+                            <td>{r.retry_after_ms.map_or("—".to_owned(), seconds)}</td>
+                        </tr>
+                    }
+                })
+                .collect_view();
+            view! {
+                <section class="card" aria-label=format!("{} in {}", id, p.policy)>
+                    <h2>{p.policy.clone()}<span class="muted">{format!(" · version {}", p.version)}</span></h2>
+                    {status}
+                    <table>
+                        <thead><tr><th>"Rule"</th><th>"Algorithm"</th><th>"Used"</th><th>"Full again in"</th><th>"Key TTL"</th><th>"Retry after"</th></tr></thead>
+                        <tbody>{rows}</tbody>
+                    </table>
+                </section>
+            }
+        })
+        .collect_view()
+        .into_any()
+}
+
+/// Per-second history of the binding rule's use, sampled while the page is open.
+#[component]
+fn History(history: RwSignal<Vec<Inspection>>) -> impl IntoView {
+    view! {
+        <section class="card" aria-labelledby="history-heading">
+            <h2 id="history-heading">"Last minute"</h2>
+            {move || {
+                let h = history.get();
+                if h.len() < 2 {
+                    return view! { <p class="muted">"The per-second history fills in while this page is open (it needs JavaScript)."</p> }.into_any();
+                }
+                const W: f64 = 600.0;
+                const H: f64 = 60.0;
+                let points: Vec<u64> = h
+                    .iter()
+                    .map(|i| {
+                        i.policies
+                            .iter()
+                            .flat_map(|p| p.rules.iter())
+                            .map(|r| if r.limit == 0 { 0 } else { r.limit.saturating_sub(r.remaining) * 100 / r.limit })
+                            .max()
+                            .unwrap_or(0)
+                    })
+                    .collect();
+                let step = W / 59.0;
+                let line: String = points
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| format!("{:.1},{:.1}", i as f64 * step, H - (*p).min(100) as f64 / 100.0 * H))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let label = format!("Highest share of a limit used, per second: now {} %", points.last().copied().unwrap_or(0));
+                let aria = label.clone();
+                view! {
+                    <svg class="history" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label=aria>
+                        <title>{label}</title>
+                        <line class="threshold" x1="0" x2=W.to_string() y1=format!("{:.1}", H * 0.2) y2=format!("{:.1}", H * 0.2)/>
+                        <polyline class="usage" points=line/>
+                    </svg>
+                }.into_any()
+            }}
+        </section>
+    }
+}
+
+#[component]
+fn ResetForm(
+    action: ServerAction<ResetIdentifier>,
+    inspection: Signal<Inspection>,
+    csrf: String,
+) -> impl IntoView {
+    let options = move || {
+        let i = inspection.get();
+        let mut opts = vec![("".to_owned(), "Everything (every policy)".to_owned())];
+        for p in &i.policies {
+            opts.push((p.policy.clone(), format!("Policy {}", p.policy)));
+            for r in &p.rules {
+                opts.push((
+                    format!("{}/{}", p.policy, r.rule),
+                    format!("Rule {} of {}", r.rule, p.policy),
+                ));
+            }
+        }
+        opts.into_iter()
+            .map(|(v, l)| view! { <option value=v>{l}</option> })
+            .collect_view()
+    };
+    view! {
+        <section class="card" aria-labelledby="reset-heading">
+            <h2 id="reset-heading">"Reset"</h2>
+            <ActionForm action=action attr:class="row">
+                <CsrfField csrf=csrf/>
+                <input type="hidden" name="id" value=move || inspection.get().identifier/>
+                <label>"What"<select name="scope">{options}</select></label>
+                <label>"Reason"<input name="reason" required maxlength="500" placeholder="support ticket, false positive…"/></label>
+                <button type="submit" class="danger">"Reset counters"</button>
+            </ActionForm>
+        </section>
+    }
+}
