@@ -1,12 +1,14 @@
 //! The dashboard: the HTML shell, the navigation and the pages. Rendered on the server and
 //! hydrated in the browser; every page works with JavaScript off.
 
+pub mod audit;
 #[cfg(feature = "ssr")]
 pub mod events;
 pub mod inspector;
 mod login;
 pub mod overview;
 pub mod people;
+pub mod policies;
 pub mod session;
 
 use leptos::prelude::*;
@@ -97,31 +99,14 @@ pub fn App() -> impl IntoView {
                     // without JavaScript (streamed fragments would need a script to land).
                     <Route path=StaticSegment("") view=overview::OverviewPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("identifiers") view=inspector::InspectorPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("policies") view=PoliciesPage/>
-                    <Route path=StaticSegment("audit") view=AuditPage/>
+                    <Route path=StaticSegment("policies") view=policies::PoliciesPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("policy") view=policies::PolicyPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("audit") view=audit::AuditPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("login") view=login::LoginPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("people") view=people::PeoplePage ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>
-    }
-}
-
-#[component]
-fn PoliciesPage() -> impl IntoView {
-    view! {
-        <Title text="Policies"/>
-        <h1>"Policies"</h1>
-        <p class="empty">"The policy editor is not built yet."</p>
-    }
-}
-
-#[component]
-fn AuditPage() -> impl IntoView {
-    view! {
-        <Title text="Audit"/>
-        <h1>"Audit log"</h1>
-        <p class="empty">"The audit log is not built yet."</p>
     }
 }
 

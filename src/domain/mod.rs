@@ -7,6 +7,7 @@ pub mod identifier;
 pub mod overrides;
 pub mod people;
 pub mod policy;
+pub mod preview;
 pub mod rule;
 pub mod time;
 

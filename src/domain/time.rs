@@ -15,6 +15,45 @@ pub fn utc_seconds(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02} UTC")
 }
 
+/// Parses `YYYY-MM-DD`, `YYYY-MM-DD HH:MM` or `YYYY-MM-DDTHH:MM[:SS]` (UTC, as a
+/// `datetime-local` input sends it) to epoch milliseconds.
+pub fn parse_utc(raw: &str) -> Result<i64, String> {
+    let raw = raw.trim();
+    let bad = || format!("expected a UTC time such as 2026-11-22 10:58, got {raw:?}");
+    let (date, time) = match raw.split_once(['T', ' ']) {
+        Some((d, t)) => (d, t),
+        None => (raw, "00:00"),
+    };
+    let d: Vec<i64> = date
+        .split('-')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let t: Vec<i64> = time
+        .split(':')
+        .map(|p| p.parse().map_err(|_| bad()))
+        .collect::<Result<_, _>>()?;
+    let (&[y, m, day], 2..=3) = (d.as_slice(), t.len()) else {
+        return Err(bad());
+    };
+    let (h, min, sec) = (t[0], t[1], t.get(2).copied().unwrap_or(0));
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec > 59 {
+        return Err(bad());
+    }
+    let days = days_from_civil(y, m as u32, day as u32);
+    Ok(((days * 86_400) + h * 3600 + min * 60 + sec) * 1000)
+}
+
+/// (year, month, day) to days since 1970-01-01 (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 fn parts(ms: i64) -> (i64, u32, u32, i64, i64, i64) {
     let secs = ms.div_euclid(1000);
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
@@ -48,5 +87,18 @@ mod tests {
             "2000-02-29 00:01:01 UTC"
         );
         assert_eq!(utc_minutes(None), "never");
+    }
+
+    #[test]
+    fn times_parse_back() {
+        for ms in [0, 951_782_400_000 + 61_000, 1_795_000_000_000] {
+            let shown = utc_seconds(ms);
+            let raw = shown.trim_end_matches(" UTC");
+            assert_eq!(parse_utc(raw), Ok(ms - ms % 1000), "{raw}");
+        }
+        assert_eq!(parse_utc("2026-11-22T10:58"), parse_utc("2026-11-22 10:58"));
+        assert_eq!(parse_utc("1970-01-02"), Ok(86_400_000));
+        assert!(parse_utc("yesterday").is_err());
+        assert!(parse_utc("2026-13-01").is_err());
     }
 }

@@ -1,0 +1,158 @@
+//! The audit log page: every change, newest first, filtered by actor, action and time, with
+//! the documents before and after. Read only: nothing in the app edits the log.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::{components::Form, hooks::use_query_map};
+use serde::{Deserialize, Serialize};
+
+use super::session::error_message;
+use crate::domain::{people::AuditEntry, time::utc_seconds};
+
+/// Records per page.
+pub const PAGE: usize = 50;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditPageData {
+    pub entries: Vec<AuditEntry>,
+    /// The id to page on from, when there may be older records.
+    pub older: Option<String>,
+}
+
+#[server(prefix = "/fn", endpoint = "audit")]
+pub async fn audit_log(
+    #[server(default)] actor: String,
+    #[server(default)] action: String,
+    #[server(default)] since: String,
+    #[server(default)] until: String,
+    #[server(default)] before: String,
+) -> Result<AuditPageData, ServerFnError> {
+    use super::people::bad_input;
+    use crate::domain::{people::AuditFilter, time::parse_utc};
+    crate::auth::guard::require(crate::domain::people::Action::View)?;
+    let time = |field: &str, raw: &str| -> Result<Option<i64>, ServerFnError> {
+        if raw.trim().is_empty() {
+            Ok(None)
+        } else {
+            parse_utc(raw).map(Some).map_err(|m| bad_input(field, m))
+        }
+    };
+    let filter = AuditFilter {
+        actor: actor.trim().to_owned(),
+        action: action.trim().to_owned(),
+        since_ms: time("since", &since)?,
+        until_ms: time("until", &until)?.map(|t| t + 59_999),
+    };
+    let before = before.trim();
+    if !before.is_empty()
+        && !before
+            .split_once('-')
+            .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
+    {
+        return Err(bad_input("before", "is not a record id"));
+    }
+    let store = expect_context::<crate::state::AppState>().store;
+    let entries = store
+        .read_audit(&filter, PAGE, (!before.is_empty()).then_some(before))
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "audit page: Redis call failed");
+            ServerFnError::new("Redis is unavailable; try again")
+        })?;
+    let older = (entries.len() == PAGE).then(|| entries[PAGE - 1].id.clone());
+    Ok(AuditPageData { entries, older })
+}
+
+#[component]
+pub fn AuditPage() -> impl IntoView {
+    let query = use_query_map();
+    let get = move |k: &'static str| query.with(|q| q.get(k).unwrap_or_default());
+    let data = Resource::new(
+        move || {
+            (
+                get("actor"),
+                get("action"),
+                get("since"),
+                get("until"),
+                get("before"),
+            )
+        },
+        |(actor, action, since, until, before)| audit_log(actor, action, since, until, before),
+    );
+    view! {
+        <Title text="Audit"/>
+        <h1>"Audit log"</h1>
+        <Form method="GET" action="" attr:class="row filters">
+            <label>"Actor"<input name="actor" placeholder="user:alice, key:billing" value=move || get("actor") prop:value=move || get("actor")/></label>
+            <label>"Action"
+                <select name="action">
+                    {[("", "any"), ("policy", "policy"), ("override", "override"), ("identifier.reset", "reset"), ("user", "user"), ("key", "key"), ("login", "login"), ("logout", "logout")]
+                        .into_iter()
+                        .map(|(v, l)| view! { <option value=v selected=move || get("action") == v>{l}</option> })
+                        .collect_view()}
+                </select>
+            </label>
+            <label>"From (UTC)"<input name="since" type="datetime-local" value=move || get("since") prop:value=move || get("since")/></label>
+            <label>"To (UTC)"<input name="until" type="datetime-local" value=move || get("until") prop:value=move || get("until")/></label>
+            <button type="submit">"Filter"</button>
+        </Form>
+        <Suspense fallback=|| view! { <p>"Reading the log…"</p> }>
+            {move || Suspend::new(async move {
+                match data.await {
+                    Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                    Ok(page) if page.entries.is_empty() => view! { <p class="empty">"No records match."</p> }.into_any(),
+                    Ok(page) => {
+                        let older = page.older.map(|id| {
+                            let href = query.with_untracked(|q| {
+                                let mut parts: Vec<String> = ["actor", "action", "since", "until"]
+                                    .iter()
+                                    .filter_map(|k| q.get(k).filter(|v| !v.is_empty()).map(|v| format!("{k}={}", super::overview::encode(&v))))
+                                    .collect();
+                                parts.push(format!("before={id}"));
+                                format!("/audit?{}", parts.join("&"))
+                            });
+                            view! { <p><a href=href>"Older records →"</a></p> }
+                        });
+                        view! {
+                            <table class="audit" data-testid="audit">
+                                <thead><tr><th>"When (UTC)"</th><th>"Who"</th><th>"Action"</th><th>"Target"</th><th>"Reason"</th><th>"From"</th><th>"Change"</th></tr></thead>
+                                <tbody>
+                                    {page.entries.into_iter().map(|e| {
+                                        let change = (!e.before.is_empty() || !e.after.is_empty()).then(|| view! {
+                                            <details>
+                                                <summary>"before / after"</summary>
+                                                <pre>{pretty(&e.before)}</pre>
+                                                <pre>{pretty(&e.after)}</pre>
+                                            </details>
+                                        });
+                                        view! {
+                                            <tr>
+                                                <td>{utc_seconds(e.time_ms)}</td>
+                                                <td>{e.actor}<br/><span class="muted small">{e.role}</span></td>
+                                                <td><code>{e.action}</code></td>
+                                                <td>{e.target}</td>
+                                                <td>{e.reason}</td>
+                                                <td>{e.ip}</td>
+                                                <td>{change}</td>
+                                            </tr>
+                                        }
+                                    }).collect_view()}
+                                </tbody>
+                            </table>
+                            {older}
+                        }.into_any()
+                    }
+                }
+            })}
+        </Suspense>
+    }
+}
+
+fn pretty(json: &str) -> String {
+    if json.is_empty() {
+        return "—".into();
+    }
+    serde_json::from_str::<serde_json::Value>(json)
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_else(|_| json.to_owned())
+}

@@ -1,0 +1,136 @@
+//! What a burst would get: `n` requests spread evenly over `over_ms`, from one identifier,
+//! through every rule of a policy, computed with the reference model. The dashboard runs it
+//! in the browser (and on the server for pages without JavaScript).
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Rule,
+    check::{Entry, evaluate},
+};
+
+/// The result of a simulated burst.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BurstPreview {
+    pub requests: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    /// The first denied request: its number (from 1) and when it came (ms after the first).
+    pub first_denied: Option<(u64, u64)>,
+    /// How many denials each rule caused (the rule that denied; several may).
+    pub denials_by_rule: Vec<(String, u64)>,
+}
+
+/// The most requests a preview simulates.
+pub const MAX_REQUESTS: u64 = 100_000;
+
+/// Simulates `requests` requests of cost 1, evenly spread over `over_ms` (all at once when
+/// 0), starting on a whole second, against fresh state.
+pub fn burst(rules: &[Rule], requests: u64, over_ms: u64) -> BurstPreview {
+    let requests = requests.min(MAX_REQUESTS);
+    let entries: Vec<Entry<'_>> = rules
+        .iter()
+        .map(|r| Entry {
+            algorithm: &r.algorithm,
+            count_denied: r.count_denied,
+        })
+        .collect();
+    let mut states = vec![None; entries.len()];
+    let start_us: i64 = 1_700_000_000_000_000;
+    let mut out = BurstPreview {
+        requests,
+        denials_by_rule: rules.iter().map(|r| (r.name.to_string(), 0)).collect(),
+        ..BurstPreview::default()
+    };
+    for i in 0..requests {
+        let offset_us = if requests <= 1 {
+            0
+        } else {
+            (i as u128 * over_ms as u128 * 1000 / (requests - 1) as u128) as i64
+        };
+        let (after, outcomes) = evaluate(&states, start_us + offset_us, 1, &entries);
+        states = after;
+        if outcomes.iter().all(|o| o.allowed) {
+            out.allowed += 1;
+        } else {
+            out.denied += 1;
+            out.first_denied
+                .get_or_insert((i + 1, offset_us as u64 / 1000));
+            for (k, o) in outcomes.iter().enumerate() {
+                if !o.allowed {
+                    out.denials_by_rule[k].1 += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Algorithm;
+
+    fn rule(name: &str, algorithm: Algorithm) -> Rule {
+        Rule::new(0, name, algorithm, None, false).unwrap()
+    }
+
+    #[test]
+    fn a_fixed_window_admits_its_limit_of_a_burst() {
+        let rules = [rule(
+            "per-second",
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 1000,
+            },
+        )];
+        let p = burst(&rules, 25, 0);
+        assert_eq!(
+            (p.allowed, p.denied, p.first_denied),
+            (10, 15, Some((11, 0)))
+        );
+        assert_eq!(p.denials_by_rule, vec![("per-second".to_owned(), 15)]);
+    }
+
+    #[test]
+    fn a_token_bucket_refills_during_a_spread_burst() {
+        // 20 at once, then 5 per second: 40 requests over 2 s get 20 + 10 (+1 at the edge).
+        let rules = [rule(
+            "burst",
+            Algorithm::TokenBucket {
+                capacity: 20,
+                refill_tokens: 5,
+                refill_period_ms: 1000,
+            },
+        )];
+        let p = burst(&rules, 40, 2000);
+        assert!((30..=31).contains(&p.allowed), "{p:?}");
+    }
+
+    #[test]
+    fn the_tightest_rule_is_named() {
+        let rules = [
+            rule(
+                "wide",
+                Algorithm::FixedWindow {
+                    limit: 100,
+                    window_ms: 1000,
+                },
+            ),
+            rule(
+                "tight",
+                Algorithm::Gcra {
+                    rate: 1,
+                    period_ms: 1000,
+                    burst: 2,
+                },
+            ),
+        ];
+        let p = burst(&rules, 10, 0);
+        assert_eq!(p.allowed, 3);
+        assert_eq!(
+            p.denials_by_rule,
+            vec![("wide".to_owned(), 0), ("tight".to_owned(), 7)]
+        );
+    }
+}
