@@ -4,12 +4,13 @@
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node_modules/.bin:$(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: deps-run run build test test-unit test-e2e deps-build deps-test deps-bench bench clean help
+.PHONY: demo deps-run run build test test-unit test-e2e deps-build deps-test deps-bench bench clean help
 
 help:
 	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
 	@echo "make test   unit, integration (real redis-server) and browser tests"
 	@echo "make build  release build only"
+	@echo "make demo   synthetic traffic against the demo policy of a running make run"
 	@echo "make bench  benchmarks against redis-benchmark and the node rate limiters"
 
 deps-build:
@@ -39,6 +40,10 @@ test-e2e: deps-test build
 	  npx playwright test
 
 test: test-unit test-e2e
+
+# Synthetic traffic against the demo policy of a running `make run` (another terminal).
+demo: deps-run build
+	@set -a; [ -f .spillway/keys.env ] && . .spillway/keys.env; set +a; ./target/release/spillway demo
 
 deps-bench:
 	@scripts/deps.sh bench

@@ -28,6 +28,7 @@ pub enum Command {
     },
     /// `user add|set-password|set-role|remove|list`, `key add|list|revoke`.
     People(PeopleCommand),
+    Demo(crate::demo::DemoOptions),
     Help,
 }
 
@@ -83,7 +84,9 @@ pub const USAGE: &str = "usage:
   spillway user list
   spillway key add NAME [--role service|admin]  create an API key (printed once)
   spillway key list
-  spillway key revoke ID";
+  spillway key revoke ID
+  spillway demo [--url URL] [--seconds N]     synthetic traffic against the demo policy
+                                             (service key from SPILLWAY_SERVICE_KEYS)";
 
 /// Parses the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Command, String> {
@@ -164,6 +167,24 @@ pub fn parse(args: &[String]) -> Result<Command, String> {
                 name: name.to_string(),
                 role,
             }))
+        }
+        ["demo", rest @ ..] => {
+            let (mut url, mut seconds) = ("http://127.0.0.1:3000".to_owned(), None);
+            let mut it = rest.iter();
+            while let Some(arg) = it.next() {
+                match *arg {
+                    "--url" => url = it.next().ok_or("--url: a URL is missing")?.to_string(),
+                    "--seconds" => {
+                        seconds = Some(
+                            it.next()
+                                .and_then(|s| s.parse().ok())
+                                .ok_or("--seconds: a whole number is missing")?,
+                        )
+                    }
+                    other => return Err(format!("unknown argument {other:?}")),
+                }
+            }
+            Ok(Command::Demo(crate::demo::DemoOptions { url, seconds }))
         }
         ["key", "list"] => Ok(Command::People(PeopleCommand::KeyList)),
         ["key", "revoke", id] => Ok(Command::People(PeopleCommand::KeyRevoke {

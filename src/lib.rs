@@ -19,6 +19,8 @@ pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod config;
 #[cfg(feature = "ssr")]
+pub mod demo;
+#[cfg(feature = "ssr")]
 pub mod deny_cache;
 #[cfg(feature = "ssr")]
 pub mod live;

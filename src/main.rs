@@ -50,6 +50,15 @@ async fn main() -> anyhow::Result<()> {
                 None => print!("{text}"),
             }
         }
+        Command::Demo(options) => {
+            let key = config
+                .service_keys
+                .first()
+                .or(config.admin_keys.first())
+                .cloned()
+                .context("demo: set SPILLWAY_SERVICE_KEYS (make demo reads .spillway/keys.env)")?;
+            spillway::demo::run(options, key).await?;
+        }
         Command::People(command) => {
             let store = connect(&config).await?;
             print!("{}", cli::people_command(&store, command).await?);
