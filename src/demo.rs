@@ -26,7 +26,14 @@ struct Tally {
     failed: AtomicU64,
 }
 
-async fn check(client: &reqwest::Client, url: &str, key: &str, user: &str, ip: &str, tally: &Tally) {
+async fn check(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    user: &str,
+    ip: &str,
+    tally: &Tally,
+) {
     let body = serde_json::json!({ "policy": "demo", "identifiers": { "user": user, "ip": ip } });
     match client.post(url).bearer_auth(key).json(&body).send().await {
         Ok(r) if r.status().is_success() => tally.allowed.fetch_add(1, Ordering::Relaxed),
@@ -76,13 +83,20 @@ pub async fn run(options: DemoOptions, service_key: String) -> anyhow::Result<()
     }
     // Light users: 200 of them, one check every 20 s each (10 a second in all), spread out.
     {
-        let (client, url, key, tally) = (client.clone(), url.clone(), service_key.clone(), tally.clone());
+        let (client, url, key, tally) = (
+            client.clone(),
+            url.clone(),
+            service_key.clone(),
+            tally.clone(),
+        );
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             let mut n: u64 = 0;
             loop {
                 tick.tick().await;
-                n = n.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                n = n
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let user = 1000 + (n >> 33) % 200;
                 let ip = format!("198.51.100.{}", 1 + user % 60);
                 check(&client, &url, &key, &format!("u{user}"), &ip, &tally).await;

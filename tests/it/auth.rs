@@ -16,7 +16,7 @@ use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, sp
 
 const PASSWORD: &str = "correct horse battery staple";
 
-async fn store(redis: &RedisServer) -> Store {
+pub(crate) async fn store(redis: &RedisServer) -> Store {
     Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
         .await
         .unwrap()
@@ -30,21 +30,21 @@ fn test_actor() -> Actor {
     }
 }
 
-async fn add_user(store: &Store, name: &str, role: Role) {
+pub(crate) async fn add_user(store: &Store, name: &str, role: Role) {
     people::add_user(store, &test_actor(), name, role, PASSWORD)
         .await
         .unwrap();
 }
 
 /// A browser-like client: keeps the session cookie, never follows redirects.
-struct Visitor {
+pub(crate) struct Visitor {
     base: String,
     client: reqwest::Client,
     cookie: Option<String>,
 }
 
 impl Visitor {
-    fn new(app: &TestApp) -> Self {
+    pub(crate) fn new(app: &TestApp) -> Self {
         Self {
             base: format!("http://{}", app.addr),
             client: reqwest::Client::builder()
@@ -66,7 +66,7 @@ impl Visitor {
         }
     }
 
-    async fn get(&mut self, path: &str) -> reqwest::Response {
+    pub(crate) async fn get(&mut self, path: &str) -> reqwest::Response {
         let mut req = self.client.get(format!("{}{path}", self.base));
         if let Some(c) = &self.cookie {
             req = req.header(header::COOKIE, c);
@@ -76,7 +76,7 @@ impl Visitor {
         r
     }
 
-    async fn post_form(
+    pub(crate) async fn post_form(
         &mut self,
         path: &str,
         form: &[(&str, &str)],
@@ -94,12 +94,12 @@ impl Visitor {
         r
     }
 
-    fn origin(&self) -> String {
+    pub(crate) fn origin(&self) -> String {
         self.base.clone()
     }
 
     /// The session's CSRF token, as the page's forms carry it.
-    async fn csrf(&mut self) -> String {
+    pub(crate) async fn csrf(&mut self) -> String {
         let r = self.post_form("/fn/whoami", &[], None).await;
         assert_eq!(r.status(), 200);
         let v: serde_json::Value = r.json().await.unwrap();
@@ -124,7 +124,7 @@ impl Visitor {
         .await
     }
 
-    async fn signed_in(app: &TestApp, user: &str) -> Self {
+    pub(crate) async fn signed_in(app: &TestApp, user: &str) -> Self {
         let mut v = Self::new(app);
         let r = v.login(user, PASSWORD).await;
         assert_eq!(r.status(), StatusCode::SEE_OTHER);
@@ -629,6 +629,66 @@ async fn every_role_gets_what_it_may_on_every_route() {
             vec![("username", "admin-new")],
             [200, 403, 403, 401, 401, 401],
         ),
+        ("overview", vec![], [200, 200, 200, 401, 401, 401]),
+        (
+            "inspect",
+            vec![("id", "user=1")],
+            [200, 200, 200, 401, 401, 401],
+        ),
+        (
+            "reset",
+            vec![("id", "user=1"), ("scope", ""), ("reason", "matrix")],
+            [200, 200, 403, 401, 401, 401],
+        ),
+        (
+            "audit",
+            vec![("action", "user")],
+            [200, 200, 200, 401, 401, 401],
+        ),
+        ("policies", vec![], [200, 200, 200, 401, 401, 401]),
+        (
+            "policy",
+            vec![("name", "demo")],
+            [200, 200, 200, 401, 401, 401],
+        ),
+        (
+            "policy_save",
+            vec![
+                ("name", "matrix2"),
+                ("version", "0"),
+                ("description", "from the matrix"),
+                ("rules[0][name]", "r"),
+                ("rules[0][algorithm]", "fixed_window"),
+                ("rules[0][limit]", "5"),
+                ("rules[0][window_ms]", "1000"),
+            ],
+            [200, 403, 403, 401, 401, 401],
+        ),
+        (
+            "override_add",
+            vec![
+                ("name", "matrix2"),
+                ("matcher", "user=vip"),
+                ("action", "unlimited"),
+                ("expires_minutes", "5"),
+            ],
+            [200, 200, 403, 401, 401, 401],
+        ),
+        (
+            "override_remove",
+            vec![("name", "matrix2"), ("index", "0")],
+            [200, 200, 403, 401, 401, 401],
+        ),
+        (
+            "policy_rollback",
+            vec![("name", "matrix2"), ("to_version", "1")],
+            [200, 403, 403, 401, 401, 401],
+        ),
+        (
+            "policy_delete",
+            vec![("name", "matrix2")],
+            [200, 403, 403, 401, 401, 401],
+        ),
     ];
     let who_all = [
         Who::Admin,
@@ -775,6 +835,9 @@ async fn every_role_gets_what_it_may_on_every_route() {
         ("/policies", [200, 200, 200, 303, 303, 303]),
         ("/audit", [200, 200, 200, 303, 303, 303]),
         ("/people", [200, 403, 403, 303, 303, 303]),
+        ("/policy?name=demo", [200, 200, 200, 303, 303, 303]),
+        ("/identifiers?id=user%3D1", [200, 200, 200, 303, 303, 303]),
+        ("/events/overview", [200, 200, 200, 303, 303, 303]),
         ("/login", [200, 200, 200, 200, 200, 200]),
     ] {
         for (i, who) in who_all.iter().enumerate() {

@@ -7,6 +7,7 @@ mod api;
 mod auth;
 mod cli;
 mod cluster;
+mod dashboard;
 mod engine;
 mod faults;
 mod fuzz;
