@@ -5,6 +5,9 @@
 //! dashboard. `domain` is pure and compiles in both, so the browser shares the server's types
 //! and algorithm models.
 
+// Leptos's typed views nest deeply; the dashboard's larger pages need more than 128.
+#![recursion_limit = "256"]
+
 pub mod app;
 #[cfg(feature = "ssr")]
 pub mod audit;

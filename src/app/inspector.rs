@@ -168,9 +168,7 @@ pub async fn reset_identifier(
     };
     let (names, deleted) = reset_scope(&state, &id, policy, rule).await.map_err(|e| {
         let status = e.status();
-        if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
-            r.set_status(status);
-        }
+        crate::auth::guard::set_status(status);
         ServerFnError::new(e.to_string())
     })?;
     let _ = caller

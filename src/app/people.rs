@@ -47,18 +47,14 @@ fn state() -> crate::state::AppState {
 #[cfg(feature = "ssr")]
 fn store_failed(e: impl std::fmt::Display) -> ServerFnError {
     tracing::warn!(error = %e, "dashboard: Redis call failed");
-    if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
-        r.set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
-    }
+    crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
     ServerFnError::new("Redis is unavailable; try again")
 }
 
 /// A 400 naming the form field.
 #[cfg(feature = "ssr")]
 pub(crate) fn bad_input(field: &str, message: impl std::fmt::Display) -> ServerFnError {
-    if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
-        r.set_status(axum::http::StatusCode::BAD_REQUEST);
-    }
+    crate::auth::guard::set_status(axum::http::StatusCode::BAD_REQUEST);
     ServerFnError::new(format!("{field}: {message}"))
 }
 
@@ -68,9 +64,7 @@ fn people_failed(e: crate::auth::people::PeopleError) -> ServerFnError {
     match e {
         PeopleError::Store(e) => store_failed(e),
         other => {
-            if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
-                r.set_status(axum::http::StatusCode::BAD_REQUEST);
-            }
+            crate::auth::guard::set_status(axum::http::StatusCode::BAD_REQUEST);
             ServerFnError::new(other.to_string())
         }
     }

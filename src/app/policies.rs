@@ -231,9 +231,7 @@ fn state() -> crate::state::AppState {
 #[cfg(feature = "ssr")]
 fn unavailable(e: impl std::fmt::Display) -> ServerFnError {
     tracing::warn!(error = %e, "policies page: Redis call failed");
-    if let Some(r) = use_context::<leptos_axum::ResponseOptions>() {
-        r.set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
-    }
+    crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
     ServerFnError::new("Redis is unavailable; try again")
 }
 
@@ -702,7 +700,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                 </fieldset>
-                            }
+                            }.into_any()
                         }).collect_view();
                         let overrides = p.overrides.iter().enumerate().map(|(i, o)| {
                             let c = csrf.clone();
@@ -722,7 +720,7 @@ pub fn PolicyPage() -> impl IntoView {
                                         </ActionForm>
                                     })}</td>
                                 </tr>
-                            }
+                            }.into_any()
                         }).collect_view();
                         let history = p.history.clone().into_iter().map(|h| {
                             let c = csrf.clone();
@@ -747,7 +745,7 @@ pub fn PolicyPage() -> impl IntoView {
                                         </ActionForm>
                                     })}
                                 </li>
-                            }
+                            }.into_any()
                         }).collect_view();
                         let (c1, c2, c3) = (csrf.clone(), csrf.clone(), csrf.clone());
                         let (n1, n2, n3) = (p.name.clone(), p.name.clone(), p.name.clone());
@@ -769,7 +767,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     {can_edit.then(|| view! { <button type="submit">"Save policy"</button> })}
                                 </ActionForm>
                             </section>
-                            {p.exists.then(|| view! { <Preview name=preview_name document=document/> })}
+                            {p.exists.then(|| view! { <Preview name=preview_name document=document/> }.into_any())}
                             {p.exists.then(|| view! {
                                 <section class="card" aria-labelledby="overrides-heading">
                                     <h2 id="overrides-heading">"Overrides"</h2>
@@ -793,14 +791,14 @@ pub fn PolicyPage() -> impl IntoView {
                                     <h2 id="history-heading">"History"</h2>
                                     <ul class="history-list">{history}</ul>
                                 </section>
-                            })}
+                            }.into_any())}
                             {(p.exists && can_edit).then(|| view! {
                                 <ActionForm action=delete attr:class="inline">
                                     <CsrfField csrf=c3/>
                                     <input type="hidden" name="name" value=n3/>
                                     <button type="submit" class="danger">"Delete policy"</button>
                                 </ActionForm>
-                            })}
+                            }.into_any())}
                         }.into_any()
                     }
                 }

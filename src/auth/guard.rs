@@ -34,10 +34,23 @@ impl Caller {
     }
 }
 
-fn fail(status: StatusCode, message: &str) -> ServerFnError {
-    if let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+/// Sets the status of a server function's answer, except for a plain form post (JavaScript
+/// off): that one must stay a redirect back to the page, which shows the error.
+pub fn set_status(status: StatusCode) {
+    let form_post = use_context::<Parts>().is_some_and(|p| {
+        p.method == axum::http::Method::POST
+            && p.headers
+                .get(axum::http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|a| a.contains("text/html"))
+    });
+    if !form_post && let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
         response.set_status(status);
     }
+}
+
+fn fail(status: StatusCode, message: &str) -> ServerFnError {
+    set_status(status);
     ServerFnError::new(message)
 }
 

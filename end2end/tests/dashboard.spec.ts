@@ -1,0 +1,128 @@
+import { expect, test, type Page } from "@playwright/test";
+import { E2E_SERVICE_KEY, signIn, waitForHydration } from "./fixtures/people";
+
+/** Saves a full-page screenshot as a test artifact. */
+async function shot(page: Page, name: string) {
+  await page.screenshot({ path: test.info().outputPath(`${name}.png`), fullPage: true });
+}
+
+test("create a policy, throttle someone, see it live, inspect, reset with a reason, audit it", async ({
+  page,
+  request,
+}, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  // Both projects share one server: names of their own.
+  const policy = `e2e-${testInfo.project.name}`;
+  const user = `mallory-${testInfo.project.name}`;
+
+  await signIn(page);
+
+  // Create the policy in the editor.
+  await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Policies" }).click();
+  await page.getByLabel("New policy name").fill(policy);
+  await page.getByRole("button", { name: "Create" }).click();
+  await expect(page.getByRole("heading", { level: 1, name: `New policy ${policy}` })).toBeVisible();
+  if (hydrated) await waitForHydration(page);
+  const rule = page.getByRole("group", { name: "Add a rule" }).first();
+  await rule.getByLabel("Name").fill("per-minute");
+  await rule.getByLabel("Algorithm").selectOption("fixed_window");
+  await rule.getByLabel("Limit").fill("0");
+  await rule.getByLabel("Window (ms)").fill("60000");
+  await page.getByLabel("Description").fill("three a minute, from the browser test");
+  await page.getByRole("button", { name: "Save policy" }).click();
+  // A bad value is named beside its field.
+  await expect(page.getByText(/must be at least 1|must be a whole number|must be/).first()).toBeVisible();
+  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Name").fill("per-minute");
+  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Limit").fill("3");
+  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Window (ms)").fill("60000");
+  await page.getByRole("button", { name: "Save policy" }).click();
+  await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
+  await expect(page.getByTestId("preview")).toContainText("50 requests: 3 allowed, 47 denied");
+  await shot(page, "policy");
+
+  // The overview, open before the traffic starts.
+  await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Overview" }).click();
+  await expect(page.getByRole("heading", { level: 1, name: "Overview" })).toBeVisible();
+  if (hydrated) {
+    await waitForHydration(page);
+    await page.evaluate(() => ((window as any).__noReload = "still here"));
+  }
+
+  // Traffic through the check API: 3 allowed, then denials.
+  const statuses: number[] = [];
+  for (let i = 0; i < 8; i++) {
+    const r = await request.post("/api/v1/check", {
+      headers: { Authorization: `Bearer ${E2E_SERVICE_KEY}` },
+      data: { policy, identifiers: { user } },
+    });
+    statuses.push(r.status());
+  }
+  expect(statuses).toEqual([200, 200, 200, 429, 429, 429, 429, 429]);
+
+  const throttled = page.getByTestId("throttled");
+  if (hydrated) {
+    // Live: no reload, within 2 seconds.
+    await expect(throttled).toContainText(`user=${user}`, { timeout: 2000 });
+    expect(await page.evaluate(() => (window as any).__noReload)).toBe("still here");
+    await expect(page.getByTestId(`rate-${policy}`)).toBeVisible();
+  } else {
+    await page.reload();
+    await expect(throttled).toContainText(`user=${user}`);
+  }
+  await shot(page, "overview");
+
+  // Inspect the identifier from the overview.
+  await throttled.getByRole("link", { name: `user=${user}` }).click();
+  await expect(page.getByRole("heading", { level: 1, name: "Identifier inspector" })).toBeVisible();
+  const card = page.getByRole("region", { name: `user=${user} in ${policy}` });
+  await expect(card.getByTestId(`used-${policy}-per-minute`)).toHaveText("3 / 3");
+  await expect(card).toContainText("binds");
+  if (hydrated) await waitForHydration(page);
+  await shot(page, "inspector");
+
+  // Reset that policy for it, with a reason.
+  await page.getByLabel("What").selectOption({ label: `Policy ${policy}` });
+  await page.getByLabel("Reason").fill("false positive, ticket 42");
+  await page.getByRole("button", { name: "Reset counters" }).click();
+  await expect(card.getByTestId(`used-${policy}-per-minute`)).toHaveText("0 / 3");
+
+  // The audit log has it.
+  await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Audit" }).click();
+  await page.getByLabel("Action").selectOption({ label: "reset" });
+  await page.getByRole("button", { name: "Filter" }).click();
+  const row = page.getByTestId("audit").getByRole("row", { name: new RegExp(`user=${user}`) });
+  await expect(row).toContainText("false positive, ticket 42");
+  await expect(row).toContainText("user:e2e-admin");
+  await shot(page, "audit");
+
+  // The remaining pages, for the record.
+  await page.goto("/policies");
+  await expect(page.getByTestId("policies")).toContainText(policy);
+  await shot(page, "policies");
+  await page.goto("/people");
+  await expect(page.getByRole("heading", { level: 1, name: "Users and API keys" })).toBeVisible();
+  await shot(page, "people");
+});
+
+test("an admin creates an API key, sees it once, and revokes it", async ({ page, request }, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  await signIn(page, "e2e-admin", "/people");
+  if (hydrated) await waitForHydration(page);
+  const name = `e2e key ${testInfo.project.name}`;
+  const keys = page.getByRole("region", { name: "API keys" });
+  await keys.getByLabel("Name").fill(name);
+  await keys.getByRole("button", { name: "Create key" }).click();
+  const secret = (await page.getByTestId("new-key").textContent())!.trim();
+  expect(secret).toMatch(/^spw_svc_[0-9a-f]{64}$/);
+  const check = () =>
+    request.post("/api/v1/check", {
+      headers: { Authorization: `Bearer ${secret}` },
+      data: { policy: "demo", identifiers: { user: "1" } },
+    });
+  await expect.poll(async () => (await check()).status(), { timeout: 2000 }).toBe(200);
+  await page.reload();
+  await expect(page.getByTestId("new-key")).toHaveCount(0);
+  await page.getByRole("button", { name: `Revoke ${name}` }).click();
+  await expect(page.getByRole("row", { name: new RegExp(name) })).toContainText("revoked");
+  await expect.poll(async () => (await check()).status(), { timeout: 1500 }).toBe(401);
+});
