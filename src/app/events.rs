@@ -55,6 +55,11 @@ where
             if n > 0 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
+            // A stream never ends by itself: end it when shutting down, or the graceful
+            // shutdown would wait for the browser to go away.
+            if crate::server::draining() {
+                return None;
+            }
             if n % 5 == 0 && !still_signed_in(&state, &digest).await {
                 return None;
             }

@@ -326,9 +326,11 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                 .map(|r| {
                     let used = r.limit.saturating_sub(r.remaining);
                     let pct = if r.limit == 0 { 0 } else { used * 100 / r.limit };
+                    // The binding rule only matters once something is used.
+                    let binds = r.binding && (used > 0 || r.retry_after_ms.is_some());
                     view! {
-                        <tr class:binding=r.binding>
-                            <td>{r.rule.clone()}{r.binding.then(|| view! { " " <span class="badge warn">"binds"</span> })}</td>
+                        <tr class:binding=binds>
+                            <td>{r.rule.clone()}{binds.then(|| view! { " " <span class="badge warn">"binds"</span> })}</td>
                             <td>{r.algorithm}</td>
                             <td>
                                 <meter min="0" max=r.limit.to_string() value=used.to_string() high=(r.limit * 8 / 10).to_string()

@@ -296,13 +296,8 @@ fn RateChart(rate: PolicyRate) -> impl IntoView {
     const W: f64 = 600.0;
     const H: f64 = 80.0;
     let n = rate.seconds.len().max(1);
-    let peak = rate
-        .seconds
-        .iter()
-        .map(|(a, d)| a + d)
-        .max()
-        .unwrap_or(0)
-        .max(1);
+    let busiest = rate.seconds.iter().map(|(a, d)| a + d).max().unwrap_or(0);
+    let peak = busiest.max(1);
     let bar = W / n as f64;
     let (allowed, denied): (u64, u64) = rate
         .seconds
@@ -334,7 +329,7 @@ fn RateChart(rate: PolicyRate) -> impl IntoView {
             <figcaption>
                 <strong>{rate.policy.clone()}</strong>
                 {rate.shadow.then(|| view! { " " <span class="badge warn">"shadow"</span> })}
-                <span class="muted">{format!(" · {now_a}/s allowed · {now_d}/s denied · peak {peak}/s")}</span>
+                <span class="muted">{format!(" · {now_a}/s allowed · {now_d}/s denied · peak {busiest}/s")}</span>
             </figcaption>
             <svg viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label=label>
                 <title>{summary}</title>

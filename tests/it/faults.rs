@@ -362,3 +362,43 @@ async fn sigterm_lets_in_flight_checks_finish() {
         "{after:?}"
     );
 }
+
+/// An open server-sent event stream (the live overview) does not hold up shutdown: the
+/// stream ends during the drain and the process exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_open_event_streams() {
+    use spillway::domain::people::Role;
+    let redis = RedisServer::start();
+    let process = AppProcess::start_with(&redis, &[("SPILLWAY_SHUTDOWN_DRAIN_MS", "300")]);
+    let app = TestApp::remote(process.addr);
+    crate::auth::add_user(&crate::auth::store(&redis).await, "ann", Role::Viewer).await;
+    let mut v = crate::auth::Visitor::signed_in(&app, "ann").await;
+    let mut stream = v.get("/events/overview").await;
+    assert_eq!(stream.status(), 200);
+    let first = stream.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"redis\""), "{first:?}");
+    let pid = process.pid();
+    let signalled = Instant::now();
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    // The stream ends (its body completes) ...
+    let ended = tokio::time::timeout(Duration::from_secs(3), async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream was still open 3 s after SIGTERM");
+    // ... and the process is gone soon after.
+    loop {
+        let alive = std::process::Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if !alive || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
+            break;
+        }
+        assert!(signalled.elapsed() < Duration::from_secs(4), "still running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("exited {:?} after SIGTERM with a stream open", signalled.elapsed());
+}
