@@ -236,10 +236,24 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, PolicyError> {
         .collect()
 }
 
-/// Applies a whole export atomically. Returns how many policies were written.
+/// Applies a whole export atomically, and records it in the audit log. Returns how many
+/// policies were written.
 pub async fn import(store: &Store, text: &str) -> anyhow::Result<usize> {
     let policies = parse_document(text).map_err(|e| anyhow::anyhow!("nothing imported: {e}"))?;
-    Ok(store.import_policies(&policies).await?)
+    let written = store.import_policies(&policies).await?;
+    let names: Vec<String> = policies.iter().map(|p| p.name.to_string()).collect();
+    let _ = cli_actor()
+        .record(
+            store,
+            crate::audit::Change {
+                action: "policy.import",
+                target: &names.join(","),
+                after: serde_json::json!({ "policies": names }).to_string(),
+                ..Default::default()
+            },
+        )
+        .await;
+    Ok(written)
 }
 
 /// The audit actor of the command line: `cli:<os user>`.

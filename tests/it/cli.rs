@@ -101,3 +101,141 @@ async fn export_then_import_restores_policies_after_losing_redis() {
     assert_eq!(still["rules"][0]["algorithm"], "gcra");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn spillway_stdin(redis: &RedisServer, args: &[&str], input: &str) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(args)
+        .env("REDIS_URL", redis.url())
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test]
+async fn users_and_keys_are_managed_from_the_command_line() {
+    let redis = RedisServer::start();
+    let out = spillway_stdin(
+        &redis,
+        &[
+            "user",
+            "add",
+            "ann",
+            "--role",
+            "support",
+            "--password-stdin",
+        ],
+        "a long enough password\n",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A short password is refused, naming the field.
+    let out = spillway_stdin(
+        &redis,
+        &["user", "add", "bob", "--password-stdin"],
+        "short\n",
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("password"));
+    // Without --password-stdin a password is generated and printed once.
+    let out = spillway(&redis, &["user", "add", "cat", "--role", "admin"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("added cat (admin) with password"), "{text}");
+    let list = String::from_utf8_lossy(&spillway(&redis, &["user", "list"]).stdout).to_string();
+    assert!(
+        list.contains("ann") && list.contains("support") && list.contains("cat"),
+        "{list}"
+    );
+    // The last admin cannot be removed; a support user can.
+    let out = spillway(&redis, &["user", "remove", "cat"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("last admin"));
+    assert!(
+        spillway(&redis, &["user", "remove", "ann"])
+            .status
+            .success()
+    );
+
+    // A key made on the command line works on a running server, and revoking it stops it.
+    let app = spawn_app(&redis).await;
+    let out = spillway(&redis, &["key", "add", "billing", "--role", "service"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let key = text
+        .split_whitespace()
+        .find(|w| w.starts_with("spw_svc_"))
+        .expect("the key is printed")
+        .to_owned();
+    let id = text
+        .split("(id ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .to_owned();
+    let check = || {
+        app.client
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(&key)
+            .json(&json!({"policy": "demo", "identifiers": {"user": "1"}}))
+            .send()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while check().await.unwrap().status() != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new key never worked"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(spillway(&redis, &["key", "revoke", &id]).status.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    while check().await.unwrap().status() != 401 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked key still works"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let keys = String::from_utf8_lossy(&spillway(&redis, &["key", "list"]).stdout).to_string();
+    assert!(
+        keys.contains("billing") && keys.contains("revoked"),
+        "{keys}"
+    );
+    // Every change is in the audit log, by the command line.
+    let mut conn = redis.connection();
+    let actions: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg("spw:{audit}:log")
+        .arg("-")
+        .arg("+")
+        .query(&mut conn)
+        .unwrap();
+    let actions: Vec<String> = actions
+        .iter()
+        .map(|(_, f)| f.iter().find(|(k, _)| k == "action").unwrap().1.clone())
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "user.add",
+            "user.add",
+            "user.remove",
+            "key.create",
+            "key.revoke"
+        ],
+        "the app's first start found users and created no admin"
+    );
+}

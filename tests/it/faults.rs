@@ -376,7 +376,10 @@ async fn sigterm_ends_open_event_streams() {
     let mut stream = v.get("/events/overview").await;
     assert_eq!(stream.status(), 200);
     let first = stream.chunk().await.unwrap().unwrap();
-    assert!(String::from_utf8_lossy(&first).contains("\"redis\""), "{first:?}");
+    assert!(
+        String::from_utf8_lossy(&first).contains("\"redis\""),
+        "{first:?}"
+    );
     let pid = process.pid();
     let signalled = Instant::now();
     let _ = std::process::Command::new("kill")
@@ -387,18 +390,30 @@ async fn sigterm_ends_open_event_streams() {
         while let Ok(Some(_)) = stream.chunk().await {}
     })
     .await;
-    assert!(ended.is_ok(), "the event stream was still open 3 s after SIGTERM");
+    assert!(
+        ended.is_ok(),
+        "the event stream was still open 3 s after SIGTERM"
+    );
     // ... and the process is gone soon after.
     loop {
         let alive = std::process::Command::new("kill")
             .args(["-0", &pid.to_string()])
             .status()
             .is_ok_and(|s| s.success());
-        if !alive || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z ")) {
+        if !alive
+            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))
+        {
             break;
         }
-        assert!(signalled.elapsed() < Duration::from_secs(4), "still running");
+        assert!(
+            signalled.elapsed() < Duration::from_secs(4),
+            "still running"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("exited {:?} after SIGTERM with a stream open", signalled.elapsed());
+    println!(
+        "exited {:?} after SIGTERM with a stream open",
+        signalled.elapsed()
+    );
 }
