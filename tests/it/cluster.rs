@@ -88,3 +88,97 @@ async fn braces_in_values_cannot_move_the_slot() {
         assert_eq!(key_slot, tag_slot, "{key}");
     }
 }
+
+/// The whole app on a cluster: sign-in (sessions and their index share a slot), the
+/// overview's counters (their own slot, fed by a second call), resets and the audit log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_works_on_a_cluster() {
+    use serde_json::json;
+    use spillway::domain::people::Role;
+    let cluster = RedisCluster::start();
+    let unused = crate::helpers::RedisServer::start();
+    let urls = cluster.urls().join(",");
+    let app =
+        crate::helpers::spawn_app_with(&unused, &[("REDIS_CLUSTER_URLS", urls.as_str())]).await;
+    let store = Store::connect_cluster(&cluster.urls(), Duration::from_secs(5), Keys::default())
+        .await
+        .unwrap();
+    spillway::auth::people::add_user(
+        &store,
+        &spillway::audit::Actor::default(),
+        "ann",
+        Role::Support,
+        "correct horse battery staple",
+    )
+    .await
+    .unwrap();
+    let mut v = crate::auth::Visitor::signed_in(&app, "ann").await;
+    app.put_policy(
+        "clu",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 10, "window_ms": 60000}]}),
+    )
+    .await;
+    for _ in 0..15 {
+        app.check(json!({"policy": "clu", "identifiers": {"user": "9"}}))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let overview: serde_json::Value = v
+        .post_form("/fn/overview", &[], None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let demo = overview["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == "clu")
+        .unwrap();
+    let (allowed, denied) = demo["seconds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .fold((0, 0), |(a, d), s| {
+            (a + s[0].as_u64().unwrap(), d + s[1].as_u64().unwrap())
+        });
+    assert_eq!((allowed, denied), (10, 5), "{overview}");
+    assert_eq!(
+        overview["throttled"][0]["identifier"], "user=9",
+        "{overview}"
+    );
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form(
+            "/fn/reset",
+            &[
+                ("csrf", &csrf),
+                ("id", "user=9"),
+                ("scope", ""),
+                ("reason", "cluster test"),
+            ],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let actions: Vec<String> = store
+        .read_audit(&Default::default(), 10, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .map(|e| e.action)
+        .collect();
+    // The first start created the admin; then ann was added.
+    assert_eq!(
+        actions,
+        [
+            "user.add",
+            "user.add",
+            "login.success",
+            "policy.save",
+            "identifier.reset"
+        ]
+    );
+}
