@@ -16,9 +16,8 @@ use super::{ApiError, key_actor, require_key};
 use crate::{
     audit::Change,
     auth::KeyRole,
-    domain::{Identifier, Name, RulesFor},
+    domain::{Identifier, Name},
     state::AppState,
-    store::{CheckEntry, Now},
 };
 
 pub fn router() -> Router<AppState> {
@@ -57,44 +56,14 @@ pub(super) async fn inspect(
 ) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let id = identifier(&dimension, &value)?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let mut out = Vec::new();
-    for policy in state
-        .store
-        .list_policies()
-        .await
-        .map_err(ApiError::RedisUnavailable)?
-    {
-        let applies = match policy.rules_for(&id, now_ms) {
-            RulesFor::Unlimited => json!("unlimited"),
-            RulesFor::Blocked => json!("blocked"),
-            RulesFor::Rules(rules) => {
-                let entries: Vec<CheckEntry<'_>> = rules
-                    .iter()
-                    .filter(|r| r.applies_to(id.dimension().as_str()))
-                    .map(|rule| CheckEntry {
-                        rule,
-                        identifier: &id,
-                    })
-                    .collect();
-                if entries.is_empty() {
-                    continue;
-                }
-                let decision = state
-                    .store
-                    .check_and_consume(&policy.name, &entries, 0, Now::Redis)
-                    .await
-                    .map_err(ApiError::RedisUnavailable)?;
-                json!(decision.results)
-            }
-        };
-        out.push(json!({ "policy": policy.name, "version": policy.version, "rules": applies }));
+    let inspection = crate::app::inspector::inspect_now(&state, &id.to_string()).await;
+    if let Some(problem) = inspection.error {
+        tracing::warn!(%problem, "identifier inspection failed");
+        return Err(ApiError::RedisUnavailable(crate::store::StoreError::Reply(
+            problem,
+        )));
     }
-    Ok(Json(
-        json!({ "identifier": id.to_string(), "policies": out }),
-    ))
+    Ok(Json(json!(inspection)))
 }
 
 /// Resets `id`'s counters: everywhere, in one policy, or for one rule of it; every instance

@@ -202,34 +202,21 @@ fn seconds(ms: u64) -> String {
 /// Follows `/events/identifier?id=…` in the browser; each sample replaces the data and is
 /// added to the history (the last 60).
 #[cfg(feature = "hydrate")]
-fn follow_events(
+fn follow_identifier(
     id: String,
     live: RwSignal<Option<Inspection>>,
     history: RwSignal<Vec<Inspection>>,
 ) {
-    use wasm_bindgen::{JsCast, closure::Closure};
     let path = format!("/events/identifier?id={}", super::overview::encode(&id));
-    let Ok(source) = web_sys::EventSource::new(&path) else {
-        return;
-    };
-    let on_message =
-        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |event: web_sys::MessageEvent| {
-            if let Some(text) = event.data().as_string()
-                && let Ok(data) = serde_json::from_str::<Inspection>(&text)
-            {
-                history.update(|h| {
-                    h.push(data.clone());
-                    if h.len() > 60 {
-                        h.remove(0);
-                    }
-                });
-                live.set(Some(data));
+    super::follow_events(&path, move |data: Inspection| {
+        history.update(|h| {
+            h.push(data.clone());
+            if h.len() > 60 {
+                h.remove(0);
             }
         });
-    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-    on_message.forget();
-    let source = send_wrapper::SendWrapper::new(source);
-    on_cleanup(move || source.close());
+        live.set(Some(data));
+    });
 }
 
 #[component]
@@ -256,7 +243,7 @@ pub fn InspectorPage() -> impl IntoView {
         live.set(None);
         history.set(Vec::new());
         if !id.trim().is_empty() {
-            follow_events(id, live, history);
+            follow_identifier(id, live, history);
         }
     });
     // After a reset, show the fresh read at once rather than the last sample.

@@ -22,6 +22,31 @@ use leptos_router::{
 
 pub use overview::{RedisReport, redis_status};
 
+/// Follows a server-sent event stream in the browser: each event's JSON goes to `on_event`;
+/// the stream closes when the calling reactive scope is cleaned up.
+#[cfg(feature = "hydrate")]
+pub(crate) fn follow_events<T: serde::de::DeserializeOwned + 'static>(
+    path: &str,
+    on_event: impl Fn(T) + 'static,
+) {
+    use wasm_bindgen::{JsCast, closure::Closure};
+    let Ok(source) = web_sys::EventSource::new(path) else {
+        return;
+    };
+    let on_message =
+        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |event: web_sys::MessageEvent| {
+            if let Some(text) = event.data().as_string()
+                && let Ok(data) = serde_json::from_str::<T>(&text)
+            {
+                on_event(data);
+            }
+        });
+    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
+    on_message.forget();
+    let source = send_wrapper::SendWrapper::new(source);
+    on_cleanup(move || source.close());
+}
+
 /// The HTML document around the app, rendered on the server only.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     // The CSP header's nonce (from the session middleware) for the inline scripts.

@@ -143,33 +143,16 @@ fn clock(ms: i64) -> String {
     )
 }
 
-/// Follows `/events/overview` in the browser: each event replaces the data.
-#[cfg(feature = "hydrate")]
-fn follow_events(path: String, live: RwSignal<Option<OverviewData>>) {
-    use wasm_bindgen::{JsCast, closure::Closure};
-    let Ok(source) = web_sys::EventSource::new(&path) else {
-        return;
-    };
-    let on_message =
-        Closure::<dyn FnMut(web_sys::MessageEvent)>::new(move |event: web_sys::MessageEvent| {
-            if let Some(text) = event.data().as_string()
-                && let Ok(data) = serde_json::from_str::<OverviewData>(&text)
-            {
-                live.set(Some(data));
-            }
-        });
-    source.set_onmessage(Some(on_message.as_ref().unchecked_ref()));
-    on_message.forget();
-    let source = send_wrapper::SendWrapper::new(source);
-    on_cleanup(move || source.close());
-}
-
 #[component]
 pub fn OverviewPage() -> impl IntoView {
     let initial = Resource::new(|| (), |_| overview());
     let live = RwSignal::new(None::<OverviewData>);
     #[cfg(feature = "hydrate")]
-    Effect::new(move |_| follow_events("/events/overview".into(), live));
+    Effect::new(move |_| {
+        super::follow_events("/events/overview", move |data: OverviewData| {
+            live.set(Some(data))
+        })
+    });
 
     view! {
         <Title text="Overview"/>

@@ -373,6 +373,47 @@ pub async fn save_policy(
     }
 }
 
+/// Changes a stored policy: reads it, applies `edit`, saves the result as a new version if
+/// nobody saved meanwhile, refreshes this instance's cache and writes the audit record.
+#[cfg(feature = "ssr")]
+async fn change_policy(
+    caller: &crate::auth::guard::Caller,
+    name: &str,
+    action: &str,
+    reason: &str,
+    edit: impl FnOnce(&crate::domain::Policy) -> Result<crate::domain::Policy, ServerFnError>,
+) -> Result<u64, ServerFnError> {
+    use super::people::bad_input;
+    use crate::{api::policies::policy_change, domain::Name, store::Saved};
+    let name = Name::parse(name.trim()).map_err(|m| bad_input("name", m))?;
+    let state = state();
+    let store = &state.store;
+    let current = store
+        .get_policy(&name)
+        .await
+        .map_err(unavailable)?
+        .ok_or_else(|| bad_input("name", "no such policy"))?;
+    let next = edit(&current)?;
+    match store
+        .save_policy(&next, Some(current.version))
+        .await
+        .map_err(unavailable)?
+    {
+        Saved::Version(v) => {
+            let saved = crate::domain::Policy { version: v, ..next };
+            let _ = state.policies.reload(store).await;
+            let mut change = policy_change(action, Some(&current), Some(&saved));
+            change.reason = reason;
+            let _ = caller.actor().record(store, change).await;
+            Ok(v)
+        }
+        Saved::Conflict => Err(bad_input(
+            "version",
+            "someone else changed this policy meanwhile; reload and try again",
+        )),
+    }
+}
+
 /// Saves an earlier version's rules as the newest version.
 #[server(prefix = "/fn", endpoint = "policy_rollback")]
 pub async fn rollback_policy(
@@ -380,41 +421,20 @@ pub async fn rollback_policy(
     #[server(default)] name: String,
     #[server(default)] to_version: u64,
 ) -> Result<u64, ServerFnError> {
-    use crate::{api::policies::policy_change, domain::Name, store::Saved};
+    use super::people::bad_input;
+    use crate::domain::Name;
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
-    let name = Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
-    let store = state().store;
-    let current = store
-        .get_policy(&name)
-        .await
-        .map_err(unavailable)?
-        .ok_or_else(|| super::people::bad_input("name", "no such policy"))?;
-    let old = store
-        .policy_history(&name, 100)
+    let parsed = Name::parse(name.trim()).map_err(|m| bad_input("name", m))?;
+    let old = state()
+        .store
+        .policy_history(&parsed, 100)
         .await
         .map_err(unavailable)?
         .into_iter()
         .find(|p| p.version == to_version)
-        .ok_or_else(|| super::people::bad_input("to_version", "no such version"))?;
-    match store
-        .save_policy(&old, Some(current.version))
-        .await
-        .map_err(unavailable)?
-    {
-        Saved::Version(v) => {
-            let saved = crate::domain::Policy { version: v, ..old };
-            let _ = state().policies.reload(&store).await;
-            let mut change = policy_change("policy.rollback", Some(&current), Some(&saved));
-            let reason = format!("back to version {to_version}");
-            change.reason = &reason;
-            let _ = caller.actor().record(&store, change).await;
-            Ok(v)
-        }
-        Saved::Conflict => Err(super::people::bad_input(
-            "version",
-            "changed meanwhile; reload",
-        )),
-    }
+        .ok_or_else(|| bad_input("to_version", "no such version"))?;
+    let reason = format!("back to version {to_version}");
+    change_policy(&caller, &name, "policy.rollback", &reason, |_| Ok(old)).await
 }
 
 #[server(prefix = "/fn", endpoint = "policy_delete")]
@@ -452,13 +472,8 @@ pub async fn add_override(
     #[server(default)] expires_minutes: String,
     #[server(default)] reason: String,
 ) -> Result<(), ServerFnError> {
-    use crate::{
-        api::policies::policy_change,
-        domain::{Name, overrides::Override},
-        store::Saved,
-    };
+    use crate::domain::overrides::Override;
     let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
-    let name = Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
     let minutes: u64 = match expires_minutes.trim() {
         "" => 0,
         raw => raw.parse().map_err(|_| {
@@ -473,36 +488,19 @@ pub async fn add_override(
     }
     let added = Override::from_document(&doc, "override")
         .map_err(|e| super::people::bad_input(&e.field, e.message))?;
-    let store = state().store;
-    let current = store
-        .get_policy(&name)
-        .await
-        .map_err(unavailable)?
-        .ok_or_else(|| super::people::bad_input("name", "no such policy"))?;
-    let mut next = current.clone();
-    next.overrides.push(added);
-    match store
-        .save_policy(&next, Some(current.version))
-        .await
-        .map_err(unavailable)?
-    {
-        Saved::Version(v) => {
-            let saved = crate::domain::Policy { version: v, ..next };
-            let _ = state().policies.reload(&store).await;
-            let _ = caller
-                .actor()
-                .record(
-                    &store,
-                    policy_change("override.add", Some(&current), Some(&saved)),
-                )
-                .await;
-            Ok(())
+    change_policy(&caller, &name, "override.add", reason.trim(), |current| {
+        if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
+            return Err(super::people::bad_input(
+                "matcher",
+                "this policy has the most overrides allowed",
+            ));
         }
-        Saved::Conflict => Err(super::people::bad_input(
-            "version",
-            "changed meanwhile; reload",
-        )),
-    }
+        let mut next = current.clone();
+        next.overrides.push(added);
+        Ok(next)
+    })
+    .await
+    .map(|_| ())
 }
 
 #[server(prefix = "/fn", endpoint = "override_remove")]
@@ -511,42 +509,17 @@ pub async fn remove_override(
     #[server(default)] name: String,
     #[server(default)] index: usize,
 ) -> Result<(), ServerFnError> {
-    use crate::{api::policies::policy_change, domain::Name, store::Saved};
     let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
-    let name = Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
-    let store = state().store;
-    let current = store
-        .get_policy(&name)
-        .await
-        .map_err(unavailable)?
-        .ok_or_else(|| super::people::bad_input("name", "no such policy"))?;
-    if index >= current.overrides.len() {
-        return Err(super::people::bad_input("index", "no such override"));
-    }
-    let mut next = current.clone();
-    next.overrides.remove(index);
-    match store
-        .save_policy(&next, Some(current.version))
-        .await
-        .map_err(unavailable)?
-    {
-        Saved::Version(v) => {
-            let saved = crate::domain::Policy { version: v, ..next };
-            let _ = state().policies.reload(&store).await;
-            let _ = caller
-                .actor()
-                .record(
-                    &store,
-                    policy_change("override.remove", Some(&current), Some(&saved)),
-                )
-                .await;
-            Ok(())
+    change_policy(&caller, &name, "override.remove", "", |current| {
+        if index >= current.overrides.len() {
+            return Err(super::people::bad_input("index", "no such override"));
         }
-        Saved::Conflict => Err(super::people::bad_input(
-            "version",
-            "changed meanwhile; reload",
-        )),
-    }
+        let mut next = current.clone();
+        next.overrides.remove(index);
+        Ok(next)
+    })
+    .await
+    .map(|_| ())
 }
 
 #[component]
