@@ -29,7 +29,7 @@ USERS = 10000
 SERVICE_KEY = "spw_svc_bench_" + "0123456789abcdef" * 2
 ADMIN_KEY = "spw_adm_bench_" + "0123456789abcdef" * 2
 LUA_ORDER = ["prelude", "fixed_window", "sliding_log", "sliding_window", "token_bucket",
-             "leaky_bucket", "gcra", "bucketed_window", "check"]
+             "leaky_bucket", "gcra", "bucketed_window", "stats", "check"]
 
 
 def free_port():
@@ -122,10 +122,14 @@ def wrk(port, env):
 
 
 def redis_benchmark(port, sha, pipeline):
+    # The same work as a Spillway check: the rule's state and the overview's live counters
+    # (mode check+stats, as the server sends it on a single Redis).
     key = "spw:{bench|user|__rand_int__}:r:fw"
+    stats = ["spw:{stats}:rate:bench", "spw:{stats}:denied:0", "spw:{stats}:near:0"]
     cmd = ["taskset", "-c", "1", "redis-benchmark", "-p", str(port), "-c", str(CONNECTIONS), "-r", str(USERS),
            "-n", str(40000 * SECONDS * (4 if pipeline > 1 else 1)), "-P", str(pipeline), "--csv",
-           "EVALSHA", sha, "1", key, "", "1", "check", "fw", "0", "1000000000", "60000", "0"]
+           "EVALSHA", sha, "4", key, *stats, "", "1", "check+stats", "fw", "0", "1000000000", "60000", "0",
+           "bench|user=__rand_int__"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     row = next(l for l in out.splitlines() if l.startswith('"EVALSHA'))
     cols = [c.strip('"') for c in row.split(",")]

@@ -25,11 +25,13 @@ pub fn LoginPage() -> impl IntoView {
         })
     };
     let next = move || query.with(|q| q.get("next").unwrap_or_else(|| "/".into()));
+    let changed = move || query.with(|q| q.get("changed").is_some());
     view! {
         <Title text="Sign in"/>
         <section class="card narrow">
             <h1>"Sign in to Spillway"</h1>
             {move || error().map(|e| view! { <p class="alert" role="alert">{e}</p> })}
+            {move || changed().then(|| view! { <p class="notice" role="status">"Password changed. Sign in with the new one."</p> })}
             <Suspense fallback=|| ()>
                 {move || Suspend::new(async move {
                     let s = session.await.unwrap_or_default();

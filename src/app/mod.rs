@@ -1,6 +1,7 @@
 //! The dashboard: the HTML shell, the navigation and the pages. Rendered on the server and
 //! hydrated in the browser; every page works with JavaScript off.
 
+pub mod account;
 pub mod audit;
 #[cfg(feature = "ssr")]
 pub mod events;
@@ -109,7 +110,7 @@ pub fn App() -> impl IntoView {
                                     {admin.then(|| view! { <A href="/people">"Users & keys"</A> })}
                                 </nav>
                                 <form method="post" action="/auth/logout" class="whoami">
-                                    <span data-testid="whoami">{user}" · "{s.role.map(|r| r.as_str())}</span>
+                                    <a href="/account" data-testid="whoami">{user}" · "{s.role.map(|r| r.as_str())}</a>
                                     <input type="hidden" name="csrf" value=s.csrf.clone()/>
                                     <button type="submit" class="small quiet">"Sign out"</button>
                                 </form>
@@ -128,6 +129,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("policy") view=policies::PolicyPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("audit") view=audit::AuditPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("login") view=login::LoginPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("account") view=account::AccountPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("people") view=people::PeoplePage ssr=SsrMode::Async/>
                 </Routes>
             </main>

@@ -14,7 +14,7 @@ use spillway::{
 
 use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
 
-const PASSWORD: &str = "correct horse battery staple";
+pub(crate) const PASSWORD: &str = "correct horse battery staple";
 
 pub(crate) async fn store(redis: &RedisServer) -> Store {
     Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
@@ -106,7 +106,7 @@ impl Visitor {
         v["csrf"].as_str().unwrap().to_owned()
     }
 
-    async fn login(&mut self, user: &str, password: &str) -> reqwest::Response {
+    pub(crate) async fn login(&mut self, user: &str, password: &str) -> reqwest::Response {
         let page = self.get("/login").await;
         assert_eq!(page.status(), 200);
         let csrf = self.csrf().await;
@@ -838,6 +838,7 @@ async fn every_role_gets_what_it_may_on_every_route() {
         ("/policy?name=demo", [200, 200, 200, 303, 303, 303]),
         ("/identifiers?id=user%3D1", [200, 200, 200, 303, 303, 303]),
         ("/events/overview", [200, 200, 200, 303, 303, 303]),
+        ("/account", [200, 200, 200, 303, 303, 303]),
         ("/login", [200, 200, 200, 200, 200, 200]),
     ] {
         for (i, who) in who_all.iter().enumerate() {

@@ -182,3 +182,103 @@ async fn overview_with_a_million_identifiers() {
     );
     assert!(server_us[10] < 100_000);
 }
+
+/// Every key Spillway writes expires, except policies, users, API keys and the audit log.
+#[tokio::test]
+async fn every_key_but_policies_people_and_audit_expires() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let s = store(&redis).await;
+    add_user(&s, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    // A failed sign-in (the limiter's keys), checks (state and counters), a key, a reset.
+    let mut other = Visitor::new(&app);
+    other.get("/login").await;
+    let csrf = other.csrf().await;
+    let origin = other.origin();
+    other
+        .post_form(
+            "/auth/login",
+            &[
+                ("username", "root"),
+                ("password", "wrong password!"),
+                ("csrf", &csrf),
+            ],
+            Some(&origin),
+        )
+        .await;
+    for i in 0..30 {
+        app.check(json!({"policy": "demo", "identifiers": {"user": (i % 3).to_string(), "ip": "203.0.113.9"}}))
+            .await;
+    }
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    for (path, form) in [
+        ("/fn/key_create", vec![("name", "k"), ("role", "service")]),
+        (
+            "/fn/reset",
+            vec![("id", "user=1"), ("scope", ""), ("reason", "ttl test")],
+        ),
+    ] {
+        let mut form = form;
+        form.push(("csrf", &csrf));
+        assert_eq!(v.post_form(path, &form, Some(&origin)).await.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(5500)).await; // cached denials and key use flushed
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let kept = ["spw:{policies}:", "spw:{people}:", "spw:{audit}:"];
+    let mut without_ttl = Vec::new();
+    for k in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut conn).unwrap();
+        if ttl < 0 && !kept.iter().any(|p| k.starts_with(p)) {
+            without_ttl.push(k.clone());
+        }
+    }
+    assert!(keys.len() > 15, "{keys:?}");
+    assert!(without_ttl.is_empty(), "no TTL: {without_ttl:?}");
+}
+
+/// Changing one's own password needs the current one, and ends every session.
+#[tokio::test]
+async fn people_change_their_own_password() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "vic", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "vic").await;
+    let mut elsewhere = Visitor::signed_in(&app, "vic").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let change = |current: &'static str| {
+        vec![
+            ("current", current),
+            ("new_password", "a brand new long password"),
+        ]
+    };
+    let mut form = change("not my password");
+    form.push(("csrf", &csrf));
+    let r = v.post_form("/fn/my_password", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(r.text().await.unwrap().contains("current"));
+    let mut form = change(crate::auth::PASSWORD);
+    form.push(("csrf", &csrf));
+    let r = v.post_form("/fn/my_password", &form, Some(&origin)).await;
+    assert!(
+        r.status().is_success() || r.status().is_redirection(),
+        "{}",
+        r.status()
+    );
+    // Both sessions are over; the new password works, the old one does not.
+    assert_eq!(v.get("/").await.status(), StatusCode::SEE_OTHER);
+    assert_eq!(elsewhere.get("/").await.status(), StatusCode::SEE_OTHER);
+    let mut again = Visitor::new(&app);
+    let r = again.login("vic", crate::auth::PASSWORD).await;
+    assert!(
+        r.headers()["location"]
+            .to_str()
+            .unwrap()
+            .contains("error=invalid")
+    );
+    let r = again.login("vic", "a brand new long password").await;
+    assert_eq!(r.headers()["location"], "/people");
+}
