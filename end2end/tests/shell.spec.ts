@@ -23,6 +23,12 @@ test.describe("app shell", () => {
     }
     await expect(page.getByTestId("redis-status")).toContainText("up");
     await expect(page.getByTestId("redis-clock")).toHaveText(/^\d\d:\d\d:\d\d\.\d{3} UTC$/);
+
+    // Their own account, from the name in the top bar.
+    await page.getByTestId("whoami").click();
+    await expect(page.getByRole("heading", { level: 1, name: "Your account" })).toBeVisible();
+    await expect(page.getByText("Signed in as e2e-admin (admin).")).toBeVisible();
+    await page.screenshot({ path: test.info().outputPath("account.png"), fullPage: true });
   });
 
   test("a wrong password gets one generic answer", async ({ page }) => {
