@@ -312,7 +312,7 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                 .into_iter()
                 .map(|r| {
                     let used = r.limit.saturating_sub(r.remaining);
-                    let pct = if r.limit == 0 { 0 } else { used * 100 / r.limit };
+                    let pct = (used * 100).checked_div(r.limit).unwrap_or(0);
                     // The binding rule only matters once something is used.
                     let binds = r.binding && (used > 0 || r.retry_after_ms.is_some());
                     view! {
@@ -366,7 +366,7 @@ fn History(history: RwSignal<Vec<Inspection>>) -> impl IntoView {
                         i.policies
                             .iter()
                             .flat_map(|p| p.rules.iter())
-                            .map(|r| if r.limit == 0 { 0 } else { r.limit.saturating_sub(r.remaining) * 100 / r.limit })
+                            .map(|r| (r.limit.saturating_sub(r.remaining) * 100).checked_div(r.limit).unwrap_or(0))
                             .max()
                             .unwrap_or(0)
                     })

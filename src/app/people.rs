@@ -261,6 +261,7 @@ pub fn PeoplePage() -> impl IntoView {
                                 </tr>
                             }
                         }).collect_view();
+                        let no_keys = p.keys.is_empty();
                         let key_rows = p.keys.into_iter().map(|k| {
                             let revoked = k.revoked_at_ms;
                             let label = format!("Revoke {}", k.name);
@@ -322,6 +323,7 @@ pub fn PeoplePage() -> impl IntoView {
                                     <thead><tr><th>"Name"</th><th>"Role"</th><th>"Created"</th><th>"Last used"</th><th>"State"</th><th></th></tr></thead>
                                     <tbody>{key_rows}</tbody>
                                 </table>
+                                {no_keys.then(|| view! { <p class="empty">"No API keys made here yet."</p> })}
                                 <h3>"Create a key"</h3>
                                 <ActionForm action=create attr:class="row">
                                     <CsrfField csrf=csrf_key/>

@@ -596,7 +596,8 @@ async fn every_role_gets_what_it_may_on_every_route() {
 
     // (route, [admin, support, viewer, service key, admin key, anonymous])
     type Expect = [u16; 6];
-    let server_fns: Vec<(&str, Vec<(&str, &str)>, Expect)> = vec![
+    type Call<'a> = (&'a str, Vec<(&'a str, &'a str)>, Expect);
+    let server_fns: Vec<Call> = vec![
         ("whoami", vec![], [200, 200, 200, 200, 200, 200]),
         ("redis_status", vec![], [200, 200, 200, 401, 401, 401]),
         ("people", vec![], [200, 403, 403, 401, 401, 401]),

@@ -23,10 +23,10 @@ fn wait_for_redis(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
     while Instant::now() < deadline {
-        if let Ok(mut conn) = client.get_connection() {
-            if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                return;
-            }
+        if let Ok(mut conn) = client.get_connection()
+            && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+        {
+            return;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
