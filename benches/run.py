@@ -105,10 +105,12 @@ def to_ms(value, unit):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(port, env):
+def wrk(port, env, path=None):
+    """Closed-loop load: the check script, or a plain GET of `path`."""
+    target = ["-s", os.path.join(ROOT, "benches", "check.lua"), f"http://127.0.0.1:{port}"] if path is None \
+        else [f"http://127.0.0.1:{port}{path}"]
     out = subprocess.run(
-        ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{SECONDS}s", "--latency",
-         "-s", os.path.join(ROOT, "benches", "check.lua"), f"http://127.0.0.1:{port}"],
+        ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{SECONDS}s", "--latency"] + target,
         capture_output=True, text=True, env=dict(os.environ, KEY=SERVICE_KEY, USERS=str(USERS), **env), check=True,
     ).stdout
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
@@ -217,6 +219,8 @@ def main():
                 "cpu_us": cpu * 1e6 / max(r["requests"], 1),
                 "rss": rss_mb(app.pid),
             })
+        # The floor of any answer from this server: no body, no key, no Redis.
+        results.setdefault("HTTP floor: GET /healthz on the same server", []).append(wrk(app_port, {}, "/healthz"))
         half = statistics.median(r["rps"] for r in results["Spillway, 1 rule (fixed_window)"]) / 2
         results.setdefault("Spillway, 1 rule, open loop at half its max rate (hey)", []).append(hey_open_loop(app_port, half))
         for name, script_file in peers.items():
@@ -268,6 +272,8 @@ def main():
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for label, ratio, goal in targets:
         lines.append(f"| {label} | {ratio:.2f}× | {'yes' if ratio >= goal else 'no'} |")
+    floor = med("HTTP floor: GET /healthz on the same server", "rps") / med(one, "rps")
+    lines.append(f"| (reference, no target) the HTTP floor, an empty GET, vs the normal path | {floor:.2f}× | — |")
     rt = statistics.median(e["round_trips"] for e in extra[one])
     hot_rt = statistics.median(e["round_trips"] for e in extra[hot])
     lines.append(f"| exactly 1 Redis round trip per check (single slot) | {rt:.3f} | {'yes' if abs(rt - 1) < 0.01 else 'no'} |")

@@ -1,53 +1,80 @@
 -- sliding_log.lua: at most `limit` requests in any `window_ms`, exactly.
 --
--- KEYS (per entry): a sorted set, one member per unit of cost, scored by admission time
---   (µs); members "<now>:<n>" are unique. Entries older than the window are trimmed on
---   write; it never holds more than `limit` members. TTL: newest entry + window.
--- ARGV (per entry): code "sl", count_denied, limit, window_ms, 0
--- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest entry leaves),
---   retry_ms (until enough old entries leave; -1 when cost > limit or allowed), 0
--- Refund (cluster): removes up to `cost` entries admitted at `now`.
-ALGORITHMS.sl = function(key, now, cost, limit, window_ms, _, count_denied)
+-- KEYS (per entry): a list of admission times in µs, oldest first, one element per unit of
+--   cost. Redis keeps a list of integers packed (about 10 bytes an element at any length),
+--   where a sorted set costs 35 bytes an entry while small and 140 once it is a skiplist.
+--   Times only grow along the list: a clock that stepped back appends at the newest time
+--   already there. Elements at or before the horizon are trimmed on write; it never holds
+--   more than `limit` elements inside the window. TTL: newest element + window.
+-- ARGV (per entry): code "lg", count_denied, limit, window_ms, 0
+-- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest element leaves),
+--   retry_ms (until enough old elements leave; -1 when cost > limit or allowed), 0
+-- Refund (cluster): removes up to `cost` elements admitted at `now` or later from the tail.
+
+-- How many elements at the head are at or before `horizon` (stale), and the list's length.
+-- Trimming on every write keeps the stale run short, so this is usually one LINDEX.
+local function log_stale(key, horizon)
+  local len = redis.call('LLEN', key)
+  if len == 0 then return 0, 0 end
+  local head = redis.call('LINDEX', key, 0)
+  if tonumber(head) > horizon then return 0, len end
+  local start = 1
+  while start < len do
+    local chunk = redis.call('LRANGE', key, start, start + 31)
+    for i = 1, #chunk do
+      if tonumber(chunk[i]) > horizon then return start + i - 1, len end
+    end
+    start = start + #chunk
+  end
+  return len, len
+end
+
+ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local horizon = now - window
-  local count = redis.call('ZCOUNT', key, '(' .. int(horizon), '+inf')
+  local stale, len = log_stale(key, horizon)
+  local count = len - stale
+  local newest = nil
+  if count > 0 then newest = tonumber(redis.call('LINDEX', key, -1)) end
   local allowed = count + cost <= limit
   local retry = -1
   if not allowed and cost <= limit then
     local k = count + cost - limit
-    local kth = redis.call('ZRANGEBYSCORE', key, '(' .. int(horizon), '+inf', 'WITHSCORES', 'LIMIT', k - 1, 1)
-    retry = ceil_ms(tonumber(kth[2]) + window - now)
+    local kth = tonumber(redis.call('LINDEX', key, stale + k - 1))
+    retry = ceil_ms(kth + window - now)
   end
   local consume = cost > 0 and (allowed or count_denied)
   local added = 0
   if consume then added = math.max(0, math.min(cost, limit - count)) end
+  local at = now
+  if newest and newest > now then at = newest end
   local after = count + added
   local reset = 0
   if added > 0 then
-    reset = window
-  elseif count > 0 then
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-    reset = tonumber(newest[2]) + window - now
+    reset = at + window - now
+  elseif newest then
+    reset = newest + window - now
   end
   local commit = nil
   if consume then
     commit = function()
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(horizon))
+      if stale > 0 then redis.call('LTRIM', key, stale, -1) end
       if added > 0 then
         local args = {}
-        for i = 1, added do
-          args[#args + 1] = int(now)
-          args[#args + 1] = int(now) .. ':' .. int(count + i)
-        end
-        redis.call('ZADD', key, unpack(args))
+        for i = 1, added do args[i] = int(at) end
+        redis.call('RPUSH', key, unpack(args))
       end
-      redis.call('PEXPIRE', key, ttl_ms(reset))
+      if after > 0 then redis.call('PEXPIRE', key, ttl_ms(reset)) end
     end
   end
   return result(allowed, limit, limit - after, reset, retry, 0), commit
 end
 
-REFUNDS.sl = function(key, now, cost)
-  local mine = redis.call('ZRANGEBYSCORE', key, int(now), int(now), 'LIMIT', 0, cost)
-  if #mine > 0 then redis.call('ZREM', key, unpack(mine)) end
+REFUNDS.lg = function(key, now, cost)
+  local tail = redis.call('LRANGE', key, -cost, -1)
+  local mine = 0
+  for i = #tail, 1, -1 do
+    if tonumber(tail[i]) >= now then mine = mine + 1 else break end
+  end
+  if mine > 0 then redis.call('RPOP', key, mine) end
 end

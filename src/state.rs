@@ -20,9 +20,20 @@ pub struct ForwardAuth {
     pub deny_status: u16,
 }
 
-/// What every handler and server function can reach.
+/// What every handler and server function can reach. Cloned for every request (axum's
+/// `State`), so it is one reference count, not a copy of the settings.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The state itself, reached through `AppState`.
+pub struct Shared {
     pub leptos_options: LeptosOptions,
     pub store: Store,
     pub policies: PolicyCache,
@@ -74,7 +85,7 @@ impl AppState {
         tokio::task::spawn_blocking(crate::auth::password::warm_up);
         let live = crate::live::LiveCounts::default();
         live.spawn_flusher(store.clone());
-        Ok(Self {
+        Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,
             store,
             policies,
@@ -87,7 +98,7 @@ impl AppState {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,
             }),
-        })
+        })))
     }
 }
 

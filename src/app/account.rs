@@ -19,7 +19,7 @@ pub async fn change_my_password(
         domain::people::Action,
     };
     let caller = crate::auth::guard::require_change(Action::View, &csrf)?;
-    let store = expect_context::<crate::state::AppState>().store;
+    let store = expect_context::<crate::state::AppState>().store.clone();
     let user = store
         .get_user(&caller.user)
         .await

@@ -51,7 +51,7 @@ pub async fn audit_log(
     {
         return Err(bad_input("before", "is not a record id"));
     }
-    let store = expect_context::<crate::state::AppState>().store;
+    let store = expect_context::<crate::state::AppState>().store.clone();
     let entries = store
         .read_audit(&filter, PAGE, (!before.is_empty()).then_some(before))
         .await

@@ -74,7 +74,7 @@ fn people_failed(e: crate::auth::people::PeopleError) -> ServerFnError {
 pub async fn list_people() -> Result<PeopleView, ServerFnError> {
     use crate::{auth::guard, domain::people::Action};
     let caller = guard::require(Action::ManagePeople)?;
-    let store = state().store;
+    let store = state().store.clone();
     let users = store.list_users().await.map_err(store_failed)?;
     let keys = store.list_api_keys().await.map_err(store_failed)?;
     let new_key = store
@@ -159,7 +159,7 @@ pub async fn create_key(
     use crate::{auth::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = KeyRole::parse(&role).map_err(|m| bad_input("role", m))?;
-    let store = state().store;
+    let store = state().store.clone();
     let (_, secret) = people::create_key(&store, &caller.actor(), &name, role)
         .await
         .map_err(people_failed)?;

@@ -257,7 +257,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
     use crate::{domain::Name, store::policies::document};
     crate::auth::guard::require(Action::View)?;
     let name = Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
-    let store = state().store;
+    let store = state().store.clone();
     let Some(policy) = store.get_policy(&name).await.map_err(unavailable)? else {
         return Ok(PolicyView {
             name: name.to_string(),
@@ -340,7 +340,7 @@ pub async fn save_policy(
     let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
     let mut policy = Policy::from_document(name.trim(), &doc)
         .map_err(|e| super::people::bad_input(&e.field, e.message))?;
-    let store = state().store;
+    let store = state().store.clone();
     let before = store.get_policy(&policy.name).await.map_err(unavailable)?;
     // Overrides are edited on their own; keep them.
     if let Some(b) = &before {
@@ -445,7 +445,7 @@ pub async fn delete_policy(
     use crate::{api::policies::policy_change, domain::Name};
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
     let name = Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
-    let store = state().store;
+    let store = state().store.clone();
     let before = store.get_policy(&name).await.map_err(unavailable)?;
     if store.delete_policy(&name).await.map_err(unavailable)? {
         let _ = state().policies.reload(&store).await;

@@ -33,10 +33,18 @@ pub struct Outcome {
     pub delay_ms: u64,
 }
 
+/// How many fixed windows the stored window index tells apart (it is kept mod this).
+pub const FIXED_WINDOW_SLOTS: i64 = 1 << 20;
+/// Where a fixed window's count saturates (only counted denials get there), so that
+/// count * slots stays an exact double in Lua.
+pub const FIXED_WINDOW_MAX_COUNT: i64 = (1 << 33) - 1;
+
 /// The state one rule keeps for one identifier, as the Lua scripts store it in Redis.
 #[derive(Clone, Debug, PartialEq)]
 pub enum State {
-    /// `window` is the clock-aligned window index, `count` what it has admitted.
+    /// `window` is the clock-aligned window index, `count` what it has admitted. Redis keeps
+    /// the index mod [`FIXED_WINDOW_SLOTS`] only (see `lua/fixed_window.lua`), and so does
+    /// the model when it tells windows apart.
     FixedWindow {
         window: i64,
         count: i64,
@@ -192,13 +200,21 @@ fn fixed_window(
 ) -> (Option<State>, Outcome) {
     let w = floor_div(now, window);
     let count = match state {
-        Some(State::FixedWindow { window, count }) if *window == w => *count,
+        Some(State::FixedWindow { window, count })
+            if window.rem_euclid(FIXED_WINDOW_SLOTS) == w.rem_euclid(FIXED_WINDOW_SLOTS) =>
+        {
+            *count
+        }
         _ => 0,
     };
     let end = (w + 1) * window - now;
     let allowed = count + cost <= limit;
     let consume = cost > 0 && (allowed || count_denied);
-    let after = if consume { count + cost } else { count };
+    let after = if consume {
+        (count + cost).min(FIXED_WINDOW_MAX_COUNT)
+    } else {
+        count
+    };
     let new_state = consume.then_some(State::FixedWindow {
         window: w,
         count: after,
@@ -238,8 +254,10 @@ fn sliding_log(
     let consume = cost > 0 && (allowed || count_denied);
     if consume {
         // Never more than `limit` entries: a counted denial only fills the log up.
+        // Times only grow along the log: a clock that stepped back appends at the newest.
         let added = cost.min(limit - count).max(0);
-        entries.extend(std::iter::repeat_n(now, added as usize));
+        let at = entries.last().map_or(now, |newest| now.max(*newest));
+        entries.extend(std::iter::repeat_n(at, added as usize));
     }
     let remaining = limit - entries.len() as i64;
     let reset = entries

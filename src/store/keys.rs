@@ -147,7 +147,7 @@ impl Keys {
 pub fn algorithm_code(algorithm: &Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow { .. } => "fw",
-        Algorithm::SlidingLog { .. } => "sl",
+        Algorithm::SlidingLog { .. } => "lg",
         Algorithm::SlidingWindow { .. } => "sw",
         Algorithm::TokenBucket { .. } => "tb",
         Algorithm::LeakyBucket { .. } => "lb",
