@@ -26,6 +26,20 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
+/// Drains the histograms' pending samples into their buckets every few seconds. Without
+/// it the recorder keeps every sample until /metrics is scraped: memory grows with each
+/// check and every check gets slower.
+pub fn spawn_upkeep() {
+    let handle = handle();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    });
+}
+
 /// Counts one check and its latency.
 pub fn check_done(policy: &str, outcome: &'static str, seconds: f64) {
     metrics::counter!("spillway_checks_total", "policy" => policy.to_owned(), "outcome" => outcome)

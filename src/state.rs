@@ -85,6 +85,7 @@ impl AppState {
         tokio::task::spawn_blocking(crate::auth::password::warm_up);
         let live = crate::live::LiveCounts::default();
         live.spawn_flusher(store.clone());
+        crate::metrics::spawn_upkeep();
         Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,
             store,
