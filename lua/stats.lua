@@ -3,26 +3,34 @@
 -- Never scanned: the overview reads these few keys only.
 --
 -- Keys (passed in by the caller; every one has a TTL):
---   rate   hash per policy, a circle of 300 one-second buckets: field a<i> (allowed),
---          d<i> (denied) and t<i> (the second the bucket holds), i = second % 300. A bucket
---          whose t<i> is not the current second is stale and is zeroed before counting, so a
---          quiet spell never leaks old counts into the chart. TTL 310 s.
+--   rate   hash per policy, a circle of 300 one-second buckets: field a<i> (allowed) and
+--          d<i> (denied), i = second % 300, each holding second * 2^20 + count. A bucket
+--          whose second is not the current one is stale: it is restarted, so a quiet spell
+--          never leaks old counts into the chart. Counting is one HINCRBY; only the first
+--          count of a bucket in a new second writes again (HSET, and PEXPIRE of the hash).
+--          A count that reached 2^20 in one second starts over. TTL 310 s.
 --   denied sorted set per minute: member '<policy>|<dimension>=<value>', score = denials in
 --          that minute (the identifier that bound). TTL 6 minutes.
 --   near   sorted set per minute: member as above, score = the percentage of its limit the
 --          identifier had used at its last allowed check, when that was 80 % or more.
 --          TTL 2 minutes.
 
+local STATS_SHIFT = 1048576 -- 2^20: a bucket holds second * 2^20 + count
+
+-- Adds `n` to the bucket `field` for second `sec`, restarting it when it held another second.
+local function stats_bump(rate, field, sec, n)
+  local v = redis.call('HINCRBY', rate, field, n)
+  if math.floor(v / STATS_SHIFT) ~= sec then
+    redis.call('HSET', rate, field, string.format('%d', sec * STATS_SHIFT + n))
+    redis.call('PEXPIRE', rate, 310000)
+  end
+end
+
 -- Counts `allowed` and `denied` checks of one policy in the bucket of second `sec`.
 local function stats_count(rate, sec, allowed, denied)
   local i = sec % 300
-  local stamp = 't' .. i
-  if redis.call('HGET', rate, stamp) ~= string.format('%d', sec) then
-    redis.call('HSET', rate, stamp, string.format('%d', sec), 'a' .. i, 0, 'd' .. i, 0)
-    redis.call('PEXPIRE', rate, 310000)
-  end
-  if allowed > 0 then redis.call('HINCRBY', rate, 'a' .. i, allowed) end
-  if denied > 0 then redis.call('HINCRBY', rate, 'd' .. i, denied) end
+  if allowed > 0 then stats_bump(rate, 'a' .. i, sec, allowed) end
+  if denied > 0 then stats_bump(rate, 'd' .. i, sec, denied) end
 end
 
 local function stats_denied(denied_key, label, n)

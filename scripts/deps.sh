@@ -71,7 +71,6 @@ need_browser_tests() {
 need_bench_tools() {
   need_node
   command -v wrk >/dev/null || apt_install wrk
-  command -v hey >/dev/null || apt_install hey
   command -v taskset >/dev/null || apt_install util-linux
   [ -d benches/peers/node_modules/rate-limiter-flexible ] \
     || (cd benches/peers && npm ci --no-audit --no-fund --silent)

@@ -124,7 +124,7 @@ impl Keys {
     /// Live counters (see `lua/stats.lua`), all under `{stats}` with TTLs: the circle of
     /// per-second buckets of `policy`.
     pub fn stats_rate(&self, policy: &str) -> String {
-        format!("{}:{{stats}}:rate:{}", self.namespace, escape(policy))
+        format!("{}:{{stats}}:persec:{}", self.namespace, escape(policy))
     }
 
     /// Denials per identifier in minute `minute` (ms since the epoch / 60 000).

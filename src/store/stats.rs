@@ -8,6 +8,8 @@ use crate::domain::{Decision, Name};
 
 /// Seconds the rate circle holds.
 pub const RATE_SECONDS: i64 = 300;
+/// A rate bucket holds `second * RATE_SHIFT + count`.
+const RATE_SHIFT: i64 = 1 << 20;
 
 /// One second of one policy's checks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -143,13 +145,12 @@ impl Store {
             let series = (now - seconds + 1..=now)
                 .map(|sec| {
                     let i = sec.rem_euclid(RATE_SECONDS);
-                    let fresh = fields.get(&format!("t{i}")) == Some(&sec);
-                    let get = |k: &str| {
-                        if fresh {
-                            fields.get(&format!("{k}{i}")).copied().unwrap_or(0).max(0) as u64
-                        } else {
-                            0
+                    // A bucket holds second * 2^20 + count (see lua/stats.lua).
+                    let get = |k: &str| match fields.get(&format!("{k}{i}")) {
+                        Some(v) if v.div_euclid(RATE_SHIFT) == sec => {
+                            v.rem_euclid(RATE_SHIFT) as u64
                         }
+                        _ => 0,
                     };
                     SecondCount {
                         second: sec,

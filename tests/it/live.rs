@@ -72,12 +72,14 @@ async fn a_quiet_spell_does_not_bring_back_old_counts() {
     let mut conn = redis.connection();
     let (now, _): (i64, i64) = redis::cmd("TIME").query(&mut conn).unwrap();
     let i = now % 300;
+    // Each bucket holds second * 2^20 + count.
+    let stale = (now - 300) << 20;
     let _: () = redis::cmd("HSET")
-        .arg("spw:{stats}:rate:old")
-        .arg(format!("t{i}"))
-        .arg(now - 300)
+        .arg(Keys::default().stats_rate("old"))
         .arg(format!("a{i}"))
-        .arg(99)
+        .arg(stale + 99)
+        .arg(format!("d{i}"))
+        .arg(stale + 5)
         .query(&mut conn)
         .unwrap();
     let (_, rates) = store.policy_rates(&["old".into()], 5).await.unwrap();
