@@ -23,7 +23,7 @@ deps-test:
 	@scripts/deps.sh test
 
 build: deps-build
-	cargo leptos build --release
+	cargo leptos build --release --split
 
 run: deps-run build
 	@scripts/run.sh

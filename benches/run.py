@@ -8,6 +8,8 @@ BENCH_RUNS times (default 3), interleaved, BENCH_SECONDS each (default 5); the r
 the median and the min-max. Writes bench-results/REPORT.md and copies it to benches/REPORT.md.
 """
 
+import glob
+import gzip
 import hashlib
 import json
 import os
@@ -258,8 +260,18 @@ def main():
     for name, es in extra.items():
         lines.append(f"| {name} | {fmt([e['round_trips'] for e in es], 3)} | {fmt([e['redis_us'] for e in es], 1)} | "
                      f"{fmt([e['cpu_us'] for e in es], 1)} | {fmt([e['rss'] for e in es], 1)} |")
-    wasm = os.path.join(ROOT, "target", "site", "pkg", "spillway.wasm")
-    wasm_gz = len(__import__("gzip").compress(open(wasm, "rb").read())) / 1024 if os.path.exists(wasm) else float("nan")
+    # The bundle a browser loads to hydrate (the overview and sign-in); the other pages are
+    # split into chunks fetched when first visited (`cargo leptos build --split`).
+    pkg = os.path.join(ROOT, "target", "site", "pkg")
+    gz_kb = lambda path: len(gzip.compress(open(path, "rb").read(), 9)) / 1024
+    wasm = os.path.join(pkg, "spillway.wasm")
+    wasm_gz = gz_kb(wasm) if os.path.exists(wasm) else float("nan")
+    chunks = glob.glob(os.path.join(pkg, "chunk_*.wasm")) + glob.glob(os.path.join(pkg, "split_*.wasm"))
+    chunks_gz = sum(gz_kb(c) for c in chunks)
+    # The most a visit to one more page fetches (its split module and the chunks it needs).
+    manifest = os.path.join(pkg, "__wasm_split_manifest.json")
+    page_gz = max((sum(gz_kb(os.path.join(pkg, f"{m}.wasm")) for m in mods)
+                   for mods in json.load(open(manifest)).values()), default=0.0) if os.path.exists(manifest) else 0.0
     flexible = "rate-limiter-flexible + ioredis (node:http)"
     ceiling = "Redis ceiling: redis-benchmark EVALSHA, unpipelined"
     hot = "Spillway, hot identifier over its limit"
@@ -281,7 +293,7 @@ def main():
     open_p99 = med("Spillway, 1 rule, open loop at half its max rate", "p99")
     lines.append(f"| p99 ≤ 2 ms at half of Spillway's own maximum rate (open loop) | {open_p99:.2f} ms | {'yes' if open_p99 <= 2 else 'no'} |")
     lines.append(f"| RSS ≤ 100 MB under load | {rss:.1f} MB | {'yes' if rss <= 100 else 'no'} |")
-    lines.append(f"| release wasm bundle ≤ 400 KB gzipped | {wasm_gz:.0f} KB | {'yes' if wasm_gz <= 400 else 'no'} |")
+    lines.append(f"| release wasm bundle ≤ 400 KB gzipped (loaded to hydrate; the other pages load on demand, at most {page_gz:.0f} KB more for one page, {chunks_gz:.0f} KB for all) | {wasm_gz:.0f} KB | {'yes' if wasm_gz <= 400 else 'no'} |")
     lines += ["", "The open-loop row sends at a fixed rate (examples/openloop.rs, latency from each request's planned send",
               "time while its connection was busy); wrk rows are closed-loop. Memory per",
               "identifier: `cargo test --features ssr --test it -- --ignored --nocapture memory` (100k identifiers",

@@ -1,4 +1,5 @@
-import { expect, test, type Page } from "@playwright/test";
+import { type Page } from "@playwright/test";
+import { expect, test } from "./fixtures/test";
 import { E2E_SERVICE_KEY, signIn, waitForHydration } from "./fixtures/people";
 
 /** Saves a full-page screenshot as a test artifact. */
@@ -38,6 +39,16 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await page.getByRole("button", { name: "Save policy" }).click();
   await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
   await expect(page.getByTestId("preview")).toContainText("50 requests: 3 allowed, 47 denied");
+  // Another burst: hydrated, the editor's code (loaded on demand) computes it in the browser
+  // without a page load; without JavaScript the form asks the server.
+  if (hydrated) {
+    await waitForHydration(page);
+    await page.evaluate(() => ((window as any).__noReload = "editor"));
+  }
+  await page.getByRole("textbox", { name: "Requests" }).fill("10");
+  await page.getByRole("button", { name: "Preview" }).click();
+  await expect(page.getByTestId("preview")).toContainText("10 requests: 3 allowed, 7 denied");
+  if (hydrated) expect(await page.evaluate(() => (window as any).__noReload)).toBe("editor");
   await shot(page, "policy");
 
   // The overview, open before the traffic starts.

@@ -1,4 +1,4 @@
-import { expect, test } from "@playwright/test";
+import { expect, test } from "./fixtures/test";
 import { signIn } from "./fixtures/people";
 
 test.describe("app shell", () => {

@@ -17,8 +17,9 @@ use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 
 use crate::domain::people::Action;
 use leptos_router::{
-    SsrMode, StaticSegment,
+    Lazy, LazyRoute, SsrMode, StaticSegment,
     components::{A, Route, Router, Routes},
+    lazy_route,
 };
 
 pub use overview::{RedisReport, redis_status};
@@ -124,18 +125,43 @@ pub fn App() -> impl IntoView {
                     // Async SSR: the HTML is sent once the data has loaded, so the page is complete
                     // without JavaScript (streamed fragments would need a script to land).
                     <Route path=StaticSegment("") view=overview::OverviewPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("identifiers") view=inspector::InspectorPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("policies") view=policies::PoliciesPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("policy") view=policies::PolicyPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("audit") view=audit::AuditPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("identifiers") view={Lazy::<InspectorRoute>::new()} ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("policies") view={Lazy::<PoliciesRoute>::new()} ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("policy") view={Lazy::<PolicyRoute>::new()} ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("audit") view={Lazy::<AuditRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("login") view=login::LoginPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("account") view=account::AccountPage ssr=SsrMode::Async/>
-                    <Route path=StaticSegment("people") view=people::PeoplePage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("account") view={Lazy::<AccountRoute>::new()} ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("people") view={Lazy::<PeopleRoute>::new()} ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>
     }
 }
+
+// The pages past the overview and sign-in are split out of the main bundle (built with
+// `cargo leptos build --split`): the browser fetches a page's code when it first visits it.
+// Each page loads its own data, so the lazy route carries none.
+macro_rules! lazy_page {
+    ($route:ident, $page:path) => {
+        struct $route;
+        #[lazy_route]
+        impl LazyRoute for $route {
+            fn data() -> Self {
+                Self
+            }
+            fn view(_this: Self) -> AnyView {
+                $page().into_any()
+            }
+        }
+    };
+}
+
+lazy_page!(InspectorRoute, inspector::InspectorPage);
+lazy_page!(PoliciesRoute, policies::PoliciesPage);
+lazy_page!(PolicyRoute, policies::PolicyPage);
+lazy_page!(AuditRoute, audit::AuditPage);
+lazy_page!(AccountRoute, account::AccountPage);
+lazy_page!(PeopleRoute, people::PeoplePage);
 
 #[component]
 fn NotFound() -> impl IntoView {

@@ -537,7 +537,7 @@ pub fn PoliciesPage() -> impl IntoView {
                     Ok(list) => view! {
                         {s.may(Action::EditPolicies).then(|| view! {
                             <form method="get" action="/policy" class="row card">
-                                <label>"New policy name"<input name="name" required pattern="[a-z0-9][a-z0-9_-]{0,63}" placeholder="checkout"/></label>
+                                <label>"New policy name"<input name="name" required pattern="[a-z0-9][a-z0-9_\\-]{0,63}" placeholder="checkout"/></label>
                                 <button type="submit">"Create"</button>
                             </form>
                         })}
