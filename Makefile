@@ -50,8 +50,7 @@ deps-bench:
 
 # Side-by-side benchmarks (release build, peers from npm, redis-benchmark); writes
 # bench-results/REPORT.md and benches/REPORT.md. Takes about 8 minutes (the first time 2
-# more, to build the open-loop
-# load generator).
+# more, to build the open-loop load generator).
 bench: deps-bench build
 	cargo build --release --example openloop --no-default-features --features ssr
 	python3 benches/run.py
