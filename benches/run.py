@@ -353,8 +353,9 @@ def main():
     lines.append(f"| release wasm bundle ≤ 400 KB gzipped (loaded to hydrate; the other pages load on demand, at most {page_gz:.0f} KB more for one page, {chunks_gz:.0f} KB for all) | {wasm_gz:.0f} KB | {'yes' if wasm_gz <= 400 else 'no'} |")
     lines += ["", "The PING rows are the floor under every check's Redis call on this machine: one client on core 0, Redis",
               "on core 1. A core that has gone idle halts, and waking it costs an exit to the hypervisor; the rows",
-              "marked cpu_dma_latency 0 hold idle cores polling instead (as tuned's latency-performance profile does),",
-              "which is what the open-loop latency at half load mostly depends on.",
+              "marked cpu_dma_latency 0 hold idle cores polling instead (as tuned's latency-performance profile does).",
+              "The two open-loop rows show how much of the tail at half load that wake-up cost explains; the rest is",
+              "queueing on core 1, which Redis shares with the load generator.",
               "", "The open-loop row sends at a fixed rate (examples/openloop.rs, latency from each request's planned send",
               "time while its connection was busy); wrk rows are closed-loop. Memory per",
               "identifier: `cargo test --features ssr --test it -- --ignored --nocapture memory` (100k identifiers",
