@@ -134,13 +134,14 @@ def wrk(port, env, path=None):
 
 
 def redis_benchmark(port, sha, pipeline):
-    # The same work as a Spillway check: the rule's state and the overview's live counters
-    # (mode check+stats, as the server sends it on a single Redis).
+    # The same work as a Spillway check: the rule's state and the overview's live counters,
+    # one check per call (a batch of one in the script's 'batch' shape, as the server sends
+    # a check that arrives while Redis is idle).
     key = "spw:{bench|user|__rand_int__}:r:fw"
     stats = ["spw:{stats}:persec:bench", "spw:{stats}:denied:0", "spw:{stats}:near:0"]
     cmd = ["taskset", "-c", "1", "redis-benchmark", "-p", str(port), "-c", str(CONNECTIONS), "-r", str(USERS),
            "-n", str(40000 * SECONDS * (4 if pipeline > 1 else 1)), "-P", str(pipeline), "--csv",
-           "EVALSHA", sha, "4", key, *stats, "", "1", "check+stats", "fw", "0", "1000000000", "60000", "0",
+           "EVALSHA", sha, "4", key, *stats, "", "1", "batch", "1", "1", "fw", "0", "1000000000", "60000", "0",
            "bench|user=__rand_int__"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     row = next(l for l in out.splitlines() if l.startswith('"EVALSHA'))
@@ -266,6 +267,7 @@ def main():
             extra.setdefault(name, []).append({
                 "round_trips": calls / max(r["requests"], 1),
                 "redis_us": usec / calls if calls else 0.0,
+                "redis_us_check": usec / max(r["requests"], 1),
                 "cpu_us": cpu * 1e6 / max(r["requests"], 1),
                 "rss": rss_mb(app.pid),
             })
@@ -309,10 +311,11 @@ def main():
     for name, rs in results.items():
         rate = fmt([r['rps'] for r in rs]) if any(r["rps"] for r in rs) else "—"
         lines.append(f"| {name} | {rate} | {fmt([r['p50'] for r in rs], 2)} | {fmt([r['p99'] for r in rs], 2)} |")
-    lines += ["", "| Spillway scenario | Redis round trips per check | Redis µs per script call | Spillway CPU µs per check | RSS MB |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| Spillway scenario | Redis script calls per check | Redis µs per script call | Redis µs per check | Spillway CPU µs per check | RSS MB |",
+              "|---|---|---|---|---|---|"]
     for name, es in extra.items():
         lines.append(f"| {name} | {fmt([e['round_trips'] for e in es], 3)} | {fmt([e['redis_us'] for e in es], 1)} | "
+                     f"{fmt([e['redis_us_check'] for e in es], 1)} | "
                      f"{fmt([e['cpu_us'] for e in es], 1)} | {fmt([e['rss'] for e in es], 1)} |")
     # The bundle a browser loads to hydrate (the overview and sign-in); the other pages are
     # split into chunks fetched when first visited (`cargo leptos build --split`).
@@ -342,7 +345,7 @@ def main():
     lines.append(f"| (reference, no target) the HTTP floor, an empty GET, vs the normal path | {floor:.2f}× | — |")
     rt = statistics.median(e["round_trips"] for e in extra[one])
     hot_rt = statistics.median(e["round_trips"] for e in extra[hot])
-    lines.append(f"| exactly 1 Redis round trip per check (single slot) | {rt:.3f} | {'yes' if abs(rt - 1) < 0.01 else 'no'} |")
+    lines.append(f"| exactly 1 Redis round trip per check (single slot): each check is answered by one script call, which checks arriving together share | {rt:.3f} calls per check | {'yes' if rt <= 1.001 else 'no'} |")
     lines.append(f"| no Redis call for a hot identifier until its reset | {hot_rt:.4f} per check | {'yes' if hot_rt < 0.001 else 'no'} |")
     open_p99 = med(OPEN, "p99")
     lines.append(f"| p99 ≤ 2 ms at half of Spillway's own maximum rate (open loop) | {open_p99:.2f} ms | {'yes' if open_p99 <= 2 else 'no'} |")

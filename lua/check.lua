@@ -1,36 +1,39 @@
--- check.lua: one check of a policy, every rule × identifier at once, all or nothing.
--- Appended after prelude.lua and the algorithm files; this is the part that reads KEYS/ARGV.
+-- check.lua: checks of policies, every rule × identifier of a check at once, all or nothing.
+-- Appended after prelude.lua, the algorithm files and stats.lua; this is the part that reads
+-- KEYS/ARGV. Two call shapes:
 --
--- KEYS: one state key per entry (rule × identifier), all in one hash-tag slot on a cluster.
--- ARGV: [1] '' to use Redis TIME (the server's clock), or now in µs, or '+<µs>' for TIME
---           plus an offset (tests: a clock that never runs slower than Redis's);
---       [2] cost, an integer ≥ 0 (0 peeks: nothing is written);
---       [3] mode: 'check' (the normal all-or-nothing check), 'denied' (another slot of the
---           same check denied: act as if an entry here had denied), or 'refund' (give back
---           what a 'check' at now = ARGV[1] consumed; replies as a peek);
---       then 5 per entry, in KEYS order: algorithm code ("fw", "sl", "sw", "tb", "lb", "gc",
---       "bw"), count_denied ("1"|"0"), and the algorithm's three parameters (see its file).
--- Reply: { allowed (1|0), now_us, then per entry: allowed, limit, remaining, reset_ms,
---          retry_ms (-1 = none), delay_ms }
+-- One check (modes 'check', 'denied', 'refund'; no live counters):
+--   KEYS: one state key per entry (rule × identifier), all in one hash-tag slot on a cluster.
+--   ARGV: [1] '' to use Redis TIME (the server's clock), or now in µs, or '+<µs>' for TIME
+--             plus an offset (tests: a clock that never runs slower than Redis's);
+--         [2] cost, an integer ≥ 0 (0 peeks: nothing is written);
+--         [3] mode: 'check' (the normal all-or-nothing check), 'denied' (another slot of the
+--             same check denied: act as if an entry here had denied), or 'refund' (give back
+--             what a 'check' at now = ARGV[1] consumed; replies as a peek);
+--         then 5 per entry, in KEYS order: algorithm code ("fw", "lg", "sw", "tb", "lb",
+--         "gc", "bw"), count_denied ("1"|"0"), and the algorithm's three parameters (see
+--         its file).
+--   Reply: { allowed (1|0), now_us, then per entry: allowed, limit, remaining, reset_ms,
+--            retry_ms (-1 = none), delay_ms }
 --
--- Live counters (see stats.lua): with mode 'check+stats' (a 'check' that is also counted),
--- KEYS has 3 more keys after the state keys (rate hash, denied set, near set) and ARGV one
--- label per entry after the entries ('<policy>|<dimension>=<value>'); the check is counted allowed or
--- denied, a denial is charged to the label of the entry that bound (longest retry), and an
--- allowed check whose tightest entry used 80 % or more of its limit is noted as near.
+-- A batch of counted checks (mode 'batch', single Redis: the checks that arrived together,
+-- coalesced into one call; each is its own all-or-nothing check, evaluated in order, so a
+-- later check sees what an earlier one consumed, exactly as if they had come one by one):
+--   KEYS: per check, its n state keys then its policy's rate hash (see stats.lua); last, the
+--         denied set and the near set of the current minute.
+--   ARGV: [1] the clock, as above; [2] m, the number of checks; [3] 'batch'; then per check:
+--         n, cost, 5 per entry as above, then one label per entry
+--         ('<policy>|<dimension>=<value>').
+--   Reply: { now_us, then per check: allowed (1|0), then 6 per entry as above }
+--   Live counters: each check is counted allowed or denied under its policy; a denial is
+--   charged to the label of the entry that bound (longest retry); an allowed check whose
+--   tightest entry used 80 % or more of its limit is noted as near. Counts are summed over
+--   the batch first, so m checks of one policy are one HINCRBY.
 --
--- Each entry is evaluated first without writing. Only when every entry allows does each
--- commit its new state; when any denies, only entries with count_denied write, and entries
--- that would have allowed report their state unchanged (a peek at cost 0).
-local n = #KEYS
-local with_stats = ARGV[3] == 'check+stats'
-if with_stats then
-  -- KEYS = n entries + 3 stats keys, ARGV = 3 + 5n + n labels
-  n = n - 3
-  assert(n > 0 and #ARGV == 3 + 6 * n, 'check.lua: expected 3 + 6 ARGV per entry and 3 stats keys')
-else
-  assert(n > 0 and #ARGV == 3 + 5 * n, 'check.lua: expected 3 + 5 ARGV per key')
-end
+-- Each entry is evaluated first without writing. Only when every entry of its check allows
+-- does each commit its new state; when any denies, only entries with count_denied write, and
+-- entries that would have allowed report their state unchanged (a peek at cost 0).
+local mode = ARGV[3]
 
 local now
 if ARGV[1] == '' or string.sub(ARGV[1], 1, 1) == '+' then
@@ -39,73 +42,139 @@ if ARGV[1] == '' or string.sub(ARGV[1], 1, 1) == '+' then
 else
   now = tonumber(ARGV[1])
 end
-local cost = tonumber(ARGV[2])
-assert(now and cost and cost >= 0 and cost == math.floor(cost), 'check.lua: bad now or cost')
-local mode = with_stats and 'check' or ARGV[3]
-assert(mode == 'check' or mode == 'denied' or mode == 'refund', 'check.lua: bad mode')
+assert(now, 'check.lua: bad now')
 
-local entries = {}
-local all_allowed = true
-for i = 1, n do
-  local base = 3 + (i - 1) * 5
-  local e = {
-    step = ALGORITHMS[ARGV[base + 1]],
-    refund = REFUNDS[ARGV[base + 1]],
-    count_denied = ARGV[base + 2] == '1',
-    p1 = tonumber(ARGV[base + 3]), p2 = tonumber(ARGV[base + 4]), p3 = tonumber(ARGV[base + 5]),
-  }
-  assert(e.step, 'check.lua: unknown algorithm ' .. tostring(ARGV[base + 1]))
-  if mode == 'refund' then
-    e.refund(KEYS[i], now, cost, e.p1, e.p2, e.p3)
-    e.result = e.step(KEYS[i], now, 0, e.p1, e.p2, e.p3, false)
-  else
-    e.result, e.commit = e.step(KEYS[i], now, cost, e.p1, e.p2, e.p3, e.count_denied)
+-- One check of the n entries whose keys follow KEYS[k] and whose arguments follow ARGV[a].
+-- Returns whether it allowed, and each entry's result.
+local function run(k, a, n, cost, mode)
+  assert(cost and cost >= 0 and cost == math.floor(cost), 'check.lua: bad cost')
+  local entries = {}
+  local all_allowed = true
+  for i = 1, n do
+    local base = a + (i - 1) * 5
+    local key = KEYS[k + i]
+    local e = {
+      key = key,
+      step = ALGORITHMS[ARGV[base + 1]],
+      refund = REFUNDS[ARGV[base + 1]],
+      count_denied = ARGV[base + 2] == '1',
+      p1 = tonumber(ARGV[base + 3]), p2 = tonumber(ARGV[base + 4]), p3 = tonumber(ARGV[base + 5]),
+    }
+    assert(e.step, 'check.lua: unknown algorithm ' .. tostring(ARGV[base + 1]))
+    if mode == 'refund' then
+      e.refund(key, now, cost, e.p1, e.p2, e.p3)
+      e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
+    else
+      e.result, e.commit = e.step(key, now, cost, e.p1, e.p2, e.p3, e.count_denied)
+    end
+    if e.result[1] == 0 then all_allowed = false end
+    entries[i] = e
   end
-  if e.result[1] == 0 then all_allowed = false end
-  entries[i] = e
+  if mode ~= 'check' then all_allowed = false end
+  local results = {}
+  for i = 1, n do
+    local e = entries[i]
+    if mode == 'refund' then
+      -- already given back; the result is a peek
+    elseif all_allowed or e.count_denied then
+      if e.commit then e.commit() end
+    elseif e.result[1] == 1 then
+      e.result = e.step(e.key, now, 0, e.p1, e.p2, e.p3, false)
+    end
+    results[i] = e.result
+  end
+  return all_allowed, results
 end
 
-if mode ~= 'check' then all_allowed = false end
-local reply = { all_allowed and 1 or 0, now }
-for i = 1, n do
-  local e = entries[i]
-  if mode == 'refund' then
-    -- already given back; the result is a peek
-  elseif all_allowed or e.count_denied then
-    if e.commit then e.commit() end
-  elseif e.result[1] == 1 then
-    e.result = e.step(KEYS[i], now, 0, e.p1, e.p2, e.p3, false)
+if mode ~= 'batch' then
+  local n = #KEYS
+  assert(n > 0 and #ARGV == 3 + 5 * n, 'check.lua: expected 3 + 5 ARGV per key')
+  assert(mode == 'check' or mode == 'denied' or mode == 'refund', 'check.lua: bad mode')
+  local allowed, results = run(0, 3, n, tonumber(ARGV[2]), mode)
+  local reply = { allowed and 1 or 0, now }
+  for i = 1, n do
+    for j = 1, 6 do reply[#reply + 1] = results[i][j] end
   end
-  for j = 1, 6 do reply[#reply + 1] = e.result[j] end
+  return reply
 end
 
-if with_stats and mode == 'check' then
-  local labels = 3 + 5 * n
-  local sec = math.floor(now / 1000000)
-  if all_allowed then
-    stats_count(KEYS[n + 1], sec, 1, 0)
+local m = tonumber(ARGV[2])
+assert(m and m > 0, 'check.lua: bad number of checks')
+local denied_key, near_key = KEYS[#KEYS - 1], KEYS[#KEYS]
+-- Live counters summed over the batch, in first-seen order: per rate hash, allowed and
+-- denied; per label, denials; per label, the last near-limit percentage.
+local rates, rate_order = {}, {}
+local denials, denial_order = {}, {}
+local near, near_order = {}, {}
+local reply = { now }
+local k, a = 0, 3
+for _ = 1, m do
+  local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  assert(n and n > 0, 'check.lua: bad number of entries')
+  a = a + 2
+  local allowed, results = run(k, a, n, cost, 'check')
+  reply[#reply + 1] = allowed and 1 or 0
+  for i = 1, n do
+    for j = 1, 6 do reply[#reply + 1] = results[i][j] end
+  end
+
+  local labels = a + 5 * n
+  local rate = KEYS[k + n + 1]
+  local tally = rates[rate]
+  if not tally then
+    tally = { 0, 0 }
+    rates[rate] = tally
+    rate_order[#rate_order + 1] = rate
+  end
+  if allowed then
+    tally[1] = tally[1] + 1
     -- the tightest entry: highest share of its limit used
     local best, best_pct = nil, -1
     for i = 1, n do
-      local r = entries[i].result
+      local r = results[i]
       if r[2] > 0 then
         local pct = math.floor((r[2] - r[3]) * 100 / r[2])
         if pct > best_pct then best, best_pct = i, pct end
       end
     end
-    if best and best_pct >= 80 then stats_near(KEYS[n + 3], ARGV[labels + best], best_pct) end
+    if best and best_pct >= 80 then
+      local label = ARGV[labels + best]
+      if not near[label] then near_order[#near_order + 1] = label end
+      near[label] = best_pct
+    end
   else
-    stats_count(KEYS[n + 1], sec, 0, 1)
+    tally[2] = tally[2] + 1
     -- the entry that bound: a denial that makes the caller wait longest (-1 = never)
     local bind, wait = nil, -2
     for i = 1, n do
-      local r = entries[i].result
+      local r = results[i]
       if r[1] == 0 then
         local w = r[5] == -1 and math.huge or r[5]
         if w > wait then bind, wait = i, w end
       end
     end
-    if bind then stats_denied(KEYS[n + 2], ARGV[labels + bind], 1) end
+    if bind then
+      local label = ARGV[labels + bind]
+      if not denials[label] then
+        denials[label] = 0
+        denial_order[#denial_order + 1] = label
+      end
+      denials[label] = denials[label] + 1
+    end
   end
+  k = k + n + 1
+  a = labels + n
+end
+assert(k + 2 == #KEYS and a == #ARGV, 'check.lua: batch KEYS or ARGV do not add up')
+
+local sec = math.floor(now / 1000000)
+for _, rate in ipairs(rate_order) do
+  stats_count(rate, sec, rates[rate][1], rates[rate][2])
+end
+for _, label in ipairs(denial_order) do
+  stats_denied(denied_key, label, denials[label])
+end
+for _, label in ipairs(near_order) do
+  stats_near(near_key, label, near[label])
 end
 return reply

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 /// Why a store operation did not produce an answer. A denial is never an error.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

@@ -3,6 +3,7 @@
 //! policies, identifiers and decisions.
 
 mod breaker;
+mod coalesce;
 mod error;
 pub mod events;
 pub mod keys;
@@ -194,6 +195,8 @@ pub struct Store {
     keys: Keys,
     timeout: Duration,
     breaker: Arc<breaker::Breaker>,
+    /// Single Redis: the queue that coalesces concurrent counted checks into one call.
+    coalescer: Option<Arc<coalesce::Coalescer>>,
 }
 
 impl Store {
@@ -237,14 +240,17 @@ impl Store {
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self {
+        let mut store = Self {
             backend: Backend::Single(conn),
             client: Some(pubsub_client),
             scripts: Arc::new(Scripts::load()),
             keys,
             timeout,
             breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
-        })
+            coalescer: None,
+        };
+        store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
+        Ok(store)
     }
 
     /// Connects to a Redis Cluster through any of `urls`.
@@ -266,6 +272,7 @@ impl Store {
             keys,
             timeout,
             breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
+            coalescer: None,
         })
     }
 
@@ -441,51 +448,6 @@ impl Store {
             })
             .collect();
         Decision::new(results)
-    }
-
-    /// A single-Redis check that also updates the live counters (mode `check+stats`).
-    async fn run_with_stats(
-        &self,
-        policy: &Name,
-        entries: &[CheckEntry<'_>],
-        cost: u64,
-        stats_keys: &[String; 3],
-        labels: &[String],
-    ) -> Result<Vec<Outcome>, StoreError> {
-        let mut invocation = self
-            .scripts
-            .checks
-            .for_algorithms(entries.iter().map(|e| &e.rule.algorithm))
-            .prepare_invoke();
-        for e in entries {
-            invocation.key(self.keys.rule_state(
-                policy,
-                e.identifier,
-                &e.rule.name,
-                &e.rule.algorithm,
-            ));
-        }
-        for k in stats_keys {
-            invocation.key(k);
-        }
-        invocation
-            .arg(Now::Redis.arg())
-            .arg(cost)
-            .arg("check+stats");
-        for e in entries {
-            let (p1, p2, p3) = params(&e.rule.algorithm);
-            invocation
-                .arg(keys::algorithm_code(&e.rule.algorithm))
-                .arg(if e.rule.count_denied { "1" } else { "0" })
-                .arg(p1)
-                .arg(p2)
-                .arg(p3);
-        }
-        for l in labels {
-            invocation.arg(l);
-        }
-        let raw: Vec<i64> = self.invoke(&invocation).await?;
-        Ok(parse_reply(&raw, entries.len())?.outcomes)
     }
 
     /// Gives back what a `check_and_consume` of the same entries and cost consumed when run

@@ -86,18 +86,35 @@ impl Store {
             });
             return Ok(decision);
         }
-        let minute = minute_of(now_ms());
-        let stats_keys = [
-            self.keys.stats_rate(policy.as_str()),
-            self.keys.stats_denied(minute),
-            self.keys.stats_near(minute),
-        ];
-        let labels: Vec<String> = entries
+        // A single Redis: the check and its counters in one script call, shared with the
+        // checks that arrive meanwhile (see coalesce.rs).
+        let coalescer = self
+            .coalescer
+            .as_ref()
+            .ok_or_else(|| StoreError::Reply("this store has no check queue".into()))?;
+        let keys = entries
+            .iter()
+            .map(|e| {
+                self.keys
+                    .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+            })
+            .collect();
+        let rules = entries
+            .iter()
+            .map(|e| (e.rule.algorithm, e.rule.count_denied))
+            .collect();
+        let labels = entries
             .iter()
             .map(|e| label(policy.as_str(), &e.identifier.to_string()))
             .collect();
-        let outcomes = self
-            .run_with_stats(policy, entries, cost, &stats_keys, &labels)
+        let outcomes = coalescer
+            .check(
+                keys,
+                rules,
+                labels,
+                self.keys.stats_rate(policy.as_str()),
+                cost,
+            )
             .await?;
         Ok(self.decision_of(entries, outcomes))
     }

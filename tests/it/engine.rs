@@ -513,6 +513,108 @@ pub async fn one_denial_consumes_nothing_elsewhere(store: &Store) -> spillway::d
     last.unwrap()
 }
 
+/// Counted checks that arrive together share one script call (coalesce.rs), of whatever
+/// mix of algorithms, and each still decides on its own: exactly the limit is allowed, every
+/// allowed check sees a different `remaining`, and the live counters count every check.
+#[tokio::test]
+async fn concurrent_counted_checks_share_calls_and_each_decides_alone() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let fixed = std::sync::Arc::new(vec![rule(
+        "r",
+        Algorithm::FixedWindow {
+            limit: 50,
+            window_ms: LONG_MS,
+        },
+    )]);
+    let bucket = std::sync::Arc::new(vec![
+        rule(
+            "b",
+            Algorithm::TokenBucket {
+                capacity: 30,
+                refill_tokens: 1,
+                refill_period_ms: LONG_MS,
+            },
+        ),
+        rule(
+            "g",
+            Algorithm::Gcra {
+                rate: 1,
+                period_ms: LONG_MS,
+                burst: 1000,
+            },
+        ),
+    ]);
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..64 {
+        let (store, fixed, bucket) = (store.clone(), fixed.clone(), bucket.clone());
+        tasks.spawn(async move {
+            let mut seen = Vec::new();
+            for i in 0..12 {
+                let (policy, rules, user) = if (worker + i) % 2 == 0 {
+                    ("fixed", &fixed, "user=1")
+                } else {
+                    ("bucket", &bucket, "user=2")
+                };
+                let user = Identifier::parse(user).unwrap();
+                let entries: Vec<_> = rules
+                    .iter()
+                    .map(|rule| CheckEntry {
+                        rule,
+                        identifier: &user,
+                    })
+                    .collect();
+                let decision = store
+                    .check_and_count(&name(policy), &entries, 1)
+                    .await
+                    .unwrap();
+                let first = &decision.results[0].outcome;
+                seen.push((policy, decision.allowed, first.remaining));
+            }
+            seen
+        });
+    }
+    let mut seen = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        seen.extend(done.unwrap());
+    }
+    assert_eq!(seen.len(), 64 * 12);
+    for (policy, limit) in [("fixed", 50u64), ("bucket", 30)] {
+        let mut remaining: Vec<u64> = seen
+            .iter()
+            .filter(|(p, allowed, _)| *p == policy && *allowed)
+            .map(|(_, _, r)| *r)
+            .collect();
+        remaining.sort_unstable();
+        assert_eq!(remaining, (0..limit).collect::<Vec<_>>(), "{policy}");
+        let (_, rates) = store.policy_rates(&[policy.into()], 10).await.unwrap();
+        let counted = rates[0]
+            .iter()
+            .fold((0, 0), |(a, d), s| (a + s.allowed, d + s.denied));
+        assert_eq!(counted, (limit, 64 * 12 / 2 - limit), "{policy}");
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    let calls: u64 = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        calls > 0 && calls < 64 * 12 / 2,
+        "{calls} script calls for {} checks: they were not coalesced",
+        64 * 12
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Hygiene.
 

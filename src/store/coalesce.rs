@@ -1,0 +1,222 @@
+//! Coalescing counted checks on a single Redis: a check that arrives while Redis is busy with
+//! earlier ones waits for the next call and goes in it with every other check that arrived
+//! meanwhile, as one call of the check script in mode `batch` (see `lua/check.lua`).
+//!
+//! Nothing waits on a timer: when fewer than `IN_FLIGHT` calls are out, a check goes at
+//! once, alone. Only under load do checks share a call, and then Redis runs the script's
+//! fixed part (the call, `TIME`, the counters of the overview) once for all of them; each
+//! check is still its own all-or-nothing decision, evaluated in arrival order inside one
+//! atomic script, so the answers are the ones the checks would have had one by one.
+
+use std::{sync::Arc, time::Instant};
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::{Store, StoreError, params};
+use crate::domain::{Algorithm, Outcome};
+
+/// Calls of the batch script out at once. With one, every check that arrives during a call
+/// waits for its answer: the biggest batches, but Redis idles while the reply travels and
+/// the next call is built. Two keep Redis busy with the next call meanwhile.
+const IN_FLIGHT: usize = 2;
+
+/// Rule × identifier entries in one call at most, so no one script holds Redis (which runs
+/// one script at a time) for long: about 2 µs an entry.
+const MAX_ENTRIES: usize = 256;
+
+/// Checks waiting for a call, at most; a caller beyond that waits to be queued.
+const QUEUE: usize = 4096;
+
+/// One counted check, waiting for a call.
+pub(super) struct Counted {
+    pub keys: Vec<String>,
+    pub rules: Vec<(Algorithm, bool)>,
+    /// One per entry: `<policy>|<dimension>=<value>`.
+    pub labels: Vec<String>,
+    /// The rate hash of the check's policy.
+    pub rate_key: String,
+    pub cost: u64,
+    queued: Instant,
+    reply: oneshot::Sender<Result<Vec<Outcome>, StoreError>>,
+}
+
+/// The queue in front of the batch calls; its task ends when the last store clone is gone.
+pub(super) struct Coalescer {
+    queue: mpsc::Sender<Counted>,
+}
+
+impl Coalescer {
+    /// Starts the task that sends batches through `store` (a store without a coalescer).
+    pub(super) fn start(store: Store) -> Self {
+        let (queue, waiting) = mpsc::channel(QUEUE);
+        tokio::spawn(drive(store, waiting));
+        Self { queue }
+    }
+
+    /// Queues one check and waits for its outcomes (one per entry, in order).
+    pub(super) async fn check(
+        &self,
+        keys: Vec<String>,
+        rules: Vec<(Algorithm, bool)>,
+        labels: Vec<String>,
+        rate_key: String,
+        cost: u64,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Counted {
+            keys,
+            rules,
+            labels,
+            rate_key,
+            cost,
+            queued: Instant::now(),
+            reply,
+        };
+        self.queue.send(job).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> StoreError {
+    StoreError::Reply("the check queue has stopped".into())
+}
+
+async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = waiting.recv().await {
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let mut batch = Vec::new();
+        let mut entries = 0;
+        let mut next = Some(first);
+        while let Some(job) = next {
+            // A check that waited out the whole Redis timeout in the queue (Redis stalled)
+            // is answered as timed out, not sent late.
+            if job.queued.elapsed() >= store.timeout {
+                let _ = job.reply.send(Err(StoreError::Timeout(store.timeout)));
+            } else {
+                entries += job.keys.len();
+                batch.push(job);
+            }
+            next = if entries < MAX_ENTRIES {
+                waiting.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.run_batch(batch).await;
+            drop(permit);
+        });
+    }
+}
+
+impl Store {
+    /// One call of the batch script for `batch`; every check gets its answer or the error.
+    async fn run_batch(&self, batch: Vec<Counted>) {
+        let algorithms = batch.iter().flat_map(|c| c.rules.iter().map(|(a, _)| a));
+        let mut invocation = self
+            .scripts
+            .checks
+            .for_algorithms(algorithms)
+            .prepare_invoke();
+        let minute = super::stats::minute_of(super::stats::now_ms());
+        for check in &batch {
+            for key in &check.keys {
+                invocation.key(key);
+            }
+            invocation.key(&check.rate_key);
+        }
+        invocation
+            .key(self.keys.stats_denied(minute))
+            .key(self.keys.stats_near(minute));
+        invocation.arg("").arg(batch.len()).arg("batch");
+        for check in &batch {
+            invocation.arg(check.keys.len()).arg(check.cost);
+            for (algorithm, count_denied) in &check.rules {
+                let (p1, p2, p3) = params(algorithm);
+                invocation
+                    .arg(super::keys::algorithm_code(algorithm))
+                    .arg(if *count_denied { "1" } else { "0" })
+                    .arg(p1)
+                    .arg(p2)
+                    .arg(p3);
+            }
+            for label in &check.labels {
+                invocation.arg(label);
+            }
+        }
+        let sizes: Vec<usize> = batch.iter().map(|c| c.keys.len()).collect();
+        let answers = match self.invoke::<Vec<i64>>(&invocation).await {
+            Ok(raw) => parse_batch(&raw, &sizes),
+            Err(error) => Err(error),
+        };
+        match answers {
+            Ok(outcomes) => {
+                for (check, outcomes) in batch.into_iter().zip(outcomes) {
+                    let _ = check.reply.send(Ok(outcomes));
+                }
+            }
+            Err(error) => {
+                for check in batch {
+                    let _ = check.reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// The batch reply: `now`, then per check `allowed` and 6 integers per entry.
+fn parse_batch(raw: &[i64], sizes: &[usize]) -> Result<Vec<Vec<Outcome>>, StoreError> {
+    let expected = 1 + sizes.iter().map(|n| 1 + 6 * n).sum::<usize>();
+    if raw.len() != expected {
+        return Err(StoreError::Reply(format!(
+            "check.lua answered {} integers for a batch that needs {expected}",
+            raw.len()
+        )));
+    }
+    let mut at = 1;
+    let mut out = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        let check = &raw[at..at + 1 + 6 * n];
+        // The same layout as a single check's reply without `now`: reuse its parser.
+        let mut single = Vec::with_capacity(2 + 6 * n);
+        single.push(check[0]);
+        single.push(raw[0]);
+        single.extend_from_slice(&check[1..]);
+        out.push(super::parse_reply(&single, n)?.outcomes);
+        at += 1 + 6 * n;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_reply_is_split_per_check() {
+        // now, check 1 (1 entry, allowed), check 2 (2 entries, denied by the second)
+        let raw = [
+            7, 1, 1, 10, 9, 1000, -1, 0, 0, 1, 5, 4, 500, -1, 0, 0, 3, 0, 200, 200, 0,
+        ];
+        let out = parse_batch(&raw, &[1, 2]).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].len(), 1);
+        assert_eq!(out[0][0].remaining, 9);
+        assert_eq!(out[1].len(), 2);
+        assert!(out[1][0].allowed);
+        assert!(!out[1][1].allowed);
+        assert_eq!(out[1][1].retry_after_ms, Some(200));
+        // A reply of the wrong length is an error, not a misattributed answer.
+        assert!(parse_batch(&raw[..raw.len() - 1], &[1, 2]).is_err());
+        assert!(parse_batch(&raw, &[2, 1, 1]).is_err());
+    }
+}
