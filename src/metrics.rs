@@ -1,7 +1,12 @@
 //! Prometheus metrics. Labels are policy names and outcomes, never identifiers: the number
 //! of series stays bounded by the number of policies.
 
-use std::sync::OnceLock;
+use std::{
+    collections::HashMap,
+    sync::{OnceLock, RwLock},
+};
+
+use metrics::{Counter, Histogram};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -40,28 +45,101 @@ pub fn spawn_upkeep() {
     });
 }
 
-/// Counts one check and its latency.
+/// What became of a check: its `outcome` label.
+const OUTCOMES: [&str; 5] = [
+    "allowed",
+    "denied",
+    "shadow_denied",
+    "degraded",
+    "unavailable",
+];
+
+/// One policy's check metrics. The check path is hot: a handle found by the policy's name
+/// spares building and hashing the labelled key in the recorder on every check.
+struct PolicyMetrics {
+    checks: [OnceLock<Counter>; OUTCOMES.len()],
+    duration: Histogram,
+}
+
+fn with_policy(policy: &str, f: impl FnOnce(&PolicyMetrics)) {
+    static POLICIES: OnceLock<RwLock<HashMap<String, PolicyMetrics>>> = OnceLock::new();
+    let policies = POLICIES.get_or_init(|| {
+        // Handles taken before the recorder is installed would record nowhere.
+        handle();
+        RwLock::default()
+    });
+    if let Some(m) = policies
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(policy)
+    {
+        return f(m);
+    }
+    let mut write = policies.write().unwrap_or_else(|e| e.into_inner());
+    let m = write
+        .entry(policy.to_owned())
+        .or_insert_with(|| PolicyMetrics {
+            checks: Default::default(),
+            duration: metrics::histogram!(
+                "spillway_check_duration_seconds",
+                "policy" => policy.to_owned()
+            ),
+        });
+    f(m)
+}
+
+/// Counts one check and its latency; `outcome` is one of `OUTCOMES`.
 pub fn check_done(policy: &str, outcome: &'static str, seconds: f64) {
-    metrics::counter!("spillway_checks_total", "policy" => policy.to_owned(), "outcome" => outcome)
-        .increment(1);
-    metrics::histogram!("spillway_check_duration_seconds", "policy" => policy.to_owned())
-        .record(seconds);
+    with_policy(policy, |m| {
+        let counter = || metrics::counter!("spillway_checks_total", "policy" => policy.to_owned(), "outcome" => outcome);
+        match OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(i) => m.checks[i].get_or_init(counter).increment(1),
+            None => counter().increment(1),
+        }
+        m.duration.record(seconds);
+    });
+}
+
+/// A handle on an unlabelled (or fixed-label) metric, taken once the recorder is installed.
+macro_rules! cached {
+    ($kind:ident, $make:expr) => {{
+        static HANDLE: OnceLock<$kind> = OnceLock::new();
+        HANDLE.get_or_init(|| {
+            handle();
+            $make
+        })
+    }};
 }
 
 /// Counts one Redis call of the check path and its latency; `ok` false for errors.
 pub fn redis_call(seconds: f64, ok: bool) {
-    metrics::histogram!("spillway_redis_duration_seconds").record(seconds);
+    cached!(
+        Histogram,
+        metrics::histogram!("spillway_redis_duration_seconds")
+    )
+    .record(seconds);
     if !ok {
-        metrics::counter!("spillway_redis_errors_total").increment(1);
+        cached!(Counter, metrics::counter!("spillway_redis_errors_total")).increment(1);
     }
 }
 
 /// Counts a policy lookup on the check path.
 pub fn policy_lookup(hit: bool) {
-    metrics::counter!("spillway_policy_cache_lookups_total", "result" => if hit { "hit" } else { "miss" }).increment(1);
+    if hit {
+        cached!(
+            Counter,
+            metrics::counter!("spillway_policy_cache_lookups_total", "result" => "hit")
+        )
+    } else {
+        cached!(
+            Counter,
+            metrics::counter!("spillway_policy_cache_lookups_total", "result" => "miss")
+        )
+    }
+    .increment(1);
 }
 
 /// Counts a check answered from the over-limit cache, without Redis.
 pub fn deny_cache_hit() {
-    metrics::counter!("spillway_deny_cache_hits_total").increment(1);
+    cached!(Counter, metrics::counter!("spillway_deny_cache_hits_total")).increment(1);
 }
