@@ -5,6 +5,10 @@
 //! own queueing: no coordinated omission), and from the actual send otherwise (so the
 //! timer's own lateness is not charged to the server).
 //!
+//! The send times come from a pacing thread that sleeps with the OS's timer (tens of µs
+//! late at most), not from tokio's timer, whose 1 ms ticks would send each millisecond's
+//! requests together in a burst: a load that is only "fixed rate" per millisecond.
+//!
 //! `openloop <host:port> <rate/s> <seconds> <connections> <users> <api key>` prints one
 //! line: `requests=N rps=R p50_ms=A p99_ms=B p999_ms=C max_ms=D non2xx=E`.
 
@@ -76,9 +80,25 @@ fn main() {
 
 async fn run(plan: Rc<Plan>) -> (Vec<Duration>, u64, Duration) {
     let start = Instant::now() + Duration::from_millis(50);
-    let tasks: Vec<_> = (0..plan.connections)
-        .map(|c| tokio::task::spawn_local(connection(plan.clone(), c, start)))
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..plan.connections)
+        .map(|_| tokio::sync::mpsc::unbounded_channel::<u64>())
+        .unzip();
+    let tasks: Vec<_> = receivers
+        .into_iter()
+        .map(|due| tokio::task::spawn_local(connection(plan.clone(), due, start)))
         .collect();
+    // The pacer: request i is due at start + i / rate, on connection i % connections.
+    let (rate, total, connections) = (plan.rate, plan.total, plan.connections);
+    let pacer = std::thread::spawn(move || {
+        for i in 0..total {
+            let planned = start + Duration::from_secs_f64(i as f64 / rate);
+            let now = Instant::now();
+            if planned > now {
+                std::thread::sleep(planned - now);
+            }
+            let _ = senders[(i % connections) as usize].send(i);
+        }
+    });
     let mut latencies = Vec::with_capacity(plan.total as usize);
     let mut non2xx = 0;
     for task in tasks {
@@ -86,11 +106,15 @@ async fn run(plan: Rc<Plan>) -> (Vec<Duration>, u64, Duration) {
         latencies.extend(l);
         non2xx += n;
     }
+    pacer.join().expect("the pacer");
     (latencies, non2xx, start.elapsed())
 }
 
-/// Sends requests c, c + C, c + 2C, … at their planned times on one connection.
-async fn connection(plan: Rc<Plan>, c: u64, start: Instant) -> (Vec<Duration>, u64) {
+async fn connection(
+    plan: Rc<Plan>,
+    mut due: tokio::sync::mpsc::UnboundedReceiver<u64>,
+    start: Instant,
+) -> (Vec<Duration>, u64) {
     let stream = TcpStream::connect(&plan.addr).await.expect("connect");
     stream.set_nodelay(true).expect("nodelay");
     let (read, mut write) = stream.into_split();
@@ -100,10 +124,8 @@ async fn connection(plan: Rc<Plan>, c: u64, start: Instant) -> (Vec<Duration>, u
     let mut free_at = start;
     let mut line = String::new();
     let mut body = Vec::new();
-    let mut i = c;
-    while i < plan.total {
+    while let Some(i) = due.recv().await {
         let planned = start + Duration::from_secs_f64(i as f64 / plan.rate);
-        tokio::time::sleep_until(planned.into()).await;
         // Busy past the plan: the wait is the server's. Free: the timer's lateness is ours.
         let from = if free_at > planned {
             planned
@@ -142,7 +164,6 @@ async fn connection(plan: Rc<Plan>, c: u64, start: Instant) -> (Vec<Duration>, u
         read.read_exact(&mut body).await.expect("body");
         free_at = Instant::now();
         latencies.push(free_at - from);
-        i += plan.connections;
     }
     (latencies, non2xx)
 }
