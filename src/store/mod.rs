@@ -333,6 +333,33 @@ impl Store {
         }
     }
 
+    /// Runs `cmd`, an EVALSHA of `script`; when Redis has lost the script (a restart, SCRIPT
+    /// FLUSH), loads it and runs `cmd` again.
+    async fn evalsha<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        match self.query(cmd).await {
+            Err(StoreError::Redis(e))
+                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                match &self.backend {
+                    Backend::Single(conn) => {
+                        let mut conn = conn.clone();
+                        self.with_timeout(script.load_async(&mut conn)).await?;
+                    }
+                    Backend::Cluster(conn) => {
+                        let mut conn = conn.clone();
+                        self.with_timeout(script.load_async(&mut conn)).await?;
+                    }
+                }
+                self.query(cmd).await
+            }
+            other => other,
+        }
+    }
+
     pub fn keys(&self) -> &Keys {
         &self.keys
     }

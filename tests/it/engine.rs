@@ -655,6 +655,15 @@ async fn checks_survive_script_flush() {
         .await
         .unwrap();
     assert_eq!(after.results[0].outcome.remaining, 8);
+    // The counted path (the coalesced batch call) loads its script again too.
+    let counted = store.check_and_count(&policy, &entry, 1).await.unwrap();
+    assert_eq!(counted.results[0].outcome.remaining, 7);
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query::<()>(&mut conn)
+        .unwrap();
+    let counted = store.check_and_count(&policy, &entry, 1).await.unwrap();
+    assert_eq!(counted.results[0].outcome.remaining, 6);
 }
 
 /// 100,000 distinct identifiers through a policy of every algorithm: every key written has a
