@@ -24,7 +24,12 @@
 --   ARGV: [1] the clock, as above; [2] m, the number of checks; [3] 'batch'; then per check:
 --         n, cost, 5 per entry as above, then one label per entry
 --         ('<policy>|<dimension>=<value>').
---   Reply: { now_us, then per check: allowed (1|0), then 6 per entry as above }
+--   Reply: one string, the integers { now_us, then per check: allowed (1|0), then 6 per entry
+--          as above } joined by ','. One string rather than an array of integers: a client
+--          reads it in one piece, where parsing a hundred RESP integers costs it more than
+--          the check. Lua writes numbers with up to 14 significant digits (now_us, the only
+--          longer one, is written whole), and fractions as they are (the client truncates,
+--          as Redis does when it turns a Lua number into an integer).
 --   Live counters: each check is counted allowed or denied under its policy; a denial is
 --   charged to the label of the entry that bound (longest retry); an allowed check whose
 --   tightest entry used 80 % or more of its limit is noted as near. Counts are summed over
@@ -177,4 +182,5 @@ end
 for _, label in ipairs(near_order) do
   stats_near(near_key, label, near[label])
 end
-return reply
+reply[1] = string.format('%d', now)
+return table.concat(reply, ',')

@@ -154,8 +154,8 @@ impl Store {
             }
         }
         let sizes: Vec<usize> = batch.iter().map(|c| c.keys.len()).collect();
-        let answers = match self.evalsha::<Vec<i64>>(script, &cmd).await {
-            Ok(raw) => parse_batch(&raw, &sizes),
+        let answers = match self.evalsha::<String>(script, &cmd).await {
+            Ok(text) => integers(&text).and_then(|raw| parse_batch(&raw, &sizes)),
             Err(error) => Err(error),
         };
         match answers {
@@ -171,6 +171,24 @@ impl Store {
             }
         }
     }
+}
+
+/// The batch reply's integers, from the one string it comes as: joined by ',', each as
+/// Lua wrote it (digits, or a fraction, truncated toward zero as Redis would).
+fn integers(text: &str) -> Result<Vec<i64>, StoreError> {
+    text.split(',')
+        .map(|v| {
+            v.parse::<i64>()
+                .ok()
+                .or_else(|| {
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|f| f.is_finite())
+                        .map(|f| f.trunc() as i64)
+                })
+                .ok_or_else(|| StoreError::Reply(format!("check.lua answered {v:?} for a number")))
+        })
+        .collect()
 }
 
 /// The batch reply: `now`, then per check `allowed` and 6 integers per entry.
@@ -218,5 +236,16 @@ mod tests {
         // A reply of the wrong length is an error, not a misattributed answer.
         assert!(parse_batch(&raw[..raw.len() - 1], &[1, 2]).is_err());
         assert!(parse_batch(&raw, &[2, 1, 1]).is_err());
+    }
+
+    #[test]
+    fn the_batch_reply_string_reads_as_redis_would_read_lua_numbers() {
+        assert_eq!(
+            integers("1763860000123456,1,-1,0,2.5,1e+15").unwrap(),
+            [1_763_860_000_123_456, 1, -1, 0, 2, 1_000_000_000_000_000]
+        );
+        assert!(integers("1,,2").is_err());
+        assert!(integers("1,nan").is_err());
+        assert!(integers("oops").is_err());
     }
 }
