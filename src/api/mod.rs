@@ -110,7 +110,29 @@ pub fn key_actor(caller: &KeyCaller, addr: std::net::SocketAddr) -> crate::audit
 /// (413 when too large, 415 when not JSON, 400 naming `body` when it does not parse).
 pub struct JsonBody(pub Value);
 
+impl JsonBody {
+    /// Parses the bytes of a `JsonBytes`.
+    pub fn parse(bytes: &[u8]) -> Result<Self, ApiError> {
+        serde_json::from_slice(bytes)
+            .map(JsonBody)
+            .map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
+    }
+}
+
 impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
+        Self::parse(&bytes)
+    }
+}
+
+/// The bytes of a JSON body, not parsed yet: as `JsonBody` (413, 415), for a handler that
+/// parses them into its own types (the check path).
+pub struct JsonBytes(pub Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBytes {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
@@ -136,9 +158,7 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
         if bytes.len() > MAX_BODY {
             return Err(ApiError::PayloadTooLarge);
         }
-        serde_json::from_slice(&bytes)
-            .map(JsonBody)
-            .map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
+        Ok(JsonBytes(bytes))
     }
 }
 
