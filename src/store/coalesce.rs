@@ -44,14 +44,17 @@ pub(super) struct Counted {
 /// The queue in front of the batch calls; its task ends when the last store clone is gone.
 pub(super) struct Coalescer {
     queue: mpsc::Sender<Counted>,
+    /// The Redis timeout: the longest a check waits, queue and call together.
+    timeout: std::time::Duration,
 }
 
 impl Coalescer {
     /// Starts the task that sends batches through `store` (a store without a coalescer).
     pub(super) fn start(store: Store) -> Self {
         let (queue, waiting) = mpsc::channel(QUEUE);
+        let timeout = store.timeout;
         tokio::spawn(drive(store, waiting));
-        Self { queue }
+        Self { queue, timeout }
     }
 
     /// Queues one check and waits for its outcomes (one per entry, in order).
@@ -73,8 +76,17 @@ impl Coalescer {
             queued: Instant::now(),
             reply,
         };
-        self.queue.send(job).await.map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        tokio::time::timeout_at(deadline, self.queue.send(job))
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|_| stopped())?;
+        // The whole wait, in the queue and in the call, within the timeout: a check never
+        // waits out one call's timeout and then its own.
+        match tokio::time::timeout_at(deadline, answer).await {
+            Ok(answer) => answer.map_err(|_| stopped())?,
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
+        }
     }
 }
 
@@ -94,9 +106,9 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
         let mut entries = 0;
         let mut next = Some(first);
         while let Some(job) = next {
-            // A check that waited out the whole Redis timeout in the queue (Redis stalled)
-            // is answered as timed out, not sent late.
-            if job.queued.elapsed() >= store.timeout {
+            // A check whose caller stopped waiting (its timeout passed while Redis stalled)
+            // is not sent late: it would consume for an answer nobody reads.
+            if job.reply.is_closed() || job.queued.elapsed() >= store.timeout {
                 let _ = job.reply.send(Err(StoreError::Timeout(store.timeout)));
             } else {
                 entries += job.keys.len();

@@ -334,29 +334,38 @@ impl Store {
     }
 
     /// Runs `cmd`, an EVALSHA of `script`; when Redis has lost the script (a restart, SCRIPT
-    /// FLUSH), loads it and runs `cmd` again.
+    /// FLUSH), loads it and runs `cmd` again. One call for the breaker and the timeout, as a
+    /// `ScriptInvocation` is: a NOSCRIPT on its own must not count as Redis failing, or after a
+    /// restart the breaker would refuse the very load that cures it.
     async fn evalsha<T: FromRedisValue>(
         &self,
         script: &Script,
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
-        match self.query(cmd).await {
-            Err(StoreError::Redis(e))
-                if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-            {
-                match &self.backend {
-                    Backend::Single(conn) => {
-                        let mut conn = conn.clone();
-                        self.with_timeout(script.load_async(&mut conn)).await?;
-                    }
-                    Backend::Cluster(conn) => {
-                        let mut conn = conn.clone();
-                        self.with_timeout(script.load_async(&mut conn)).await?;
-                    }
+        async fn run<C: redis::aio::ConnectionLike, T: FromRedisValue>(
+            conn: &mut C,
+            script: &Script,
+            cmd: &redis::Cmd,
+        ) -> redis::RedisResult<T> {
+            match cmd.query_async(conn).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load_async(conn).await?;
+                    cmd.query_async(conn).await
                 }
-                self.query(cmd).await
+                other => other,
             }
-            other => other,
+        }
+        match &self.backend {
+            Backend::Single(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(run(&mut conn, script, cmd)).await
+            }
+            Backend::Cluster(conn) => {
+                let mut conn = conn.clone();
+                self.with_timeout(run(&mut conn, script, cmd)).await
+            }
         }
     }
 
