@@ -666,6 +666,42 @@ async fn checks_survive_script_flush() {
     assert_eq!(counted.results[0].outcome.remaining, 6);
 }
 
+/// A fixed window's key keeps a TTL at its window's end as it counts (its window's first
+/// check SETs it with the TTL, later ones INCRBY it), and the count is right.
+#[tokio::test]
+async fn a_fixed_windows_key_keeps_its_ttl_as_it_counts() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let policy = name("ttl");
+    let user = Identifier::parse("user=1").unwrap();
+    let rule = rule(
+        "r",
+        Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: 3_600_000,
+        },
+    );
+    let entry = [CheckEntry {
+        rule: &rule,
+        identifier: &user,
+    }];
+    let key = store
+        .keys()
+        .rule_state(&policy, &user, &rule.name, &rule.algorithm);
+    let mut conn = redis.connection();
+    let mut ttls = Vec::new();
+    for expected in [9, 7, 6] {
+        let cost = if expected == 7 { 2 } else { 1 };
+        let d = store.check_and_count(&policy, &entry, cost).await.unwrap();
+        assert_eq!(d.results[0].outcome.remaining, expected);
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
+        assert!(ttl > 0 && ttl <= 3_600_000, "{ttl}");
+        ttls.push(ttl);
+    }
+    // The same deadline throughout: the TTL only ran down.
+    assert!(ttls.windows(2).all(|w| w[1] <= w[0]), "{ttls:?}");
+}
+
 /// 100,000 distinct identifiers through a policy of every algorithm: every key written has a
 /// TTL (INFO keyspace: keys == expires).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
