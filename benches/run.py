@@ -359,8 +359,10 @@ def main():
               "marked cpu_dma_latency 0 hold idle cores polling instead (as tuned's latency-performance profile does).",
               "The two open-loop rows show how much of the tail at half load that wake-up cost explains; the rest is",
               "queueing on core 1, which Redis shares with the load generator.",
-              "", "The open-loop row sends at a fixed rate (examples/openloop.rs, latency from each request's planned send",
-              "time while its connection was busy); wrk rows are closed-loop. Memory per",
+              "", "The open-loop row sends at a fixed rate (examples/openloop.rs: a pacing thread on the OS timer, so the",
+              "load is even below the millisecond; latency from each request's planned send time while its connection",
+              "was busy); wrk rows are closed-loop. Script calls per check are below 1 because checks that arrive while",
+              "a call is out share the next one (src/store/coalesce.rs), each still its own all-or-nothing decision. Memory per",
               "identifier: `cargo test --features ssr --test it -- --ignored --nocapture memory` (100k identifiers",
               "per algorithm)."]
     report = "\n".join(lines) + "\n"
