@@ -10,7 +10,7 @@ use axum::Router;
 use leptos::prelude::{provide_context, use_context};
 use leptos_axum::{LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
-use tower_http::{set_header::SetResponseHeaderLayer, timeout::TimeoutLayer, trace::TraceLayer};
+use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
 
 use crate::{
     api,
@@ -26,14 +26,8 @@ pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let context_state = state.clone();
     let leptos_options = state.leptos_options.clone();
-    // The API (service checks, admin JSON) sits outside the session middleware, which would
-    // only pass it through and mark it no-store: on the check path, every layer is per
-    // request work.
-    let api = api::router().layer(SetResponseHeaderLayer::overriding(
-        axum::http::header::CACHE_CONTROL,
-        axum::http::HeaderValue::from_static("no-store"),
-    ));
     Router::new()
+        .merge(api::router())
         .merge(auth::login::router())
         .merge(crate::app::events::router())
         .leptos_routes_with_context(
@@ -47,7 +41,6 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::session::middleware,
         ))
-        .merge(api)
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::GATEWAY_TIMEOUT,
             state.request_timeout,
