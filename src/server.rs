@@ -2,13 +2,16 @@
 
 use std::{
     future::Future,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
 use axum::Router;
 use leptos::prelude::{provide_context, use_context};
-use leptos_axum::{LeptosRoutes, generate_route_list};
+use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
 use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
 
@@ -23,7 +26,7 @@ use crate::{
 /// Builds the whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
     crate::metrics::handle();
-    let routes = generate_route_list(App);
+    let routes = dashboard_routes();
     let context_state = state.clone();
     let leptos_options = state.leptos_options.clone();
     Router::new()
@@ -48,6 +51,17 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::map_response(close_while_draining))
         .with_state(state)
+}
+
+/// The dashboard's routes, generated once per process. Generating them renders the app once
+/// with resource loading suppressed by a process-wide flag (leptos_server's
+/// `SuppressResourceLoad`): a page whose data starts loading on another thread meanwhile
+/// waits forever (leptos-rs/leptos#4773). A process that builds more than one router (the
+/// integration tests build one per test, in parallel) saw pages time out with 504 now and
+/// then; with the list made once, no router is built while another one serves.
+fn dashboard_routes() -> Vec<AxumRouteListing> {
+    static ROUTES: OnceLock<Vec<AxumRouteListing>> = OnceLock::new();
+    ROUTES.get_or_init(|| generate_route_list(App)).clone()
 }
 
 /// What pages and server functions reach through Leptos's context: the store and the whole
@@ -98,6 +112,14 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Answers go out as soon as they are written: no Nagle delay behind an unacknowledged
+    // segment (a client that pipelines, or a response split across writes).
+    let listener = listener.tap_io(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),

@@ -108,7 +108,14 @@ impl Visitor {
 
     pub(crate) async fn login(&mut self, user: &str, password: &str) -> reqwest::Response {
         let page = self.get("/login").await;
-        assert_eq!(page.status(), 200);
+        let status = page.status();
+        if status != 200 {
+            // Seen once under a loaded full suite and not reproduced since: say what it was.
+            let headers = format!("{:?}", page.headers());
+            let body = page.text().await.unwrap_or_default();
+            let body: String = body.chars().take(2000).collect();
+            panic!("GET /login: {status}\n{headers}\n{body}");
+        }
         let csrf = self.csrf().await;
         let origin = self.origin();
         self.post_form(

@@ -10,8 +10,60 @@ use spillway::domain::people::{AuditFilter, Role};
 
 use crate::{
     auth::{Visitor, add_user, store},
-    helpers::{RedisServer, spawn_app},
+    helpers::{RedisServer, app_state, serve, spawn_app},
 };
+
+/// Building a router renders the app once with resource loading suppressed process-wide
+/// (leptos-rs/leptos#4773): before the route list was made once per process, a page whose
+/// data started loading meanwhile never finished, and the suite saw 504s now and then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_render_while_other_routers_are_built() {
+    let redis = RedisServer::start();
+    let state = app_state(&redis, &[]).await;
+    let app = serve(state.clone()).await;
+    let building = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let builder = tokio::task::spawn_blocking({
+        let building = building.clone();
+        move || {
+            let mut built = 0u32;
+            while building.load(std::sync::atomic::Ordering::Relaxed) {
+                drop(spillway::server::router(state.clone()));
+                built += 1;
+            }
+            built
+        }
+    });
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut failures = Vec::new();
+    for i in 0..40 {
+        match client
+            .get(format!("http://{}/login", app.addr))
+            .send()
+            .await
+        {
+            Ok(r) if r.status() == StatusCode::OK => {
+                let page = r.text().await.unwrap_or_default();
+                // The form is inside a Suspense: it is there once the session resource loaded.
+                if !page.contains(r#"name="csrf""#) {
+                    failures.push(format!("{i}: no form"));
+                }
+            }
+            Ok(r) => failures.push(format!("{i}: {}", r.status())),
+            Err(e) => failures.push(format!("{i}: {e}")),
+        }
+    }
+    building.store(false, std::sync::atomic::Ordering::Relaxed);
+    let built = builder.await.unwrap();
+    assert!(built >= 40, "only {built} routers were built meanwhile");
+    assert!(
+        failures.is_empty(),
+        "{} of 40 pages failed: {failures:?}",
+        failures.len()
+    );
+}
 
 #[tokio::test]
 async fn the_policy_editor_names_the_bad_field_and_saves_good_input() {

@@ -178,6 +178,11 @@ pub async fn spawn_app(redis: &RedisServer) -> TestApp {
 
 /// Starts the app with extra configuration variables.
 pub async fn spawn_app_with(redis: &RedisServer, extra: &[(&str, &str)]) -> TestApp {
+    serve(app_state(redis, extra).await).await
+}
+
+/// The app's state as `spawn_app_with` configures it, connected to `redis`.
+pub async fn app_state(redis: &RedisServer, extra: &[(&str, &str)]) -> AppState {
     let url = redis.url();
     let extra: Vec<(String, String)> = extra
         .iter()
@@ -195,9 +200,13 @@ pub async fn spawn_app_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Test
         _ => None,
     })
     .expect("test configuration is valid");
-    let state = AppState::connect(config)
+    AppState::connect(config)
         .await
-        .expect("connects to the test redis");
+        .expect("connects to the test redis")
+}
+
+/// Serves `state` on a free port until the returned app is dropped.
+pub async fn serve(state: AppState) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
