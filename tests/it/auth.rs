@@ -110,7 +110,8 @@ impl Visitor {
         let page = self.get("/login").await;
         let status = page.status();
         if status != 200 {
-            // Seen once under a loaded full suite and not reproduced since: say what it was.
+            // Say what came instead of the form (a 504 here was leptos-rs/leptos#4773, see
+            // server::dashboard_routes).
             let headers = format!("{:?}", page.headers());
             let body = page.text().await.unwrap_or_default();
             let body: String = body.chars().take(2000).collect();
