@@ -18,27 +18,34 @@ use crate::{
 /// data started loading meanwhile never finished, and the suite saw 504s now and then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_render_while_other_routers_are_built() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    };
     let redis = RedisServer::start();
     let state = app_state(&redis, &[]).await;
     let app = serve(state.clone()).await;
-    let building = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let building = Arc::new(AtomicBool::new(true));
+    let built = Arc::new(AtomicU32::new(0));
     let builder = tokio::task::spawn_blocking({
-        let building = building.clone();
+        let (building, built) = (building.clone(), built.clone());
         move || {
-            let mut built = 0u32;
-            while building.load(std::sync::atomic::Ordering::Relaxed) {
+            while building.load(Ordering::Relaxed) {
                 drop(spillway::server::router(state.clone()));
-                built += 1;
+                built.fetch_add(1, Ordering::Relaxed);
             }
-            built
         }
     });
+    // Longer than the server's request timeout: a hung page shows as its 504.
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(15))
         .build()
         .unwrap();
     let mut failures = Vec::new();
-    for i in 0..40 {
+    let mut pages = 0;
+    // At least 40 pages, and at least 40 routers built while they were asked for.
+    while pages < 40 || (built.load(Ordering::Relaxed) < 40 && pages < 2000) {
+        pages += 1;
         match client
             .get(format!("http://{}/login", app.addr))
             .send()
@@ -48,19 +55,20 @@ async fn pages_render_while_other_routers_are_built() {
                 let page = r.text().await.unwrap_or_default();
                 // The form is inside a Suspense: it is there once the session resource loaded.
                 if !page.contains(r#"name="csrf""#) {
-                    failures.push(format!("{i}: no form"));
+                    failures.push(format!("{pages}: no form"));
                 }
             }
-            Ok(r) => failures.push(format!("{i}: {}", r.status())),
-            Err(e) => failures.push(format!("{i}: {e}")),
+            Ok(r) => failures.push(format!("{pages}: {}", r.status())),
+            Err(e) => failures.push(format!("{pages}: {e}")),
         }
     }
-    building.store(false, std::sync::atomic::Ordering::Relaxed);
-    let built = builder.await.unwrap();
+    building.store(false, Ordering::Relaxed);
+    builder.await.unwrap();
+    let built = built.load(Ordering::Relaxed);
     assert!(built >= 40, "only {built} routers were built meanwhile");
     assert!(
         failures.is_empty(),
-        "{} of 40 pages failed: {failures:?}",
+        "{} of {pages} pages failed: {failures:?}",
         failures.len()
     );
 }
