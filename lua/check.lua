@@ -127,7 +127,7 @@ local rates, rate_order = {}, {}
 local denials, denial_order = {}, {}
 local near, near_order = {}, {}
 local reply = { now }
-local texts = { [0] = '0', [1] = '1', [-1] = '-1' }
+local texts = {}
 -- `x` as tostring (and table.concat) would write it; the same text, formatted once.
 local function text(x)
   local t = texts[x]
