@@ -25,17 +25,17 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await expect(page.getByRole("heading", { level: 1, name: `New policy ${policy}` })).toBeVisible();
   if (hydrated) await waitForHydration(page);
   const rule = page.getByRole("group", { name: "Add a rule" }).first();
-  await rule.getByLabel("Name").fill("per-minute");
+  await rule.getByLabel("Name").fill("per-hour");
   await rule.getByLabel("Algorithm").selectOption("fixed_window");
   await rule.getByLabel("Limit").fill("0");
-  await rule.getByLabel("Window (ms)").fill("60000");
-  await page.getByLabel("Description").fill("three a minute, from the browser test");
+  await rule.getByLabel("Window (ms)").fill("3600000");
+  await page.getByLabel("Description").fill("three an hour, from the browser test");
   await page.getByRole("button", { name: "Save policy" }).click();
   // A bad value is named beside its field.
   await expect(page.getByText(/must be at least 1|must be a whole number|must be/).first()).toBeVisible();
-  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Name").fill("per-minute");
+  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Name").fill("per-hour");
   await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Limit").fill("3");
-  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Window (ms)").fill("60000");
+  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Window (ms)").fill("3600000");
   await page.getByRole("button", { name: "Save policy" }).click();
   await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
   await expect(page.getByTestId("preview")).toContainText("50 requests: 3 allowed, 47 denied");
@@ -86,7 +86,7 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await throttled.getByRole("link", { name: `user=${user}` }).click();
   await expect(page.getByRole("heading", { level: 1, name: "Identifier inspector" })).toBeVisible();
   const card = page.getByRole("region", { name: `user=${user} in ${policy}` });
-  await expect(card.getByTestId(`used-${policy}-per-minute`)).toHaveText("3 / 3");
+  await expect(card.getByTestId(`used-${policy}-per-hour`)).toHaveText("3 / 3");
   await expect(card).toContainText("binds");
   if (hydrated) await waitForHydration(page);
   await shot(page, "inspector");
@@ -95,7 +95,7 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await page.getByLabel("What").selectOption({ label: `Policy ${policy}` });
   await page.getByLabel("Reason").fill("false positive, ticket 42");
   await page.getByRole("button", { name: "Reset counters" }).click();
-  await expect(card.getByTestId(`used-${policy}-per-minute`)).toHaveText("0 / 3");
+  await expect(card.getByTestId(`used-${policy}-per-hour`)).toHaveText("0 / 3");
 
   // The audit log has it.
   await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: "Audit" }).click();
