@@ -24,8 +24,11 @@
 --   ARGV: [1] the clock, as above; [2] m, the number of checks; [3] 'batch'; then per check:
 --         n, cost, 5 per entry as above, then one label per entry
 --         ('<policy>|<dimension>=<value>').
---   Reply: one string, the integers { now_us, then per check: allowed (1|0), then 6 per entry
---          as above } joined by ','. One string rather than an array of integers: a client
+--   Reply: one string, the integers { now_us, then per check: allowed (1|0, or -1 when the
+--          check's script failed), then 6 per entry as above (zeros for a failed check) }
+--          joined by ','; then, only when checks failed, one line per failure after a
+--          newline: '<index from 0>:<error>'. A failed check is not counted anywhere and
+--          fails no other check of the batch. One string rather than an array of integers: a client
 --          reads it in one piece, where parsing a hundred RESP integers costs it more than
 --          the check. Lua writes numbers with up to 14 significant digits (now_us, the only
 --          longer one, is written whole), and fractions as they are (the client truncates,
@@ -120,6 +123,20 @@ end
 
 local m = tonumber(ARGV[2])
 assert(m and m > 0, 'check.lua: bad number of checks')
+-- Where each check's keys and arguments start, all of them worked out (and the totals
+-- checked) before anything is written.
+local layout = {}
+do
+  local k, a = 0, 3
+  for c = 1, m do
+    local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    assert(n and n > 0, 'check.lua: bad number of entries')
+    layout[c] = { k, a + 2, n, cost }
+    k = k + n + 1
+    a = a + 2 + 6 * n
+  end
+  assert(k + 2 == #KEYS and a == #ARGV, 'check.lua: batch KEYS or ARGV do not add up')
+end
 local denied_key, near_key = KEYS[#KEYS - 1], KEYS[#KEYS]
 -- Live counters summed over the batch, in first-seen order: per rate hash, allowed and
 -- denied; per label, denials; per label, the last near-limit percentage.
@@ -137,69 +154,77 @@ local function text(x)
   end
   return t
 end
+-- Checks whose script failed: each answers '-1' and its message follows the reply.
+local failures = {}
 local r = 1
-local k, a = 0, 3
-for _ = 1, m do
-  local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  assert(n and n > 0, 'check.lua: bad number of entries')
-  a = a + 2
-  local allowed, results = run(k, a, n, cost, 'check')
-  r = r + 1
-  reply[r] = allowed and '1' or '0'
-  for i = 1, n do
-    local result = results[i]
-    for j = 1, 6 do reply[r + j] = text(result[j]) end
-    r = r + 6
-  end
-
-  local labels = a + 5 * n
-  local rate = KEYS[k + n + 1]
-  local tally = rates[rate]
-  if not tally then
-    tally = { 0, 0 }
-    rates[rate] = tally
-    rate_order[#rate_order + 1] = rate
-  end
-  if allowed then
-    tally[1] = tally[1] + 1
-    -- the tightest entry: highest share of its limit used
-    local best, best_pct = nil, -1
-    for i = 1, n do
-      local r = results[i]
-      if r[2] > 0 then
-        local pct = math.floor((r[2] - r[3]) * 100 / r[2])
-        if pct > best_pct then best, best_pct = i, pct end
-      end
-    end
-    if best and best_pct >= 80 then
-      local label = ARGV[labels + best]
-      if not near[label] then near_order[#near_order + 1] = label end
-      near[label] = best_pct
-    end
+for c = 1, m do
+  local k, a, n, cost = layout[c][1], layout[c][2], layout[c][3], layout[c][4]
+  -- One check failing (a key of the wrong type, say) fails that check alone: the others
+  -- of the batch never depend on it, so they are still answered.
+  local ok, allowed, results = pcall(run, k, a, n, cost, 'check')
+  if not ok then
+    local message = allowed
+    if type(message) == 'table' then message = message.err end
+    failures[#failures + 1] = (c - 1) .. ':' .. tostring(message)
+    r = r + 1
+    reply[r] = '-1'
+    for j = 1, 6 * n do reply[r + j] = '0' end
+    r = r + 6 * n
   else
-    tally[2] = tally[2] + 1
-    -- the entry that bound: a denial that makes the caller wait longest (-1 = never)
-    local bind, wait = nil, -2
+    r = r + 1
+    reply[r] = allowed and '1' or '0'
     for i = 1, n do
-      local r = results[i]
-      if r[1] == 0 then
-        local w = r[5] == -1 and math.huge or r[5]
-        if w > wait then bind, wait = i, w end
-      end
+      local result = results[i]
+      for j = 1, 6 do reply[r + j] = text(result[j]) end
+      r = r + 6
     end
-    if bind then
-      local label = ARGV[labels + bind]
-      if not denials[label] then
-        denials[label] = 0
-        denial_order[#denial_order + 1] = label
+
+    local labels = a + 5 * n
+    local rate = KEYS[k + n + 1]
+    local tally = rates[rate]
+    if not tally then
+      tally = { 0, 0 }
+      rates[rate] = tally
+      rate_order[#rate_order + 1] = rate
+    end
+    if allowed then
+      tally[1] = tally[1] + 1
+      -- the tightest entry: highest share of its limit used
+      local best, best_pct = nil, -1
+      for i = 1, n do
+        local r = results[i]
+        if r[2] > 0 then
+          local pct = math.floor((r[2] - r[3]) * 100 / r[2])
+          if pct > best_pct then best, best_pct = i, pct end
+        end
       end
-      denials[label] = denials[label] + 1
+      if best and best_pct >= 80 then
+        local label = ARGV[labels + best]
+        if not near[label] then near_order[#near_order + 1] = label end
+        near[label] = best_pct
+      end
+    else
+      tally[2] = tally[2] + 1
+      -- the entry that bound: a denial that makes the caller wait longest (-1 = never)
+      local bind, wait = nil, -2
+      for i = 1, n do
+        local r = results[i]
+        if r[1] == 0 then
+          local w = r[5] == -1 and math.huge or r[5]
+          if w > wait then bind, wait = i, w end
+        end
+      end
+      if bind then
+        local label = ARGV[labels + bind]
+        if not denials[label] then
+          denials[label] = 0
+          denial_order[#denial_order + 1] = label
+        end
+        denials[label] = denials[label] + 1
+      end
     end
   end
-  k = k + n + 1
-  a = labels + n
 end
-assert(k + 2 == #KEYS and a == #ARGV, 'check.lua: batch KEYS or ARGV do not add up')
 
 local sec = math.floor(now / 1000000)
 for _, rate in ipairs(rate_order) do
@@ -212,4 +237,6 @@ for _, label in ipairs(near_order) do
   stats_near(near_key, label, near[label])
 end
 reply[1] = string.format('%d', now)
-return table.concat(reply, ',')
+local answer = table.concat(reply, ',')
+if #failures > 0 then answer = answer .. '\n' .. table.concat(failures, '\n') end
+return answer

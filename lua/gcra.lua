@@ -1,53 +1,58 @@
 -- gcra.lua: the generic cell rate algorithm, as redis-cell's CL.THROTTLE: `rate` per
 -- `period_ms` with `burst` extra, so `burst + 1` requests may pass at once.
 --
--- KEYS (per entry): a string, the theoretical arrival time (TAT) in µs as an exact double;
---   TTL: until the TAT (a missing key is a TAT in the past).
+-- KEYS (per entry): a string "<debt>:<at µs>": how many requests (cells) the theoretical
+--   arrival time (TAT) stood ahead of `at` when it was written, as an exact double. Counting
+--   in requests rather than µs keeps the arithmetic exact at every rate: at 10^9 a second
+--   one request is a thousandth of a µs, which a TAT of 1.7e15 µs cannot hold (its doubles
+--   are a quarter µs apart). TTL: until the debt has drained (a missing key owes nothing).
+--   A bare number is the older layout, a TAT in µs, and is read as such.
 -- ARGV (per entry): code "gc", count_denied, rate, period_ms, burst
 -- Reply (per entry): allowed, burst + 1, remaining, reset_ms (until TAT), retry_ms
 --   (until the request would conform; -1 when cost > burst + 1 or allowed), 0
--- Refund (cluster): moves the TAT back by `cost` emission intervals (not before now).
+-- Refund (cluster): takes `cost` requests back off the debt (not below nothing).
+
+-- The debt in requests at `now`, and the key's state as read.
+local function gcra_debt(raw, now, rate, period)
+  local sd, sa = string.match(raw, '^([^:]+):(-?%d+)$')
+  if not sd then
+    -- older layout: the TAT in µs
+    return math.max(tonumber(raw) - now, 0) * rate / period
+  end
+  return math.max(tonumber(sd) - math.max(now - tonumber(sa), 0) * rate / period, 0)
+end
+
 ALGORITHMS.gc = function(key, now, cost, rate, period_ms, burst, count_denied)
-  local emission = period_ms * 1000 / rate
-  local tolerance = emission * (burst + 1)
-  local increment = emission * cost
-  local tat = now
+  local period = period_ms * 1000
+  local capacity = burst + 1
+  local debt = 0
   local raw = redis.call('GET', key)
-  if raw then tat = math.max(tonumber(raw), now) end
-  local new_tat = tat + increment
-  local allow_at = new_tat - tolerance
-  local diff = now - allow_at
-  local allowed = diff >= 0
-  local ttl, stored, retry = 0, nil, -1
+  if raw then debt = gcra_debt(raw, now, rate, period) end
+  local allowed = debt + cost <= capacity
+  local after, retry = debt, -1
+  local write = false
   if allowed then
-    ttl = new_tat - now
-    if cost > 0 then stored = new_tat end
+    if cost > 0 then after, write = debt + cost, true end
   else
-    if increment <= tolerance then retry = ceil_ms(-diff) end
+    if cost <= capacity then retry = ceil_ms((debt + cost - capacity) * period / rate) end
     if count_denied and cost > 0 then
       -- Counted while denied: the bucket is left empty.
-      local full = now + tolerance
-      ttl = full - now
-      stored = full
-    else
-      ttl = tat - now
+      after, write = capacity, true
     end
   end
-  local next = tolerance - ttl
-  local remaining = 0
-  if next > 0 then remaining = math.floor(next / emission) end
+  local ttl = after * period / rate
   local commit = nil
-  if stored then
+  if write then
     commit = function()
-      redis.call('SET', key, real(stored), 'PX', ttl_ms(stored - now))
+      redis.call('SET', key, real(after) .. ':' .. int(now), 'PX', ttl_ms(ttl))
     end
   end
-  return result(allowed, burst + 1, remaining, ttl, retry, 0), commit
+  return result(allowed, capacity, math.floor(capacity - after), ttl, retry, 0), commit
 end
 
 REFUNDS.gc = function(key, now, cost, rate, period_ms)
   local raw = redis.call('GET', key)
   if not raw then return end
-  local tat = math.max(tonumber(raw) - (period_ms * 1000 / rate) * cost, now)
-  redis.call('SET', key, real(tat), 'KEEPTTL')
+  local debt = gcra_debt(raw, now, rate, period_ms * 1000)
+  redis.call('SET', key, real(math.max(debt - cost, 0)) .. ':' .. int(now), 'KEEPTTL')
 end

@@ -14,10 +14,17 @@
 local ALGORITHMS = {}
 local REFUNDS = {}
 
--- Milliseconds, rounded up, of a duration in microseconds (0 for none).
+-- The longest duration a reply or a TTL carries: 10^13 ms (317 years). A rule that refills
+-- one token in 400 days with a capacity of 10^9 takes 10^9 times that to fill again, which
+-- Redis cannot take as a TTL (PX overflows) nor reply as an integer; past this cap the state
+-- outlives anyone who could tell. It also keeps every reply number within the 14 digits
+-- Lua 5.1 writes exactly (the batch reply is text).
+local MAX_MS = 10000000000000
+
+-- Milliseconds, rounded up, of a duration in microseconds (0 for none), at most MAX_MS.
 local function ceil_ms(us)
   if us <= 0 then return 0 end
-  return math.ceil(us / 1000)
+  return math.min(math.ceil(us / 1000), MAX_MS)
 end
 
 -- A TTL in milliseconds: rounded up, plus one. Redis counts expiry in whole milliseconds

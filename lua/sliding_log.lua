@@ -11,6 +11,9 @@
 --   retry_ms (until enough old elements leave; -1 when cost > limit or allowed), 0
 -- Refund (cluster): removes up to `cost` elements admitted at `now` or later from the tail.
 
+-- Elements one RPUSH appends at most.
+local LOG_PUSH_CHUNK = 4096
+
 -- How many elements at the head are at or before `horizon` (stale), and the list's length.
 -- Trimming on every write keeps the stale run short, so this is usually one LINDEX.
 local function log_stale(key, horizon)
@@ -60,9 +63,17 @@ ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
     commit = function()
       if stale > 0 then redis.call('LTRIM', key, stale, -1) end
       if added > 0 then
+        -- Lua unpacks at most about 8000 values into one call (LUAI_MAXCSTACK); a cost up
+        -- to the largest limit (100,000) goes in chunks.
+        local value = int(at)
         local args = {}
-        for i = 1, added do args[i] = int(at) end
-        redis.call('RPUSH', key, unpack(args))
+        for i = 1, math.min(added, LOG_PUSH_CHUNK) do args[i] = value end
+        local left = added
+        while left >= LOG_PUSH_CHUNK do
+          redis.call('RPUSH', key, unpack(args))
+          left = left - LOG_PUSH_CHUNK
+        end
+        if left > 0 then redis.call('RPUSH', key, unpack(args, 1, left)) end
       end
       if after > 0 then redis.call('PEXPIRE', key, ttl_ms(reset)) end
     end

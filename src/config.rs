@@ -21,6 +21,12 @@ pub struct Config {
     pub redis_timeout: Duration,
     /// Longest time any HTTP request may take.
     pub request_timeout: Duration,
+    /// Longest a connection may take to send a request's header, or sit idle between
+    /// requests (`SPILLWAY_HEADER_READ_TIMEOUT_MS`, default 10 s).
+    pub header_read_timeout: Duration,
+    /// The reverse proxies whose `X-Forwarded-*` headers are believed
+    /// (`SPILLWAY_TRUSTED_PROXIES`, addresses and CIDR blocks; default none).
+    pub trusted_proxies: crate::forwarded::TrustedProxies,
     /// `json` for structured logs, anything else for human-readable ones.
     pub log_format: LogFormat,
     /// Keys that may call the check endpoints (`SPILLWAY_SERVICE_KEYS`, comma-separated).
@@ -190,6 +196,14 @@ impl Config {
                 .map(std::path::PathBuf::from),
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
+            header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
+            trusted_proxies: crate::forwarded::TrustedProxies::parse(
+                &lookup("SPILLWAY_TRUSTED_PROXIES").unwrap_or_default(),
+            )
+            .map_err(|problem| ConfigError::Invalid {
+                name: "SPILLWAY_TRUSTED_PROXIES",
+                problem,
+            })?,
             log_format: match lookup("SPILLWAY_LOG_FORMAT").as_deref() {
                 Some("json") => LogFormat::Json,
                 _ => LogFormat::Pretty,

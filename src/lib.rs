@@ -26,6 +26,8 @@ pub mod demo;
 #[cfg(feature = "ssr")]
 pub mod deny_cache;
 #[cfg(feature = "ssr")]
+pub mod forwarded;
+#[cfg(feature = "ssr")]
 pub mod live;
 #[cfg(feature = "ssr")]
 pub mod metrics;

@@ -107,25 +107,73 @@ pub async fn shutdown_after_drain(drain: Duration) {
 
 /// Serves `state` on `listener` until `shutdown` resolves, then lets in-flight requests
 /// finish. Tests bind `127.0.0.1:0` and pass their own shutdown future.
+///
+/// HTTP/1.1 and HTTP/2 cleartext (prior knowledge) share the port. A connection must send a
+/// request's whole header within the header-read timeout, counted from when it opens and
+/// again from the end of each answer: one that sends nothing, trickles a header line at a
+/// time or sits idle between requests is closed then (axum::serve sets no timer, so such a
+/// connection stayed open for ever). HTTP/2 connections are pinged and closed when the
+/// client stops answering.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // Answers go out as soon as they are written: no Nagle delay behind an unacknowledged
-    // segment (a client that pipelines, or a response split across writes).
-    let listener = listener.tap_io(|stream| {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let header_read_timeout = state.header_read_timeout;
+    let app = router(state);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(header_read_timeout);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(connection) => connection,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait rather than spin.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // Answers go out as soon as they are written: no Nagle delay behind an
+        // unacknowledged segment (a client that pipelines, or a response split in writes).
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "could not set TCP_NODELAY");
         }
-    });
-    axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+        let app = app.clone();
+        let service = hyper::service::service_fn(
+            move |mut request: axum::extract::Request<hyper::body::Incoming>| {
+                request
+                    .extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                tower_service::Service::call(&mut app.clone(), request)
+            },
+        );
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM.

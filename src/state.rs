@@ -45,6 +45,11 @@ pub struct Shared {
     pub forward_auth: Arc<ForwardAuth>,
     /// Longest time any HTTP request may take.
     pub request_timeout: std::time::Duration,
+    /// Longest a connection may take to send a request's header, and may sit idle between
+    /// requests.
+    pub header_read_timeout: std::time::Duration,
+    /// The reverse proxies whose forwarded headers are believed.
+    pub trusted_proxies: crate::forwarded::TrustedProxies,
 }
 
 impl AppState {
@@ -95,6 +100,8 @@ impl AppState {
             sessions: config.sessions,
             live,
             request_timeout: config.request_timeout,
+            header_read_timeout: config.header_read_timeout,
+            trusted_proxies: config.trusted_proxies.clone(),
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,

@@ -15,19 +15,41 @@ pub async fn change_my_password(
 ) -> Result<(), ServerFnError> {
     use super::people::bad_input;
     use crate::{
-        auth::{password, people},
+        auth::{
+            login::{Attempt, Charged},
+            password, people,
+        },
         domain::people::Action,
     };
     let caller = crate::auth::guard::require_change(Action::View, &csrf)?;
-    let store = expect_context::<crate::state::AppState>().store.clone();
+    let state = expect_context::<crate::state::AppState>();
+    let store = state.store.clone();
+    let unavailable = |_| ServerFnError::new("Redis is unavailable; try again");
+    // Guessing the current password is limited as signing in is (and counts with it).
+    let attempt = match Attempt::charge(&state, caller.user.as_str(), &caller.ip)
+        .await
+        .map_err(unavailable)?
+    {
+        Charged::Allowed(attempt) => attempt,
+        Charged::Limited(wait_s) => {
+            let error = bad_input(
+                "current",
+                format!("too many wrong passwords; try again in {wait_s} seconds"),
+            );
+            crate::auth::guard::set_status(axum::http::StatusCode::TOO_MANY_REQUESTS);
+            return Err(error);
+        }
+        Charged::Invalid => return Err(bad_input("current", "is not your current password")),
+    };
     let user = store
         .get_user(&caller.user)
         .await
-        .map_err(|_| ServerFnError::new("Redis is unavailable; try again"))?
+        .map_err(unavailable)?
         .ok_or_else(|| bad_input("current", "this user no longer exists"))?;
     if !password::verify(Some(user.password_hash), current).await {
         return Err(bad_input("current", "is not your current password"));
     }
+    attempt.forgive(&state).await;
     people::set_password(&store, &caller.actor(), caller.user.as_str(), &new_password)
         .await
         .map_err(|e| match e {

@@ -77,10 +77,19 @@ pub async fn list_people() -> Result<PeopleView, ServerFnError> {
     let store = state().store.clone();
     let users = store.list_users().await.map_err(store_failed)?;
     let keys = store.list_api_keys().await.map_err(store_failed)?;
+    // A new key is shown once: half of it was left in the session, the other half in this
+    // browser's cookie (see create_key).
     let new_key = store
         .take_session_flash(&caller.session_digest)
         .await
-        .map_err(store_failed)?;
+        .map_err(store_failed)?
+        .and_then(|masked| {
+            let pad = crate::auth::session::cookie_value(
+                &use_context::<axum::http::request::Parts>()?.headers,
+                NEW_KEY_COOKIE,
+            )?;
+            crate::auth::keys::join_secret(&masked, &pad)
+        });
     Ok(PeopleView {
         users: users
             .into_iter()
@@ -163,12 +172,31 @@ pub async fn create_key(
     let (_, secret) = people::create_key(&store, &caller.actor(), &name, role)
         .await
         .map_err(people_failed)?;
-    // Shown once by the next read of the page, with or without JavaScript.
+    // Shown once by the next read of the page, with or without JavaScript: the session keeps
+    // the key XOR a random pad, the browser the pad (an HttpOnly cookie), so neither Redis
+    // nor the cookie alone holds the key.
+    let (masked, pad) = crate::auth::keys::split_secret(&secret);
     store
-        .set_session_flash(&caller.session_digest, &secret)
+        .set_session_flash(&caller.session_digest, &masked)
         .await
-        .map_err(store_failed)
+        .map_err(store_failed)?;
+    let secure = use_context::<axum::http::request::Parts>()
+        .and_then(|p| {
+            p.extensions
+                .get::<crate::auth::session::OverHttps>()
+                .copied()
+        })
+        .is_some_and(|s| s.0);
+    expect_context::<leptos_axum::ResponseOptions>().append_header(
+        axum::http::header::SET_COOKIE,
+        crate::auth::session::private_cookie(NEW_KEY_COOKIE, &pad, secure),
+    );
+    Ok(())
 }
+
+/// The cookie that holds the browser's half of a new API key until the page shows it.
+#[cfg(feature = "ssr")]
+const NEW_KEY_COOKIE: &str = "spillway_new_key";
 
 #[server(prefix = "/fn", endpoint = "key_revoke")]
 pub async fn revoke_key(

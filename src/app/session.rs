@@ -21,15 +21,23 @@ impl SessionView {
     }
 }
 
-/// The caller's session (for the login form, a session without a user).
+/// The caller's session (for a visitor, just the sign-in form's token).
 #[server(prefix = "/fn", endpoint = "whoami")]
 pub async fn whoami() -> Result<SessionView, ServerFnError> {
-    use crate::auth::session::CurrentSession;
-    let session = use_context::<axum::http::request::Parts>()
+    use crate::auth::session::{CurrentSession, LoginToken};
+    let parts = use_context::<axum::http::request::Parts>();
+    let session = parts
+        .as_ref()
         .and_then(|p| p.extensions.get::<CurrentSession>().cloned())
         .and_then(|s| s.0);
     Ok(match session {
-        None => SessionView::default(),
+        // A visitor: the sign-in form's token, from the login cookie.
+        None => SessionView {
+            csrf: parts
+                .and_then(|p| p.extensions.get::<LoginToken>().map(|t| t.0.clone()))
+                .unwrap_or_default(),
+            ..SessionView::default()
+        },
         Some(s) => SessionView {
             user: s.record.user.as_ref().map(|u| u.to_string()),
             role: s.record.role,

@@ -177,6 +177,35 @@ pub fn generate_key(prefix: &str) -> String {
     format!("{prefix}_{}", to_hex(&random_bytes::<32>()))
 }
 
+/// Splits `secret` into two shares that each say nothing about it: the secret XOR a random
+/// pad of its length, and the pad (both hex). One share can sit in Redis and the other in
+/// the browser's cookie until the secret is shown once (a new API key): Redis never holds
+/// it in the clear.
+pub fn split_secret(secret: &str) -> (String, String) {
+    let mut pad = vec![0u8; secret.len()];
+    getrandom::fill(&mut pad).expect("the OS random generator works");
+    let masked: Vec<u8> = secret.bytes().zip(&pad).map(|(s, p)| s ^ p).collect();
+    (to_hex(&masked), to_hex(&pad))
+}
+
+/// The secret from the two shares of [`split_secret`], if they belong together.
+pub fn join_secret(masked_hex: &str, pad_hex: &str) -> Option<String> {
+    let bytes = |hex: &str| -> Option<Vec<u8>> {
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        hex.as_bytes()
+            .chunks(2)
+            .map(|c| u8::from_str_radix(std::str::from_utf8(c).ok()?, 16).ok())
+            .collect()
+    };
+    let (masked, pad) = (bytes(masked_hex)?, bytes(pad_hex)?);
+    if masked.len() != pad.len() {
+        return None;
+    }
+    String::from_utf8(masked.iter().zip(&pad).map(|(m, p)| m ^ p).collect()).ok()
+}
+
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -204,6 +233,21 @@ mod tests {
         let (a, b) = (generate_key("spw_svc"), generate_key("spw_svc"));
         assert_ne!(a, b);
         assert_eq!(a.len(), "spw_svc_".len() + 64);
+    }
+
+    #[test]
+    fn a_split_secret_needs_both_shares() {
+        let secret = generate_key("spw_svc");
+        let (masked, pad) = split_secret(&secret);
+        assert!(!masked.contains(&secret[8..16]) && !pad.contains(&secret[8..16]));
+        assert_eq!(join_secret(&masked, &pad).as_deref(), Some(secret.as_str()));
+        let (_, other_pad) = split_secret(&secret);
+        assert_ne!(
+            join_secret(&masked, &other_pad).as_deref(),
+            Some(secret.as_str())
+        );
+        assert_eq!(join_secret(&masked, &pad[2..]), None);
+        assert_eq!(join_secret("zz", "00"), None);
     }
 
     #[test]

@@ -5,7 +5,11 @@
 //! sliding logs (5 per 15 minutes for the user name and address together, 50 per 15
 //! minutes for the address alone) before the password is checked, and a successful attempt
 //! is refunded, so only failures count. Unknown user and wrong password get the same answer
-//! after the same Argon2 work.
+//! after the same Argon2 work. Changing one's own password is limited the same way.
+//!
+//! A visitor of the sign-in page gets no session: the form's CSRF token is a random value in
+//! a cookie of its own (HttpOnly, SameSite=Strict) that the form sends back, so anonymous
+//! page loads store nothing in Redis.
 
 use std::sync::LazyLock;
 
@@ -21,7 +25,7 @@ use serde::Deserialize;
 use super::{
     keys::now_ms,
     password,
-    session::{self, ClientIp, CurrentSession, encode_component, safe_next},
+    session::{self, ClientIp, CurrentSession, OverHttps, encode_component, safe_next},
 };
 use crate::{
     audit::{Actor, Change},
@@ -94,18 +98,108 @@ fn forbidden(message: &'static str) -> Response {
         .into_response()
 }
 
+/// One attempt at a password, charged to the sign-in limits before the password is looked
+/// at; [`Attempt::forgive`] gives it back when the password was right, so only failures
+/// count. Signing in and changing one's own password both go through here.
+pub struct Attempt {
+    pair: Identifier,
+    addr: Identifier,
+    at_us: i64,
+}
+
+/// What charging an attempt came to.
+pub enum Charged {
+    /// Within the limits: go on and check the password.
+    Allowed(Attempt),
+    /// Too many failures: try again in this many seconds.
+    Limited(u64),
+    /// The user name cannot be an identifier (it is wrong anyway).
+    Invalid,
+}
+
+impl Attempt {
+    fn entries(&self) -> [CheckEntry<'_>; 2] {
+        let limits = &*LIMITS;
+        [
+            CheckEntry {
+                rule: &limits.per_user_and_ip,
+                identifier: &self.pair,
+            },
+            CheckEntry {
+                rule: &limits.per_ip,
+                identifier: &self.addr,
+            },
+        ]
+    }
+
+    /// Charges one attempt of `user` from `ip` (5 per 15 minutes for the pair, 50 for the
+    /// address alone).
+    pub async fn charge(
+        state: &AppState,
+        user: &str,
+        ip: &str,
+    ) -> Result<Charged, crate::store::StoreError> {
+        let pair = Identifier::new("login", &format!("{ip} {user}"));
+        let addr = Identifier::new("login-ip", if ip.is_empty() { "unknown" } else { ip });
+        let (Ok(pair), Ok(addr)) = (pair, addr) else {
+            return Ok(Charged::Invalid);
+        };
+        let attempt = Attempt {
+            pair,
+            addr,
+            at_us: now_ms() * 1000,
+        };
+        let decision = state
+            .store
+            .check_and_consume(
+                &LIMITS.policy,
+                &attempt.entries(),
+                1,
+                Now::At(attempt.at_us),
+            )
+            .await?;
+        if decision.allowed {
+            return Ok(Charged::Allowed(attempt));
+        }
+        Ok(Charged::Limited(
+            decision
+                .binding()
+                .and_then(|b| b.outcome.retry_after_ms)
+                .map_or(900, |ms| ms.div_ceil(1000)),
+        ))
+    }
+
+    /// Gives the attempt back: the password was right.
+    pub async fn forgive(&self, state: &AppState) {
+        if let Err(error) = state
+            .store
+            .refund(&LIMITS.policy, &self.entries(), 1, self.at_us)
+            .await
+        {
+            tracing::warn!(%error, "could not refund a password attempt");
+        }
+    }
+}
+
 async fn login(
     State(state): State<AppState>,
     Extension(current): Extension<CurrentSession>,
     Extension(ClientIp(ip)): Extension<ClientIp>,
+    Extension(OverHttps(secure)): Extension<OverHttps>,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
-    let Some(pre) = current.0 else {
-        return forbidden("Your sign-in form expired. Load the sign-in page again.");
-    };
-    if !pre.csrf_matches(&form.csrf) {
-        return forbidden("The sign-in form was not sent from this site.");
+    // The sign-in form's token: a visitor's login cookie (nothing is stored for a visitor),
+    // or the session's own for someone signed in already.
+    let from_this_site = session::login_token_matches(&headers, &form.csrf)
+        || current
+            .0
+            .as_ref()
+            .is_some_and(|s| s.csrf_matches(&form.csrf));
+    if !from_this_site {
+        return forbidden(
+            "Your sign-in form expired or was not sent from this site. Load the sign-in page again.",
+        );
     }
     // User names are at most 64 characters; a longer one is wrong, but still charged.
     let attempted: String = form
@@ -123,52 +217,28 @@ async fn login(
     };
 
     // Charge the attempt before looking at the password.
-    let limits = &*LIMITS;
-    let pair = Identifier::new("login", &format!("{ip} {attempted}"));
-    let addr = Identifier::new("login-ip", if ip.is_empty() { "unknown" } else { &ip });
-    let (Ok(pair), Ok(addr)) = (pair, addr) else {
-        return back_to_login("invalid", &form.next, "");
-    };
-    let entries = [
-        CheckEntry {
-            rule: &limits.per_user_and_ip,
-            identifier: &pair,
-        },
-        CheckEntry {
-            rule: &limits.per_ip,
-            identifier: &addr,
-        },
-    ];
-    let at_us = now_ms() * 1000;
-    let decision = match state
-        .store
-        .check_and_consume(&limits.policy, &entries, 1, Now::At(at_us))
-        .await
-    {
-        Ok(d) => d,
+    let attempt = match Attempt::charge(&state, &attempted, &ip).await {
+        Ok(Charged::Allowed(attempt)) => attempt,
+        Ok(Charged::Invalid) => return back_to_login("invalid", &form.next, ""),
+        Ok(Charged::Limited(wait_s)) => {
+            let _ = actor
+                .record(
+                    &state.store,
+                    Change {
+                        action: "login.limited",
+                        target: &attempted,
+                        reason: "too many failed sign-ins",
+                        ..Change::default()
+                    },
+                )
+                .await;
+            return back_to_login("limited", &form.next, &format!("&retry={wait_s}"));
+        }
         Err(error) => {
             tracing::warn!(%error, "sign-in: Redis unavailable");
             return back_to_login("unavailable", &form.next, "");
         }
     };
-    if !decision.allowed {
-        let wait_s = decision
-            .binding()
-            .and_then(|b| b.outcome.retry_after_ms)
-            .map_or(900, |ms| ms.div_ceil(1000));
-        let _ = actor
-            .record(
-                &state.store,
-                Change {
-                    action: "login.limited",
-                    target: &attempted,
-                    reason: "too many failed sign-ins",
-                    ..Change::default()
-                },
-            )
-            .await;
-        return back_to_login("limited", &form.next, &format!("&retry={wait_s}"));
-    }
 
     let user = match Username::parse(&attempted) {
         Ok(name) => match state.store.get_user(&name).await {
@@ -199,12 +269,12 @@ async fn login(
         }
     };
 
-    // Success: forgive the attempt, replace the login-form session with a new one.
-    if let Err(error) = state.store.refund(&limits.policy, &entries, 1, at_us).await {
-        tracing::warn!(%error, "sign-in: could not refund the attempt");
+    // Success: forgive the attempt; a session this browser had ends, and a new one starts.
+    attempt.forgive(&state).await;
+    if let Some(previous) = current.0 {
+        let _ = state.store.delete_session(&previous.digest, None).await;
     }
-    let _ = state.store.delete_session(&pre.digest, None).await;
-    let (id, _) = match session::start(&state, Some((user.username.clone(), user.role))).await {
+    let (id, _) = match session::start(&state, (user.username.clone(), user.role)).await {
         Ok(started) => started,
         Err(error) => {
             tracing::warn!(%error, "sign-in: could not start a session");
@@ -225,12 +295,11 @@ async fn login(
         },
     )
     .await;
-    let secure = session::is_https(&state, &headers);
-    (
-        [(header::SET_COOKIE, session::cookie(&id, secure))],
-        Redirect::to(safe_next(&form.next)),
-    )
-        .into_response()
+    let mut response = Redirect::to(safe_next(&form.next)).into_response();
+    let h = response.headers_mut();
+    h.append(header::SET_COOKIE, session::cookie(&id, secure));
+    h.append(header::SET_COOKIE, session::login_token_removal(secure));
+    response
 }
 
 #[derive(Deserialize)]
@@ -243,10 +312,9 @@ async fn logout(
     State(state): State<AppState>,
     Extension(current): Extension<CurrentSession>,
     Extension(ClientIp(ip)): Extension<ClientIp>,
-    headers: HeaderMap,
+    Extension(OverHttps(secure)): Extension<OverHttps>,
     Form(form): Form<LogoutForm>,
 ) -> Response {
-    let secure = session::is_https(&state, &headers);
     let Some(s) = current.0 else {
         return (
             [(header::SET_COOKIE, session::removal_cookie(secure))],

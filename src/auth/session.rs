@@ -4,16 +4,20 @@
 //! A session id is 256 random bits, sent only in an HttpOnly, SameSite=Strict cookie (Secure
 //! over https). Redis keeps the session under the SHA-256 of its id, with the idle timeout as
 //! TTL (renewed on each request, never past the absolute expiry). A visitor of the login
-//! page gets a session without a user, which only carries the CSRF token of the login form;
-//! signing in replaces it with a new session (a new id), so a session id planted before
-//! login is worthless after it.
+//! page gets no session, only the sign-in form's CSRF token in a cookie of its own (so
+//! anonymous page loads store nothing in Redis); signing in starts a new session (a new
+//! id) and ends any the browser had, so a session id planted before login is worthless
+//! after it.
 //!
 //! The middleware also refuses state changes from other origins (Origin or Sec-Fetch-Site),
 //! sends people who are not signed in to the login page, and puts the security headers
 //! (CSP with a per-response nonce, `frame-ancestors 'none'`, `Cache-Control: no-store`) on
 //! every dashboard response.
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use axum::{
     extract::{ConnectInfo, Request, State},
@@ -80,9 +84,21 @@ impl Session {
 #[derive(Clone, Debug, Default)]
 pub struct CurrentSession(pub Option<Session>);
 
-/// The caller's address (the TCP peer), for the audit log and the login limit.
+/// The caller's address, for the audit log and the login limit: the TCP peer, or the client
+/// a trusted proxy forwarded for (`crate::forwarded`).
 #[derive(Clone, Debug, Default)]
 pub struct ClientIp(pub String);
+
+/// Whether this request came over https (see [`is_https`]): cookies are then Secure.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OverHttps(pub bool);
+
+/// A visitor's sign-in form token (from the login cookie), for the form to send back.
+#[derive(Clone, Debug)]
+pub struct LoginToken(pub String);
+
+/// The cookie that carries a visitor's sign-in form token.
+pub const LOGIN_COOKIE: &str = "spillway_login";
 
 /// The CSP nonce of this response; the page's inline scripts carry it.
 #[derive(Clone, Debug)]
@@ -95,30 +111,20 @@ fn new_session_id() -> (String, String) {
     (id, digest)
 }
 
-/// Creates and stores a session; returns the id for the cookie.
+/// Creates and stores a signed-in session; returns the id for the cookie.
 pub async fn start(
     state: &AppState,
-    user: Option<(Username, Role)>,
+    (user, role): (Username, Role),
 ) -> Result<(String, Session), crate::store::StoreError> {
     let (id, digest) = new_session_id();
     let now = now_ms();
     let settings = state.sessions;
-    let (user, role) = match user {
-        Some((u, r)) => (Some(u), Some(r)),
-        None => (None, None),
-    };
-    // A login-form session lives only as long as the idle timeout.
-    let lifetime = if user.is_some() {
-        settings.absolute
-    } else {
-        settings.idle
-    };
     let record = SessionRecord {
-        user,
-        role,
+        user: Some(user),
+        role: Some(role),
         csrf: to_hex(&random_bytes::<32>()),
         created_ms: now,
-        expires_ms: now + lifetime.as_millis() as i64,
+        expires_ms: now + settings.absolute.as_millis() as i64,
     };
     state
         .store
@@ -129,13 +135,7 @@ pub async fn start(
 
 /// The `Set-Cookie` value for session `id`.
 pub fn cookie(id: &str, secure: bool) -> HeaderValue {
-    let c = cookie::Cookie::build((COOKIE, id.to_owned()))
-        .http_only(true)
-        .same_site(cookie::SameSite::Strict)
-        .path("/")
-        .secure(secure)
-        .build();
-    HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
+    private_cookie(COOKIE, id, secure)
 }
 
 /// The `Set-Cookie` value that removes the session cookie.
@@ -150,43 +150,108 @@ pub fn removal_cookie(secure: bool) -> HeaderValue {
     HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
 }
 
-/// Whether the request came over https (directly or through a proxy that says so).
-pub fn is_https(state: &AppState, headers: &HeaderMap) -> bool {
-    state.sessions.secure_cookies
-        || headers
-            .get("x-forwarded-proto")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|p| p.eq_ignore_ascii_case("https"))
+/// Whether the request came over https: `SPILLWAY_SECURE_COOKIES`, or a trusted proxy's
+/// `X-Forwarded-Proto` says so.
+pub fn is_https(state: &AppState, peer: Option<IpAddr>, headers: &HeaderMap) -> bool {
+    match forwarded_proto(state, peer, headers) {
+        Some(proto) => proto.eq_ignore_ascii_case("https"),
+        None => state.sessions.secure_cookies,
+    }
 }
 
-fn session_id_from(headers: &HeaderMap) -> Option<String> {
+fn forwarded_proto<'h>(
+    state: &AppState,
+    peer: Option<IpAddr>,
+    headers: &'h HeaderMap,
+) -> Option<&'h str> {
+    state
+        .trusted_proxies
+        .header(peer?, headers, "x-forwarded-proto")
+}
+
+/// The value of the cookie `name`, if the request has it.
+pub fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(cookie::Cookie::split_parse)
         .filter_map(Result::ok)
-        .find(|c| c.name() == COOKIE)
+        .find(|c| c.name() == name)
         .map(|c| c.value().to_owned())
+}
+
+/// A 256-bit hex value from the cookie `name`.
+fn token_cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    cookie_value(headers, name)
         .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// Whether a state-changing request comes from this site: its `Origin` names this host,
-/// or (without Origin) `Sec-Fetch-Site` says same-origin. Requests with neither header are
-/// not from a browser form; they still need the session's CSRF token.
-pub fn same_origin(headers: &HeaderMap) -> bool {
-    let host = headers
-        .get("x-forwarded-host")
-        .or_else(|| headers.get(header::HOST))
-        .and_then(|v| v.to_str().ok());
+fn session_id_from(headers: &HeaderMap) -> Option<String> {
+    token_cookie(headers, COOKIE)
+}
+
+fn login_token_from(headers: &HeaderMap) -> Option<String> {
+    token_cookie(headers, LOGIN_COOKIE)
+}
+
+/// Whether `token`, sent by the sign-in form, is this browser's login cookie (compared in
+/// constant time). A site that cannot read or set our cookies cannot send it.
+pub fn login_token_matches(headers: &HeaderMap, token: &str) -> bool {
+    login_token_from(headers).is_some_and(|t| bool::from(t.as_bytes().ct_eq(token.as_bytes())))
+}
+
+/// An HttpOnly, SameSite=Strict cookie for the whole site, that ends with the browser
+/// session. `value` must be cookie-safe (hex).
+pub fn private_cookie(name: &str, value: &str, secure: bool) -> HeaderValue {
+    let c = cookie::Cookie::build((name, value))
+        .http_only(true)
+        .same_site(cookie::SameSite::Strict)
+        .path("/")
+        .secure(secure)
+        .build();
+    HeaderValue::from_str(&c.to_string()).expect("a cookie of hex is a valid header value")
+}
+
+fn login_token_cookie(token: &str, secure: bool) -> HeaderValue {
+    private_cookie(LOGIN_COOKIE, token, secure)
+}
+
+/// The `Set-Cookie` value that removes the login cookie (after signing in).
+pub fn login_token_removal(secure: bool) -> HeaderValue {
+    let mut c = cookie::Cookie::build((LOGIN_COOKIE, ""))
+        .http_only(true)
+        .same_site(cookie::SameSite::Strict)
+        .path("/")
+        .secure(secure)
+        .build();
+    c.make_removal();
+    HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
+}
+
+/// The origin this site answers as, `scheme://host`: the host a trusted proxy forwarded (or
+/// `Host`), over https when the request came over https (see [`is_https`]).
+fn own_origin(state: &AppState, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<String> {
+    let host = peer
+        .and_then(|p| state.trusted_proxies.header(p, headers, "x-forwarded-host"))
+        .or_else(|| headers.get(header::HOST).and_then(|v| v.to_str().ok()))?;
+    let scheme = if is_https(state, peer, headers) {
+        "https"
+    } else {
+        "http"
+    };
+    Some(format!("{scheme}://{host}"))
+}
+
+/// Whether a state-changing request comes from this site: its `Origin` is this site's
+/// origin (scheme and host), or (without Origin) `Sec-Fetch-Site` says same-origin. Requests
+/// with neither header are not from a browser form; they still need the session's CSRF token.
+pub fn same_origin(own_origin: Option<&str>, headers: &HeaderMap) -> bool {
     if let Some(origin) = headers.get(header::ORIGIN) {
         let Ok(origin) = origin.to_str() else {
             return false;
         };
-        let authority = origin
-            .strip_prefix("https://")
-            .or_else(|| origin.strip_prefix("http://"));
-        return matches!((authority, host), (Some(a), Some(h)) if a.eq_ignore_ascii_case(h));
+        return own_origin.is_some_and(|own| origin.eq_ignore_ascii_case(own));
     }
     match headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
         Some(site) => site == "same-origin" || site == "none",
@@ -219,14 +284,20 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         }
         return response;
     }
-    let ip = req
+    let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip().to_string())
-        .unwrap_or_default();
+        .map(|c| c.0.ip());
+    let ip = peer.map_or_else(String::new, |p| {
+        state
+            .trusted_proxies
+            .client_ip(p, req.headers())
+            .to_string()
+    });
     req.extensions_mut().insert(ClientIp(ip));
     let changes_state = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
-    if changes_state && !same_origin(req.headers()) {
+    let own = own_origin(&state, peer, req.headers());
+    if changes_state && !same_origin(own.as_deref(), req.headers()) {
         return secured(
             (
                 StatusCode::FORBIDDEN,
@@ -250,15 +321,22 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
             Err(error) => tracing::warn!(%error, "could not read a session"),
         }
     }
-    let secure = is_https(&state, req.headers());
+    let secure = is_https(&state, peer, req.headers());
+    req.extensions_mut().insert(OverHttps(secure));
+    // A visitor gets the sign-in form's token in a cookie; nothing is stored in Redis.
     let mut new_cookie = None;
-    if path == "/login" && session.is_none() && req.method() == Method::GET {
-        match start(&state, None).await {
-            Ok((id, s)) => {
-                new_cookie = Some(cookie(&id, secure));
-                session = Some(s);
+    if session.is_none() {
+        let token = match login_token_from(req.headers()) {
+            Some(token) => Some(token),
+            None if path == "/login" && req.method() == Method::GET => {
+                let token = to_hex(&random_bytes::<32>());
+                new_cookie = Some(login_token_cookie(&token, secure));
+                Some(token)
             }
-            Err(error) => tracing::warn!(%error, "could not start a login-form session"),
+            None => None,
+        };
+        if let Some(token) = token {
+            req.extensions_mut().insert(LoginToken(token));
         }
     }
     let signed_in = session.as_ref().is_some_and(|s| s.user().is_some());
@@ -320,9 +398,13 @@ pub fn encode_component(raw: &str) -> String {
     out
 }
 
-/// Where to go after signing in: only a path on this site, never another host.
+/// Where to go after signing in: only a path on this site, never another host. A path is
+/// printable ASCII without spaces or backslashes (browsers drop tabs and newlines from a URL
+/// and read `\\` as `/`, so `/%09/evil.example` would become `//evil.example`), and does
+/// not start with `//`; anything else goes to `/`.
 pub fn safe_next(next: &str) -> &str {
-    if next.starts_with('/') && !next.starts_with("//") && !next.starts_with("/\\") {
+    let printable = next.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
+    if printable && next.starts_with('/') && !next.starts_with("//") {
         next
     } else {
         "/"
@@ -342,28 +424,26 @@ mod tests {
     }
 
     #[test]
-    fn origins_are_compared_with_the_host() {
-        assert!(same_origin(&headers(&[
-            ("host", "127.0.0.1:3000"),
-            ("origin", "http://127.0.0.1:3000")
-        ])));
-        assert!(!same_origin(&headers(&[
-            ("host", "127.0.0.1:3000"),
-            ("origin", "https://evil.example")
-        ])));
-        assert!(!same_origin(&headers(&[
-            ("host", "127.0.0.1:3000"),
-            ("origin", "null")
-        ])));
-        assert!(!same_origin(&headers(&[
-            ("host", "a"),
-            ("sec-fetch-site", "cross-site")
-        ])));
-        assert!(same_origin(&headers(&[
-            ("host", "a"),
-            ("sec-fetch-site", "same-origin")
-        ])));
-        assert!(same_origin(&headers(&[("host", "a")])));
+    fn origins_are_compared_with_scheme_and_host() {
+        let own = Some("http://127.0.0.1:3000");
+        let origin = |o: &'static str| headers(&[("origin", o)]);
+        assert!(same_origin(own, &origin("http://127.0.0.1:3000")));
+        assert!(same_origin(own, &origin("HTTP://127.0.0.1:3000")));
+        assert!(!same_origin(own, &origin("https://evil.example")));
+        assert!(!same_origin(own, &origin("null")));
+        // The same host over the other scheme is another origin.
+        assert!(!same_origin(own, &origin("https://127.0.0.1:3000")));
+        assert!(!same_origin(Some("https://a"), &origin("http://a")));
+        assert!(!same_origin(None, &origin("http://a")));
+        assert!(!same_origin(
+            own,
+            &headers(&[("sec-fetch-site", "cross-site")])
+        ));
+        assert!(same_origin(
+            own,
+            &headers(&[("sec-fetch-site", "same-origin")])
+        ));
+        assert!(same_origin(own, &headers(&[])));
     }
 
     #[test]
@@ -372,7 +452,19 @@ mod tests {
             safe_next("/identifiers?q=user%3D1"),
             "/identifiers?q=user%3D1"
         );
-        for bad in ["//evil.example", "https://evil.example", "/\\evil", ""] {
+        for bad in [
+            "//evil.example",
+            "https://evil.example",
+            "/\\evil",
+            "",
+            "/\t/evil.example/x",
+            "/\n/evil.example",
+            "/a\r\nSet-Cookie: x=1",
+            "/\u{b}/evil",
+            "/\u{c}/evil",
+            "/ /evil",
+            "/caf\u{e9}",
+        ] {
             assert_eq!(safe_next(bad), "/");
         }
     }

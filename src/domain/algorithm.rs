@@ -67,9 +67,11 @@ pub enum State {
         level: f64,
         last_us: i64,
     },
-    /// Theoretical arrival time, µs.
+    /// How many requests the theoretical arrival time stood ahead of `at_us`: counted in
+    /// requests, not µs, so the arithmetic stays exact at every rate (see `lua/gcra.lua`).
     Gcra {
-        tat_us: f64,
+        debt: f64,
+        at_us: i64,
     },
     /// `slots[i]` counts bucket indexes `≡ i (mod slots.len())`; `last` is the newest
     /// absolute bucket index written.
@@ -79,12 +81,17 @@ pub enum State {
     },
 }
 
-/// Milliseconds, rounded up, of a non-negative duration in microseconds.
+/// The longest duration an outcome carries or a key's TTL may be: 10^13 ms, 317 years
+/// (see `lua/prelude.lua`: a slower refill than that cannot be a Redis TTL).
+pub const MAX_DURATION_MS: u64 = 10_000_000_000_000;
+
+/// Milliseconds, rounded up, of a non-negative duration in microseconds, at most
+/// [`MAX_DURATION_MS`].
 pub fn ceil_ms(us: f64) -> u64 {
     if us <= 0.0 {
         0
     } else {
-        (us / 1000.0).ceil() as u64
+        ((us / 1000.0).ceil() as u64).min(MAX_DURATION_MS)
     }
 }
 
@@ -412,44 +419,45 @@ fn gcra(
     burst: u64,
     count_denied: bool,
 ) -> (Option<State>, Outcome) {
-    let now_f = now as f64;
-    let emission = period_ms as f64 * 1000.0 / rate as f64;
-    let tolerance = emission * (burst + 1) as f64;
-    let increment = emission * cost as f64;
-    let tat = match state {
-        Some(State::Gcra { tat_us }) => tat_us.max(now_f),
-        _ => now_f,
+    let period = period_ms as f64 * 1000.0;
+    let rate = rate as f64;
+    let capacity = (burst + 1) as f64;
+    let cost_f = cost as f64;
+    let debt = match state {
+        Some(State::Gcra { debt, at_us }) => {
+            (debt - (now - at_us).max(0) as f64 * rate / period).max(0.0)
+        }
+        _ => 0.0,
     };
-    let new_tat = tat + increment;
-    let allow_at = new_tat - tolerance;
-    let diff = now_f - allow_at;
-    let allowed = diff >= 0.0;
-    let (ttl, new_state, retry) = if allowed {
-        let write = cost > 0;
-        (
-            new_tat - now_f,
-            write.then_some(State::Gcra { tat_us: new_tat }),
-            None,
-        )
+    let allowed = debt + cost_f <= capacity;
+    let (after, write, retry) = if allowed {
+        if cost > 0 {
+            (debt + cost_f, true, None)
+        } else {
+            (debt, false, None)
+        }
     } else {
-        let retry = (increment <= tolerance).then_some(-diff);
+        let retry = (cost_f <= capacity).then(|| (debt + cost_f - capacity) * period / rate);
         if count_denied && cost > 0 {
             // Counted while denied: the bucket is left empty.
-            let full = now_f + tolerance;
-            (full - now_f, Some(State::Gcra { tat_us: full }), retry)
+            (capacity, true, retry)
         } else {
-            (tat - now_f, None, retry)
+            (debt, false, retry)
         }
     };
-    let next = tolerance - ttl;
-    let remaining = if next > 0.0 {
-        (next / emission).floor() as i64
-    } else {
-        0
-    };
+    let ttl = after * period / rate;
     (
-        new_state,
-        outcome(allowed, burst as i64 + 1, remaining, ttl, retry),
+        write.then_some(State::Gcra {
+            debt: after,
+            at_us: now,
+        }),
+        outcome(
+            allowed,
+            burst as i64 + 1,
+            (capacity - after).floor() as i64,
+            ttl,
+            retry,
+        ),
     )
 }
 
@@ -551,6 +559,36 @@ mod tests {
             (8000, 1, true, 4, 1000, None), (9500, 1, true, 4, 1000, None), (9500, 0, true, 4, 1000, None),
             (9500, 2, true, 2, 3000, None), (9500, 5, false, 2, 3000, Some(3000)),
         ]);
+    }
+
+    proptest::proptest! {
+        /// GCRA counts exactly at every rate validation accepts: requests at one instant
+        /// leave `burst + 1` minus what they took, even at 10^9 a millisecond, where one
+        /// request is a millionth of a microsecond (a TAT kept in µs lost them).
+        #[test]
+        fn gcra_counts_exactly_at_every_rate(
+            rate in proptest::prop_oneof![proptest::strategy::Just(crate::domain::rule::MAX_AMOUNT), 1u64..=crate::domain::rule::MAX_AMOUNT],
+            period_ms in proptest::prop_oneof![proptest::strategy::Just(1u64), 1u64..=crate::domain::rule::MAX_PERIOD_MS],
+            burst in proptest::prop_oneof![proptest::strategy::Just(crate::domain::rule::MAX_AMOUNT - 1), 0u64..crate::domain::rule::MAX_AMOUNT],
+            costs in proptest::collection::vec(proptest::prop_oneof![proptest::strategy::Just(1u64), 0u64..=1000, 1u64..=crate::domain::rule::MAX_AMOUNT], 1..20),
+        ) {
+            let algorithm = Algorithm::Gcra { rate, period_ms, burst };
+            let now = 1_763_800_000_123_456;
+            let mut state = None;
+            let mut left = burst + 1;
+            for cost in costs {
+                let (next, o) = step(state.as_ref(), now, cost, &algorithm, false);
+                let allowed = cost <= left;
+                if allowed {
+                    left -= cost;
+                }
+                proptest::prop_assert_eq!(o.allowed, allowed, "cost {} of {:?}", cost, algorithm);
+                proptest::prop_assert_eq!(o.remaining, left, "cost {} of {:?}", cost, algorithm);
+                if next.is_some() {
+                    state = next;
+                }
+            }
+        }
     }
 
     #[test]

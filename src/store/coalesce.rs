@@ -167,13 +167,13 @@ impl Store {
         }
         let sizes: Vec<usize> = batch.iter().map(|c| c.keys.len()).collect();
         let answers = match self.evalsha::<String>(script, &cmd).await {
-            Ok(text) => integers(&text).and_then(|raw| parse_batch(&raw, &sizes)),
+            Ok(text) => parse_batch_text(&text, &sizes),
             Err(error) => Err(error),
         };
         match answers {
             Ok(outcomes) => {
                 for (check, outcomes) in batch.into_iter().zip(outcomes) {
-                    let _ = check.reply.send(Ok(outcomes));
+                    let _ = check.reply.send(outcomes);
                 }
             }
             Err(error) => {
@@ -183,6 +183,48 @@ impl Store {
             }
         }
     }
+}
+
+/// The batch reply: the integers, then a line per check whose script failed
+/// (`<index>:<error>`); each check gets its outcomes or its own error.
+fn parse_batch_text(
+    text: &str,
+    sizes: &[usize],
+) -> Result<Vec<Result<Vec<Outcome>, StoreError>>, StoreError> {
+    let mut lines = text.split('\n');
+    let raw = integers(lines.next().unwrap_or_default())?;
+    let mut failures = std::collections::HashMap::new();
+    for line in lines {
+        let (index, message) = line
+            .split_once(':')
+            .and_then(|(i, m)| Some((i.parse::<usize>().ok()?, m)))
+            .ok_or_else(|| {
+                StoreError::Reply(format!("check.lua answered {line:?} for a failure"))
+            })?;
+        failures.insert(index, message);
+    }
+    let mut out = Vec::with_capacity(sizes.len());
+    for (i, outcomes) in parse_batch(&raw, sizes)?.into_iter().enumerate() {
+        out.push(match (outcomes, failures.remove(&i)) {
+            (_, Some(message)) => {
+                tracing::error!(
+                    error = message,
+                    "the check script failed for one check of a batch"
+                );
+                Err(StoreError::Script(message.to_owned()))
+            }
+            (Some(outcomes), None) => Ok(outcomes),
+            (None, None) => Err(StoreError::Reply(
+                "check.lua marked a check failed without saying why".into(),
+            )),
+        });
+    }
+    if let Some(index) = failures.keys().next() {
+        return Err(StoreError::Reply(format!(
+            "check.lua reported a failure of check {index}, which the batch does not have"
+        )));
+    }
+    Ok(out)
 }
 
 /// The batch reply's integers, from the one string it comes as: joined by ',', each as
@@ -203,8 +245,9 @@ fn integers(text: &str) -> Result<Vec<i64>, StoreError> {
         .collect()
 }
 
-/// The batch reply: `now`, then per check `allowed` and 6 integers per entry.
-fn parse_batch(raw: &[i64], sizes: &[usize]) -> Result<Vec<Vec<Outcome>>, StoreError> {
+/// The batch reply: `now`, then per check `allowed` and 6 integers per entry; `None` for a
+/// check whose script failed (`allowed` -1).
+fn parse_batch(raw: &[i64], sizes: &[usize]) -> Result<Vec<Option<Vec<Outcome>>>, StoreError> {
     let expected = 1 + sizes.iter().map(|n| 1 + 6 * n).sum::<usize>();
     if raw.len() != expected {
         return Err(StoreError::Reply(format!(
@@ -216,13 +259,17 @@ fn parse_batch(raw: &[i64], sizes: &[usize]) -> Result<Vec<Vec<Outcome>>, StoreE
     let mut out = Vec::with_capacity(sizes.len());
     for &n in sizes {
         let check = &raw[at..at + 1 + 6 * n];
+        at += 1 + 6 * n;
+        if check[0] == -1 {
+            out.push(None);
+            continue;
+        }
         // The same layout as a single check's reply without `now`: reuse its parser.
         let mut single = Vec::with_capacity(2 + 6 * n);
         single.push(check[0]);
         single.push(raw[0]);
         single.extend_from_slice(&check[1..]);
-        out.push(super::parse_reply(&single, n)?.outcomes);
-        at += 1 + 6 * n;
+        out.push(Some(super::parse_reply(&single, n)?.outcomes));
     }
     Ok(out)
 }
@@ -239,15 +286,31 @@ mod tests {
         ];
         let out = parse_batch(&raw, &[1, 2]).unwrap();
         assert_eq!(out.len(), 2);
-        assert_eq!(out[0].len(), 1);
-        assert_eq!(out[0][0].remaining, 9);
-        assert_eq!(out[1].len(), 2);
-        assert!(out[1][0].allowed);
-        assert!(!out[1][1].allowed);
-        assert_eq!(out[1][1].retry_after_ms, Some(200));
+        let (first, second) = (out[0].as_ref().unwrap(), out[1].as_ref().unwrap());
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].remaining, 9);
+        assert_eq!(second.len(), 2);
+        assert!(second[0].allowed);
+        assert!(!second[1].allowed);
+        assert_eq!(second[1].retry_after_ms, Some(200));
         // A reply of the wrong length is an error, not a misattributed answer.
         assert!(parse_batch(&raw[..raw.len() - 1], &[1, 2]).is_err());
         assert!(parse_batch(&raw, &[2, 1, 1]).is_err());
+    }
+
+    #[test]
+    fn a_failed_check_fails_alone() {
+        // check 0 (1 entry) failed, check 1 (1 entry) allowed
+        let text = "7,-1,0,0,0,0,0,0,1,1,10,9,1000,-1,0\n0:WRONGTYPE Operation against a key";
+        let out = parse_batch_text(text, &[1, 1]).unwrap();
+        assert!(matches!(&out[0], Err(StoreError::Script(m)) if m.starts_with("WRONGTYPE")));
+        assert_eq!(out[1].as_ref().unwrap()[0].remaining, 9);
+        // A failure line without its marked check, or the reverse, is a broken reply.
+        assert!(
+            parse_batch_text("7,1,1,10,9,1000,-1,0,-1,0,0,0,0,0,0", &[1, 1]).unwrap()[1].is_err()
+        );
+        assert!(parse_batch_text("7,1,1,10,9,1000,-1,0\n3:oops", &[1]).is_err());
+        assert!(parse_batch_text("7,1,1,10,9,1000,-1,0\nnonsense", &[1]).is_err());
     }
 
     #[test]

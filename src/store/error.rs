@@ -14,4 +14,7 @@ pub enum StoreError {
     CircuitOpen,
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+    /// The check script failed for this one check (its other checks were answered).
+    #[error("the check script failed: {0}")]
+    Script(String),
 }

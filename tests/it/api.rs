@@ -358,7 +358,15 @@ async fn batch_answers_each_check_in_order() {
 #[tokio::test]
 async fn forward_auth_reads_identifiers_from_headers() {
     let redis = RedisServer::start();
-    let app = spawn_app_with(&redis, &[("SPILLWAY_FORWARD_AUTH_DENY_STATUS", "403")]).await;
+    // An internal load balancer (10.0.0.1) sits between the client and the calling proxy.
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_FORWARD_AUTH_DENY_STATUS", "403"),
+            ("SPILLWAY_TRUSTED_PROXIES", "10.0.0.0/8"),
+        ],
+    )
+    .await;
     app.put_policy("edge", one_rule(2)).await;
     let call = || {
         app.client
@@ -383,6 +391,43 @@ async fn forward_auth_reads_identifiers_from_headers() {
         .await
         .unwrap();
     problem(no_key, 401).await;
+}
+
+/// A client that writes its own `X-Forwarded-For` gets nowhere: the proxy appends the
+/// address it saw, and that (the rightmost entry) is the identifier, so rotating the first
+/// address passes a 1-per-hour limit once, not eight times. An entry that is not an address
+/// is refused, naming the header.
+#[tokio::test]
+async fn forward_auth_takes_the_address_the_proxy_added() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("edge", one_rule(1)).await;
+    let call = |xff: String| {
+        app.client
+            .get(app.url("/api/v1/forward-auth?policy=edge"))
+            .header("X-Spillway-Key", SERVICE_KEY)
+            .header("X-Forwarded-For", xff)
+            .send()
+    };
+    let mut passed = 0;
+    for i in 0..8 {
+        let response = call(format!("203.0.113.{i}, 198.51.100.77")).await.unwrap();
+        if response.status() == 200 {
+            passed += 1;
+        } else {
+            assert_eq!(response.status(), 429);
+            let body: Value = response.json().await.unwrap();
+            assert_eq!(body["results"][0]["identifier"], "ip=198.51.100.77");
+        }
+    }
+    assert_eq!(
+        passed, 1,
+        "a rotating first address passed the per-address limit"
+    );
+    for bad in ["198.51.100.1, not-an-ip", "<script>", "198.51.100.1:99999"] {
+        let body = problem(call(bad.to_owned()).await.unwrap(), 400).await;
+        assert_eq!(body["field"], "X-Forwarded-For", "{bad}: {body}");
+    }
 }
 
 #[tokio::test]
@@ -690,4 +735,33 @@ async fn metrics_count_checks_by_policy_and_outcome_never_by_identifier() {
     );
     assert!(text.contains("spillway_redis_duration_seconds"), "{text}");
     assert!(!text.contains("secret-user-77"));
+}
+
+/// A sliding log takes any cost its limit allows, past what Lua can unpack into one call
+/// (about 8,000): counted exactly, never answered "allowed, degraded" with nothing counted.
+#[tokio::test]
+async fn a_large_cost_on_a_sliding_log_is_counted_exactly() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "tokens",
+        json!({"failure_mode": "open", "rules": [{"name": "daily", "algorithm": "sliding_log",
+               "limit": 100_000, "window_ms": 86_400_000}]}),
+    )
+    .await;
+    for (cost, status, remaining) in [
+        (30_000, 200, 70_000),
+        (30_000, 200, 40_000),
+        (30_000, 200, 10_000),
+        (30_000, 429, 10_000),
+        (10_000, 200, 0),
+    ] {
+        let response = app
+            .check(json!({"policy": "tokens", "identifiers": {"user": "7"}, "cost": cost}))
+            .await;
+        assert_eq!(response.status(), status);
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["degraded"], false, "{body}");
+        assert_eq!(body["remaining"], remaining, "{body}");
+    }
 }

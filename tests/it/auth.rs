@@ -36,11 +36,15 @@ pub(crate) async fn add_user(store: &Store, name: &str, role: Role) {
         .unwrap();
 }
 
-/// A browser-like client: keeps the session cookie, never follows redirects.
+/// A browser-like client: keeps the session cookie and the sign-in form's cookie, never
+/// follows redirects.
 pub(crate) struct Visitor {
     base: String,
     client: reqwest::Client,
     cookie: Option<String>,
+    login_cookie: Option<String>,
+    /// Sent as `X-Forwarded-For` on every request (a visitor behind a proxy).
+    forwarded_for: Option<String>,
 }
 
 impl Visitor {
@@ -52,6 +56,8 @@ impl Visitor {
                 .build()
                 .unwrap(),
             cookie: None,
+            login_cookie: None,
+            forwarded_for: None,
         }
     }
 
@@ -63,13 +69,29 @@ impl Visitor {
             if name == "spillway_session" {
                 self.cookie = (!value.is_empty()).then(|| pair.to_owned());
             }
+            if name == "spillway_login" {
+                self.login_cookie = (!value.is_empty()).then(|| pair.to_owned());
+            }
         }
+    }
+
+    /// The `Cookie` header this browser sends, if any.
+    fn cookie_header(&self) -> Option<String> {
+        let pairs: Vec<&str> = [&self.cookie, &self.login_cookie]
+            .into_iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        (!pairs.is_empty()).then(|| pairs.join("; "))
     }
 
     pub(crate) async fn get(&mut self, path: &str) -> reqwest::Response {
         let mut req = self.client.get(format!("{}{path}", self.base));
-        if let Some(c) = &self.cookie {
+        if let Some(c) = self.cookie_header() {
             req = req.header(header::COOKIE, c);
+        }
+        if let Some(f) = &self.forwarded_for {
+            req = req.header("x-forwarded-for", f);
         }
         let r = req.send().await.unwrap();
         self.keep_cookie(&r);
@@ -83,8 +105,11 @@ impl Visitor {
         origin: Option<&str>,
     ) -> reqwest::Response {
         let mut req = self.client.post(format!("{}{path}", self.base)).form(form);
-        if let Some(c) = &self.cookie {
+        if let Some(c) = self.cookie_header() {
             req = req.header(header::COOKIE, c);
+        }
+        if let Some(f) = &self.forwarded_for {
+            req = req.header("x-forwarded-for", f);
         }
         if let Some(o) = origin {
             req = req.header(header::ORIGIN, o);
@@ -183,24 +208,37 @@ async fn the_dashboard_renders_on_the_server_for_people_signed_in() {
 }
 
 #[tokio::test]
-async fn signing_in_replaces_the_pre_login_session() {
+async fn signing_in_starts_a_new_session_and_ends_the_one_before() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     add_user(&store(&redis).await, "ann", Role::Viewer).await;
 
-    let mut v = Visitor::new(&app);
-    v.get("/login").await;
-    let before = v.cookie.clone().expect("the login page starts a session");
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    let before = v.cookie.clone().expect("signed in");
     let r = v.login("ann", PASSWORD).await;
     assert_eq!(r.status(), StatusCode::SEE_OTHER, "{}", location(&r));
-    let set_cookie = r.headers()[header::SET_COOKIE].to_str().unwrap().to_owned();
-    assert!(set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict"));
+    let cookies: Vec<String> = r
+        .headers()
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(|c| c.to_str().unwrap().to_owned())
+        .collect();
+    let session = cookies
+        .iter()
+        .find(|c| c.starts_with("spillway_session="))
+        .unwrap();
+    assert!(session.contains("HttpOnly") && session.contains("SameSite=Strict"));
+    // The sign-in form's cookie is removed once signed in.
+    assert!(
+        cookies.iter().any(|c| c.starts_with("spillway_login=;")),
+        "{cookies:?}"
+    );
     let after = v.cookie.clone().unwrap();
     assert_ne!(before, after, "the session id changes at login");
 
     // The new session is signed in.
     assert_eq!(v.get("/").await.status(), 200);
-    // The planted pre-login id is dead: it is not even a login-form session any more.
+    // The id from before is dead.
     let mut attacker = Visitor::new(&app);
     attacker.cookie = Some(before);
     let r = attacker.get("/").await;
@@ -210,6 +248,54 @@ async fn signing_in_replaces_the_pre_login_session() {
     let who: serde_json::Value = r.json().await.unwrap();
     assert_eq!(who["user"], json!(null));
     assert_eq!(who["csrf"], json!(""));
+}
+
+/// A visitor of the sign-in page stores nothing in Redis: the form's token is a cookie of
+/// its own, and the form is refused without it (or with another browser's).
+#[tokio::test]
+async fn the_sign_in_page_stores_nothing_for_a_visitor() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut conn = redis.connection();
+    let keys = |conn: &mut redis::Connection| -> u64 { redis::cmd("DBSIZE").query(conn).unwrap() };
+    let before = keys(&mut conn);
+    for _ in 0..200 {
+        let mut v = Visitor::new(&app);
+        assert_eq!(v.get("/login").await.status(), 200);
+        assert!(v.cookie.is_none(), "no session for a visitor");
+        assert!(v.login_cookie.is_some(), "the form's token cookie");
+    }
+    assert_eq!(
+        keys(&mut conn),
+        before,
+        "200 visits of the sign-in page wrote to Redis"
+    );
+
+    // The form's token must be this browser's cookie.
+    let mut v = Visitor::new(&app);
+    v.get("/login").await;
+    let csrf = v.csrf().await;
+    assert_eq!(csrf.len(), 64);
+    let mut other = Visitor::new(&app);
+    other.get("/login").await;
+    let origin = other.origin();
+    let form = [
+        ("username", "ann"),
+        ("password", PASSWORD),
+        ("csrf", csrf.as_str()),
+        ("next", "/"),
+    ];
+    let r = other.post_form("/auth/login", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let mut cookieless = Visitor::new(&app);
+    let r = cookieless
+        .post_form("/auth/login", &form, Some(&origin))
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = v.post_form("/auth/login", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&r), "/");
 }
 
 #[tokio::test]
@@ -330,6 +416,178 @@ async fn five_failures_lock_the_login_even_with_the_right_password() {
         .await
         .unwrap();
     assert_eq!(limited.len(), 1);
+}
+
+/// Behind a trusted proxy the sign-in limits key on the client's address, not the proxy's:
+/// 50 failures from one client do not lock out everyone else. Without the setting a client's
+/// own `X-Forwarded-For` is not believed, so rotating it does not dodge the limit.
+#[tokio::test]
+async fn sign_in_limits_key_on_the_client_behind_a_trusted_proxy() {
+    let redis = RedisServer::start();
+    let s = store(&redis).await;
+    add_user(&s, "ann", Role::Viewer).await;
+    let behind_proxy = spawn_app_with(&redis, &[("SPILLWAY_TRUSTED_PROXIES", "127.0.0.0/8")]).await;
+    for i in 0..51 {
+        let mut v = Visitor::new(&behind_proxy);
+        v.forwarded_for = Some("198.51.100.1".into());
+        let l = location(&v.login(&format!("guess{i}"), "wrong password!").await);
+        assert!(
+            l.contains(if i < 50 {
+                "error=invalid"
+            } else {
+                "error=limited"
+            }),
+            "{i}: {l}"
+        );
+    }
+    let mut other_client = Visitor::new(&behind_proxy);
+    other_client.forwarded_for = Some("6.6.6.6, 198.51.100.2".into());
+    assert_eq!(
+        location(&other_client.login("ann", PASSWORD).await),
+        "/people"
+    );
+    // The audit log names the client, not the proxy.
+    let failures = s
+        .read_audit(
+            &AuditFilter {
+                action: "login.failure".into(),
+                ..Default::default()
+            },
+            1,
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(failures[0].ip, "198.51.100.1");
+
+    let direct = spawn_app(&redis).await;
+    for i in 0..6 {
+        let mut v = Visitor::new(&direct);
+        v.forwarded_for = Some(format!("203.0.113.{i}"));
+        let l = location(&v.login("ann", "wrong password!").await);
+        assert!(
+            l.contains(if i < 5 {
+                "error=invalid"
+            } else {
+                "error=limited"
+            }),
+            "{i}: {l}"
+        );
+    }
+}
+
+/// Guessing one's own current password is limited like signing in: after five wrong ones,
+/// even the right one is refused for a while.
+#[tokio::test]
+async fn changing_a_password_limits_guesses_of_the_current_one() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "vic", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "vic").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    for _ in 0..5 {
+        let form = [
+            ("current", "not my password"),
+            ("new_password", "a brand new long password"),
+            ("csrf", csrf.as_str()),
+        ];
+        let r = v.post_form("/fn/my_password", &form, Some(&origin)).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+    let form = [
+        ("current", PASSWORD),
+        ("new_password", "a brand new long password"),
+        ("csrf", csrf.as_str()),
+    ];
+    let r = v.post_form("/fn/my_password", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.text().await.unwrap().contains("too many"));
+    // The password did not change (and signing in from here is limited too: the same count).
+    let vic = store(&redis)
+        .await
+        .get_user(&"vic".parse_user())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(spillway::auth::password::verify(Some(vic.password_hash), PASSWORD.into()).await);
+    let mut again = Visitor::new(&app);
+    assert!(location(&again.login("vic", PASSWORD).await).contains("error=limited"));
+}
+
+/// A new API key is shown once, and Redis never holds it in the clear: the session keeps
+/// it masked, the browser the mask.
+#[tokio::test]
+async fn a_new_key_is_shown_once_and_never_stored_in_the_clear() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form(
+            "/fn/key_create",
+            &[("name", "ci"), ("role", "service"), ("csrf", &csrf)],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let pad = r
+        .headers()
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(|c| c.to_str().unwrap().split(';').next().unwrap().to_owned())
+        .find(|c| c.starts_with("spillway_new_key="))
+        .expect("the browser's half of the key");
+    let people = |extra: Option<&str>| {
+        let cookie = [
+            v.cookie.clone().unwrap(),
+            extra.unwrap_or_default().to_owned(),
+        ]
+        .join("; ");
+        v.client
+            .post(format!("{}/fn/people", v.base))
+            .header(header::COOKIE, cookie)
+            .send()
+    };
+    // Every value in Redis, read while the key waits to be shown.
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let mut everything = String::new();
+    for k in &keys {
+        let dump: Vec<u8> = redis::cmd("DUMP").arg(k).query(&mut conn).unwrap();
+        everything.push_str(&String::from_utf8_lossy(&dump));
+    }
+    let shown: serde_json::Value = people(Some(&pad)).await.unwrap().json().await.unwrap();
+    let key = shown["new_key"].as_str().expect("shown once").to_owned();
+    assert!(key.starts_with("spw_svc_") && key.len() > 40, "{key}");
+    assert!(
+        !everything.contains(&key[8..]),
+        "the new key sat in Redis in the clear"
+    );
+    let again: serde_json::Value = people(Some(&pad)).await.unwrap().json().await.unwrap();
+    assert_eq!(again["new_key"], serde_json::Value::Null, "shown only once");
+    // It is a working key (once the instance has reloaded its keys).
+    let started = Instant::now();
+    loop {
+        let check = reqwest::Client::new()
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(&key)
+            .json(&json!({"policy": "demo", "identifiers": {"user": "1"}}))
+            .send()
+            .await
+            .unwrap();
+        if check.status() == 200 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{}",
+            check.status()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
@@ -557,13 +815,22 @@ async fn pages_send_the_security_headers() {
         scripts,
         "every inline script carries the header's nonce: {html}"
     );
-    // Secure cookies when the proxy says https.
-    let r = reqwest::Client::new()
-        .get(app.url("/login"))
-        .header("x-forwarded-proto", "https")
-        .send()
-        .await
-        .unwrap();
+    // Secure cookies when a trusted proxy says https; anyone else saying so is not believed.
+    let says_https = |app: &TestApp| {
+        reqwest::Client::new()
+            .get(app.url("/login"))
+            .header("x-forwarded-proto", "https")
+            .send()
+    };
+    let r = says_https(&app).await.unwrap();
+    assert!(
+        !r.headers()[header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Secure")
+    );
+    let behind_proxy = spawn_app_with(&redis, &[("SPILLWAY_TRUSTED_PROXIES", "127.0.0.1")]).await;
+    let r = says_https(&behind_proxy).await.unwrap();
     assert!(
         r.headers()[header::SET_COOKIE]
             .to_str()
