@@ -40,7 +40,13 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
         .merge(policies::router())
         .merge(identifiers::router())
+        .route("/api/{*rest}", axum::routing::any(unknown_path))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// Any other path under `/api/`: a problem document, not the dashboard's page.
+async fn unknown_path(uri: axum::http::Uri) -> ApiError {
+    ApiError::NotFound(format!("path: nothing is served at {}", uri.path()))
 }
 
 /// Liveness: the process is up and serving. Never touches Redis.

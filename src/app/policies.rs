@@ -474,11 +474,20 @@ pub async fn add_override(
 ) -> Result<(), ServerFnError> {
     use crate::domain::overrides::Override;
     let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
+    // Ten years at most: anything larger would overflow the expiry time (and is "never").
+    const MAX_MINUTES: u64 = 10 * 366 * 24 * 60;
     let minutes: u64 = match expires_minutes.trim() {
         "" => 0,
-        raw => raw.parse().map_err(|_| {
-            super::people::bad_input("expires_minutes", "must be a whole number of minutes")
-        })?,
+        raw => raw
+            .parse()
+            .ok()
+            .filter(|m| *m <= MAX_MINUTES)
+            .ok_or_else(|| {
+                super::people::bad_input(
+                    "expires_minutes",
+                    format!("must be a whole number of minutes from 0 (never) to {MAX_MINUTES}"),
+                )
+            })?,
     };
     let mut doc =
         serde_json::json!({ "match": matcher.trim(), "action": action, "reason": reason.trim() });

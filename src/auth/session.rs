@@ -277,12 +277,16 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
     let path = req.uri().path().to_owned();
     if is_outside_dashboard(&path) {
         let mut response = next.run(req).await;
+        if path.starts_with("/pkg/") && response.status() == StatusCode::NOT_FOUND {
+            // A missing asset is a plain 404, not the dashboard's page.
+            response = (StatusCode::NOT_FOUND, "Not found").into_response();
+        }
         if !path.starts_with("/pkg/") {
             response
                 .headers_mut()
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         }
-        return response;
+        return with_security_headers(response, API_CSP);
     }
     let peer = req
         .extensions()
@@ -359,6 +363,10 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
     secured(response, Some(&nonce))
 }
 
+/// The CSP of responses that are not pages (JSON, metrics, assets): nothing may run, nothing
+/// may frame them.
+const API_CSP: &str = "default-src 'none'; frame-ancestors 'none'";
+
 /// Adds the headers every dashboard response carries.
 fn secured(mut response: Response, nonce: Option<&str>) -> Response {
     let script = nonce.map_or(String::new(), |n| format!(" 'nonce-{n}'"));
@@ -367,12 +375,19 @@ fn secured(mut response: Response, nonce: Option<&str>) -> Response {
          img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
          form-action 'self'; frame-ancestors 'none'"
     );
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    with_security_headers(response, &csp)
+}
+
+/// The headers every response carries, page or not: its CSP, no framing, no sniffing.
+fn with_security_headers(mut response: Response, csp: &str) -> Response {
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_str(&csp).expect("the CSP is a valid header value"),
+        HeaderValue::from_str(csp).expect("the CSP is a valid header value"),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,

@@ -11,6 +11,7 @@ mod dashboard;
 mod engine;
 mod faults;
 mod fuzz;
+mod hardening;
 mod health;
 mod live;
 mod memory;

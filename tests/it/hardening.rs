@@ -1,0 +1,269 @@
+//! What a black-box probe of the running service found, each kept fixed: slow and idle
+//! connections, redirects after sign-in, oversized forms, overflowing inputs, and the
+//! headers of responses that are not pages.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use reqwest::{StatusCode, header};
+use serde_json::Value;
+use spillway::domain::people::Role;
+
+use crate::{
+    auth::{PASSWORD, Visitor, add_user, store},
+    helpers::{RedisServer, spawn_app, spawn_app_with},
+};
+
+/// Reads until the server closes the connection; returns what came and how long it took.
+fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the connection was still open after {limit:?}: {e}"),
+        }
+    }
+    (
+        String::from_utf8_lossy(&got).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// A connection that sends nothing, one that trickles header lines, and one left idle after
+/// a request are all closed after the header-read timeout, not kept for ever.
+#[tokio::test]
+async fn slow_and_idle_connections_are_closed() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_HEADER_READ_TIMEOUT_MS", "600")]).await;
+    let addr = app.addr;
+    tokio::task::spawn_blocking(move || {
+        // Nothing at all.
+        let mut silent = TcpStream::connect(addr).unwrap();
+        let (_, took) = read_until_closed(&mut silent, Duration::from_secs(5));
+        assert!(took < Duration::from_secs(3), "{took:?}");
+
+        // A header line every 200 ms, for longer than the timeout.
+        let mut slow = TcpStream::connect(addr).unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        let started = Instant::now();
+        let mut closed = false;
+        for i in 0..25 {
+            std::thread::sleep(Duration::from_millis(200));
+            if slow
+                .write_all(format!("X-Slow-{i}: y\r\n").as_bytes())
+                .is_err()
+            {
+                closed = true;
+                break;
+            }
+        }
+        if !closed {
+            let (_, _) = read_until_closed(&mut slow, Duration::from_secs(1));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+
+        // A whole request, answered, then idle.
+        let mut idle = TcpStream::connect(addr).unwrap();
+        idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let (answer, took) = read_until_closed(&mut idle, Duration::from_secs(5));
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            took < Duration::from_secs(3),
+            "idle keep-alive kept {took:?}"
+        );
+    })
+    .await
+    .unwrap();
+    // A connection that keeps sending whole requests is served throughout.
+    let client = reqwest::Client::new();
+    for _ in 0..5 {
+        assert_eq!(
+            client
+                .get(app.url("/healthz"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// After signing in, `next` goes only to a path of this site: a tab or a newline that the
+/// browser would drop, or that cannot be a header, goes to `/` (it answered 500 after the
+/// session was made).
+#[tokio::test]
+async fn sign_in_redirects_only_to_a_path_of_this_site() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    for (next, to) in [
+        ("/people", "/people"),
+        ("/\t/evil.example/x", "/"),
+        ("/\r\nSet-Cookie: x=1", "/"),
+        ("/\u{b}/evil.example", "/"),
+        ("/\u{c}/evil.example", "/"),
+        ("//evil.example", "/"),
+        ("/\\evil.example", "/"),
+        ("https://evil.example/", "/"),
+    ] {
+        let mut v = Visitor::new(&app);
+        v.get("/login").await;
+        let csrf = v.csrf().await;
+        let origin = v.origin();
+        let form = [
+            ("username", "ann"),
+            ("password", PASSWORD),
+            ("csrf", csrf.as_str()),
+            ("next", next),
+        ];
+        let r = v.post_form("/auth/login", &form, Some(&origin)).await;
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{next:?}");
+        assert_eq!(r.headers()[header::LOCATION], to, "{next:?}");
+    }
+}
+
+/// A server function's body over the limit is 413, not 500.
+#[tokio::test]
+async fn oversized_forms_are_refused_with_413() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let big = "x".repeat(spillway::server::MAX_FORM_BODY + 1);
+    for path in ["/fn/user_add", "/auth/login"] {
+        let r = v
+            .post_form(
+                path,
+                &[("csrf", csrf.as_str()), ("username", &big)],
+                Some(&origin),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+    }
+    // Sent in chunks, without a length.
+    let chunks =
+        futures_util::stream::iter((0..40).map(|_| Ok::<_, std::io::Error>(vec![b'a'; 8 * 1024])));
+    let r = reqwest::Client::new()
+        .post(app.url("/fn/whoami"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // A form of ordinary size still works.
+    let r = v.post_form("/fn/whoami", &[], None).await;
+    assert_eq!(r.status(), 200);
+}
+
+/// An override's expiry that would overflow is refused with its field named, not stored
+/// already expired.
+#[tokio::test]
+async fn an_override_expiry_that_overflows_is_refused() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    for (minutes, status) in [
+        ("18446744073709551615", 400),
+        ("9223372036854775807", 400),
+        ("5270401", 400),
+        ("60", 200),
+    ] {
+        let form = [
+            ("csrf", csrf.as_str()),
+            ("name", "demo"),
+            ("matcher", "user=vip"),
+            ("action", "unlimited"),
+            ("expires_minutes", minutes),
+        ];
+        let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
+        assert_eq!(r.status().as_u16(), status, "{minutes}");
+        if status == 400 {
+            assert!(
+                r.text().await.unwrap().contains("expires_minutes"),
+                "{minutes}"
+            );
+        }
+    }
+    let policy: Value = app
+        .client
+        .get(app.url("/api/v1/policies/demo"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let overrides = policy["overrides"].as_array().unwrap();
+    assert_eq!(overrides.len(), 1, "{policy}");
+    let expires = overrides[0]["expires_at_ms"].as_i64().unwrap();
+    let now = spillway::auth::keys::now_ms();
+    assert!(
+        expires > now + 59 * 60_000 && expires <= now + 60 * 60_000,
+        "{expires}"
+    );
+}
+
+/// Unknown paths under `/api/` are problem documents; missing assets a plain 404; every
+/// response, page or not, carries a CSP, `X-Frame-Options` and `nosniff`.
+#[tokio::test]
+async fn every_response_carries_the_security_headers() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let client = reqwest::Client::new();
+    let r = client.get(app.url("/api/v2/nothing")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let r = client.post(app.url("/api/v1/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        r.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let r = client.get(app.url("/pkg/missing.js")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(
+        !r.text().await.unwrap().contains("<html"),
+        "a missing asset is not a page"
+    );
+    for path in [
+        "/api/v2/nothing",
+        "/pkg/missing.js",
+        "/healthz",
+        "/metrics",
+        "/api/openapi.json",
+        "/login",
+        "/no-such-page",
+    ] {
+        let r = client.get(app.url(path)).send().await.unwrap();
+        let h = r.headers();
+        assert!(h.contains_key(header::CONTENT_SECURITY_POLICY), "{path}");
+        assert_eq!(h[header::X_FRAME_OPTIONS], "DENY", "{path}");
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{path}");
+    }
+}
