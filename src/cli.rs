@@ -429,7 +429,7 @@ mod tests {
 
     #[test]
     fn toml_and_json_exports_read_back_the_same() {
-        let policy = crate::api::demo_policy();
+        let policy = crate::service::policies::demo_policy();
         let mut map = Map::new();
         map.insert("demo".into(), document(&policy));
         let doc = serde_json::json!({ "policies": map });

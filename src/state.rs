@@ -8,8 +8,10 @@ use leptos::config::LeptosOptions;
 use crate::{
     auth::{ApiKeys, session::SessionSettings},
     config::Config,
-    deny_cache::DenyCache,
-    policy_cache::PolicyCache,
+    service::{
+        Service, deny_cache::DenyCache, live::LiveCounts, policies::seed_demo_policy,
+        policy_cache::PolicyCache,
+    },
     store::{Keys, Store, StoreError},
 };
 
@@ -32,16 +34,15 @@ impl std::ops::Deref for AppState {
     }
 }
 
-/// The state itself, reached through `AppState`.
+/// The state itself, reached through `AppState`. It derefs to the [`Service`], so handlers
+/// call the use cases (`state.check(..)`) and reach the store and caches (`state.store`)
+/// directly.
 pub struct Shared {
     pub leptos_options: LeptosOptions,
-    pub store: Store,
-    pub policies: PolicyCache,
-    pub denials: DenyCache,
+    /// The use cases, with the store and the caches in front of it.
+    pub service: Service,
     pub keys: Arc<ApiKeys>,
     pub sessions: SessionSettings,
-    /// Denials answered from the cache, on their way to the overview's counters.
-    pub live: crate::live::LiveCounts,
     pub forward_auth: Arc<ForwardAuth>,
     /// Longest time any HTTP request may take.
     pub request_timeout: std::time::Duration,
@@ -52,6 +53,13 @@ pub struct Shared {
     pub trusted_proxies: crate::forwarded::TrustedProxies,
 }
 
+impl std::ops::Deref for Shared {
+    type Target = Service;
+    fn deref(&self) -> &Service {
+        &self.service
+    }
+}
+
 impl AppState {
     /// Connects to Redis as configured, loads the policies (seeding the demo policy on a
     /// first start) and starts keeping them fresh. Starts even when Redis is down: checks
@@ -59,7 +67,7 @@ impl AppState {
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
         let store = connect_store(&config, config.redis_timeout).await?;
         if config.seed_demo
-            && let Err(error) = crate::api::seed_demo_policy(&store).await
+            && let Err(error) = seed_demo_policy(&store).await
         {
             tracing::warn!(%error, "could not seed the demo policy");
         }
@@ -88,17 +96,19 @@ impl AppState {
         }
         keys.spawn_refresher(store.clone());
         tokio::task::spawn_blocking(crate::auth::password::warm_up);
-        let live = crate::live::LiveCounts::default();
+        let live = LiveCounts::default();
         live.spawn_flusher(store.clone());
         crate::metrics::spawn_upkeep();
         Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,
-            store,
-            policies,
-            denials,
+            service: Service {
+                store,
+                policies,
+                denials,
+                live,
+            },
             keys: Arc::new(keys),
             sessions: config.sessions,
-            live,
             request_timeout: config.request_timeout,
             header_read_timeout: config.header_read_timeout,
             trusted_proxies: config.trusted_proxies.clone(),

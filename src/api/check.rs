@@ -1,7 +1,7 @@
 //! The check endpoints services call on every request: `POST /api/v1/check`,
 //! `POST /api/v1/check/batch` and `GET /api/v1/forward-auth`.
 
-use std::{borrow::Cow, time::SystemTime};
+use std::borrow::Cow;
 
 use axum::{
     Json,
@@ -15,24 +15,15 @@ use serde_json::{Value, json};
 use super::{ApiError, JsonBody, JsonBytes, require_key};
 use crate::{
     auth::KeyRole,
-    domain::{Decision, FailureMode, Identifier, Mode, Outcome, Policy, RuleResult, RulesFor},
+    domain::{Algorithm, Decision, Identifier, Mode},
+    service::{CheckRequest, Checked},
     state::AppState,
-    store::CheckEntry,
 };
 
-/// Largest cost one check may ask for.
-pub const MAX_COST: u64 = 1_000_000_000;
-/// Most identifiers in one check.
-pub const MAX_IDENTIFIERS: usize = 16;
+pub use crate::service::check::{MAX_COST, MAX_IDENTIFIERS};
+
 /// Most checks in one batch.
 pub const MAX_BATCH: usize = 100;
-
-/// A parsed check request.
-pub struct CheckRequest {
-    pub policy: String,
-    pub identifiers: Vec<Identifier>,
-    pub cost: u64,
-}
 
 impl CheckRequest {
     /// Parses the JSON of SPEC §4 from the bytes of a body. A well-formed request (string
@@ -269,129 +260,20 @@ impl IntoResponse for CheckAnswer {
     }
 }
 
-/// Runs one check: policy from memory, one round trip to Redis, the failure mode when Redis
-/// fails. `deny_status` is 429 except for forward-auth, where it is configurable.
+/// Runs one check through the service and renders its answer. `deny_status` is 429 except
+/// for forward-auth, where it is configurable.
 pub async fn check(
     state: &AppState,
     request: &CheckRequest,
     deny_status: StatusCode,
 ) -> Result<CheckAnswer, ApiError> {
-    let started = std::time::Instant::now();
-    let found = state.policies.get(&request.policy);
-    crate::metrics::policy_lookup(found.is_some());
-    let policy = match found {
-        Some(p) => p,
-        None if state.policies.is_loaded() => {
-            return Err(ApiError::UnknownPolicy(request.policy.clone()));
-        }
-        None => return Err(ApiError::PoliciesNotLoaded),
-    };
-    let now_ms = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let mut entries = Vec::new();
-    let mut blocked = Vec::new();
-    for identifier in &request.identifiers {
-        match policy.rules_for(identifier, now_ms) {
-            RulesFor::Unlimited => {}
-            RulesFor::Blocked => blocked.push(identifier.clone()),
-            RulesFor::Rules(rules) => entries.extend(
-                rules
-                    .iter()
-                    .filter(|r| r.applies_to(identifier.dimension().as_str()))
-                    .map(|rule| CheckEntry { rule, identifier }),
-            ),
-        }
-    }
-    let decision = if !blocked.is_empty() {
-        // Blocked by an override: denied without touching Redis, nothing consumed.
-        Ok(Decision::new(
-            blocked.into_iter().map(blocked_result).collect(),
-        ))
-    } else if entries.is_empty() {
-        Ok(Decision::new(Vec::new()))
-    } else if let Some(cached) = state.denials.lookup(
-        &policy,
-        entries.iter().map(|e| (e.rule.name.as_str(), e.identifier)),
-        request.cost,
-    ) {
-        // Denied until a known time: answered from memory, no Redis call (the overview's
-        // counters hear of it within a second).
-        crate::metrics::deny_cache_hit();
-        state.live.denied_from_cache(
-            policy.name.as_str(),
-            cached.binding().map(|b| b.identifier.to_string()),
-        );
-        Ok(cached)
-    } else {
-        let redis_started = std::time::Instant::now();
-        let result = state
-            .store
-            .check_and_count(&policy.name, &entries, request.cost)
-            .await;
-        crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
-        if let Ok(decision) = &result {
-            state.denials.remember(&policy, decision, request.cost);
-        }
-        result
-    };
-    let (outcome, answer) = match decision {
-        Ok(decision) => {
-            let outcome = match (decision.allowed, policy.mode) {
-                (true, _) => "allowed",
-                (false, Mode::Shadow) => "shadow_denied",
-                (false, Mode::Enforce) => "denied",
-            };
-            (outcome, Ok(answer(&policy, &decision, false, deny_status)))
-        }
-        Err(error) => {
-            tracing::warn!(%error, policy = %policy.name, "check failed on redis");
-            match policy.failure_mode {
-                FailureMode::Open => (
-                    "degraded",
-                    Ok(answer(
-                        &policy,
-                        &Decision::new(Vec::new()),
-                        true,
-                        deny_status,
-                    )),
-                ),
-                FailureMode::Closed => ("unavailable", Err(ApiError::RedisUnavailable(error))),
-            }
-        }
-    };
-    crate::metrics::check_done(
-        policy.name.as_str(),
-        outcome,
-        started.elapsed().as_secs_f64(),
-    );
-    answer
-}
-
-fn blocked_result(identifier: Identifier) -> RuleResult {
-    RuleResult {
-        rule: crate::domain::Name::parse("override").expect("a valid name"),
-        identifier,
-        algorithm: "block".into(),
-        outcome: Outcome {
-            allowed: false,
-            limit: 0,
-            remaining: 0,
-            reset_ms: 0,
-            retry_after_ms: None,
-            delay_ms: 0,
-        },
-        binding: false,
-    }
+    let checked = state.check(request).await?;
+    Ok(answer(&checked, deny_status))
 }
 
 /// Builds the body and headers of SPEC §4 from a decision.
-fn answer(
-    policy: &Policy,
-    decision: &Decision,
-    degraded: bool,
-    deny_status: StatusCode,
-) -> CheckAnswer {
+fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer {
+    let (policy, decision, degraded) = (&*checked.policy, &checked.decision, checked.degraded);
     let binding = decision.binding();
     let shadow = policy.mode == Mode::Shadow;
     let denied = !decision.allowed;
@@ -406,14 +288,15 @@ fn answer(
         .map(|r| ResultBody {
             rule: r.rule.to_string(),
             identifier: r.identifier.to_string(),
-            algorithm: r.algorithm.clone(),
+            algorithm: r.algorithm_name().to_owned(),
             allowed: r.outcome.allowed,
             limit: r.outcome.limit,
             remaining: r.outcome.remaining,
             reset_ms: r.outcome.reset_ms,
             retry_after_ms: r.outcome.retry_after_ms,
             binding: r.binding,
-            delay_ms: (r.algorithm == "leaky_bucket").then_some(r.outcome.delay_ms),
+            delay_ms: matches!(r.algorithm, Some(Algorithm::LeakyBucket { .. }))
+                .then_some(r.outcome.delay_ms),
         })
         .collect();
     let body = CheckBody {
@@ -430,7 +313,7 @@ fn answer(
         refunded: decision.refunded,
         results,
     };
-    let mut headers = rate_limit_headers(policy, decision);
+    let mut headers = rate_limit_headers(decision);
     if status != StatusCode::OK
         && let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms)
     {
@@ -450,28 +333,27 @@ fn answer(
 /// `RateLimit-Policy` lists every rule evaluated (`"per-second";q=10;w=1`); `RateLimit` gives
 /// the binding one's state (`"per-second";r=9;t=1`), both as RFC 9651 structured fields in
 /// the form of the IETF httpapi ratelimit-headers draft.
-pub fn rate_limit_headers(policy: &Policy, decision: &Decision) -> HeaderMap {
+/// Each rule's window is that of the rule that was evaluated (an override's own, when it
+/// replaces the policy's rule of the same name).
+pub fn rate_limit_headers(decision: &Decision) -> HeaderMap {
     let mut headers = HeaderMap::new();
     let mut seen: Vec<&str> = Vec::new();
     let mut list = String::with_capacity(48);
     for r in &decision.results {
+        let Some(algorithm) = &r.algorithm else {
+            continue;
+        };
         if seen.contains(&r.rule.as_str()) {
             continue;
         }
         seen.push(r.rule.as_str());
-        let Some(rule) = policy.all_rules().find(|x| x.name == r.rule) else {
-            continue;
-        };
         if !list.is_empty() {
             list.push_str(", ");
         }
         sf_item(
             &mut list,
-            rule.name.as_str(),
-            [
-                ('q', r.outcome.limit),
-                ('w', rule.algorithm.window_seconds()),
-            ],
+            r.rule.as_str(),
+            [('q', r.outcome.limit), ('w', algorithm.window_seconds())],
         );
     }
     if let Ok(value) = HeaderValue::from_str(&list)

@@ -13,12 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, key_actor, require_key};
-use crate::{
-    audit::Change,
-    auth::KeyRole,
-    domain::{Identifier, Name},
-    state::AppState,
-};
+use crate::{auth::KeyRole, domain::Identifier, state::AppState};
 
 pub fn router() -> Router<AppState> {
     Router::new().route(
@@ -56,61 +51,11 @@ pub(super) async fn inspect(
 ) -> Result<Json<Value>, ApiError> {
     require_key(&state, &headers, KeyRole::Admin)?;
     let id = identifier(&dimension, &value)?;
-    let inspection = crate::app::inspector::inspect_now(&state, &id.to_string()).await;
-    if let Some(problem) = inspection.error {
-        tracing::warn!(%problem, "identifier inspection failed");
-        return Err(ApiError::RedisUnavailable(crate::store::StoreError::Reply(
-            problem,
-        )));
-    }
+    let inspection = state
+        .inspect(&id)
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!(inspection)))
-}
-
-/// Resets `id`'s counters: everywhere, in one policy, or for one rule of it; every instance
-/// forgets its cached denials of it at once. Returns the policies touched and how many keys
-/// were deleted. Shared by the JSON API and the dashboard.
-pub async fn reset_scope(
-    state: &AppState,
-    id: &Identifier,
-    policy: Option<&str>,
-    rule: Option<&str>,
-) -> Result<(Vec<String>, u64), ApiError> {
-    let rule = match rule {
-        None => None,
-        Some(_) if policy.is_none() => return Err(ApiError::bad("rule", "needs policy too")),
-        Some(r) => Some(Name::parse(r).map_err(|m| ApiError::bad("rule", m))?),
-    };
-    let all = state
-        .store
-        .list_policies()
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    let chosen: Vec<_> = match policy {
-        None => all.iter().collect(),
-        Some(name) => {
-            let p = all
-                .iter()
-                .find(|p| p.name.as_str() == name)
-                .ok_or_else(|| ApiError::UnknownPolicy(name.to_owned()))?;
-            if let Some(r) = &rule
-                && !p.all_rules().any(|x| &x.name == r)
-            {
-                return Err(ApiError::bad("rule", format!("{name} has no rule {r}")));
-            }
-            vec![p]
-        }
-    };
-    let deleted = state
-        .store
-        .reset_identifier(&chosen, id, rule.as_ref(), policy.is_none())
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    let names: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
-    // This instance forgets at once; others on the pub/sub message.
-    state
-        .denials
-        .invalidate(policy.is_some().then_some(names.as_slice()), id);
-    Ok((names, deleted))
 }
 
 /// Resets the identifier's counters: everywhere, in one policy, or for one rule of it.
@@ -131,22 +76,16 @@ pub(super) async fn reset(
         return Err(ApiError::bad("reason", "must be at most 500 characters"));
     }
     let id = identifier(&dimension, &value)?;
-    let (names, deleted) =
-        reset_scope(&state, &id, query.policy.as_deref(), query.rule.as_deref()).await?;
-    let scope = json!({ "policies": names, "rule": query.rule, "deleted_keys": deleted });
-    let _ = key_actor(&caller, addr)
-        .record(
-            &state.store,
-            Change {
-                action: "identifier.reset",
-                target: &id.to_string(),
-                before: String::new(),
-                after: scope.to_string(),
-                reason,
-            },
+    let done = state
+        .reset_identifier(
+            &key_actor(&caller, addr),
+            &id,
+            query.policy.as_deref(),
+            query.rule.as_deref(),
+            reason,
         )
-        .await;
+        .await?;
     Ok(Json(
-        json!({ "identifier": id.to_string(), "policies": names, "deleted_keys": deleted }),
+        json!({ "identifier": id.to_string(), "policies": done.policies, "deleted_keys": done.deleted_keys }),
     ))
 }

@@ -20,9 +20,7 @@ use serde_json::{Value, json};
 
 use crate::{
     auth::{KeyCaller, KeyRole},
-    domain::Policy,
     state::AppState,
-    store::Store,
 };
 
 /// Largest request body the API reads.
@@ -166,30 +164,4 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
         }
         Ok(JsonBytes(bytes))
     }
-}
-
-/// The demo policy every fresh install gets, so a newcomer can try a check at once.
-pub fn demo_policy() -> Policy {
-    let doc = json!({
-        "description": "Demo: 10 per second per IP and per user, 120 per minute, bursts of 20",
-        "mode": "enforce",
-        "failure_mode": "open",
-        "rules": [
-            {"name": "per-second", "algorithm": "fixed_window", "limit": 10, "window_ms": 1000, "dimensions": ["ip", "user"]},
-            {"name": "per-minute", "algorithm": "sliding_window", "limit": 120, "window_ms": 60000},
-            {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 5, "refill_period_ms": 1000}
-        ]
-    });
-    Policy::from_document("demo", &doc).expect("the demo policy is valid")
-}
-
-/// Creates the demo policy unless it exists or existed (a deleted demo stays deleted).
-pub async fn seed_demo_policy(store: &Store) -> Result<(), crate::store::StoreError> {
-    let demo = demo_policy();
-    if store.get_policy(&demo.name).await?.is_none()
-        && store.policy_history(&demo.name, 1).await?.is_empty()
-    {
-        store.save_policy(&demo, Some(0)).await?;
-    }
-    Ok(())
 }

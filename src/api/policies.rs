@@ -14,11 +14,10 @@ use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, key_actor, require_key};
 use crate::{
-    audit::Change,
     auth::KeyRole,
     domain::{Name, Policy, overrides::Override},
+    service::policies::view,
     state::AppState,
-    store::{Saved, policies::document},
 };
 
 pub fn router() -> axum::Router<AppState> {
@@ -30,29 +29,6 @@ pub fn router() -> axum::Router<AppState> {
             "/api/v1/policies/{name}/overrides",
             get(list_overrides).post(add_override),
         )
-}
-
-fn view(policy: &Policy) -> Value {
-    let mut doc = document(policy);
-    doc["name"] = json!(policy.name);
-    doc["version"] = json!(policy.version);
-    doc
-}
-
-/// The audit record of a policy change: the documents before and after.
-pub(crate) fn policy_change<'a>(
-    action: &'a str,
-    before: Option<&'a Policy>,
-    after: Option<&'a Policy>,
-) -> Change<'a> {
-    let target = before.or(after).map_or("", |p| p.name.as_str());
-    Change {
-        action,
-        target,
-        before: before.map_or(String::new(), |p| view(p).to_string()),
-        after: after.map_or(String::new(), |p| view(p).to_string()),
-        reason: "",
-    }
 }
 
 fn name(raw: &str) -> Result<Name, ApiError> {
@@ -111,32 +87,6 @@ fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
 }
 
-async fn save(state: &AppState, policy: Policy, expected: Option<u64>) -> Result<Policy, ApiError> {
-    match state
-        .store
-        .save_policy(&policy, expected)
-        .await
-        .map_err(ApiError::RedisUnavailable)?
-    {
-        Saved::Version(version) => {
-            refresh(state).await;
-            Ok(Policy { version, ..policy })
-        }
-        Saved::Conflict => Err(ApiError::Conflict(format!(
-            "If-Match: {} changed since version {}; read it again",
-            policy.name,
-            expected.unwrap_or_default()
-        ))),
-    }
-}
-
-/// This instance applies its own change before answering; others follow by pub/sub.
-async fn refresh(state: &AppState) {
-    if let Err(error) = state.policies.reload(&state.store).await {
-        tracing::warn!(%error, "policy saved, but reloading the cache failed; the refresher will retry");
-    }
-}
-
 #[utoipa::path(put, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
@@ -147,18 +97,15 @@ pub(super) async fn put(
 ) -> Result<impl IntoResponse, ApiError> {
     let caller = require_key(&state, &headers, KeyRole::Admin)?;
     let policy = Policy::from_document(&raw, &body.0)?;
-    let before = state
-        .store
-        .get_policy(&policy.name)
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    let saved = save(&state, policy, expected_version(&headers)?).await?;
-    let _ = key_actor(&caller, addr)
-        .record(
-            &state.store,
-            policy_change("policy.save", before.as_ref(), Some(&saved)),
+    let saved = state
+        .save_policy(
+            &key_actor(&caller, addr),
+            policy,
+            expected_version(&headers)?,
+            "policy.save",
+            "",
         )
-        .await;
+        .await?;
     let status = if saved.version == 1 {
         StatusCode::CREATED
     } else {
@@ -179,29 +126,10 @@ pub(super) async fn delete(
     Path(raw): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let caller = require_key(&state, &headers, KeyRole::Admin)?;
-    let name = name(&raw)?;
-    let before = state
-        .store
-        .get_policy(&name)
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    if state
-        .store
-        .delete_policy(&name)
-        .await
-        .map_err(ApiError::RedisUnavailable)?
-    {
-        refresh(&state).await;
-        let _ = key_actor(&caller, addr)
-            .record(
-                &state.store,
-                policy_change("policy.delete", before.as_ref(), None),
-            )
-            .await;
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::UnknownPolicy(name.to_string()))
-    }
+    state
+        .delete_policy(&key_actor(&caller, addr), &name(&raw)?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/policies/{name}/versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
@@ -245,23 +173,26 @@ pub(super) async fn add_override(
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
     let caller = require_key(&state, &headers, KeyRole::Admin)?;
-    let current = load(&state, &name(&raw)?).await?;
     let added = Override::from_document(&body.0, "body")?;
-    if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
-        return Err(ApiError::bad(
-            "body",
-            "this policy has the most overrides allowed",
-        ));
-    }
-    let mut next = current.clone();
-    next.overrides.push(added);
-    let saved = save(&state, next, Some(current.version)).await?;
-    let _ = key_actor(&caller, addr)
-        .record(
-            &state.store,
-            policy_change("override.add", Some(&current), Some(&saved)),
+    let saved = state
+        .change_policy(
+            &key_actor(&caller, addr),
+            &name(&raw)?,
+            "override.add",
+            "",
+            |current| {
+                if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
+                    return Err(ApiError::bad(
+                        "body",
+                        "this policy has the most overrides allowed",
+                    ));
+                }
+                let mut next = current.clone();
+                next.overrides.push(added);
+                Ok(next)
+            },
         )
-        .await;
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(

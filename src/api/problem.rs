@@ -7,7 +7,11 @@ use axum::{
 };
 use serde_json::json;
 
-use crate::{domain::PolicyError, store::StoreError};
+use crate::{
+    domain::PolicyError,
+    service::{CheckError, identifiers::ResetError, policies::ChangeError},
+    store::StoreError,
+};
 
 /// A failure answered to an HTTP caller.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +45,36 @@ impl From<PolicyError> for ApiError {
         ApiError::BadRequest {
             field: e.field,
             detail: e.message,
+        }
+    }
+}
+
+impl From<CheckError> for ApiError {
+    fn from(e: CheckError) -> Self {
+        match e {
+            CheckError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
+            CheckError::PoliciesNotLoaded => ApiError::PoliciesNotLoaded,
+            CheckError::Unavailable(error) => ApiError::RedisUnavailable(error),
+        }
+    }
+}
+
+impl From<ResetError> for ApiError {
+    fn from(e: ResetError) -> Self {
+        match e {
+            ResetError::Invalid { field, message } => ApiError::bad(field, message),
+            ResetError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
+            ResetError::Unavailable(error) => ApiError::RedisUnavailable(error),
+        }
+    }
+}
+
+impl From<ChangeError> for ApiError {
+    fn from(e: ChangeError) -> Self {
+        match e {
+            ChangeError::Conflict { .. } => ApiError::Conflict(format!("If-Match: {e}")),
+            ChangeError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
+            ChangeError::Unavailable(error) => ApiError::RedisUnavailable(error),
         }
     }
 }

@@ -95,7 +95,7 @@ async fn identifier_events(
     let id = q.id;
     Sse::new(ticks(state.clone(), session, move |s| {
         let id = id.clone();
-        async move { super::inspector::inspect_now(&s, &id).await }
+        async move { s.inspect_typed(&id).await }
     }))
     .keep_alive(KeepAlive::default())
 }

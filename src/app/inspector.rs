@@ -6,136 +6,20 @@
 use leptos::prelude::*;
 use leptos_meta::Title;
 use leptos_router::{components::Form, hooks::use_query_map};
-use serde::{Deserialize, Serialize};
 
 use super::session::{CsrfField, error_message, use_session};
 use crate::domain::people::Action;
 
-/// One rule's state for the identifier.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RuleState {
-    pub rule: String,
-    pub algorithm: String,
-    pub identifier: String,
-    pub limit: u64,
-    pub remaining: u64,
-    pub reset_ms: u64,
-    /// Milliseconds until Redis drops the state (`None`: no state kept now).
-    pub ttl_ms: Option<i64>,
-    pub binding: bool,
-    pub retry_after_ms: Option<u64>,
-}
-
-/// One policy's view of the identifier.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PolicyState {
-    pub policy: String,
-    pub version: u64,
-    /// `rules`, or `unlimited` / `blocked` by an override.
-    pub status: String,
-    pub rules: Vec<RuleState>,
-}
-
-/// The identifier in every policy, at `at_ms`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Inspection {
-    pub identifier: String,
-    pub at_ms: i64,
-    pub policies: Vec<PolicyState>,
-    /// Why nothing could be shown (a malformed identifier, Redis down).
-    pub error: Option<String>,
-}
-
-/// Reads the identifier's state in every policy (server only): a peek at cost 0 per policy,
-/// and the TTL of each rule's key.
-#[cfg(feature = "ssr")]
-pub async fn inspect_now(state: &crate::state::AppState, raw: &str) -> Inspection {
-    use crate::{
-        domain::{Identifier, RulesFor},
-        store::{CheckEntry, Now},
-    };
-    let now_ms = crate::auth::keys::now_ms();
-    let mut out = Inspection {
-        identifier: raw.trim().to_owned(),
-        at_ms: now_ms,
-        ..Inspection::default()
-    };
-    let id = match Identifier::parse(raw.trim()) {
-        Ok(id) => id,
-        Err(e) => {
-            out.error = Some(format!(
-                "identifier: {e} (write it as dimension=value, such as user=42)"
-            ));
-            return out;
-        }
-    };
-    out.identifier = id.to_string();
-    for policy in state.policies.all() {
-        let mut ps = PolicyState {
-            policy: policy.name.to_string(),
-            version: policy.version,
-            status: "rules".into(),
-            rules: Vec::new(),
-        };
-        match policy.rules_for(&id, now_ms) {
-            RulesFor::Unlimited => ps.status = "unlimited".into(),
-            RulesFor::Blocked => ps.status = "blocked".into(),
-            RulesFor::Rules(rules) => {
-                let entries: Vec<CheckEntry<'_>> = rules
-                    .iter()
-                    .filter(|r| r.applies_to(id.dimension().as_str()))
-                    .map(|rule| CheckEntry {
-                        rule,
-                        identifier: &id,
-                    })
-                    .collect();
-                if entries.is_empty() {
-                    continue;
-                }
-                let peek = state
-                    .store
-                    .check_and_consume(&policy.name, &entries, 0, Now::Redis)
-                    .await;
-                let ttls = state.store.rule_ttls(&policy.name, &entries).await;
-                match (peek, ttls) {
-                    (Ok(decision), Ok(ttls)) => {
-                        ps.rules = decision
-                            .results
-                            .into_iter()
-                            .zip(ttls)
-                            .map(|(r, ttl)| RuleState {
-                                rule: r.rule.to_string(),
-                                algorithm: r.algorithm,
-                                identifier: r.identifier.to_string(),
-                                limit: r.outcome.limit,
-                                remaining: r.outcome.remaining,
-                                reset_ms: r.outcome.reset_ms,
-                                ttl_ms: (ttl >= 0).then_some(ttl),
-                                binding: r.binding,
-                                retry_after_ms: r.outcome.retry_after_ms,
-                            })
-                            .collect();
-                    }
-                    (Err(e), _) | (_, Err(e)) => {
-                        tracing::warn!(error = %e, "inspector: Redis call failed");
-                        out.error =
-                            Some("Redis is unavailable; the counters cannot be read".into());
-                        return out;
-                    }
-                }
-            }
-        }
-        out.policies.push(ps);
-    }
-    out
-}
+pub use crate::domain::inspection::{Inspection, PolicyState, RuleState};
 
 #[server(prefix = "/fn", endpoint = "inspect")]
 pub async fn inspect_identifier(
     #[server(default)] id: String,
 ) -> Result<Inspection, ServerFnError> {
     crate::auth::guard::require(Action::View)?;
-    Ok(inspect_now(&expect_context::<crate::state::AppState>(), &id).await)
+    Ok(expect_context::<crate::state::AppState>()
+        .inspect_typed(&id)
+        .await)
 }
 
 /// Resets the identifier: `scope` is empty (every policy), `<policy>` or `<policy>/<rule>`.
@@ -147,7 +31,7 @@ pub async fn reset_identifier(
     #[server(default)] reason: String,
 ) -> Result<u64, ServerFnError> {
     use super::people::bad_input;
-    use crate::{api::identifiers::reset_scope, audit::Change, domain::Identifier};
+    use crate::{domain::Identifier, service::identifiers::ResetError};
     let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     let id = Identifier::parse(id.trim()).map_err(|m| bad_input("id", m))?;
@@ -166,27 +50,19 @@ pub async fn reset_identifier(
         None if scope.is_empty() => (None, None),
         None => (Some(scope.as_str()), None),
     };
-    let (names, deleted) = reset_scope(&state, &id, policy, rule).await.map_err(|e| {
-        let status = e.status();
-        crate::auth::guard::set_status(status);
-        ServerFnError::new(e.to_string())
-    })?;
-    let _ = caller
-        .actor()
-        .record(
-            &state.store,
-            Change {
-                action: "identifier.reset",
-                target: &id.to_string(),
-                after:
-                    serde_json::json!({ "policies": names, "rule": rule, "deleted_keys": deleted })
-                        .to_string(),
-                reason,
-                ..Change::default()
-            },
-        )
-        .await;
-    Ok(deleted)
+    match state
+        .reset_identifier(&caller.actor(), &id, policy, rule, reason)
+        .await
+    {
+        Ok(done) => Ok(done.deleted_keys),
+        Err(ResetError::Invalid { field, message }) => Err(bad_input(field, message)),
+        Err(ResetError::UnknownPolicy(_)) => Err(bad_input("scope", "no such policy")),
+        Err(ResetError::Unavailable(error)) => {
+            tracing::warn!(%error, "reset: Redis unavailable");
+            crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
+            Err(ServerFnError::new("Redis is unavailable; try again"))
+        }
+    }
 }
 
 fn seconds(ms: u64) -> String {

@@ -235,6 +235,31 @@ fn unavailable(e: impl std::fmt::Display) -> ServerFnError {
     ServerFnError::new("Redis is unavailable; try again")
 }
 
+/// A policy change the service refused, as the page shows it (beside its field).
+#[cfg(feature = "ssr")]
+fn change_refused(e: crate::service::policies::ChangeError) -> ServerFnError {
+    use crate::service::policies::ChangeError;
+    match e {
+        ChangeError::Conflict { .. } => super::people::bad_input(
+            "version",
+            "someone else changed this policy since you opened it; reload and try again",
+        ),
+        ChangeError::UnknownPolicy(_) => super::people::bad_input("name", "no such policy"),
+        ChangeError::Unavailable(e) => unavailable(e),
+    }
+}
+
+/// A page's error while changing a policy: the service's refusal or the edit's own.
+#[cfg(feature = "ssr")]
+struct PageError(ServerFnError);
+
+#[cfg(feature = "ssr")]
+impl From<crate::service::policies::ChangeError> for PageError {
+    fn from(e: crate::service::policies::ChangeError) -> Self {
+        PageError(change_refused(e))
+    }
+}
+
 #[server(prefix = "/fn", endpoint = "policies")]
 pub async fn list_policies() -> Result<Vec<PolicySummary>, ServerFnError> {
     crate::auth::guard::require(Action::View)?;
@@ -335,46 +360,30 @@ pub async fn save_policy(
     #[server(default)] failure_closed: String,
     #[server(default)] rules: Vec<RuleForm>,
 ) -> Result<u64, ServerFnError> {
-    use crate::{api::policies::policy_change, domain::Policy, store::Saved};
+    use crate::domain::Policy;
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
     let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
     let mut policy = Policy::from_document(name.trim(), &doc)
         .map_err(|e| super::people::bad_input(&e.field, e.message))?;
-    let store = state().store.clone();
-    let before = store.get_policy(&policy.name).await.map_err(unavailable)?;
+    let state = state();
     // Overrides are edited on their own; keep them.
-    if let Some(b) = &before {
-        policy.overrides = b.overrides.clone();
-    }
-    match store
-        .save_policy(&policy, Some(version))
+    if let Some(before) = state
+        .store
+        .get_policy(&policy.name)
         .await
         .map_err(unavailable)?
     {
-        Saved::Version(v) => {
-            let saved = Policy {
-                version: v,
-                ..policy
-            };
-            let _ = state().policies.reload(&store).await;
-            let _ = caller
-                .actor()
-                .record(
-                    &store,
-                    policy_change("policy.save", before.as_ref(), Some(&saved)),
-                )
-                .await;
-            Ok(v)
-        }
-        Saved::Conflict => Err(super::people::bad_input(
-            "version",
-            "someone else changed this policy since you opened it; reload and try again",
-        )),
+        policy.overrides = before.overrides;
     }
+    let saved = state
+        .save_policy(&caller.actor(), policy, Some(version), "policy.save", "")
+        .await
+        .map_err(change_refused)?;
+    Ok(saved.version)
 }
 
-/// Changes a stored policy: reads it, applies `edit`, saves the result as a new version if
-/// nobody saved meanwhile, refreshes this instance's cache and writes the audit record.
+/// Changes a stored policy through the service (read, `edit`, save as the next version,
+/// audit), naming the field that is wrong.
 #[cfg(feature = "ssr")]
 async fn change_policy(
     caller: &crate::auth::guard::Caller,
@@ -383,35 +392,15 @@ async fn change_policy(
     reason: &str,
     edit: impl FnOnce(&crate::domain::Policy) -> Result<crate::domain::Policy, ServerFnError>,
 ) -> Result<u64, ServerFnError> {
-    use super::people::bad_input;
-    use crate::{api::policies::policy_change, domain::Name, store::Saved};
-    let name = Name::parse(name.trim()).map_err(|m| bad_input("name", m))?;
-    let state = state();
-    let store = &state.store;
-    let current = store
-        .get_policy(&name)
+    let name =
+        crate::domain::Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
+    let saved = state()
+        .change_policy(&caller.actor(), &name, action, reason, |p| {
+            edit(p).map_err(PageError)
+        })
         .await
-        .map_err(unavailable)?
-        .ok_or_else(|| bad_input("name", "no such policy"))?;
-    let next = edit(&current)?;
-    match store
-        .save_policy(&next, Some(current.version))
-        .await
-        .map_err(unavailable)?
-    {
-        Saved::Version(v) => {
-            let saved = crate::domain::Policy { version: v, ..next };
-            let _ = state.policies.reload(store).await;
-            let mut change = policy_change(action, Some(&current), Some(&saved));
-            change.reason = reason;
-            let _ = caller.actor().record(store, change).await;
-            Ok(v)
-        }
-        Saved::Conflict => Err(bad_input(
-            "version",
-            "someone else changed this policy meanwhile; reload and try again",
-        )),
-    }
+        .map_err(|PageError(e)| e)?;
+    Ok(saved.version)
 }
 
 /// Saves an earlier version's rules as the newest version.
@@ -442,20 +431,13 @@ pub async fn delete_policy(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
 ) -> Result<(), ServerFnError> {
-    use crate::{api::policies::policy_change, domain::Name};
+    use crate::{domain::Name, service::policies::ChangeError};
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
     let name = Name::parse(name.trim()).map_err(|m| super::people::bad_input("name", m))?;
-    let store = state().store.clone();
-    let before = store.get_policy(&name).await.map_err(unavailable)?;
-    if store.delete_policy(&name).await.map_err(unavailable)? {
-        let _ = state().policies.reload(&store).await;
-        let _ = caller
-            .actor()
-            .record(
-                &store,
-                policy_change("policy.delete", before.as_ref(), None),
-            )
-            .await;
+    match state().delete_policy(&caller.actor(), &name).await {
+        // Already gone: the page goes back to the list all the same.
+        Ok(()) | Err(ChangeError::UnknownPolicy(_)) => {}
+        Err(other) => return Err(change_refused(other)),
     }
     leptos_axum::redirect("/policies");
     Ok(())

@@ -14,11 +14,21 @@ use super::{
 pub struct RuleResult {
     pub rule: Name,
     pub identifier: Identifier,
-    pub algorithm: String,
+    /// The algorithm (with its parameters) that was evaluated: the policy's rule, or an
+    /// override's rule of the same name. `None` when an override blocks the identifier.
+    pub algorithm: Option<Algorithm>,
     #[serde(flatten)]
     pub outcome: Outcome,
     /// The result that decided: the one that denied, or the one with least remaining.
     pub binding: bool,
+}
+
+impl RuleResult {
+    /// The algorithm's name as documents and answers write it (`block` for a blocking
+    /// override).
+    pub fn algorithm_name(&self) -> &'static str {
+        self.algorithm.as_ref().map_or("block", Algorithm::name)
+    }
 }
 
 /// The answer to a check.

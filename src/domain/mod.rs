@@ -4,6 +4,7 @@
 pub mod algorithm;
 pub mod check;
 pub mod identifier;
+pub mod inspection;
 pub mod overrides;
 pub mod people;
 pub mod policy;

@@ -478,7 +478,7 @@ impl Store {
             .map(|(e, outcome)| RuleResult {
                 rule: e.rule.name.clone(),
                 identifier: e.identifier.clone(),
-                algorithm: e.rule.algorithm.name().to_owned(),
+                algorithm: Some(e.rule.algorithm),
                 outcome,
                 binding: false,
             })

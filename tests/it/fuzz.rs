@@ -4,8 +4,8 @@
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 use spillway::{
-    api::check::CheckRequest,
     domain::{Algorithm, Name, Policy},
+    service::CheckRequest,
     store::Keys,
 };
 

@@ -16,4 +16,5 @@ mod health;
 mod live;
 mod memory;
 mod openapi;
+mod service;
 mod tls;

@@ -12,8 +12,8 @@ use std::{
 };
 
 use crate::{
-    deny_cache::DenyCache,
     domain::Policy,
+    service::deny_cache::DenyCache,
     store::{Event, Store, StoreError},
 };
 

@@ -1,0 +1,171 @@
+//! The check: a policy from memory, its overrides, the over-limit cache, one round trip to
+//! Redis (which also keeps the overview's counters), the failure mode when Redis fails, and
+//! the metrics. Every front door that checks calls [`Service::check`].
+
+use std::sync::Arc;
+
+use super::Service;
+use crate::{
+    domain::{
+        Decision, FailureMode, Identifier, Mode, Name, Outcome, Policy, RuleResult, RulesFor,
+    },
+    store::{CheckEntry, StoreError},
+};
+
+/// Largest cost one check may ask for.
+pub const MAX_COST: u64 = 1_000_000_000;
+/// Most identifiers in one check.
+pub const MAX_IDENTIFIERS: usize = 16;
+
+/// A check to make: the policy by name, the identifiers, the cost (0 peeks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckRequest {
+    pub policy: String,
+    pub identifiers: Vec<Identifier>,
+    pub cost: u64,
+}
+
+/// Why a check has no decision. A denial is a decision, not an error.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("policy: no policy named {0:?}")]
+    UnknownPolicy(String),
+    #[error("the policies have not been loaded from Redis yet")]
+    PoliciesNotLoaded,
+    /// Redis failed and the policy fails closed.
+    #[error("redis is unavailable: {0}")]
+    Unavailable(StoreError),
+}
+
+/// A check's answer: the policy it ran under and its decision. `degraded` when Redis failed
+/// and the policy fails open (the decision is then an empty allow).
+#[derive(Clone, Debug)]
+pub struct Checked {
+    pub policy: Arc<Policy>,
+    pub decision: Decision,
+    pub degraded: bool,
+}
+
+impl Checked {
+    /// What the metrics and logs call this answer.
+    fn outcome(&self) -> &'static str {
+        match (self.degraded, self.decision.allowed, self.policy.mode) {
+            (true, _, _) => "degraded",
+            (false, true, _) => "allowed",
+            (false, false, Mode::Shadow) => "shadow_denied",
+            (false, false, Mode::Enforce) => "denied",
+        }
+    }
+}
+
+impl Service {
+    /// Checks `request`: its policy's rules (or an override's) for every identifier, all or
+    /// nothing. A denial that stands until a known time is answered from memory; anything
+    /// else is one round trip to Redis. When Redis fails, the policy's failure mode decides.
+    pub async fn check(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
+        let started = std::time::Instant::now();
+        let found = self.policies.get(&request.policy);
+        crate::metrics::policy_lookup(found.is_some());
+        let policy = match found {
+            Some(p) => p,
+            None if self.policies.is_loaded() => {
+                return Err(CheckError::UnknownPolicy(request.policy.clone()));
+            }
+            None => return Err(CheckError::PoliciesNotLoaded),
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut entries = Vec::new();
+        let mut blocked = Vec::new();
+        for identifier in &request.identifiers {
+            match policy.rules_for(identifier, now_ms) {
+                RulesFor::Unlimited => {}
+                RulesFor::Blocked => blocked.push(identifier.clone()),
+                RulesFor::Rules(rules) => entries.extend(
+                    rules
+                        .iter()
+                        .filter(|r| r.applies_to(identifier.dimension().as_str()))
+                        .map(|rule| CheckEntry { rule, identifier }),
+                ),
+            }
+        }
+        let decided = if !blocked.is_empty() {
+            // Blocked by an override: denied without touching Redis, nothing consumed.
+            Ok(Decision::new(
+                blocked.into_iter().map(blocked_result).collect(),
+            ))
+        } else if entries.is_empty() {
+            Ok(Decision::new(Vec::new()))
+        } else if let Some(cached) = self.denials.lookup(&policy, &entries, request.cost) {
+            // Denied until a known time: answered from memory, no Redis call (the overview's
+            // counters hear of it within a second).
+            crate::metrics::deny_cache_hit();
+            self.live.denied_from_cache(
+                policy.name.as_str(),
+                cached.binding().map(|b| b.identifier.to_string()),
+            );
+            Ok(cached)
+        } else {
+            let redis_started = std::time::Instant::now();
+            let result = self
+                .store
+                .check_and_count(&policy.name, &entries, request.cost)
+                .await;
+            crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
+            if let Ok(decision) = &result {
+                self.denials
+                    .remember(&policy, &entries, decision, request.cost);
+            }
+            result
+        };
+        let checked = match decided {
+            Ok(decision) => Checked {
+                policy,
+                decision,
+                degraded: false,
+            },
+            Err(error) => {
+                tracing::warn!(%error, policy = %policy.name, "check failed on redis");
+                match policy.failure_mode {
+                    FailureMode::Open => Checked {
+                        policy,
+                        decision: Decision::new(Vec::new()),
+                        degraded: true,
+                    },
+                    FailureMode::Closed => {
+                        crate::metrics::check_done(
+                            policy.name.as_str(),
+                            "unavailable",
+                            started.elapsed().as_secs_f64(),
+                        );
+                        return Err(CheckError::Unavailable(error));
+                    }
+                }
+            }
+        };
+        crate::metrics::check_done(
+            checked.policy.name.as_str(),
+            checked.outcome(),
+            started.elapsed().as_secs_f64(),
+        );
+        Ok(checked)
+    }
+}
+
+fn blocked_result(identifier: Identifier) -> RuleResult {
+    RuleResult {
+        rule: Name::parse("override").expect("a valid name"),
+        identifier,
+        algorithm: None,
+        outcome: Outcome {
+            allowed: false,
+            limit: 0,
+            remaining: 0,
+            reset_ms: 0,
+            retry_after_ms: None,
+            delay_ms: 0,
+        },
+        binding: false,
+    }
+}

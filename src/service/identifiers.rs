@@ -1,0 +1,201 @@
+//! Inspecting an identifier (its live state in every policy, a peek that consumes nothing)
+//! and resetting it (everywhere, in one policy, or one rule), with the reset's audit record.
+//! The admin API and the dashboard's inspector both call these.
+
+use super::Service;
+use crate::{
+    audit::{Actor, Change},
+    domain::{
+        Identifier, Name, RulesFor,
+        inspection::{Inspection, PolicyState, RuleState},
+    },
+    store::{CheckEntry, Now, StoreError},
+};
+
+/// Why a reset did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    /// A field of the request is wrong (`rule` without `policy`, a rule the policy lacks).
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("policy: no policy named {0:?}")]
+    UnknownPolicy(String),
+    #[error("redis is unavailable: {0}")]
+    Unavailable(#[from] StoreError),
+}
+
+/// What a reset did: the policies it touched and how many keys it deleted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResetDone {
+    pub policies: Vec<String>,
+    pub deleted_keys: u64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Service {
+    /// The identifier's state in every policy that has rules for it: a peek at cost 0 per
+    /// policy, and each rule's key's TTL. Redis failing is an error, not an empty answer.
+    pub async fn inspect(&self, id: &Identifier) -> Result<Inspection, StoreError> {
+        let now_ms = now_ms();
+        let mut out = Inspection {
+            identifier: id.to_string(),
+            at_ms: now_ms,
+            ..Inspection::default()
+        };
+        for policy in self.policies.all() {
+            let mut ps = PolicyState {
+                policy: policy.name.to_string(),
+                version: policy.version,
+                status: "rules".into(),
+                rules: Vec::new(),
+            };
+            match policy.rules_for(id, now_ms) {
+                RulesFor::Unlimited => ps.status = "unlimited".into(),
+                RulesFor::Blocked => ps.status = "blocked".into(),
+                RulesFor::Rules(rules) => {
+                    let entries: Vec<CheckEntry<'_>> = rules
+                        .iter()
+                        .filter(|r| r.applies_to(id.dimension().as_str()))
+                        .map(|rule| CheckEntry {
+                            rule,
+                            identifier: id,
+                        })
+                        .collect();
+                    if entries.is_empty() {
+                        continue;
+                    }
+                    let decision = self
+                        .store
+                        .check_and_consume(&policy.name, &entries, 0, Now::Redis)
+                        .await?;
+                    let ttls = self.store.rule_ttls(&policy.name, &entries).await?;
+                    ps.rules = decision
+                        .results
+                        .into_iter()
+                        .zip(ttls)
+                        .map(|(r, ttl)| RuleState {
+                            rule: r.rule.to_string(),
+                            algorithm: r.algorithm_name().to_owned(),
+                            identifier: r.identifier.to_string(),
+                            limit: r.outcome.limit,
+                            remaining: r.outcome.remaining,
+                            reset_ms: r.outcome.reset_ms,
+                            ttl_ms: (ttl >= 0).then_some(ttl),
+                            binding: r.binding,
+                            retry_after_ms: r.outcome.retry_after_ms,
+                        })
+                        .collect();
+                }
+            }
+            out.policies.push(ps);
+        }
+        Ok(out)
+    }
+
+    /// As [`Service::inspect`] for what a person typed (`user=42`): a malformed identifier
+    /// or Redis failing is said in the inspection's `error`, for the page to show.
+    pub async fn inspect_typed(&self, raw: &str) -> Inspection {
+        let failed = |error: String| Inspection {
+            identifier: raw.trim().to_owned(),
+            at_ms: now_ms(),
+            error: Some(error),
+            ..Inspection::default()
+        };
+        let id = match Identifier::parse(raw.trim()) {
+            Ok(id) => id,
+            Err(e) => {
+                return failed(format!(
+                    "identifier: {e} (write it as dimension=value, such as user=42)"
+                ));
+            }
+        };
+        match self.inspect(&id).await {
+            Ok(inspection) => inspection,
+            Err(error) => {
+                tracing::warn!(%error, "inspector: Redis call failed");
+                failed("Redis is unavailable; the counters cannot be read".into())
+            }
+        }
+    }
+
+    /// Resets `id`'s counters: everywhere, in one policy, or for one rule of it; every
+    /// instance forgets its cached denials of it at once. Writes the audit record.
+    pub async fn reset_identifier(
+        &self,
+        actor: &Actor,
+        id: &Identifier,
+        policy: Option<&str>,
+        rule: Option<&str>,
+        reason: &str,
+    ) -> Result<ResetDone, ResetError> {
+        let rule = match rule {
+            None => None,
+            Some(_) if policy.is_none() => {
+                return Err(ResetError::Invalid {
+                    field: "rule",
+                    message: "needs policy too".into(),
+                });
+            }
+            Some(r) => Some(Name::parse(r).map_err(|message| ResetError::Invalid {
+                field: "rule",
+                message,
+            })?),
+        };
+        let all = self.store.list_policies().await?;
+        let chosen: Vec<_> = match policy {
+            None => all.iter().collect(),
+            Some(name) => {
+                let p = all
+                    .iter()
+                    .find(|p| p.name.as_str() == name)
+                    .ok_or_else(|| ResetError::UnknownPolicy(name.to_owned()))?;
+                if let Some(r) = &rule
+                    && !p.all_rules().any(|x| &x.name == r)
+                {
+                    return Err(ResetError::Invalid {
+                        field: "rule",
+                        message: format!("{name} has no rule {r}"),
+                    });
+                }
+                vec![p]
+            }
+        };
+        let deleted_keys = self
+            .store
+            .reset_identifier(&chosen, id, rule.as_ref(), policy.is_none())
+            .await?;
+        let policies: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
+        // This instance forgets at once; others on the pub/sub message.
+        self.denials
+            .invalidate(policy.is_some().then_some(policies.as_slice()), id);
+        let scope = serde_json::json!({
+            "policies": policies,
+            "rule": rule.as_ref().map(Name::as_str),
+            "deleted_keys": deleted_keys,
+        });
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action: "identifier.reset",
+                    target: &id.to_string(),
+                    after: scope.to_string(),
+                    reason,
+                    ..Change::default()
+                },
+            )
+            .await;
+        Ok(ResetDone {
+            policies,
+            deleted_keys,
+        })
+    }
+}

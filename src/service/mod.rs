@@ -1,0 +1,30 @@
+//! The use cases every front door calls: checking a policy, inspecting and resetting an
+//! identifier, seeding the demo policy. The JSON API, the dashboard's server functions and
+//! the command line parse their input, call these, and render what comes back; none of them
+//! checks, counts or audits on its own, and this layer knows neither HTTP nor Redis (the
+//! store does).
+//!
+//! With the use cases live the caches they keep in front of Redis: the policies
+//! (`policy_cache`), denials that stand until a known time (`deny_cache`) and the denials
+//! answered from it, on their way to the overview's counters (`live`).
+
+pub mod check;
+pub mod deny_cache;
+pub mod identifiers;
+pub mod live;
+pub mod policies;
+pub mod policy_cache;
+
+pub use check::{CheckError, CheckRequest, Checked};
+
+use crate::store::Store;
+
+/// The store and the caches in front of it: what every use case works with. Cloned
+/// cheaply (each part is a handle).
+#[derive(Clone)]
+pub struct Service {
+    pub store: Store,
+    pub policies: policy_cache::PolicyCache,
+    pub denials: deny_cache::DenyCache,
+    pub live: live::LiveCounts,
+}

@@ -1,0 +1,153 @@
+//! Changing policies: saving a new version (optimistically, against the version the editor
+//! started from), deleting one, each with its audit record and this instance's cache
+//! refreshed before the answer (the others follow by pub/sub); and the demo policy a first
+//! start creates. The admin API, the dashboard and the command line all change policies here.
+
+use serde_json::{Value, json};
+
+use super::Service;
+use crate::{
+    audit::{Actor, Change},
+    domain::{Name, Policy},
+    store::{Saved, Store, StoreError, policies::document},
+};
+
+/// Why a policy change did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// Someone else saved a version since the one the change was made against.
+    #[error("{name} changed since version {expected}; read it again")]
+    Conflict { name: String, expected: u64 },
+    #[error("policy: no policy named {0:?}")]
+    UnknownPolicy(String),
+    #[error("redis is unavailable: {0}")]
+    Unavailable(#[from] StoreError),
+}
+
+/// A policy as the API shows it and the audit log keeps it: its document with name and
+/// version.
+pub fn view(policy: &Policy) -> Value {
+    let mut doc = document(policy);
+    doc["name"] = json!(policy.name);
+    doc["version"] = json!(policy.version);
+    doc
+}
+
+impl Service {
+    /// Saves `policy` as a new version (only if the stored one is still `expected`, when
+    /// given), refreshes the cache, and records `action` with the documents before and after.
+    pub async fn save_policy(
+        &self,
+        actor: &Actor,
+        policy: Policy,
+        expected: Option<u64>,
+        action: &str,
+        reason: &str,
+    ) -> Result<Policy, ChangeError> {
+        let before = self.store.get_policy(&policy.name).await?;
+        match self.store.save_policy(&policy, expected).await? {
+            Saved::Version(version) => {
+                let saved = Policy { version, ..policy };
+                self.refresh_policies().await;
+                let _ = actor
+                    .record(
+                        &self.store,
+                        Change {
+                            action,
+                            target: saved.name.as_str(),
+                            before: before
+                                .as_ref()
+                                .map_or(String::new(), |p| view(p).to_string()),
+                            after: view(&saved).to_string(),
+                            reason,
+                        },
+                    )
+                    .await;
+                Ok(saved)
+            }
+            Saved::Conflict => Err(ChangeError::Conflict {
+                name: policy.name.to_string(),
+                expected: expected.unwrap_or_default(),
+            }),
+        }
+    }
+
+    /// Reads `name`, applies `edit`, and saves the result as the next version (refused if
+    /// someone saved meanwhile). `edit` may refuse with its own error.
+    pub async fn change_policy<E: From<ChangeError>>(
+        &self,
+        actor: &Actor,
+        name: &Name,
+        action: &str,
+        reason: &str,
+        edit: impl FnOnce(&Policy) -> Result<Policy, E>,
+    ) -> Result<Policy, E> {
+        let current = self
+            .store
+            .get_policy(name)
+            .await
+            .map_err(ChangeError::from)?
+            .ok_or_else(|| ChangeError::UnknownPolicy(name.to_string()))?;
+        let next = edit(&current)?;
+        Ok(self
+            .save_policy(actor, next, Some(current.version), action, reason)
+            .await?)
+    }
+
+    /// Deletes `name` (its history stays), refreshes the cache and records it.
+    pub async fn delete_policy(&self, actor: &Actor, name: &Name) -> Result<(), ChangeError> {
+        let before = self.store.get_policy(name).await?;
+        if !self.store.delete_policy(name).await? {
+            return Err(ChangeError::UnknownPolicy(name.to_string()));
+        }
+        self.refresh_policies().await;
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action: "policy.delete",
+                    target: name.as_str(),
+                    before: before
+                        .as_ref()
+                        .map_or(String::new(), |p| view(p).to_string()),
+                    ..Change::default()
+                },
+            )
+            .await;
+        Ok(())
+    }
+
+    /// This instance applies a change before answering; others follow by pub/sub.
+    async fn refresh_policies(&self) {
+        if let Err(error) = self.policies.reload(&self.store).await {
+            tracing::warn!(%error, "policy saved, but reloading the cache failed; the refresher will retry");
+        }
+    }
+}
+
+/// The policy a first start creates: 10 per second per IP and per user, 120 per minute,
+/// bursts of 20.
+pub fn demo_policy() -> Policy {
+    let doc = json!({
+        "description": "Demo: 10 per second per IP and per user, 120 per minute, bursts of 20",
+        "mode": "enforce",
+        "failure_mode": "open",
+        "rules": [
+            {"name": "per-second", "algorithm": "fixed_window", "limit": 10, "window_ms": 1000, "dimensions": ["ip", "user"]},
+            {"name": "per-minute", "algorithm": "sliding_window", "limit": 120, "window_ms": 60000},
+            {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 5, "refill_period_ms": 1000}
+        ]
+    });
+    Policy::from_document("demo", &doc).expect("the demo policy is valid")
+}
+
+/// Creates the demo policy unless it exists or existed (a deleted demo stays deleted).
+pub async fn seed_demo_policy(store: &Store) -> Result<(), StoreError> {
+    let demo = demo_policy();
+    if store.get_policy(&demo.name).await?.is_none()
+        && store.policy_history(&demo.name, 1).await?.is_empty()
+    {
+        store.save_policy(&demo, Some(0)).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! The check use case behind every front door: a denial answered from memory looks exactly
+//! like one answered by Redis, rules that count denials always reach Redis, the headers
+//! describe the rule that was evaluated, and the admin API says when Redis is down.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{ADMIN_KEY, RedisServer, spawn_app};
+
+/// How many script calls this Redis has run.
+fn script_calls(redis: &RedisServer) -> u64 {
+    let mut conn = redis.connection();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// A 3-rule policy checked for 2 identifiers answers with 6 results and lists the 3 rules,
+/// whether the denial came from Redis or from the over-limit cache (which it did: no script
+/// ran for it).
+#[tokio::test]
+async fn a_cached_denial_has_the_shape_of_one_from_redis() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "three",
+        json!({"rules": [
+            {"name": "hourly", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000},
+            {"name": "daily", "algorithm": "sliding_window", "limit": 100, "window_ms": 86_400_000},
+            {"name": "bucket", "algorithm": "token_bucket", "capacity": 50, "refill_tokens": 1, "refill_period_ms": 60_000}
+        ]}),
+    )
+    .await;
+    let check = || {
+        app.check(json!({"policy": "three", "identifiers": {"ip": "198.51.100.3", "user": "7"}}))
+    };
+    for _ in 0..2 {
+        assert_eq!(check().await.status(), 200);
+    }
+    let from_redis = check().await;
+    assert_eq!(from_redis.status(), 429);
+    let redis_headers = from_redis.headers().clone();
+    let redis_body: Value = from_redis.json().await.unwrap();
+    let calls = script_calls(&redis);
+    let from_cache = check().await;
+    assert_eq!(from_cache.status(), 429);
+    assert_eq!(
+        script_calls(&redis),
+        calls,
+        "the second denial came from the cache"
+    );
+    let cache_headers = from_cache.headers().clone();
+    let cache_body: Value = from_cache.json().await.unwrap();
+    let shape = |body: &Value| -> Vec<(String, String, String, bool, bool)> {
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["rule"].as_str().unwrap().to_owned(),
+                    r["identifier"].as_str().unwrap().to_owned(),
+                    r["algorithm"].as_str().unwrap().to_owned(),
+                    r["allowed"].as_bool().unwrap(),
+                    r["binding"].as_bool().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(shape(&redis_body).len(), 6, "{redis_body}");
+    assert_eq!(shape(&cache_body), shape(&redis_body), "{cache_body}");
+    for r in cache_body["results"].as_array().unwrap() {
+        let same = redis_body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["rule"] == r["rule"] && x["identifier"] == r["identifier"])
+            .unwrap();
+        assert_eq!(r["limit"], same["limit"]);
+        assert_eq!(r["remaining"], same["remaining"]);
+    }
+    for key in ["limit", "remaining", "allowed", "policy_version"] {
+        assert_eq!(cache_body[key], redis_body[key], "{key}");
+    }
+    assert_eq!(
+        cache_headers["ratelimit-policy"],
+        redis_headers["ratelimit-policy"]
+    );
+    assert!(cache_headers.contains_key("retry-after"));
+}
+
+/// An override's rule that counts denials is never answered from the cache: every denied
+/// check reaches Redis (and is counted there).
+#[tokio::test]
+async fn an_override_rule_that_counts_denials_always_reaches_redis() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut doc = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 100, "window_ms": 3_600_000}]});
+    doc["overrides"] = json!([{"match": "user=greedy", "action": "limit", "rules": [
+        {"name": "r", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000, "count_denied": true}
+    ]}]);
+    app.put_policy("counted", doc).await;
+    let check = || app.check(json!({"policy": "counted", "identifiers": {"user": "greedy"}}));
+    for _ in 0..2 {
+        assert_eq!(check().await.status(), 200);
+    }
+    let before = script_calls(&redis);
+    for _ in 0..5 {
+        assert_eq!(check().await.status(), 429);
+    }
+    assert_eq!(
+        script_calls(&redis) - before,
+        5,
+        "every counted denial ran the script"
+    );
+}
+
+/// `RateLimit-Policy`'s window is the evaluated rule's: an override's rule that shares its
+/// name with the policy's advertises its own window.
+#[tokio::test]
+async fn the_headers_describe_the_rule_that_was_evaluated() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut doc = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 100, "window_ms": 3_600_000}]});
+    doc["overrides"] = json!([{"match": "user=fast", "action": "limit", "rules": [
+        {"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}
+    ]}]);
+    app.put_policy("windows", doc).await;
+    let header = |user: &'static str| {
+        let app = &app;
+        async move {
+            let r = app
+                .check(json!({"policy": "windows", "identifiers": {"user": user}}))
+                .await;
+            r.headers()["ratelimit-policy"].to_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(header("slow").await, "\"r\";q=100;w=3600");
+    assert_eq!(header("fast").await, "\"r\";q=5;w=1");
+}
+
+/// Inspecting an identifier while Redis is down is a 503 with `Retry-After`, as a check is.
+#[tokio::test]
+async fn inspecting_while_redis_is_down_is_503() {
+    let mut redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let inspect = || {
+        app.client
+            .get(app.url("/api/v1/identifiers/user/42"))
+            .bearer_auth(ADMIN_KEY)
+            .send()
+    };
+    assert_eq!(inspect().await.unwrap().status(), 200);
+    redis.kill();
+    let r = inspect().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+}
