@@ -437,18 +437,39 @@ pub async fn batch_handler(
             format!("must hold 1 to {MAX_BATCH} checks"),
         ));
     }
-    let mut results = Vec::with_capacity(checks.len());
-    for (i, item) in checks.iter().enumerate() {
-        let answer = match CheckRequest::parse(item, &format!("checks[{i}].")) {
-            Ok(request) => check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await,
-            Err(e) => Err(e),
-        };
-        results.push(match answer {
-            Ok(a) => json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) }),
-            Err(e) => json!({ "status": e.status().as_u16(), "body": e.body() }),
-        });
-    }
+    let requests: Vec<Result<CheckRequest, ApiError>> = checks
+        .iter()
+        .enumerate()
+        .map(|(i, item)| CheckRequest::parse(item, &format!("checks[{i}].")))
+        .collect();
+    // On a single Redis the checks go out together: each is queued for the shared script
+    // call as it is first polled, in order, so they share calls and checks of the same
+    // identifier are still decided in the batch's order. On a cluster a check is several
+    // calls, so they go one after another to keep that order.
+    let results = if state.store.is_cluster() {
+        let mut results = Vec::with_capacity(requests.len());
+        for request in &requests {
+            results.push(batch_item(&state, request).await);
+        }
+        results
+    } else {
+        futures_util::future::join_all(requests.iter().map(|r| batch_item(&state, r))).await
+    };
     Ok(Json(json!({ "results": results })))
+}
+
+/// One answer of a batch: its status and body, a check's or a problem's.
+async fn batch_item(state: &AppState, request: &Result<CheckRequest, ApiError>) -> Value {
+    let problem = |e: &ApiError| json!({ "status": e.status().as_u16(), "body": e.body() });
+    match request {
+        Ok(request) => match check(state, request, StatusCode::TOO_MANY_REQUESTS).await {
+            Ok(a) => {
+                json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) })
+            }
+            Err(e) => problem(&e),
+        },
+        Err(e) => problem(e),
+    }
 }
 
 /// Query of forward-auth. Both are strings so that parsing the query never fails before

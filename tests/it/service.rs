@@ -162,3 +162,47 @@ async fn inspecting_while_redis_is_down_is_503() {
     assert!(r.headers().contains_key("retry-after"));
     assert_eq!(r.headers()["content-type"], "application/problem+json");
 }
+
+/// A batch's checks share script calls, and checks of one identifier are still decided in
+/// the batch's order.
+#[tokio::test]
+async fn a_batch_shares_calls_and_keeps_its_order() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "batch",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 3, "window_ms": 3_600_000}]}),
+    )
+    .await;
+    let mut checks: Vec<Value> = (0..95)
+        .map(|i| json!({"policy": "batch", "identifiers": {"user": format!("u{i}")}}))
+        .collect();
+    for _ in 0..5 {
+        checks.push(json!({"policy": "batch", "identifiers": {"user": "same"}}));
+    }
+    let before = script_calls(&redis);
+    let answer: Value = app
+        .client
+        .post(app.url("/api/v1/check/batch"))
+        .bearer_auth(crate::helpers::SERVICE_KEY)
+        .json(&json!({"checks": checks}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let calls = script_calls(&redis) - before;
+    assert!(calls < 50, "{calls} script calls for 100 checks: they did not share calls");
+    let results = answer["results"].as_array().unwrap();
+    assert_eq!(results.len(), 100);
+    for (i, r) in results.iter().take(95).enumerate() {
+        assert_eq!(r["status"], 200, "{i}");
+        assert_eq!(r["body"]["results"][0]["identifier"], format!("user=u{i}"));
+    }
+    let same: Vec<(u64, u64)> = results[95..]
+        .iter()
+        .map(|r| (r["status"].as_u64().unwrap(), r["body"]["remaining"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(same, [(200, 2), (200, 1), (200, 0), (429, 0), (429, 0)]);
+}
