@@ -40,7 +40,8 @@ pub fn router() -> Router<AppState> {
         .route("/auth/logout", post(logout))
 }
 
-/// The internal policy name the sign-in limits are kept under (reserved).
+/// The internal policy name the sign-in limits are kept under (its prefix is reserved:
+/// `domain::policy::RESERVED_PREFIX`).
 pub const LOGIN_POLICY: &str = "spillway-login";
 
 struct LoginLimits {

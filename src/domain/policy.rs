@@ -47,10 +47,20 @@ pub struct Policy {
     pub overrides: Vec<Override>,
 }
 
+/// Policy names starting with this are Spillway's own (the sign-in limits keep their
+/// counters under `spillway-login`): no stored policy may take one.
+pub const RESERVED_PREFIX: &str = "spillway-";
+
 impl Policy {
     /// Parses the policy document `doc` for `name` (version 1; the store numbers versions).
     pub fn from_document(name: &str, doc: &Value) -> Result<Self, PolicyError> {
         let name = Name::parse(name).map_err(|m| PolicyError::field("name", m))?;
+        if name.as_str().starts_with(RESERVED_PREFIX) {
+            return Err(PolicyError::field(
+                "name",
+                format!("names starting with {RESERVED_PREFIX} are reserved for Spillway's own limits"),
+            ));
+        }
         let obj = doc
             .as_object()
             .ok_or_else(|| PolicyError::field("body", "must be a JSON object"))?;
@@ -470,5 +480,15 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn spillways_own_names_are_reserved() {
+        let doc = json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}]});
+        let err = Policy::from_document("spillway-login", &doc).unwrap_err();
+        assert_eq!(err.field, "name");
+        assert!(err.message.contains("reserved"), "{}", err.message);
+        assert!(Policy::from_document("spillway", &doc).is_ok());
+        assert!(Policy::from_document("my-spillway-x", &doc).is_ok());
     }
 }

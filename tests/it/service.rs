@@ -206,3 +206,21 @@ async fn a_batch_shares_calls_and_keeps_its_order() {
         .collect();
     assert_eq!(same, [(200, 2), (200, 1), (200, 0), (429, 0), (429, 0)]);
 }
+
+/// Nobody can create a policy under the name Spillway keeps its sign-in limits in.
+#[tokio::test]
+async fn spillways_own_policy_names_are_refused() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let r = app
+        .client
+        .put(app.url("/api/v1/policies/spillway-login"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["field"], "name", "{body}");
+}
