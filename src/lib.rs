@@ -32,6 +32,8 @@ pub mod server;
 #[cfg(feature = "ssr")]
 pub mod service;
 #[cfg(feature = "ssr")]
+pub mod shutdown;
+#[cfg(feature = "ssr")]
 pub mod state;
 #[cfg(feature = "ssr")]
 pub mod store;

@@ -38,7 +38,8 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("binding {addr}"))?;
             tracing::info!(%addr, "spillway listening on http://{addr}");
-            server::run(listener, state, server::shutdown_after_drain(drain)).await?;
+            let shutdown = server::shutdown_after_drain(state.shutdown.clone(), drain);
+            server::run(listener, state, shutdown).await?;
             tracing::info!("stopped");
         }
         Command::Export { format, output } => {

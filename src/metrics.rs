@@ -34,9 +34,9 @@ pub fn handle() -> &'static PrometheusHandle {
 /// Drains the histograms' pending samples into their buckets every few seconds. Without
 /// it the recorder keeps every sample until /metrics is scraped: memory grows with each
 /// check and every check gets slower.
-pub fn spawn_upkeep() {
+pub fn spawn_upkeep(shutdown: &crate::shutdown::Shutdown) {
     let handle = handle();
-    tokio::spawn(async move {
+    shutdown.spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
         loop {
             tick.tick().await;

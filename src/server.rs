@@ -1,13 +1,6 @@
 //! The composition root: routes, middleware, and serving with graceful shutdown.
 
-use std::{
-    future::Future,
-    sync::{
-        OnceLock,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{future::Future, sync::OnceLock, time::Duration};
 
 use axum::Router;
 use leptos::prelude::{provide_context, use_context};
@@ -20,6 +13,7 @@ use crate::{
     app::{App, shell},
     auth,
     config::{Config, LogFormat},
+    shutdown::Shutdown,
     state::AppState,
 };
 
@@ -50,7 +44,10 @@ pub fn router(state: AppState) -> Router {
             state.request_timeout,
         ))
         .layer(TraceLayer::new_for_http())
-        .layer(axum::middleware::map_response(close_while_draining))
+        .layer(axum::middleware::from_fn_with_state(
+            state.shutdown.clone(),
+            close_while_draining,
+        ))
         .with_state(state)
 }
 
@@ -118,18 +115,14 @@ fn provide_server_context(state: &AppState) {
     }
 }
 
-/// Set once a shutdown signal arrived: the instance still answers, but tells clients to
-/// close their connections and reports itself not ready, so nothing is sent on a connection
-/// that is about to close.
-static DRAINING: AtomicBool = AtomicBool::new(false);
-
-/// Whether this process is shutting down.
-pub fn draining() -> bool {
-    DRAINING.load(Ordering::Acquire)
-}
-
-async fn close_while_draining(mut response: axum::response::Response) -> axum::response::Response {
-    if draining() {
+/// While the server drains, every answer tells the client to close its connection.
+async fn close_while_draining(
+    axum::extract::State(shutdown): axum::extract::State<Shutdown>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let mut response = next.run(request).await;
+    if shutdown.is_draining() {
         response.headers_mut().insert(
             axum::http::header::CONNECTION,
             axum::http::HeaderValue::from_static("close"),
@@ -141,9 +134,9 @@ async fn close_while_draining(mut response: axum::response::Response) -> axum::r
 /// Resolves `drain` after a shutdown signal, during which requests are still served (with
 /// `Connection: close`, and /readyz failing); then the server stops accepting and lets the
 /// requests in flight finish.
-pub async fn shutdown_after_drain(drain: Duration) {
+pub async fn shutdown_after_drain(shutdown: Shutdown, drain: Duration) {
     shutdown_signal().await;
-    DRAINING.store(true, Ordering::Release);
+    shutdown.start_draining();
     tokio::time::sleep(drain).await;
 }
 
@@ -163,6 +156,7 @@ pub async fn run(
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let header_read_timeout = state.header_read_timeout;
+    let server_shutdown = state.shutdown.clone();
     let app = router(state);
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -220,7 +214,11 @@ pub async fn run(
         });
     }
     drop(listener);
+    // Streams (the overview's events) end once they see the server draining.
+    server_shutdown.start_draining();
     graceful.shutdown().await;
+    server_shutdown.stop();
+    server_shutdown.finished().await;
     Ok(())
 }
 

@@ -43,6 +43,8 @@ pub struct Shared {
     pub service: Service,
     pub keys: Arc<ApiKeys>,
     pub sessions: SessionSettings,
+    /// This server's shutdown: draining, then stopping its background tasks.
+    pub shutdown: crate::shutdown::Shutdown,
     pub forward_auth: Arc<ForwardAuth>,
     /// Longest time any HTTP request may take.
     pub request_timeout: std::time::Duration,
@@ -76,7 +78,8 @@ impl AppState {
             tracing::warn!(%error, "policies not loaded yet");
         }
         let denials = DenyCache::default();
-        policies.spawn_refresher(store.clone(), denials.clone());
+        let shutdown = crate::shutdown::Shutdown::default();
+        policies.spawn_refresher(store.clone(), denials.clone(), &shutdown);
         match ensure_first_admin(&store).await {
             Ok(Some((user, password))) => {
                 // Printed once, to the terminal only: never logged.
@@ -94,11 +97,11 @@ impl AppState {
         if let Err(error) = keys.reload(&store).await {
             tracing::warn!(%error, "stored API keys not loaded yet");
         }
-        keys.spawn_refresher(store.clone());
+        keys.spawn_refresher(store.clone(), &shutdown);
         tokio::task::spawn_blocking(crate::auth::password::warm_up);
         let live = LiveCounts::default();
-        live.spawn_flusher(store.clone());
-        crate::metrics::spawn_upkeep();
+        live.spawn_flusher(store.clone(), &shutdown);
+        crate::metrics::spawn_upkeep(&shutdown);
         Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,
             service: Service {
@@ -109,6 +112,7 @@ impl AppState {
             },
             keys: Arc::new(keys),
             sessions: config.sessions,
+            shutdown,
             request_timeout: config.request_timeout,
             header_read_timeout: config.header_read_timeout,
             trusted_proxies: config.trusted_proxies.clone(),

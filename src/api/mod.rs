@@ -56,7 +56,7 @@ async fn healthz() -> Json<Value> {
 /// Readiness: Redis answers and runs Lua scripts.
 #[utoipa::path(get, path = "/readyz", security(()), responses((status = 200, body = openapi::Status), (status = 503, body = openapi::Problem, content_type = "application/problem+json")))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    if crate::server::draining() {
+    if state.shutdown.is_draining() {
         return Err(ApiError::ShuttingDown);
     }
     let health = state

@@ -57,7 +57,7 @@ where
             }
             // A stream never ends by itself: end it when shutting down, or the graceful
             // shutdown would wait for the browser to go away.
-            if crate::server::draining() {
+            if state.shutdown.is_draining() {
                 return None;
             }
             if n % 5 == 0 && !still_signed_in(&state, &digest).await {

@@ -115,9 +115,9 @@ impl ApiKeys {
 
     /// Keeps the stored keys fresh (polling the people generation every 250 ms) and writes
     /// last-used times every 5 s.
-    pub fn spawn_refresher(&self, store: Store) {
+    pub fn spawn_refresher(&self, store: Store, shutdown: &crate::shutdown::Shutdown) {
         let keys = self.clone();
-        tokio::spawn(async move {
+        shutdown.spawn(async move {
             let mut seen: Option<u64> = None;
             let mut tick = tokio::time::interval(Duration::from_millis(250));
             let mut ticks: u32 = 0;

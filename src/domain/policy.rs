@@ -58,7 +58,9 @@ impl Policy {
         if name.as_str().starts_with(RESERVED_PREFIX) {
             return Err(PolicyError::field(
                 "name",
-                format!("names starting with {RESERVED_PREFIX} are reserved for Spillway's own limits"),
+                format!(
+                    "names starting with {RESERVED_PREFIX} are reserved for Spillway's own limits"
+                ),
             ));
         }
         let obj = doc

@@ -8,7 +8,10 @@ use std::{
     time::Duration,
 };
 
-use crate::store::{Store, stats::label};
+use crate::{
+    shutdown::Shutdown,
+    store::{Store, stats::label},
+};
 
 #[derive(Default)]
 struct Pending {
@@ -36,10 +39,10 @@ impl LiveCounts {
         }
     }
 
-    /// Flushes every second until the process ends.
-    pub fn spawn_flusher(&self, store: Store) {
+    /// Flushes every second until the server stops.
+    pub fn spawn_flusher(&self, store: Store, shutdown: &Shutdown) {
         let counts = self.clone();
-        tokio::spawn(async move {
+        shutdown.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;

@@ -14,6 +14,7 @@ use std::{
 use crate::{
     domain::Policy,
     service::deny_cache::DenyCache,
+    shutdown::Shutdown,
     store::{Event, Store, StoreError},
 };
 
@@ -85,10 +86,10 @@ impl PolicyCache {
         Ok(())
     }
 
-    /// Keeps the cache fresh until the process ends, and forwards resets to `denials`.
-    pub fn spawn_refresher(&self, store: Store, denials: DenyCache) {
+    /// Keeps the cache fresh until the server stops, and forwards resets to `denials`.
+    pub fn spawn_refresher(&self, store: Store, denials: DenyCache, shutdown: &Shutdown) {
         let cache = self.clone();
-        tokio::spawn(async move {
+        shutdown.spawn(async move {
             loop {
                 let mut events = store.subscribe().await.ok();
                 // Load after subscribing, so no change falls between the two.

@@ -34,7 +34,11 @@ impl Store {
         let (tx, rx) = mpsc::channel(256);
         tokio::spawn(async move {
             let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
+            // Ends when the subscriber goes away, even while no message comes.
+            while let Some(msg) = tokio::select! {
+                msg = messages.next() => msg,
+                () = tx.closed() => None,
+            } {
                 let payload: String = msg.get_payload().unwrap_or_default();
                 let event = if msg.get_channel_name() == policies {
                     Some(Event::PolicyChanged(payload))

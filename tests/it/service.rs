@@ -193,7 +193,10 @@ async fn a_batch_shares_calls_and_keeps_its_order() {
         .await
         .unwrap();
     let calls = script_calls(&redis) - before;
-    assert!(calls < 50, "{calls} script calls for 100 checks: they did not share calls");
+    assert!(
+        calls < 50,
+        "{calls} script calls for 100 checks: they did not share calls"
+    );
     let results = answer["results"].as_array().unwrap();
     assert_eq!(results.len(), 100);
     for (i, r) in results.iter().take(95).enumerate() {
@@ -202,7 +205,12 @@ async fn a_batch_shares_calls_and_keeps_its_order() {
     }
     let same: Vec<(u64, u64)> = results[95..]
         .iter()
-        .map(|r| (r["status"].as_u64().unwrap(), r["body"]["remaining"].as_u64().unwrap()))
+        .map(|r| {
+            (
+                r["status"].as_u64().unwrap(),
+                r["body"]["remaining"].as_u64().unwrap(),
+            )
+        })
         .collect();
     assert_eq!(same, [(200, 2), (200, 1), (200, 0), (429, 0), (429, 0)]);
 }
@@ -223,4 +231,48 @@ async fn spillways_own_policy_names_are_refused() {
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["field"], "name", "{body}");
+}
+
+/// Shutdown is each server's own: draining one leaves another in the same process ready,
+/// and stopping one ends its background tasks (and only its: the other still follows
+/// policy changes).
+#[tokio::test]
+async fn each_server_shuts_down_on_its_own_and_stops_its_tasks() {
+    use crate::helpers::{app_state, serve};
+    let redis = RedisServer::start();
+    let (a_state, b_state) = (app_state(&redis, &[]).await, app_state(&redis, &[]).await);
+    let (a, b) = (serve(a_state.clone()).await, serve(b_state.clone()).await);
+    let ready = |app: &crate::helpers::TestApp| app.client.get(app.url("/readyz")).send();
+    assert_eq!(ready(&a).await.unwrap().status(), 200);
+    a_state.shutdown.start_draining();
+    let draining = ready(&a).await.unwrap();
+    assert_eq!(draining.status(), 503);
+    assert_eq!(draining.headers()["connection"], "close");
+    assert_eq!(ready(&b).await.unwrap().status(), 200);
+
+    a_state.shutdown.stop();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        a_state.shutdown.finished(),
+    )
+    .await
+    .expect("every background task of the stopped server ended");
+    // The other server's tasks run on: it learns of a new policy.
+    app_put(&a, "later").await;
+    let started = std::time::Instant::now();
+    while b_state.policies.get("later").is_none() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "b stopped following policies"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+async fn app_put(app: &crate::helpers::TestApp, name: &str) {
+    app.put_policy(
+        name,
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]}),
+    )
+    .await;
 }

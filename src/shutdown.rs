@@ -1,0 +1,65 @@
+//! The shutdown of one server: a handle held in its state and passed down to everything
+//! that runs in the background (as mini-redis's `Shutdown`), not a process-wide flag, so two
+//! servers in one process (the tests run many) stop on their own.
+//!
+//! Two stages: draining (a signal arrived: still answering, but telling clients to close
+//! their connections and `/readyz` failing), then stopped (every background task ends).
+
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+/// One server's shutdown; cheap to clone (all clones are the same handle).
+#[derive(Clone, Debug, Default)]
+pub struct Shutdown {
+    draining: Arc<AtomicBool>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Shutdown {
+    /// A signal arrived: answer on, but tell clients to go elsewhere.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether this server is shutting down (draining or stopped).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Ends every background task spawned through [`Shutdown::spawn`].
+    pub fn stop(&self) {
+        self.start_draining();
+        self.stop.cancel();
+        self.tasks.close();
+    }
+
+    /// Resolves once [`Shutdown::stop`] was called.
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await;
+    }
+
+    /// Runs `task` in the background until it ends or the server stops.
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let stop = self.stop.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = task => {}
+            }
+        });
+    }
+
+    /// Waits until every background task has ended (after [`Shutdown::stop`]).
+    pub async fn finished(&self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
