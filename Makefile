@@ -4,11 +4,12 @@
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node_modules/.bin:$(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: demo deps-run run build test test-unit test-e2e deps-build deps-test deps-bench bench clean help
+.PHONY: demo deps-run run build lint test test-unit test-e2e deps-build deps-test deps-bench bench clean help
 
 help:
 	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
 	@echo "make test   unit, integration (real redis-server) and browser tests"
+	@echo "make lint   rustfmt check, clippy (warnings denied) for the server and the browser build"
 	@echo "make build  release build only"
 	@echo "make demo   synthetic traffic against the demo policy of a running make run"
 	@echo "make bench  benchmarks against redis-benchmark and the node rate limiters"
@@ -27,6 +28,13 @@ build: deps-build
 
 run: deps-run build
 	@scripts/run.sh
+
+# Formatting, and clippy with warnings denied for both builds of the crate: the server
+# (with its tests, benches and examples) and the browser bundle.
+lint: deps-build
+	cargo fmt --check
+	cargo clippy --features ssr --all-targets -- -D warnings
+	cargo clippy --features hydrate --target wasm32-unknown-unknown --lib -- -D warnings
 
 # Unit tests and the integration-test binary; the integration tests start their own
 # redis-server processes on free ports.

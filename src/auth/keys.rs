@@ -191,7 +191,7 @@ pub fn split_secret(secret: &str) -> (String, String) {
 /// The secret from the two shares of [`split_secret`], if they belong together.
 pub fn join_secret(masked_hex: &str, pad_hex: &str) -> Option<String> {
     let bytes = |hex: &str| -> Option<Vec<u8>> {
-        if hex.len() % 2 != 0 {
+        if !hex.len().is_multiple_of(2) {
             return None;
         }
         hex.as_bytes()
