@@ -2,14 +2,16 @@
 -- Appended after prelude.lua, the algorithm files and stats.lua; this is the part that reads
 -- KEYS/ARGV. Two call shapes:
 --
--- One check (modes 'check', 'denied', 'refund'; no live counters):
+-- One check (modes 'check', 'denied', 'refund', 'probe'; no live counters):
 --   KEYS: one state key per entry (rule × identifier), all in one hash-tag slot on a cluster.
 --   ARGV: [1] '' to use Redis TIME (the server's clock), or now in µs, or '+<µs>' for TIME
 --             plus an offset (tests: a clock that never runs slower than Redis's);
 --         [2] cost, an integer ≥ 0 (0 peeks: nothing is written);
 --         [3] mode: 'check' (the normal all-or-nothing check), 'denied' (another slot of the
---             same check denied: act as if an entry here had denied), or 'refund' (give back
---             what a 'check' at now = ARGV[1] consumed; replies as a peek);
+--             same check denied: act as if an entry here had denied), 'refund' (give back
+--             what a 'check' at now = ARGV[1] consumed; replies as a peek), or 'probe'
+--             (writes nothing: each entry's state as a peek, with retry_ms saying when a
+--             request of `cost` would pass it; the inspector's "next request in");
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lg", "sw", "tb", "lb",
 --         "gc", "bw"), count_denied ("1"|"0"), and the algorithm's three parameters (see
 --         its file).
@@ -87,6 +89,10 @@ local function run(k, a, n, cost, mode)
     if mode == 'refund' then
       e.refund(key, now, cost, e.p1, e.p2, e.p3)
       e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
+    elseif mode == 'probe' then
+      local at_cost = e.step(key, now, cost, e.p1, e.p2, e.p3, false)
+      e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
+      e.result[5] = at_cost[5]
     else
       e.result, e.commit = e.step(key, now, cost, e.p1, e.p2, e.p3, e.count_denied)
     end
@@ -97,8 +103,8 @@ local function run(k, a, n, cost, mode)
   local results = {}
   for i = 1, n do
     local e = entries[i]
-    if mode == 'refund' then
-      -- already given back; the result is a peek
+    if mode == 'refund' or mode == 'probe' then
+      -- already given back, or only looked at; the result is a peek
     elseif all_allowed or e.count_denied then
       if e.commit then e.commit() end
     elseif e.result[1] == 1 then
@@ -112,7 +118,8 @@ end
 if mode ~= 'batch' then
   local n = #KEYS
   assert(n > 0 and #ARGV == 3 + 5 * n, 'check.lua: expected 3 + 5 ARGV per key')
-  assert(mode == 'check' or mode == 'denied' or mode == 'refund', 'check.lua: bad mode')
+  assert(mode == 'check' or mode == 'denied' or mode == 'refund' or mode == 'probe',
+    'check.lua: bad mode')
   local allowed, results = run(0, 3, n, tonumber(ARGV[2]), mode)
   local reply = { allowed and 1 or 0, now }
   for i = 1, n do

@@ -1,6 +1,7 @@
 //! Plain axum handlers for services and automation: health probes, the check endpoints and
 //! the admin JSON API. Errors are problem+json (`ApiError`).
 
+mod audit;
 pub mod check;
 pub mod identifiers;
 pub mod openapi;
@@ -36,6 +37,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/check", post(check::check_handler))
         .route("/api/v1/check/batch", post(check::batch_handler))
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
+        .route("/api/v1/audit", get(audit::list))
         .merge(policies::router())
         .merge(identifiers::router())
         .route("/api/{*rest}", axum::routing::any(unknown_path))

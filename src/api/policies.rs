@@ -29,6 +29,10 @@ pub fn router() -> axum::Router<AppState> {
             "/api/v1/policies/{name}/overrides",
             get(list_overrides).post(add_override),
         )
+        .route(
+            "/api/v1/policies/{name}/overrides/{index}",
+            axum::routing::delete(remove_override),
+        )
 }
 
 fn name(raw: &str) -> Result<Name, ApiError> {
@@ -198,5 +202,43 @@ pub(super) async fn add_override(
         Json(
             json!({ "policy": saved.name, "version": saved.version, "overrides": saved.overrides }),
         ),
+    ))
+}
+
+/// Removes one override (by its place in the list, from 0): a new version of the policy,
+/// audited as the dashboard's removal is.
+#[utoipa::path(delete, path = "/api/v1/policies/{name}/overrides/{index}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("index" = usize, Path, description = "The override's place in the list, from 0")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn remove_override(
+    State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path((raw, index)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let caller = require_key(&state, &headers, KeyRole::Admin)?;
+    let index: usize = index
+        .parse()
+        .map_err(|_| ApiError::bad("index", "must be the override's place in the list, from 0"))?;
+    let saved = state
+        .change_policy(
+            &key_actor(&caller, addr),
+            &name(&raw)?,
+            "override.remove",
+            "",
+            |current| {
+                if index >= current.overrides.len() {
+                    return Err(ApiError::NotFound(format!(
+                        "index: {} has {} overrides",
+                        current.name,
+                        current.overrides.len()
+                    )));
+                }
+                let mut next = current.clone();
+                next.overrides.remove(index);
+                Ok(next)
+            },
+        )
+        .await?;
+    Ok(Json(
+        json!({ "policy": saved.name, "version": saved.version, "overrides": saved.overrides }),
     ))
 }

@@ -9,7 +9,7 @@ use crate::{
         Identifier, Name, RulesFor,
         inspection::{Inspection, PolicyState, RuleState},
     },
-    store::{CheckEntry, Now, StoreError},
+    store::{CheckEntry, StoreError},
 };
 
 /// Why a reset did not happen.
@@ -72,10 +72,9 @@ impl Service {
                     if entries.is_empty() {
                         continue;
                     }
-                    let decision = self
-                        .store
-                        .check_and_consume(&policy.name, &entries, 0, Now::Redis)
-                        .await?;
+                    // Each rule's state, and when a request of cost 1 would pass it: what
+                    // support staff are asked ("when can they try again?").
+                    let decision = self.store.probe(&policy.name, &entries, 1).await?;
                     let ttls = self.store.rule_ttls(&policy.name, &entries).await?;
                     ps.rules = decision
                         .results

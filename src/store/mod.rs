@@ -173,6 +173,8 @@ enum Mode {
     Denied,
     /// Give back what a `Check` at the same time consumed.
     Refund,
+    /// Write nothing: each entry's state, and when a request of the cost would pass it.
+    Probe,
 }
 
 impl Mode {
@@ -181,6 +183,7 @@ impl Mode {
             Mode::Check => "check",
             Mode::Denied => "denied",
             Mode::Refund => "refund",
+            Mode::Probe => "probe",
         }
     }
 }
@@ -521,6 +524,52 @@ impl Store {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Each rule's state for `entries` (a peek: nothing is written), with `retry_after_ms`
+    /// saying when a request of `cost` would pass that rule (`None`: it would pass now, or
+    /// never). One call per identifier's slot.
+    pub async fn probe(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut outcomes = vec![None; entries.len()];
+        let mut seen: Vec<&Identifier> = Vec::new();
+        for e in entries {
+            if !seen.contains(&e.identifier) {
+                seen.push(e.identifier);
+            }
+        }
+        for id in seen {
+            let members: Vec<usize> = (0..entries.len())
+                .filter(|&i| entries[i].identifier == id)
+                .collect();
+            let keys: Vec<String> = members
+                .iter()
+                .map(|&i| {
+                    let e = &entries[i];
+                    self.keys
+                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+                })
+                .collect();
+            let rules: Vec<(Algorithm, bool)> = members
+                .iter()
+                .map(|&i| (entries[i].rule.algorithm, entries[i].rule.count_denied))
+                .collect();
+            let reply = self
+                .run_script(&keys, &rules, cost, Now::Redis, Mode::Probe)
+                .await?;
+            for (&i, outcome) in members.iter().zip(reply.outcomes) {
+                outcomes[i] = Some(outcome);
+            }
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.expect("every entry is in a group"))
+            .collect();
+        Ok(self.decision_of(entries, outcomes))
     }
 
     /// Runs the check script on explicit keys. The building block of `check_and_consume`,

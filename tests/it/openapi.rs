@@ -22,8 +22,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/policies/{name}/versions"),
     ("get", "/api/v1/policies/{name}/overrides"),
     ("post", "/api/v1/policies/{name}/overrides"),
+    ("delete", "/api/v1/policies/{name}/overrides/{index}"),
     ("get", "/api/v1/identifiers/{dimension}/{value}"),
     ("delete", "/api/v1/identifiers/{dimension}/{value}"),
+    ("get", "/api/v1/audit"),
 ];
 
 fn refs(value: &Value, out: &mut Vec<String>) {

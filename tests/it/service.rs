@@ -276,3 +276,134 @@ async fn app_put(app: &crate::helpers::TestApp, name: &str) {
     )
     .await;
 }
+
+/// The inspector says when a used-up rule lets a request of cost 1 through again (it said
+/// "—" for a full sliding window), and nothing for a rule that would let it through now.
+#[tokio::test]
+async fn the_inspector_says_when_the_next_request_passes() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "window",
+        json!({"rules": [{"name": "w", "algorithm": "sliding_window", "limit": 3, "window_ms": 3_600_000}]}),
+    )
+    .await;
+    for _ in 0..3 {
+        app.check(json!({"policy": "window", "identifiers": {"user": "busy"}}))
+            .await;
+    }
+    let rule = |user: &'static str| {
+        let app = &app;
+        async move {
+            let body: Value = app
+                .client
+                .get(app.url(&format!("/api/v1/identifiers/user/{user}")))
+                .bearer_auth(ADMIN_KEY)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            body["policies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["policy"] == "window")
+                .unwrap()["rules"][0]
+                .clone()
+        }
+    };
+    let busy = rule("busy").await;
+    assert_eq!(busy["remaining"], 0, "{busy}");
+    let retry = busy["retry_after_ms"]
+        .as_u64()
+        .expect("a used-up rule says when");
+    assert!(retry > 0 && retry <= 7_200_000, "{retry}");
+    assert_eq!(rule("idle").await["retry_after_ms"], Value::Null);
+    // Looking wrote nothing: the rule is as full as before.
+    let again = rule("busy").await;
+    assert_eq!(again["remaining"], 0);
+    let r = app
+        .check(json!({"policy": "window", "identifiers": {"user": "idle"}}))
+        .await;
+    assert_eq!(r.status(), 200);
+}
+
+/// The admin API has the audit log (with the page's filters) and removes an override with a
+/// call of its own, audited as the dashboard's removal is.
+#[tokio::test]
+async fn the_admin_api_reads_the_audit_log_and_removes_overrides() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut doc = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000}]});
+    doc["overrides"] = json!([
+        {"match": "user=vip", "action": "unlimited"},
+        {"match": "user=bad", "action": "block"}
+    ]);
+    app.put_policy("ov", doc).await;
+    let admin = |method: reqwest::Method, path: &str| {
+        app.client
+            .request(method, app.url(path))
+            .bearer_auth(ADMIN_KEY)
+    };
+    let r = admin(reqwest::Method::DELETE, "/api/v1/policies/ov/overrides/0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["version"], 2);
+    assert_eq!(body["overrides"].as_array().unwrap().len(), 1);
+    assert_eq!(body["overrides"][0]["match"], "user=bad");
+    let vip = app
+        .check(json!({"policy": "ov", "identifiers": {"user": "vip"}}))
+        .await;
+    assert_eq!(vip.status(), 200);
+    let vip = app
+        .check(json!({"policy": "ov", "identifiers": {"user": "vip"}}))
+        .await;
+    assert_eq!(vip.status(), 429, "no longer unlimited");
+    let r = admin(reqwest::Method::DELETE, "/api/v1/policies/ov/overrides/5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = admin(reqwest::Method::DELETE, "/api/v1/policies/nope/overrides/0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
+    let audit: Value = admin(reqwest::Method::GET, "/api/v1/audit?action=override.")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries = audit["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{audit}");
+    assert_eq!(entries[0]["action"], "override.remove");
+    assert_eq!(entries[0]["target"], "ov");
+    let all: Value = admin(reqwest::Method::GET, "/api/v1/audit")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(all["entries"].as_array().unwrap().len() >= 2);
+    let bad = admin(reqwest::Method::GET, "/api/v1/audit?since=yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let no_key = app
+        .client
+        .get(app.url("/api/v1/audit"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(no_key.status(), 401);
+}
