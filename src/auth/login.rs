@@ -23,7 +23,6 @@ use axum::{
 use serde::Deserialize;
 
 use super::{
-    keys::now_ms,
     password,
     session::{self, ClientIp, CurrentSession, OverHttps, encode_component, safe_next},
 };
@@ -145,21 +144,18 @@ impl Attempt {
         let (Ok(pair), Ok(addr)) = (pair, addr) else {
             return Ok(Charged::Invalid);
         };
-        let attempt = Attempt {
+        let mut attempt = Attempt {
             pair,
             addr,
-            at_us: now_ms() * 1000,
+            at_us: 0,
         };
+        // On Redis's clock, as every other limit (the refund names the time it used).
         let decision = state
             .store
-            .check_and_consume(
-                &LIMITS.policy,
-                &attempt.entries(),
-                1,
-                Now::At(attempt.at_us),
-            )
+            .check_and_consume(&LIMITS.policy, &attempt.entries(), 1, Now::Redis)
             .await?;
         if decision.allowed {
+            attempt.at_us = decision.at_us;
             return Ok(Charged::Allowed(attempt));
         }
         Ok(Charged::Limited(

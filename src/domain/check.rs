@@ -40,6 +40,10 @@ pub struct Decision {
     /// given back.
     #[serde(default)]
     pub refunded: bool,
+    /// When it was decided, µs on Redis's clock (the earliest, when a check took several
+    /// calls); 0 when Redis was not asked. What a refund of this check must name.
+    #[serde(default)]
+    pub at_us: i64,
 }
 
 impl Decision {
@@ -53,6 +57,7 @@ impl Decision {
             allowed,
             results,
             refunded: false,
+            at_us: 0,
         }
     }
 

@@ -412,8 +412,11 @@ impl Store {
             .collect();
         let mut outcomes = Vec::with_capacity(entries.len());
         let mut refunded = false;
+        let mut at_us = i64::MAX;
         if !self.is_cluster() {
-            outcomes = self.run_check(&keys, &rules, cost, now).await?.outcomes;
+            let reply = self.run_check(&keys, &rules, cost, now).await?;
+            at_us = reply.now_us;
+            outcomes = reply.outcomes;
         } else {
             // Group the entries by identifier, keeping the first-seen order.
             let mut groups: Vec<(&Identifier, Vec<usize>)> = Vec::new();
@@ -441,6 +444,7 @@ impl Store {
                 let reply = self
                     .run_script(group_keys, group_rules, cost, now, mode)
                     .await?;
+                at_us = at_us.min(reply.now_us);
                 if mode == Mode::Check && !reply.allowed {
                     denied = true;
                 }
@@ -471,6 +475,7 @@ impl Store {
         }
         let mut decision = self.decision_of(entries, outcomes);
         decision.refunded = refunded;
+        decision.at_us = if at_us == i64::MAX { 0 } else { at_us };
         Ok(decision)
     }
 
@@ -489,8 +494,8 @@ impl Store {
         Decision::new(results)
     }
 
-    /// Gives back what a `check_and_consume` of the same entries and cost consumed when run
-    /// at `Now::At(at_us)`. Used where an attempt is charged first and forgiven when it turns
+    /// Gives back what a `check_and_consume` of the same entries and cost consumed; `at_us`
+    /// is its decision's `at_us`. Used where an attempt is charged first and forgiven when it turns
     /// out well (a successful login).
     pub async fn refund(
         &self,
