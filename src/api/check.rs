@@ -54,6 +54,18 @@ impl CheckRequest {
             .keys()
             .find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str()))
         {
+            if k.is_empty() {
+                // A member named "" is named by where it is: the body, or this batch item.
+                let whole = at("").trim_end_matches('.').to_owned();
+                return Err(ApiError::bad(
+                    if whole.is_empty() {
+                        "body".to_owned()
+                    } else {
+                        whole
+                    },
+                    "has a member with an empty name (expected policy, identifiers, cost)",
+                ));
+            }
             return Err(ApiError::bad(
                 at(k),
                 "is not a known field (expected policy, identifiers, cost)",
