@@ -20,6 +20,7 @@ use crate::{
 const PAGE: usize = 100;
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct AuditQuery {
     /// Only this actor (`user:ann`, `key:ci`).
     actor: Option<String>,

@@ -412,7 +412,7 @@ fn sf_item<const N: usize>(out: &mut String, name: &str, params: [(char, u64); N
 }
 
 /// `POST /api/v1/check`
-#[utoipa::path(post, path = "/api/v1/check", request_body = crate::api::openapi::CheckRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
+#[utoipa::path(post, path = "/api/v1/check", tag = "checks", operation_id = "check", request_body = crate::api::openapi::CheckRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
     (status = 200, description = "Allowed (or shadow mode)", body = crate::api::openapi::CheckResponse),
     (status = 429, description = "Denied", body = crate::api::openapi::CheckResponse),
     (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
@@ -430,7 +430,7 @@ pub async fn check_handler(
 
 /// `POST /api/v1/check/batch`: `{"checks": [...]}`, up to 100, answered in order, each with
 /// its own status and body.
-#[utoipa::path(post, path = "/api/v1/check/batch", request_body = crate::api::openapi::BatchRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
+#[utoipa::path(post, path = "/api/v1/check/batch", tag = "checks", operation_id = "check_batch", request_body = crate::api::openapi::BatchRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
     (status = 200, body = crate::api::openapi::BatchResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub async fn batch_handler(
     State(state): State<AppState>,
@@ -496,7 +496,7 @@ pub struct ForwardAuthQuery {
 /// nginx auth_request: identifiers come from the configured headers (`X-Forwarded-For` →
 /// `ip`: the address the calling proxy appended, or further left past trusted proxies, see
 /// `crate::forwarded`); the key may come as `Authorization: Bearer` or `X-Spillway-Key`.
-#[utoipa::path(get, path = "/api/v1/forward-auth", params(("policy" = String, Query, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("cost" = Option<u64>, Query, description = "Default 1", maximum = 1000000000), ("X-Forwarded-For" = String, Header, description = "The client address (the default identifier header)", pattern = "^[0-9a-fA-F.:]{2,45}$")), responses(
+#[utoipa::path(get, path = "/api/v1/forward-auth", tag = "checks", operation_id = "forward_auth", params(("policy" = String, Query, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("cost" = Option<u64>, Query, description = "Default 1", maximum = 1000000000), ("X-Forwarded-For" = String, Header, description = "The client address (the default identifier header)", pattern = "^[0-9a-fA-F.:]{2,45}$")), responses(
     (status = 200, description = "Allowed", body = crate::api::openapi::CheckResponse),
     (status = 429, description = "Denied (the status is configurable)", body = crate::api::openapi::CheckResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]

@@ -27,6 +27,7 @@ fn identifier(dimension: &str, value: &str) -> Result<Identifier, ApiError> {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ResetQuery {
     /// Only this policy.
     #[param(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
@@ -41,7 +42,7 @@ pub(super) struct ResetQuery {
 
 /// Live state of every rule of every policy that applies to the identifier (a peek: nothing
 /// is consumed).
-#[utoipa::path(get, path = "/api/v1/identifiers/{dimension}/{value}",
+#[utoipa::path(get, path = "/api/v1/identifiers/{dimension}/{value}", tag = "identifiers", operation_id = "inspect_identifier",
     params(("dimension" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("value" = String, Path, pattern = "^[^\\x00-\\x1f\\x7f]{1,256}$")),
     responses((status = 200, description = "One entry per policy"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn inspect(
@@ -60,7 +61,7 @@ pub(super) async fn inspect(
 
 /// Resets the identifier's counters: everywhere, in one policy, or for one rule of it.
 /// Every instance forgets its cached denials of it at once.
-#[utoipa::path(delete, path = "/api/v1/identifiers/{dimension}/{value}",
+#[utoipa::path(delete, path = "/api/v1/identifiers/{dimension}/{value}", tag = "identifiers", operation_id = "reset_identifier",
     params(("dimension" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("value" = String, Path, pattern = "^[^\\x00-\\x1f\\x7f]{1,256}$"), ResetQuery),
     responses((status = 200, description = "How many keys were deleted"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn reset(

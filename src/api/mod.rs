@@ -50,13 +50,13 @@ async fn unknown_path(uri: axum::http::Uri) -> ApiError {
 }
 
 /// Liveness: the process is up and serving. Never touches Redis.
-#[utoipa::path(get, path = "/healthz", security(()), responses((status = 200, body = openapi::Status)))]
+#[utoipa::path(get, path = "/healthz", tag = "health", operation_id = "healthz", security(()), responses((status = 200, body = openapi::Status)))]
 async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
 /// Readiness: Redis answers and runs Lua scripts.
-#[utoipa::path(get, path = "/readyz", security(()), responses((status = 200, body = openapi::Status), (status = 503, body = openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", security(()), responses((status = 200, body = openapi::Status), (status = 503, body = openapi::Problem, content_type = "application/problem+json")))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     if state.shutdown.is_draining() {
         return Err(ApiError::ShuttingDown);
@@ -74,7 +74,7 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
 }
 
 /// Prometheus text exposition.
-#[utoipa::path(get, path = "/metrics", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
+#[utoipa::path(get, path = "/metrics", tag = "health", operation_id = "metrics", security(()), responses((status = 200, description = "Prometheus text format", content_type = "text/plain")))]
 async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

@@ -238,11 +238,19 @@ impl Modify for BearerAuth {
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status)),
     modifiers(&BearerAuth),
     security(("api_key" = [])),
+    tags(
+        (name = "checks", description = "May this caller do this now? (service keys)"),
+        (name = "policies", description = "Versioned policies (admin keys)"),
+        (name = "overrides", description = "Per-identifier exceptions to a policy (admin keys)"),
+        (name = "identifiers", description = "An identifier's live state, and resetting it (admin keys)"),
+        (name = "audit", description = "Who changed what, when and why (admin keys)"),
+        (name = "health", description = "Probes, metrics and this document"),
+    ),
 )]
 pub struct ApiDoc;
 
 /// This document.
-#[utoipa::path(get, path = "/api/openapi.json", security(()), responses((status = 200, description = "The OpenAPI document")))]
+#[utoipa::path(get, path = "/api/openapi.json", tag = "health", operation_id = "openapi_document", security(()), responses((status = 200, description = "The OpenAPI document")))]
 pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
     axum::Json(ApiDoc::openapi())
 }

@@ -39,7 +39,7 @@ fn name(raw: &str) -> Result<Name, ApiError> {
     Name::parse(raw).map_err(|m| ApiError::bad("name", m))
 }
 
-#[utoipa::path(get, path = "/api/v1/policies", responses((status = 200, body = crate::api::openapi::PolicyList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies", tag = "policies", operation_id = "list_policies", responses((status = 200, body = crate::api::openapi::PolicyList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -64,7 +64,7 @@ async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
         .ok_or_else(|| ApiError::UnknownPolicy(name.to_string()))
 }
 
-#[utoipa::path(get, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "get_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -91,7 +91,7 @@ fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     }
 }
 
-#[utoipa::path(put, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(put, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "put_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
@@ -122,7 +122,7 @@ pub(super) async fn put(
     ))
 }
 
-#[utoipa::path(delete, path = "/api/v1/policies/{name}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(delete, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "delete_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn delete(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
@@ -136,7 +136,7 @@ pub(super) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[utoipa::path(get, path = "/api/v1/policies/{name}/versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies/{name}/versions", tag = "policies", operation_id = "list_policy_versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn versions(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -154,7 +154,7 @@ pub(super) async fn versions(
     ))
 }
 
-#[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", tag = "overrides", operation_id = "list_overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list_overrides(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -168,7 +168,7 @@ pub(super) async fn list_overrides(
 }
 
 /// Adds one override: a new version of the policy, so the previous one stays in its history.
-#[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::OverrideDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", tag = "overrides", operation_id = "add_override", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::OverrideDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn add_override(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
@@ -207,7 +207,7 @@ pub(super) async fn add_override(
 
 /// Removes one override (by its place in the list, from 0): a new version of the policy,
 /// audited as the dashboard's removal is.
-#[utoipa::path(delete, path = "/api/v1/policies/{name}/overrides/{index}", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("index" = usize, Path, description = "The override's place in the list, from 0")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+#[utoipa::path(delete, path = "/api/v1/policies/{name}/overrides/{index}", tag = "overrides", operation_id = "remove_override", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("index" = usize, Path, description = "The override's place in the list, from 0")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn remove_override(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,

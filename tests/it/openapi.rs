@@ -120,3 +120,70 @@ async fn the_document_lists_exactly_the_routes_served_and_its_refs_resolve() {
         }
     }
 }
+
+/// What a generated client is made of: every operation has a person's name and a tag from
+/// the document's list, and a path parameter exists only where the path has its placeholder
+/// (the reset's policy, rule and reason are optional query parameters).
+#[tokio::test]
+async fn operations_are_named_for_people_and_parameters_sit_where_they_are() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let doc: Value = app
+        .client
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tags: BTreeSet<&str> = doc["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    let mut ids = BTreeSet::new();
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default();
+            assert!(
+                !id.is_empty()
+                    && id.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    && !id.contains("handler"),
+                "{method} {path}: operationId {id:?}"
+            );
+            assert!(ids.insert(id.to_owned()), "{id} twice");
+            let op_tags = op["tags"].as_array().unwrap();
+            assert_eq!(op_tags.len(), 1, "{method} {path}");
+            assert!(
+                tags.contains(op_tags[0].as_str().unwrap()),
+                "{method} {path}: {op_tags:?}"
+            );
+            for p in op["parameters"].as_array().into_iter().flatten() {
+                let name = p["name"].as_str().unwrap();
+                let placeholder = path.contains(&format!("{{{name}}}"));
+                assert_eq!(
+                    p["in"] == "path",
+                    placeholder,
+                    "{method} {path}: {name} is in {}",
+                    p["in"]
+                );
+                if p["in"] == "path" {
+                    assert_eq!(p["required"], true, "{method} {path}: {name}");
+                }
+            }
+        }
+    }
+    let reset = &doc["paths"]["/api/v1/identifiers/{dimension}/{value}"]["delete"]["parameters"];
+    for name in ["policy", "rule", "reason"] {
+        let p = reset
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap();
+        assert_eq!(p["in"], "query", "{name}");
+        assert_ne!(p["required"], true, "{name}");
+    }
+}
