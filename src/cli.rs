@@ -29,7 +29,6 @@ pub enum Command {
     /// `user add|set-password|set-role|remove|list`, `key add|list|revoke`.
     People(PeopleCommand),
     Demo(crate::demo::DemoOptions),
-    Help,
 }
 
 /// Managing users and API keys from the command line.
@@ -63,135 +62,168 @@ pub enum PeopleCommand {
 }
 
 /// File format of an export.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     Json,
     Toml,
 }
 
-pub const USAGE: &str = "usage:
-  spillway                                   serve (configuration from the environment)
-  spillway policy export [--format json|toml] [--output FILE]
-                                             write every policy, with overrides, as one document
-  spillway policy import FILE                apply a document written by export (JSON or TOML),
-                                             validated as a whole: all of it or nothing
-  spillway user add NAME [--role admin|support|viewer] [--password-stdin]
-                                             add a user (role viewer by default); without
-                                             --password-stdin a random password is printed once
-  spillway user set-password NAME [--password-stdin]
-  spillway user set-role NAME admin|support|viewer
-  spillway user remove NAME
-  spillway user list
-  spillway key add NAME [--role service|admin]  create an API key (printed once)
-  spillway key list
-  spillway key revoke ID
-  spillway demo [--url URL] [--seconds N]     synthetic traffic against the demo policy
-                                             (service key from SPILLWAY_SERVICE_KEYS)";
+/// The arguments as clap reads them (`spillway --help` shows this).
+#[derive(clap::Parser)]
+#[command(
+    name = "spillway",
+    version,
+    about = "A rate limiter service backed by Redis, with an admin dashboard.",
+    long_about = "A rate limiter service backed by Redis, with an admin dashboard.\n\n\
+        Without a command it serves the API and the dashboard. Configuration comes from the \
+        environment (REDIS_URL, SPILLWAY_*; see the README) and Leptos.toml; every command \
+        uses the same Redis."
+)]
+struct Args {
+    #[command(subcommand)]
+    command: Option<Top>,
+}
 
-/// Parses the arguments after the program name.
-pub fn parse(args: &[String]) -> Result<Command, String> {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    match args.as_slice() {
-        [] | ["serve"] => Ok(Command::Serve),
-        ["help" | "--help" | "-h"] => Ok(Command::Help),
-        ["policy", "export", rest @ ..] => {
-            let (mut format, mut output) = (Format::Json, None);
-            let mut it = rest.iter();
-            while let Some(arg) = it.next() {
-                match *arg {
-                    "--format" => {
-                        format = match it.next() {
-                            Some(&"json") => Format::Json,
-                            Some(&"toml") => Format::Toml,
-                            other => {
-                                return Err(format!(
-                                    "--format: expected json or toml, got {other:?}"
-                                ));
-                            }
-                        }
-                    }
-                    "--output" | "-o" => {
-                        output = Some(PathBuf::from(
-                            it.next().ok_or("--output: a file name is missing")?,
-                        ))
-                    }
-                    other => return Err(format!("unknown argument {other:?}")),
-                }
-            }
-            Ok(Command::Export { format, output })
-        }
-        ["policy", "import", file] => Ok(Command::Import {
-            file: PathBuf::from(file),
-        }),
-        ["user", "add", name, rest @ ..] => {
-            let (mut role, mut password_stdin) = (Role::Viewer, false);
-            let mut it = rest.iter();
-            while let Some(arg) = it.next() {
-                match *arg {
-                    "--role" => {
-                        role = Role::parse(it.next().ok_or("--role: a role is missing")?)
-                            .map_err(|m| format!("--role: {m}"))?
-                    }
-                    "--password-stdin" => password_stdin = true,
-                    other => return Err(format!("unknown argument {other:?}")),
-                }
-            }
-            Ok(Command::People(PeopleCommand::UserAdd {
-                name: name.to_string(),
+#[derive(clap::Subcommand)]
+enum Top {
+    /// Serve the API and the dashboard (the default).
+    Serve,
+    /// Policies as code: export every policy, or import a whole document.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyArgs,
+    },
+    /// Dashboard users.
+    User {
+        #[command(subcommand)]
+        command: UserArgs,
+    },
+    /// API keys for services (check endpoints) and automation (admin API).
+    Key {
+        #[command(subcommand)]
+        command: KeyArgs,
+    },
+    /// Synthetic traffic against the demo policy of a running server (about 55 checks a
+    /// second; the service key comes from SPILLWAY_SERVICE_KEYS).
+    Demo {
+        /// The server to send checks to.
+        #[arg(long, default_value = "http://127.0.0.1:3000")]
+        url: String,
+        /// Stop after this many seconds (default: until Ctrl-C).
+        #[arg(long)]
+        seconds: Option<u64>,
+    },
+}
+
+#[derive(clap::Subcommand)]
+enum PolicyArgs {
+    /// Write every policy, with its overrides, as one document.
+    Export {
+        #[arg(long, value_enum, default_value = "json")]
+        format: Format,
+        /// Write to this file instead of standard output.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Apply a document written by export (JSON or TOML), validated as a whole: all of it
+    /// or nothing.
+    Import { file: PathBuf },
+}
+
+#[derive(clap::Subcommand)]
+enum UserArgs {
+    /// Add a user; without --password-stdin a random password is printed once.
+    Add {
+        name: String,
+        #[arg(long, default_value = "viewer", value_parser = parse_role)]
+        role: Role,
+        /// Read the password from standard input.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Set a user's password (ends every session of theirs).
+    SetPassword {
+        name: String,
+        /// Read the password from standard input.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// Change a user's role: admin, support or viewer.
+    SetRole {
+        name: String,
+        #[arg(value_parser = parse_role)]
+        role: Role,
+    },
+    /// Remove a user.
+    Remove { name: String },
+    /// List the users.
+    List,
+}
+
+#[derive(clap::Subcommand)]
+enum KeyArgs {
+    /// Create an API key (printed once).
+    Add {
+        name: String,
+        #[arg(long, default_value = "service", value_parser = parse_key_role)]
+        role: KeyRole,
+    },
+    /// List the API keys (never the keys themselves).
+    List,
+    /// Revoke a key: refused everywhere within a second.
+    Revoke { id: String },
+}
+
+fn parse_role(raw: &str) -> Result<Role, String> {
+    Role::parse(raw)
+}
+
+fn parse_key_role(raw: &str) -> Result<KeyRole, String> {
+    KeyRole::parse(raw)
+}
+
+/// Parses the arguments after the program name. `--help` and `--version` come back as the
+/// error whose `exit()` prints them and exits 0; anything wrong, as the error that says what.
+pub fn parse(args: &[String]) -> Result<Command, clap::Error> {
+    use clap::Parser;
+    let parsed =
+        Args::try_parse_from(std::iter::once("spillway".to_owned()).chain(args.iter().cloned()))?;
+    Ok(match parsed.command.unwrap_or(Top::Serve) {
+        Top::Serve => Command::Serve,
+        Top::Policy {
+            command: PolicyArgs::Export { format, output },
+        } => Command::Export { format, output },
+        Top::Policy {
+            command: PolicyArgs::Import { file },
+        } => Command::Import { file },
+        Top::User { command } => Command::People(match command {
+            UserArgs::Add {
+                name,
                 role,
                 password_stdin,
-            }))
-        }
-        ["user", "set-password", name, rest @ ..] => match rest {
-            [] | ["--password-stdin"] => Ok(Command::People(PeopleCommand::UserSetPassword {
-                name: name.to_string(),
-                password_stdin: !rest.is_empty(),
-            })),
-            _ => Err(format!("unknown arguments {rest:?}")),
-        },
-        ["user", "set-role", name, role] => Ok(Command::People(PeopleCommand::UserSetRole {
-            name: name.to_string(),
-            role: Role::parse(role).map_err(|m| format!("role: {m}"))?,
-        })),
-        ["user", "remove", name] => Ok(Command::People(PeopleCommand::UserRemove {
-            name: name.to_string(),
-        })),
-        ["user", "list"] => Ok(Command::People(PeopleCommand::UserList)),
-        ["key", "add", name, rest @ ..] => {
-            let role = match rest {
-                [] => KeyRole::Service,
-                ["--role", r] => KeyRole::parse(r).map_err(|m| format!("--role: {m}"))?,
-                _ => return Err(format!("unknown arguments {rest:?}")),
-            };
-            Ok(Command::People(PeopleCommand::KeyAdd {
-                name: name.to_string(),
+            } => PeopleCommand::UserAdd {
+                name,
                 role,
-            }))
-        }
-        ["demo", rest @ ..] => {
-            let (mut url, mut seconds) = ("http://127.0.0.1:3000".to_owned(), None);
-            let mut it = rest.iter();
-            while let Some(arg) = it.next() {
-                match *arg {
-                    "--url" => url = it.next().ok_or("--url: a URL is missing")?.to_string(),
-                    "--seconds" => {
-                        seconds = Some(
-                            it.next()
-                                .and_then(|s| s.parse().ok())
-                                .ok_or("--seconds: a whole number is missing")?,
-                        )
-                    }
-                    other => return Err(format!("unknown argument {other:?}")),
-                }
-            }
-            Ok(Command::Demo(crate::demo::DemoOptions { url, seconds }))
-        }
-        ["key", "list"] => Ok(Command::People(PeopleCommand::KeyList)),
-        ["key", "revoke", id] => Ok(Command::People(PeopleCommand::KeyRevoke {
-            id: id.to_string(),
-        })),
-        _ => Err(format!("unknown command {:?}", args.join(" "))),
-    }
+                password_stdin,
+            },
+            UserArgs::SetPassword {
+                name,
+                password_stdin,
+            } => PeopleCommand::UserSetPassword {
+                name,
+                password_stdin,
+            },
+            UserArgs::SetRole { name, role } => PeopleCommand::UserSetRole { name, role },
+            UserArgs::Remove { name } => PeopleCommand::UserRemove { name },
+            UserArgs::List => PeopleCommand::UserList,
+        }),
+        Top::Key { command } => Command::People(match command {
+            KeyArgs::Add { name, role } => PeopleCommand::KeyAdd { name, role },
+            KeyArgs::List => PeopleCommand::KeyList,
+            KeyArgs::Revoke { id } => PeopleCommand::KeyRevoke { id },
+        }),
+        Top::Demo { url, seconds } => Command::Demo(crate::demo::DemoOptions { url, seconds }),
+    })
 }
 
 /// Every policy as one document: `{"policies": {"<name>": <policy document>, ...}}`.
@@ -377,40 +409,55 @@ mod tests {
 
     #[test]
     fn commands_parse() {
-        assert_eq!(parse(&args(&[])), Ok(Command::Serve));
+        let parse = |list: &[&str]| parse(&args(list)).map_err(|e| e.to_string());
+        assert_eq!(parse(&[]), Ok(Command::Serve));
+        assert_eq!(parse(&["serve"]), Ok(Command::Serve));
         assert_eq!(
-            parse(&args(&["policy", "export", "--format", "toml"])),
+            parse(&["policy", "export", "--format", "toml"]),
             Ok(Command::Export {
                 format: Format::Toml,
                 output: None
             })
         );
         assert_eq!(
-            parse(&args(&["policy", "import", "p.json"])),
+            parse(&["policy", "import", "p.json"]),
             Ok(Command::Import {
                 file: "p.json".into()
             })
         );
-        assert!(parse(&args(&["policy", "export", "--format", "xml"])).is_err());
-        assert!(parse(&args(&["frobnicate"])).is_err());
+        assert!(parse(&["policy", "export", "--format", "xml"]).is_err());
+        assert!(parse(&["frobnicate"]).is_err());
+        // Help for every level is an answer, not an "unknown argument".
+        for help in [
+            &["--help"][..],
+            &["user", "--help"],
+            &["policy", "export", "--help"],
+        ] {
+            let error = super::parse(&args(help)).unwrap_err();
+            assert_eq!(
+                error.kind(),
+                clap::error::ErrorKind::DisplayHelp,
+                "{help:?}"
+            );
+        }
         assert_eq!(
-            parse(&args(&[
+            parse(&[
                 "user",
                 "add",
                 "ann",
                 "--role",
                 "support",
                 "--password-stdin"
-            ])),
+            ]),
             Ok(Command::People(PeopleCommand::UserAdd {
                 name: "ann".into(),
                 role: Role::Support,
                 password_stdin: true
             }))
         );
-        assert!(parse(&args(&["user", "add", "ann", "--role", "root"])).is_err());
+        assert!(parse(&["user", "add", "ann", "--role", "root"]).is_err());
         assert_eq!(
-            parse(&args(&["key", "add", "billing", "--role", "admin"])),
+            parse(&["key", "add", "billing", "--role", "admin"]),
             Ok(Command::People(PeopleCommand::KeyAdd {
                 name: "billing".into(),
                 role: KeyRole::Admin

@@ -1,4 +1,4 @@
-//! The `spillway` binary: serve, or manage policies as code (see `spillway help`).
+//! The `spillway` binary: serve, or manage policies, users and keys (see `spillway --help`).
 
 use anyhow::Context;
 use spillway::{
@@ -17,17 +17,11 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = match cli::parse(&args) {
-        Ok(c) => c,
-        Err(problem) => {
-            eprintln!("{problem}\n\n{}", cli::USAGE);
-            std::process::exit(2);
-        }
-    };
+    // --help and --version print and exit 0; a wrong argument says what and exits 2.
+    let command = cli::parse(&args).unwrap_or_else(|e| e.exit());
     let config = Config::from_env().context("reading the configuration")?;
     server::init_tracing(&config);
     match command {
-        Command::Help => println!("{}", cli::USAGE),
         Command::Serve => {
             let drain = config.shutdown_drain;
             let state = AppState::connect(config)
