@@ -29,8 +29,11 @@
 --   Reply: one string, the integers { now_us, then per check: allowed (1|0, or -1 when the
 --          check's script failed), then 6 per entry as above (zeros for a failed check) }
 --          joined by ','; then, only when checks failed, one line per failure after a
---          newline: '<index from 0>:<error>'. A failed check is not counted anywhere and
---          fails no other check of the batch. One string rather than an array of integers: a client
+--          newline: '<index from 0>:<error>'. A failed check is not counted in the live
+--          counters and fails no other check of the batch. (Writes its entries made before
+--          the failure stay: no validated rule and cost fails a script, so this is for
+--          state someone else broke, such as a key of the wrong type, which fails on read,
+--          before anything is written.) One string rather than an array of integers: a client
 --          reads it in one piece, where parsing a hundred RESP integers costs it more than
 --          the check. Lua writes numbers with up to 14 significant digits (now_us, the only
 --          longer one, is written whole), and fractions as they are (the client truncates,
@@ -172,7 +175,8 @@ for c = 1, m do
   if not ok then
     local message = allowed
     if type(message) == 'table' then message = message.err end
-    failures[#failures + 1] = (c - 1) .. ':' .. tostring(message)
+    message = string.gsub(tostring(message), '[\r\n]', ' ')
+    failures[#failures + 1] = (c - 1) .. ':' .. message
     r = r + 1
     reply[r] = '-1'
     for j = 1, 6 * n do reply[r + j] = '0' end

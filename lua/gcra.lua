@@ -54,5 +54,10 @@ REFUNDS.gc = function(key, now, cost, rate, period_ms)
   local raw = redis.call('GET', key)
   if not raw then return end
   local debt = gcra_debt(raw, now, rate, period_ms * 1000)
-  redis.call('SET', key, real(math.max(debt - cost, 0)) .. ':' .. int(now), 'KEEPTTL')
+  -- The debt is as of the later of `now` and the stored time (a check after the refunded
+  -- one may have written since); stamping it earlier would drain that gap twice.
+  local at = now
+  local sa = tonumber(string.match(raw, ':(-?%d+)$'))
+  if sa and sa > now then at = sa end
+  redis.call('SET', key, real(math.max(debt - cost, 0)) .. ':' .. int(at), 'KEEPTTL')
 end

@@ -260,10 +260,12 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, PolicyError> {
     policies
         .iter()
         .map(|(name, body)| {
-            Policy::from_document(name, body).map_err(|e| PolicyError {
-                field: format!("policies.{name}.{}", e.field),
-                message: e.message,
-            })
+            Policy::from_document(name, body)
+                .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
+                .map_err(|e| PolicyError {
+                    field: format!("policies.{name}.{}", e.field),
+                    message: e.message,
+                })
         })
         .collect()
 }

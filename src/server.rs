@@ -197,15 +197,19 @@ pub async fn run(
                 tower_service::Service::call(&mut app.clone(), request)
             },
         );
+        // (A connection still being sniffed holds the graceful shutdown back, for at most
+        // the header-read timeout.)
         let watcher = graceful.watcher();
         let builder = builder.clone();
         tokio::spawn(async move {
-            // The version sniffing of the auto builder waits for the first bytes with no
-            // timer of its own: a connection that sends nothing is dropped here.
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(header_read_timeout, stream.peek(&mut first)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return,
+            // The auto builder tells HTTP/1 from HTTP/2 by the first bytes and waits for
+            // them with no timer of its own: a connection that sends nothing, or only part
+            // of the HTTP/2 preface, is dropped here after the header-read timeout.
+            if tokio::time::timeout(header_read_timeout, sniffable(&stream))
+                .await
+                .is_err()
+            {
+                return;
             }
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             if let Err(error) = watcher.watch(connection).await {
@@ -220,6 +224,21 @@ pub async fn run(
     server_shutdown.stop();
     server_shutdown.finished().await;
     Ok(())
+}
+
+/// Resolves once the connection has sent enough to tell its protocol: bytes that are not
+/// the start of the HTTP/2 preface, or the whole preface. (A peek, so nothing is consumed.)
+async fn sniffable(stream: &tokio::net::TcpStream) {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let mut buf = [0u8; PREFACE.len()];
+    loop {
+        match stream.peek(&mut buf).await {
+            Ok(0) | Err(_) => return, // closed: serving it ends at once
+            Ok(n) if n == PREFACE.len() || buf[..n] != PREFACE[..n] => return,
+            // Part of the preface: wait for the rest (peek would answer at once again).
+            Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -41,11 +41,6 @@ impl Shutdown {
         self.tasks.close();
     }
 
-    /// Resolves once [`Shutdown::stop`] was called.
-    pub async fn stopped(&self) {
-        self.stop.cancelled().await;
-    }
-
     /// Runs `task` in the background until it ends or the server stops.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let stop = self.stop.clone();

@@ -101,6 +101,7 @@ pub(super) async fn put(
 ) -> Result<impl IntoResponse, ApiError> {
     let caller = require_key(&state, &headers, KeyRole::Admin)?;
     let policy = Policy::from_document(&raw, &body.0)?;
+    crate::domain::policy::refuse_reserved(&policy.name)?;
     let saved = state
         .save_policy(
             &key_actor(&caller, addr),

@@ -364,6 +364,7 @@ pub async fn save_policy(
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
     let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
     let mut policy = Policy::from_document(name.trim(), &doc)
+        .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
         .map_err(|e| super::people::bad_input(&e.field, e.message))?;
     let state = state();
     // Overrides are edited on their own; keep them.

@@ -140,7 +140,12 @@ pub fn cookie(id: &str, secure: bool) -> HeaderValue {
 
 /// The `Set-Cookie` value that removes the session cookie.
 pub fn removal_cookie(secure: bool) -> HeaderValue {
-    let mut c = cookie::Cookie::build((COOKIE, ""))
+    removal(COOKIE, secure)
+}
+
+/// The `Set-Cookie` value that removes the cookie `name`.
+fn removal(name: &str, secure: bool) -> HeaderValue {
+    let mut c = cookie::Cookie::build((name, ""))
         .http_only(true)
         .same_site(cookie::SameSite::Strict)
         .path("/")
@@ -150,13 +155,11 @@ pub fn removal_cookie(secure: bool) -> HeaderValue {
     HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
 }
 
-/// Whether the request came over https: `SPILLWAY_SECURE_COOKIES`, or a trusted proxy's
-/// `X-Forwarded-Proto` says so.
+/// Whether cookies must be Secure: always with `SPILLWAY_SECURE_COOKIES`, and whenever a
+/// trusted proxy's `X-Forwarded-Proto` says the request came over https.
 pub fn is_https(state: &AppState, peer: Option<IpAddr>, headers: &HeaderMap) -> bool {
-    match forwarded_proto(state, peer, headers) {
-        Some(proto) => proto.eq_ignore_ascii_case("https"),
-        None => state.sessions.secure_cookies,
-    }
+    state.sessions.secure_cookies
+        || forwarded_proto(state, peer, headers).is_some_and(|p| p.eq_ignore_ascii_case("https"))
 }
 
 fn forwarded_proto<'h>(
@@ -219,14 +222,7 @@ fn login_token_cookie(token: &str, secure: bool) -> HeaderValue {
 
 /// The `Set-Cookie` value that removes the login cookie (after signing in).
 pub fn login_token_removal(secure: bool) -> HeaderValue {
-    let mut c = cookie::Cookie::build((LOGIN_COOKIE, ""))
-        .http_only(true)
-        .same_site(cookie::SameSite::Strict)
-        .path("/")
-        .secure(secure)
-        .build();
-    c.make_removal();
-    HeaderValue::from_str(&c.to_string()).expect("a cookie is a valid header value")
+    removal(LOGIN_COOKIE, secure)
 }
 
 /// The origin this site answers as, `scheme://host`: the host a trusted proxy forwarded (or
@@ -235,11 +231,13 @@ fn own_origin(state: &AppState, peer: Option<IpAddr>, headers: &HeaderMap) -> Op
     let host = peer
         .and_then(|p| state.trusted_proxies.header(p, headers, "x-forwarded-host"))
         .or_else(|| headers.get(header::HOST).and_then(|v| v.to_str().ok()))?;
-    let scheme = if is_https(state, peer, headers) {
-        "https"
-    } else {
-        "http"
+    // The scheme the trusted proxy says the browser used; without one, https only when
+    // the deployment says it is served over https.
+    let https = match forwarded_proto(state, peer, headers) {
+        Some(proto) => proto.eq_ignore_ascii_case("https"),
+        None => state.sessions.secure_cookies,
     };
+    let scheme = if https { "https" } else { "http" };
     Some(format!("{scheme}://{host}"))
 }
 

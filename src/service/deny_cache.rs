@@ -54,7 +54,9 @@ impl DenyCache {
         entries: &[CheckEntry<'_>],
         cost: u64,
     ) -> Option<Decision> {
-        if cost == 0 {
+        // A rule that counts denials must see every request (an expiring override can swap
+        // such a rule in under the same policy version).
+        if cost == 0 || entries.iter().any(|e| e.rule.count_denied) {
             return None;
         }
         let now = Instant::now();

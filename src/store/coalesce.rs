@@ -28,6 +28,10 @@ const MAX_ENTRIES: usize = 256;
 /// Checks waiting for a call, at most; a caller beyond that waits to be queued.
 const QUEUE: usize = 4096;
 
+/// A check's answer from its call: the Redis time the script ran at (µs), and one outcome
+/// per entry.
+pub(super) type Answer = (i64, Vec<Outcome>);
+
 /// One counted check, waiting for a call.
 pub(super) struct Counted {
     pub keys: Vec<String>,
@@ -38,7 +42,7 @@ pub(super) struct Counted {
     pub rate_key: String,
     pub cost: u64,
     queued: Instant,
-    reply: oneshot::Sender<Result<Vec<Outcome>, StoreError>>,
+    reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
 
 /// The queue in front of the batch calls; its task ends when the last store clone is gone.
@@ -65,7 +69,7 @@ impl Coalescer {
         labels: Vec<String>,
         rate_key: String,
         cost: u64,
-    ) -> Result<Vec<Outcome>, StoreError> {
+    ) -> Result<Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Counted {
             keys,
@@ -171,9 +175,9 @@ impl Store {
             Err(error) => Err(error),
         };
         match answers {
-            Ok(outcomes) => {
+            Ok((now_us, outcomes)) => {
                 for (check, outcomes) in batch.into_iter().zip(outcomes) {
-                    let _ = check.reply.send(outcomes);
+                    let _ = check.reply.send(outcomes.map(|o| (now_us, o)));
                 }
             }
             Err(error) => {
@@ -186,11 +190,12 @@ impl Store {
 }
 
 /// The batch reply: the integers, then a line per check whose script failed
-/// (`<index>:<error>`); each check gets its outcomes or its own error.
+/// (`<index>:<error>`); the time the script ran at, and for each check its outcomes or its
+/// own error.
 fn parse_batch_text(
     text: &str,
     sizes: &[usize],
-) -> Result<Vec<Result<Vec<Outcome>, StoreError>>, StoreError> {
+) -> Result<(i64, Vec<Result<Vec<Outcome>, StoreError>>), StoreError> {
     let mut lines = text.split('\n');
     let raw = integers(lines.next().unwrap_or_default())?;
     let mut failures = std::collections::HashMap::new();
@@ -224,7 +229,7 @@ fn parse_batch_text(
             "check.lua reported a failure of check {index}, which the batch does not have"
         )));
     }
-    Ok(out)
+    Ok((raw[0], out))
 }
 
 /// The batch reply's integers, from the one string it comes as: joined by ',', each as
@@ -302,12 +307,16 @@ mod tests {
     fn a_failed_check_fails_alone() {
         // check 0 (1 entry) failed, check 1 (1 entry) allowed
         let text = "7,-1,0,0,0,0,0,0,1,1,10,9,1000,-1,0\n0:WRONGTYPE Operation against a key";
-        let out = parse_batch_text(text, &[1, 1]).unwrap();
+        let (now, out) = parse_batch_text(text, &[1, 1]).unwrap();
+        assert_eq!(now, 7);
         assert!(matches!(&out[0], Err(StoreError::Script(m)) if m.starts_with("WRONGTYPE")));
         assert_eq!(out[1].as_ref().unwrap()[0].remaining, 9);
         // A failure line without its marked check, or the reverse, is a broken reply.
         assert!(
-            parse_batch_text("7,1,1,10,9,1000,-1,0,-1,0,0,0,0,0,0", &[1, 1]).unwrap()[1].is_err()
+            parse_batch_text("7,1,1,10,9,1000,-1,0,-1,0,0,0,0,0,0", &[1, 1])
+                .unwrap()
+                .1[1]
+                .is_err()
         );
         assert!(parse_batch_text("7,1,1,10,9,1000,-1,0\n3:oops", &[1]).is_err());
         assert!(parse_batch_text("7,1,1,10,9,1000,-1,0\nnonsense", &[1]).is_err());

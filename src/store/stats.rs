@@ -107,7 +107,7 @@ impl Store {
             .iter()
             .map(|e| label(policy.as_str(), &e.identifier.to_string()))
             .collect();
-        let outcomes = coalescer
+        let (at_us, outcomes) = coalescer
             .check(
                 keys,
                 rules,
@@ -116,7 +116,9 @@ impl Store {
                 cost,
             )
             .await?;
-        Ok(self.decision_of(entries, outcomes))
+        let mut decision = self.decision_of(entries, outcomes);
+        decision.at_us = at_us;
+        Ok(decision)
     }
 
     /// Adds counts answered elsewhere (an instance's over-limit cache) to the counters.

@@ -1163,3 +1163,38 @@ async fn a_failing_check_does_not_fail_the_checks_that_share_its_call() {
     let kind: String = redis::cmd("TYPE").arg(&key).query(&mut conn).unwrap();
     assert_eq!(kind, "hash");
 }
+
+/// A GCRA refund named with an earlier time than the key's last write gives back exactly
+/// the cost: the debt stays dated at the later write (dated earlier, the next read would
+/// drain that gap a second time and hand out free requests).
+#[tokio::test]
+async fn a_gcra_refund_dated_earlier_gives_back_only_the_cost() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let policy = name("refund");
+    let rule = rule(
+        "g",
+        Algorithm::Gcra {
+            rate: 1,
+            period_ms: 1000,
+            burst: 9,
+        },
+    );
+    let user = Identifier::parse("user=1").unwrap();
+    let entries = [CheckEntry {
+        rule: &rule,
+        identifier: &user,
+    }];
+    let later = Now::At(T0 + 1_500_000);
+    let d = store
+        .check_and_consume(&policy, &entries, 5, later)
+        .await
+        .unwrap();
+    assert_eq!(d.results[0].outcome.remaining, 5);
+    store.refund(&policy, &entries, 1, T0).await.unwrap();
+    let peek = store
+        .check_and_consume(&policy, &entries, 0, later)
+        .await
+        .unwrap();
+    assert_eq!(peek.results[0].outcome.remaining, 6);
+}

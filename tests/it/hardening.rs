@@ -75,6 +75,15 @@ async fn slow_and_idle_connections_are_closed() {
             started.elapsed()
         );
 
+        // Part of the HTTP/2 preface, then nothing.
+        let mut partial = TcpStream::connect(addr).unwrap();
+        partial.write_all(b"PRI * HT").unwrap();
+        let (_, took) = read_until_closed(&mut partial, Duration::from_secs(5));
+        assert!(
+            took < Duration::from_secs(3),
+            "partial preface kept {took:?}"
+        );
+
         // A whole request, answered, then idle.
         let mut idle = TcpStream::connect(addr).unwrap();
         idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -266,4 +275,27 @@ async fn every_response_carries_the_security_headers() {
         assert_eq!(h[header::X_FRAME_OPTIONS], "DENY", "{path}");
         assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{path}");
     }
+}
+
+/// With SPILLWAY_SECURE_COOKIES the cookies stay Secure even when a trusted proxy says the
+/// last hop was plain http (TLS ended further out).
+#[tokio::test]
+async fn secure_cookies_stay_secure_behind_a_proxy_that_says_http() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_SECURE_COOKIES", "1"),
+            ("SPILLWAY_TRUSTED_PROXIES", "127.0.0.1"),
+        ],
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .get(app.url("/login"))
+        .header("x-forwarded-proto", "http")
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()[header::SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains("Secure"), "{cookie}");
 }
