@@ -12,7 +12,7 @@ use std::{sync::Arc, time::Instant};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::{Store, StoreError, params};
+use super::{Store, StoreError};
 use crate::domain::{Algorithm, Outcome};
 
 /// Calls of the batch script out at once. One: every check that arrives during a call waits
@@ -157,13 +157,8 @@ impl Store {
         cmd.arg("").arg(batch.len()).arg("batch");
         for check in &batch {
             cmd.arg(check.keys.len()).arg(check.cost);
-            for (algorithm, count_denied) in &check.rules {
-                let (p1, p2, p3) = params(algorithm);
-                cmd.arg(super::keys::algorithm_code(algorithm))
-                    .arg(if *count_denied { "1" } else { "0" })
-                    .arg(p1)
-                    .arg(p2)
-                    .arg(p3);
+            for rule in &check.rules {
+                super::entry_args(&mut cmd, rule);
             }
             for label in &check.labels {
                 cmd.arg(label);

@@ -164,6 +164,39 @@ enum Backend {
     Cluster(ClusterConnection),
 }
 
+/// Every command goes to whichever connection the store has: the one place that tells a
+/// single Redis from a Cluster when sending.
+impl redis::aio::ConnectionLike for Backend {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Backend::Single(conn) => conn.req_packed_command(cmd),
+            Backend::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Backend::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Backend::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Backend::Single(conn) => conn.get_db(),
+            Backend::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// What the check script is asked to do (its ARGV[3]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -295,45 +328,21 @@ impl Store {
     }
 
     async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
-        match &self.backend {
-            Backend::Single(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(cmd.query_async(&mut conn)).await
-            }
-            Backend::Cluster(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(cmd.query_async(&mut conn)).await
-            }
-        }
+        let mut conn = self.backend.clone();
+        self.with_timeout(cmd.query_async(&mut conn)).await
     }
 
     async fn query_pipe<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T, StoreError> {
-        match &self.backend {
-            Backend::Single(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(pipe.query_async(&mut conn)).await
-            }
-            Backend::Cluster(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(pipe.query_async(&mut conn)).await
-            }
-        }
+        let mut conn = self.backend.clone();
+        self.with_timeout(pipe.query_async(&mut conn)).await
     }
 
     async fn invoke<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        match &self.backend {
-            Backend::Single(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(invocation.invoke_async(&mut conn)).await
-            }
-            Backend::Cluster(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(invocation.invoke_async(&mut conn)).await
-            }
-        }
+        let mut conn = self.backend.clone();
+        self.with_timeout(invocation.invoke_async(&mut conn)).await
     }
 
     /// Runs `cmd`, an EVALSHA of `script`; when Redis has lost the script (a restart, SCRIPT
@@ -345,31 +354,19 @@ impl Store {
         script: &Script,
         cmd: &redis::Cmd,
     ) -> Result<T, StoreError> {
-        async fn run<C: redis::aio::ConnectionLike, T: FromRedisValue>(
-            conn: &mut C,
-            script: &Script,
-            cmd: &redis::Cmd,
-        ) -> redis::RedisResult<T> {
-            match cmd.query_async(conn).await {
+        let mut conn = self.backend.clone();
+        self.with_timeout(async move {
+            match cmd.query_async(&mut conn).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    script.load_async(conn).await?;
-                    cmd.query_async(conn).await
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async(&mut conn).await
                 }
                 other => other,
             }
-        }
-        match &self.backend {
-            Backend::Single(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(run(&mut conn, script, cmd)).await
-            }
-            Backend::Cluster(conn) => {
-                let mut conn = conn.clone();
-                self.with_timeout(run(&mut conn, script, cmd)).await
-            }
-        }
+        })
+        .await
     }
 
     pub fn keys(&self) -> &Keys {
@@ -399,84 +396,69 @@ impl Store {
         cost: u64,
         now: Now,
     ) -> Result<Decision, StoreError> {
-        let keys: Vec<String> = entries
-            .iter()
-            .map(|e| {
-                self.keys
-                    .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
-            })
-            .collect();
-        let rules: Vec<(Algorithm, bool)> = entries
-            .iter()
-            .map(|e| (e.rule.algorithm, e.rule.count_denied))
-            .collect();
-        let mut outcomes = Vec::with_capacity(entries.len());
-        let mut refunded = false;
-        let mut at_us = i64::MAX;
+        let prepared = self.prepare(policy, entries);
         if !self.is_cluster() {
-            let reply = self.run_check(&keys, &rules, cost, now).await?;
-            at_us = reply.now_us;
-            outcomes = reply.outcomes;
-        } else {
-            // Group the entries by identifier, keeping the first-seen order.
-            let mut groups: Vec<(&Identifier, Vec<usize>)> = Vec::new();
-            for (i, e) in entries.iter().enumerate() {
-                match groups.iter_mut().find(|(id, _)| *id == e.identifier) {
-                    Some((_, members)) => members.push(i),
-                    None => groups.push((e.identifier, vec![i])),
-                }
-            }
-            // Each group's keys and rules, in the order of its members.
-            let groups: Vec<SlotGroup> = groups
-                .into_iter()
-                .map(|(_, members)| {
-                    let group_keys = members.iter().map(|&i| keys[i].clone()).collect();
-                    let group_rules = members.iter().map(|&i| rules[i]).collect();
-                    (members, group_keys, group_rules)
-                })
-                .collect();
-            let mut slots: Vec<Option<Outcome>> = vec![None; entries.len()];
-            // Groups that consumed, with the time their script used (for the refund).
-            let mut committed: Vec<(usize, i64)> = Vec::new();
-            let mut denied = false;
-            for (g, (members, group_keys, group_rules)) in groups.iter().enumerate() {
-                let mode = if denied { Mode::Denied } else { Mode::Check };
-                let reply = self
-                    .run_script(group_keys, group_rules, cost, now, mode)
-                    .await?;
-                at_us = at_us.min(reply.now_us);
-                if mode == Mode::Check && !reply.allowed {
-                    denied = true;
-                }
-                if mode == Mode::Check && reply.allowed && cost > 0 {
-                    committed.push((g, reply.now_us));
-                }
-                for (&i, outcome) in members.iter().zip(reply.outcomes) {
-                    slots[i] = Some(outcome);
-                }
-            }
-            if denied {
-                for (g, at) in committed {
-                    let (members, group_keys, group_rules) = &groups[g];
-                    let reply = self
-                        .run_script(group_keys, group_rules, cost, Now::At(at), Mode::Refund)
-                        .await?;
-                    for (&i, outcome) in members.iter().zip(reply.outcomes) {
-                        slots[i] = Some(outcome);
-                    }
-                    refunded = true;
-                }
-            }
-            outcomes.extend(
-                slots
-                    .into_iter()
-                    .map(|o| o.expect("every entry is in a group")),
-            );
+            let reply = self
+                .run_script(&prepared.keys, &prepared.rules, cost, now, Mode::Check)
+                .await?;
+            let mut decision = self.decision_of(entries, reply.outcomes);
+            decision.at_us = reply.now_us;
+            return Ok(decision);
         }
-        let mut decision = self.decision_of(entries, outcomes);
+        let groups = prepared.slot_groups(entries);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        // Groups that consumed, with the time their script used (for the refund).
+        let mut committed: Vec<(usize, i64)> = Vec::new();
+        let mut denied = false;
+        let mut at_us = i64::MAX;
+        for (g, group) in groups.iter().enumerate() {
+            let mode = if denied { Mode::Denied } else { Mode::Check };
+            let reply = self
+                .run_script(&group.keys, &group.rules, cost, now, mode)
+                .await?;
+            at_us = at_us.min(reply.now_us);
+            if mode == Mode::Check && !reply.allowed {
+                denied = true;
+            }
+            if mode == Mode::Check && reply.allowed && cost > 0 {
+                committed.push((g, reply.now_us));
+            }
+            group.place(reply.outcomes, &mut outcomes);
+        }
+        let mut refunded = false;
+        if denied {
+            for (g, at) in committed {
+                let group = &groups[g];
+                let reply = self
+                    .run_script(&group.keys, &group.rules, cost, Now::At(at), Mode::Refund)
+                    .await?;
+                group.place(reply.outcomes, &mut outcomes);
+                refunded = true;
+            }
+        }
+        let mut decision = self.decision_of(entries, placed(outcomes));
         decision.refunded = refunded;
         decision.at_us = if at_us == i64::MAX { 0 } else { at_us };
         Ok(decision)
+    }
+
+    /// Each rule's state for `entries` (a peek: nothing is written), with `retry_after_ms`
+    /// saying when a request of `cost` would pass that rule (`None`: it would pass now, or
+    /// never). One call per identifier's slot.
+    pub async fn probe(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        for group in self.prepare(policy, entries).slot_groups(entries) {
+            let reply = self
+                .run_script(&group.keys, &group.rules, cost, Now::Redis, Mode::Probe)
+                .await?;
+            group.place(reply.outcomes, &mut outcomes);
+        }
+        Ok(self.decision_of(entries, placed(outcomes)))
     }
 
     fn decision_of(&self, entries: &[CheckEntry<'_>], outcomes: Vec<Outcome>) -> Decision {
@@ -495,8 +477,8 @@ impl Store {
     }
 
     /// Gives back what a `check_and_consume` of the same entries and cost consumed; `at_us`
-    /// is its decision's `at_us`. Used where an attempt is charged first and forgiven when it turns
-    /// out well (a successful login).
+    /// is its decision's `at_us`. Used where an attempt is charged first and forgiven when it
+    /// turns out well (a successful login).
     pub async fn refund(
         &self,
         policy: &Name,
@@ -505,76 +487,17 @@ impl Store {
         at_us: i64,
     ) -> Result<(), StoreError> {
         // Per identifier: on a cluster each identifier is its own slot.
-        let mut seen: Vec<&Identifier> = Vec::new();
-        for e in entries {
-            if !seen.contains(&e.identifier) {
-                seen.push(e.identifier);
-            }
-        }
-        for id in seen {
-            let group: Vec<&CheckEntry<'_>> =
-                entries.iter().filter(|e| e.identifier == id).collect();
-            let keys: Vec<String> = group
-                .iter()
-                .map(|e| {
-                    self.keys
-                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
-                })
-                .collect();
-            let rules: Vec<(Algorithm, bool)> = group
-                .iter()
-                .map(|e| (e.rule.algorithm, e.rule.count_denied))
-                .collect();
-            self.run_script(&keys, &rules, cost, Now::At(at_us), Mode::Refund)
-                .await?;
+        for group in self.prepare(policy, entries).slot_groups(entries) {
+            self.run_script(
+                &group.keys,
+                &group.rules,
+                cost,
+                Now::At(at_us),
+                Mode::Refund,
+            )
+            .await?;
         }
         Ok(())
-    }
-
-    /// Each rule's state for `entries` (a peek: nothing is written), with `retry_after_ms`
-    /// saying when a request of `cost` would pass that rule (`None`: it would pass now, or
-    /// never). One call per identifier's slot.
-    pub async fn probe(
-        &self,
-        policy: &Name,
-        entries: &[CheckEntry<'_>],
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
-        let mut outcomes = vec![None; entries.len()];
-        let mut seen: Vec<&Identifier> = Vec::new();
-        for e in entries {
-            if !seen.contains(&e.identifier) {
-                seen.push(e.identifier);
-            }
-        }
-        for id in seen {
-            let members: Vec<usize> = (0..entries.len())
-                .filter(|&i| entries[i].identifier == id)
-                .collect();
-            let keys: Vec<String> = members
-                .iter()
-                .map(|&i| {
-                    let e = &entries[i];
-                    self.keys
-                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
-                })
-                .collect();
-            let rules: Vec<(Algorithm, bool)> = members
-                .iter()
-                .map(|&i| (entries[i].rule.algorithm, entries[i].rule.count_denied))
-                .collect();
-            let reply = self
-                .run_script(&keys, &rules, cost, Now::Redis, Mode::Probe)
-                .await?;
-            for (&i, outcome) in members.iter().zip(reply.outcomes) {
-                outcomes[i] = Some(outcome);
-            }
-        }
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| o.expect("every entry is in a group"))
-            .collect();
-        Ok(self.decision_of(entries, outcomes))
     }
 
     /// Runs the check script on explicit keys. The building block of `check_and_consume`,
@@ -587,6 +510,24 @@ impl Store {
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
         self.run_script(keys, rules, cost, now, Mode::Check).await
+    }
+
+    /// The state key and the script's parameters of every entry: the one place a check's
+    /// entries become what the script takes (the batch call of `coalesce.rs` too).
+    fn prepare(&self, policy: &Name, entries: &[CheckEntry<'_>]) -> Prepared {
+        Prepared {
+            keys: entries
+                .iter()
+                .map(|e| {
+                    self.keys
+                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+                })
+                .collect(),
+            rules: entries
+                .iter()
+                .map(|e| (e.rule.algorithm, e.rule.count_denied))
+                .collect(),
+        }
     }
 
     async fn run_script(
@@ -604,23 +545,20 @@ impl Store {
                 outcomes: vec![],
             });
         }
-        let mut invocation = self
+        let script = self
             .scripts
             .checks
-            .for_algorithms(rules.iter().map(|(a, _)| a))
-            .prepare_invoke();
+            .for_algorithms(rules.iter().map(|(a, _)| a));
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
         for key in keys {
-            invocation.key(key);
+            cmd.arg(key);
         }
-        invocation.arg(now.arg()).arg(cost).arg(mode.arg());
-        for (algorithm, count_denied) in rules {
-            let (p1, p2, p3) = params(algorithm);
-            invocation
-                .arg(keys::algorithm_code(algorithm))
-                .arg(if *count_denied { "1" } else { "0" });
-            invocation.arg(p1).arg(p2).arg(p3);
+        cmd.arg(now.arg()).arg(cost).arg(mode.arg());
+        for rule in rules {
+            entry_args(&mut cmd, rule);
         }
-        let raw: Vec<i64> = self.invoke(&invocation).await?;
+        let raw: Vec<i64> = self.evalsha(script, &cmd).await?;
         parse_reply(&raw, keys.len())
     }
 
@@ -648,9 +586,69 @@ impl Store {
     }
 }
 
-/// On a cluster, the entries of one identifier (one slot): their indexes in the check, their
-/// keys and their rules.
-type SlotGroup = (Vec<usize>, Vec<String>, Vec<(Algorithm, bool)>);
+/// A check's entries as the check script takes them: a state key and the algorithm with
+/// `count_denied`, per entry.
+struct Prepared {
+    keys: Vec<String>,
+    rules: Vec<(Algorithm, bool)>,
+}
+
+impl Prepared {
+    /// The entries of each identifier (one hash-tag slot on a cluster), in first-seen order.
+    fn slot_groups(&self, entries: &[CheckEntry<'_>]) -> Vec<SlotGroup> {
+        let mut groups: Vec<(&Identifier, SlotGroup)> = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            let at = match groups.iter().position(|(id, _)| *id == e.identifier) {
+                Some(at) => at,
+                None => {
+                    groups.push((e.identifier, SlotGroup::default()));
+                    groups.len() - 1
+                }
+            };
+            let group = &mut groups[at].1;
+            group.members.push(i);
+            group.keys.push(self.keys[i].clone());
+            group.rules.push(self.rules[i]);
+        }
+        groups.into_iter().map(|(_, g)| g).collect()
+    }
+}
+
+/// The entries of one identifier: their places in the check, their keys and rules.
+#[derive(Default)]
+struct SlotGroup {
+    members: Vec<usize>,
+    keys: Vec<String>,
+    rules: Vec<(Algorithm, bool)>,
+}
+
+impl SlotGroup {
+    /// Puts this group's outcomes at their places in the check.
+    fn place(&self, outcomes: Vec<Outcome>, into: &mut [Option<Outcome>]) {
+        for (&i, outcome) in self.members.iter().zip(outcomes) {
+            into[i] = Some(outcome);
+        }
+    }
+}
+
+/// The outcomes once every group has put its own.
+fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
+    outcomes
+        .into_iter()
+        .map(|o| o.expect("every entry is in a group"))
+        .collect()
+}
+
+/// One entry's five arguments to the check script: the algorithm's code, `count_denied`,
+/// and its three parameters (see the algorithm's Lua file).
+fn entry_args(cmd: &mut redis::Cmd, (algorithm, count_denied): &(Algorithm, bool)) {
+    let (p1, p2, p3) = params(algorithm);
+    cmd.arg(keys::algorithm_code(algorithm))
+        .arg(if *count_denied { "1" } else { "0" })
+        .arg(p1)
+        .arg(p2)
+        .arg(p3);
+}
 
 /// The three numeric parameters each algorithm takes in ARGV, in its file's order.
 fn params(algorithm: &Algorithm) -> (u64, u64, u64) {

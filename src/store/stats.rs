@@ -92,17 +92,7 @@ impl Store {
             .coalescer
             .as_ref()
             .ok_or_else(|| StoreError::Reply("this store has no check queue".into()))?;
-        let keys = entries
-            .iter()
-            .map(|e| {
-                self.keys
-                    .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
-            })
-            .collect();
-        let rules = entries
-            .iter()
-            .map(|e| (e.rule.algorithm, e.rule.count_denied))
-            .collect();
+        let super::Prepared { keys, rules } = self.prepare(policy, entries);
         let labels = entries
             .iter()
             .map(|e| label(policy.as_str(), &e.identifier.to_string()))
