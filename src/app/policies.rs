@@ -17,6 +17,7 @@ use super::session::{CsrfField, error_message, use_session};
 use crate::domain::{
     people::Action,
     preview::{BurstPreview, burst},
+    rule::{ALGORITHMS, AlgorithmKind},
     time::utc_minutes,
 };
 
@@ -99,15 +100,36 @@ pub struct PolicyView {
     pub document: String,
 }
 
-pub const ALGORITHMS: [(&str, &str); 7] = [
-    ("fixed_window", "Fixed window"),
-    ("sliding_window", "Sliding window (approximate)"),
-    ("sliding_log", "Sliding log (exact)"),
-    ("token_bucket", "Token bucket"),
-    ("leaky_bucket", "Leaky bucket"),
-    ("gcra", "GCRA"),
-    ("bucketed_window", "Bucketed window"),
-];
+impl RuleForm {
+    /// The editor's input named `input` (see `domain::rule::ALGORITHMS`).
+    fn input(&self, input: &str) -> &str {
+        match input {
+            "limit" => &self.limit,
+            "window_ms" => &self.window_ms,
+            "bucket_ms" => &self.bucket_ms,
+            "capacity" => &self.capacity,
+            "tokens" => &self.tokens,
+            "period_ms" => &self.period_ms,
+            "rate" => &self.rate,
+            "burst" => &self.burst,
+            _ => "",
+        }
+    }
+
+    fn input_mut(&mut self, input: &str) -> &mut String {
+        match input {
+            "limit" => &mut self.limit,
+            "window_ms" => &mut self.window_ms,
+            "bucket_ms" => &mut self.bucket_ms,
+            "capacity" => &mut self.capacity,
+            "tokens" => &mut self.tokens,
+            "period_ms" => &mut self.period_ms,
+            "rate" => &mut self.rate,
+            "burst" => &mut self.burst,
+            other => unreachable!("the algorithm table names no input {other:?}"),
+        }
+    }
+}
 
 /// The policy document the editor's fields describe (errors are found by parsing it).
 pub fn document_of(
@@ -128,34 +150,10 @@ pub fn document_of(
         .filter(|r| !r.name.trim().is_empty() || !r.limit.trim().is_empty())
         .map(|r| {
             let mut doc = json!({ "name": r.name.trim(), "algorithm": r.algorithm });
-            let fields: &[(&str, &str)] = match r.algorithm.as_str() {
-                "fixed_window" | "sliding_window" | "sliding_log" => {
-                    &[("limit", &r.limit), ("window_ms", &r.window_ms)]
+            if let Some(kind) = AlgorithmKind::named(&r.algorithm) {
+                for p in kind.params {
+                    doc[p.field] = num(r.input(p.input));
                 }
-                "bucketed_window" => &[
-                    ("limit", &r.limit),
-                    ("window_ms", &r.window_ms),
-                    ("bucket_ms", &r.bucket_ms),
-                ],
-                "token_bucket" => &[
-                    ("capacity", &r.capacity),
-                    ("refill_tokens", &r.tokens),
-                    ("refill_period_ms", &r.period_ms),
-                ],
-                "leaky_bucket" => &[
-                    ("capacity", &r.capacity),
-                    ("leak_tokens", &r.tokens),
-                    ("leak_period_ms", &r.period_ms),
-                ],
-                "gcra" => &[
-                    ("rate", &r.rate),
-                    ("period_ms", &r.period_ms),
-                    ("burst", &r.burst),
-                ],
-                _ => &[],
-            };
-            for (k, v) in fields {
-                doc[*k] = num(v);
             }
             let dims: Vec<&str> = r
                 .dimensions
@@ -187,24 +185,17 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
         Some(serde_json::Value::Number(n)) => n.to_string(),
         _ => String::new(),
     };
-    let first = |a: &str, b: &str| {
-        let v = s(a);
-        if v.is_empty() { s(b) } else { v }
-    };
-    RuleForm {
+    let mut form = RuleForm {
         name: s("name"),
         algorithm: s("algorithm"),
-        limit: s("limit"),
-        window_ms: s("window_ms"),
-        bucket_ms: s("bucket_ms"),
-        capacity: s("capacity"),
-        tokens: first("refill_tokens", "leak_tokens"),
-        period_ms: {
-            let v = first("refill_period_ms", "leak_period_ms");
-            if v.is_empty() { s("period_ms") } else { v }
-        },
-        rate: s("rate"),
-        burst: s("burst"),
+        ..RuleForm::default()
+    };
+    if let Some(kind) = AlgorithmKind::named(&form.algorithm) {
+        for p in kind.params {
+            *form.input_mut(p.input) = s(p.field);
+        }
+    }
+    RuleForm {
         dimensions: rule
             .get("dimensions")
             .and_then(|d| d.as_array())
@@ -220,6 +211,7 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
         } else {
             String::new()
         },
+        ..form
     }
 }
 
@@ -651,7 +643,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Name"<input name=f("name") value=r.name.clone() placeholder="per-second"/>{e("name")}</label>
                                     <label>"Algorithm"
                                         <select name=f("algorithm")>
-                                            {ALGORITHMS.iter().map(|(v, l)| view! { <option value=*v selected=alg == *v>{*l}</option> }).collect_view()}
+                                            {ALGORITHMS.iter().map(|k| view! { <option value=k.name selected=alg == k.name>{k.label}</option> }).collect_view()}
                                         </select>{e("algorithm")}
                                     </label>
                                     <label class="f-limit">"Limit"<input name=f("limit") value=r.limit inputmode="numeric"/>{e("limit")}</label>

@@ -4,7 +4,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::{Algorithm, Identifier, Name, PolicyError, Rule, overrides::Override};
+use super::{
+    Identifier, Name, PolicyError, Rule,
+    overrides::Override,
+    rule::{ALGORITHMS, AlgorithmKind},
+};
 
 /// Most rules one policy may have.
 pub const MAX_RULES: usize = 32;
@@ -224,71 +228,25 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                 .ok_or_else(|| PolicyError::field(at(field), "must be a whole number ≥ 0")),
         }
     };
-    let (algorithm, params): (Algorithm, &[&str]) = match algorithm_name {
-        "fixed_window" => (
-            Algorithm::FixedWindow {
-                limit: int("limit")?,
-                window_ms: int("window_ms")?,
-            },
-            &["limit", "window_ms"],
-        ),
-        "sliding_log" => (
-            Algorithm::SlidingLog {
-                limit: int("limit")?,
-                window_ms: int("window_ms")?,
-            },
-            &["limit", "window_ms"],
-        ),
-        "sliding_window" => (
-            Algorithm::SlidingWindow {
-                limit: int("limit")?,
-                window_ms: int("window_ms")?,
-            },
-            &["limit", "window_ms"],
-        ),
-        "token_bucket" => (
-            Algorithm::TokenBucket {
-                capacity: int("capacity")?,
-                refill_tokens: int("refill_tokens")?,
-                refill_period_ms: int("refill_period_ms")?,
-            },
-            &["capacity", "refill_tokens", "refill_period_ms"],
-        ),
-        "leaky_bucket" => (
-            Algorithm::LeakyBucket {
-                capacity: int("capacity")?,
-                leak_tokens: int("leak_tokens")?,
-                leak_period_ms: int("leak_period_ms")?,
-            },
-            &["capacity", "leak_tokens", "leak_period_ms"],
-        ),
-        "gcra" => (
-            Algorithm::Gcra {
-                rate: int("rate")?,
-                period_ms: int("period_ms")?,
-                burst: int("burst")?,
-            },
-            &["rate", "period_ms", "burst"],
-        ),
-        "bucketed_window" => (
-            Algorithm::BucketedWindow {
-                limit: int("limit")?,
-                window_ms: int("window_ms")?,
-                bucket_ms: int("bucket_ms")?,
-            },
-            &["limit", "window_ms", "bucket_ms"],
-        ),
-        other => {
-            return Err(PolicyError::field(
-                at("algorithm"),
-                format!(
-                    "unknown algorithm {other:?}; one of fixed_window, sliding_log, sliding_window, token_bucket, leaky_bucket, gcra, bucketed_window"
-                ),
-            ));
-        }
-    };
+    let kind = AlgorithmKind::named(algorithm_name).ok_or_else(|| {
+        let names: Vec<&str> = ALGORITHMS.iter().map(|k| k.name).collect();
+        PolicyError::field(
+            at("algorithm"),
+            format!(
+                "unknown algorithm {algorithm_name:?}; one of {}",
+                names.join(", ")
+            ),
+        )
+    })?;
+    let values = kind
+        .params
+        .iter()
+        .map(|p| int(p.field))
+        .collect::<Result<Vec<u64>, PolicyError>>()?;
+    let algorithm = kind.with(&values).expect("one value per parameter");
+    let params: Vec<&str> = kind.params.iter().map(|p| p.field).collect();
     let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied"];
-    allowed.extend_from_slice(params);
+    allowed.extend_from_slice(&params);
     reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
     let dimensions = match obj.get("dimensions") {
         None | Some(Value::Null) => None,
@@ -371,6 +329,7 @@ fn enum_field<T: Copy + Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Algorithm;
     use serde_json::json;
 
     fn err(doc: Value) -> PolicyError {

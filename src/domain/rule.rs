@@ -50,10 +50,143 @@ pub enum Algorithm {
     },
 }
 
+/// One parameter of an algorithm: its field in policy documents, and the editor's input
+/// that holds it (token and leaky buckets share "tokens" and "period_ms").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Param {
+    pub field: &'static str,
+    pub input: &'static str,
+}
+
+/// What each algorithm is called and takes: its name in documents and answers, its code in
+/// the check script (`lua/<name>.lua` registers under it), its label in the editor, and its
+/// parameters in the order the script takes them. Parsing, the editor, the store's script
+/// arguments and every name come from this one table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AlgorithmKind {
+    pub name: &'static str,
+    pub code: &'static str,
+    pub label: &'static str,
+    pub params: &'static [Param],
+}
+
+const fn param(field: &'static str, input: &'static str) -> Param {
+    Param { field, input }
+}
+
+/// Every algorithm, in the editor's order.
+pub const ALGORITHMS: [AlgorithmKind; 7] = [
+    AlgorithmKind {
+        name: "fixed_window",
+        code: "fw",
+        label: "Fixed window",
+        params: &[param("limit", "limit"), param("window_ms", "window_ms")],
+    },
+    AlgorithmKind {
+        name: "sliding_window",
+        code: "sw",
+        label: "Sliding window (approximate)",
+        params: &[param("limit", "limit"), param("window_ms", "window_ms")],
+    },
+    AlgorithmKind {
+        name: "sliding_log",
+        code: "lg",
+        label: "Sliding log (exact)",
+        params: &[param("limit", "limit"), param("window_ms", "window_ms")],
+    },
+    AlgorithmKind {
+        name: "token_bucket",
+        code: "tb",
+        label: "Token bucket",
+        params: &[
+            param("capacity", "capacity"),
+            param("refill_tokens", "tokens"),
+            param("refill_period_ms", "period_ms"),
+        ],
+    },
+    AlgorithmKind {
+        name: "leaky_bucket",
+        code: "lb",
+        label: "Leaky bucket",
+        params: &[
+            param("capacity", "capacity"),
+            param("leak_tokens", "tokens"),
+            param("leak_period_ms", "period_ms"),
+        ],
+    },
+    AlgorithmKind {
+        name: "gcra",
+        code: "gc",
+        label: "GCRA",
+        params: &[
+            param("rate", "rate"),
+            param("period_ms", "period_ms"),
+            param("burst", "burst"),
+        ],
+    },
+    AlgorithmKind {
+        name: "bucketed_window",
+        code: "bw",
+        label: "Bucketed window",
+        params: &[
+            param("limit", "limit"),
+            param("window_ms", "window_ms"),
+            param("bucket_ms", "bucket_ms"),
+        ],
+    },
+];
+
+impl AlgorithmKind {
+    /// The algorithm called `name` in documents.
+    pub fn named(name: &str) -> Option<&'static AlgorithmKind> {
+        ALGORITHMS.iter().find(|k| k.name == name)
+    }
+
+    /// This algorithm with `values`, one per parameter in the table's order.
+    pub fn with(&self, values: &[u64]) -> Option<Algorithm> {
+        let v = |i: usize| values.get(i).copied();
+        Some(match self.name {
+            "fixed_window" => Algorithm::FixedWindow {
+                limit: v(0)?,
+                window_ms: v(1)?,
+            },
+            "sliding_window" => Algorithm::SlidingWindow {
+                limit: v(0)?,
+                window_ms: v(1)?,
+            },
+            "sliding_log" => Algorithm::SlidingLog {
+                limit: v(0)?,
+                window_ms: v(1)?,
+            },
+            "token_bucket" => Algorithm::TokenBucket {
+                capacity: v(0)?,
+                refill_tokens: v(1)?,
+                refill_period_ms: v(2)?,
+            },
+            "leaky_bucket" => Algorithm::LeakyBucket {
+                capacity: v(0)?,
+                leak_tokens: v(1)?,
+                leak_period_ms: v(2)?,
+            },
+            "gcra" => Algorithm::Gcra {
+                rate: v(0)?,
+                period_ms: v(1)?,
+                burst: v(2)?,
+            },
+            "bucketed_window" => Algorithm::BucketedWindow {
+                limit: v(0)?,
+                window_ms: v(1)?,
+                bucket_ms: v(2)?,
+            },
+            _ => return None,
+        })
+    }
+}
+
 impl Algorithm {
-    /// The name used in documents and responses.
-    pub fn name(&self) -> &'static str {
-        match self {
+    /// Its entry in [`ALGORITHMS`].
+    pub fn kind(&self) -> &'static AlgorithmKind {
+        let name = match self {
             Algorithm::FixedWindow { .. } => "fixed_window",
             Algorithm::SlidingLog { .. } => "sliding_log",
             Algorithm::SlidingWindow { .. } => "sliding_window",
@@ -61,6 +194,42 @@ impl Algorithm {
             Algorithm::LeakyBucket { .. } => "leaky_bucket",
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::BucketedWindow { .. } => "bucketed_window",
+        };
+        AlgorithmKind::named(name).expect("every algorithm is in the table")
+    }
+
+    /// The name used in documents and responses.
+    pub fn name(&self) -> &'static str {
+        self.kind().name
+    }
+
+    /// Its parameters in the table's order (what the check script takes as p1..p3; 0 for
+    /// one an algorithm does not have).
+    pub fn params(&self) -> [u64; 3] {
+        match *self {
+            Algorithm::FixedWindow { limit, window_ms }
+            | Algorithm::SlidingLog { limit, window_ms }
+            | Algorithm::SlidingWindow { limit, window_ms } => [limit, window_ms, 0],
+            Algorithm::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period_ms,
+            } => [capacity, refill_tokens, refill_period_ms],
+            Algorithm::LeakyBucket {
+                capacity,
+                leak_tokens,
+                leak_period_ms,
+            } => [capacity, leak_tokens, leak_period_ms],
+            Algorithm::Gcra {
+                rate,
+                period_ms,
+                burst,
+            } => [rate, period_ms, burst],
+            Algorithm::BucketedWindow {
+                limit,
+                window_ms,
+                bucket_ms,
+            } => [limit, window_ms, bucket_ms],
         }
     }
 
@@ -254,5 +423,32 @@ impl Rule {
         self.dimensions
             .as_ref()
             .is_none_or(|dims| dims.iter().any(|d| d.as_str() == dimension))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table, the enum and its parameters agree: every kind builds an algorithm of its
+    /// own name whose parameters read back in the table's order, and names and codes are
+    /// unique.
+    #[test]
+    fn the_algorithm_table_matches_the_enum() {
+        for (i, kind) in ALGORITHMS.iter().enumerate() {
+            let values: Vec<u64> = (1..=kind.params.len() as u64).map(|v| v * 10).collect();
+            let algorithm = kind.with(&values).unwrap();
+            assert_eq!(algorithm.kind(), kind);
+            assert_eq!(&algorithm.params()[..values.len()], &values[..]);
+            assert!(
+                kind.with(&values[..values.len() - 1]).is_none(),
+                "{}",
+                kind.name
+            );
+            for other in &ALGORITHMS[i + 1..] {
+                assert_ne!(kind.name, other.name);
+                assert_ne!(kind.code, other.code);
+            }
+        }
     }
 }

@@ -68,7 +68,7 @@ impl Keys {
         out.push(':');
         escape_into(&mut out, rule.as_str());
         out.push(':');
-        out.push_str(algorithm_code(algorithm));
+        out.push_str(algorithm.kind().code);
         out
     }
 }
@@ -157,19 +157,6 @@ impl Keys {
     /// The audit log: a stream nothing in the app trims or edits.
     pub fn audit_log(&self) -> String {
         format!("{}:{{audit}}:log", self.namespace)
-    }
-}
-
-/// The short code `lua/check.lua` dispatches on.
-pub fn algorithm_code(algorithm: &Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow { .. } => "fw",
-        Algorithm::SlidingLog { .. } => "lg",
-        Algorithm::SlidingWindow { .. } => "sw",
-        Algorithm::TokenBucket { .. } => "tb",
-        Algorithm::LeakyBucket { .. } => "lb",
-        Algorithm::Gcra { .. } => "gc",
-        Algorithm::BucketedWindow { .. } => "bw",
     }
 }
 

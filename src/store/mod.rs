@@ -65,7 +65,7 @@ impl CheckScripts {
     /// The script for checks of these algorithms.
     fn for_algorithms<'a>(&self, algorithms: impl Iterator<Item = &'a Algorithm>) -> &Script {
         let mask = algorithms.fold(0usize, |mask, a| {
-            let code = keys::algorithm_code(a);
+            let code = a.kind().code;
             mask | 1
                 << ALGORITHM_FILES
                     .iter()
@@ -642,41 +642,12 @@ fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
 /// One entry's five arguments to the check script: the algorithm's code, `count_denied`,
 /// and its three parameters (see the algorithm's Lua file).
 fn entry_args(cmd: &mut redis::Cmd, (algorithm, count_denied): &(Algorithm, bool)) {
-    let (p1, p2, p3) = params(algorithm);
-    cmd.arg(keys::algorithm_code(algorithm))
+    let [p1, p2, p3] = algorithm.params();
+    cmd.arg(algorithm.kind().code)
         .arg(if *count_denied { "1" } else { "0" })
         .arg(p1)
         .arg(p2)
         .arg(p3);
-}
-
-/// The three numeric parameters each algorithm takes in ARGV, in its file's order.
-fn params(algorithm: &Algorithm) -> (u64, u64, u64) {
-    match *algorithm {
-        Algorithm::FixedWindow { limit, window_ms }
-        | Algorithm::SlidingLog { limit, window_ms }
-        | Algorithm::SlidingWindow { limit, window_ms } => (limit, window_ms, 0),
-        Algorithm::TokenBucket {
-            capacity,
-            refill_tokens,
-            refill_period_ms,
-        } => (capacity, refill_tokens, refill_period_ms),
-        Algorithm::LeakyBucket {
-            capacity,
-            leak_tokens,
-            leak_period_ms,
-        } => (capacity, leak_tokens, leak_period_ms),
-        Algorithm::Gcra {
-            rate,
-            period_ms,
-            burst,
-        } => (rate, period_ms, burst),
-        Algorithm::BucketedWindow {
-            limit,
-            window_ms,
-            bucket_ms,
-        } => (limit, window_ms, bucket_ms),
-    }
 }
 
 fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, StoreError> {
