@@ -31,7 +31,7 @@ use super::keys::{now_ms, random_bytes, to_hex};
 use crate::{
     domain::people::{Role, Username},
     state::AppState,
-    store::people::SessionRecord,
+    store::sessions::SessionRecord,
 };
 
 /// The session cookie.

@@ -190,10 +190,7 @@ type CheckOutcomes = Result<Vec<Outcome>, StoreError>;
 /// The batch reply: the integers, then a line per check whose script failed
 /// (`<index>:<error>`); the time the script ran at, and for each check its outcomes or its
 /// own error.
-fn parse_batch_text(
-    text: &str,
-    sizes: &[usize],
-) -> Result<(i64, Vec<CheckOutcomes>), StoreError> {
+fn parse_batch_text(text: &str, sizes: &[usize]) -> Result<(i64, Vec<CheckOutcomes>), StoreError> {
     let mut lines = text.split('\n');
     let raw = integers(lines.next().unwrap_or_default())?;
     let mut failures = std::collections::HashMap::new();

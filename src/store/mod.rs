@@ -2,6 +2,7 @@
 //! layout, and parsing replies into domain types. Everything above it speaks in terms of
 //! policies, identifiers and decisions.
 
+mod audit;
 mod breaker;
 mod coalesce;
 mod error;
@@ -9,6 +10,7 @@ pub mod events;
 pub mod keys;
 pub mod people;
 pub mod policies;
+pub mod sessions;
 pub mod stats;
 
 pub use error::StoreError;
@@ -98,7 +100,7 @@ impl Scripts {
             checks: CheckScripts::new(),
             policy_save: policies::save_script(),
             policy_import: policies::import_script(),
-            session_touch: people::touch_script(),
+            session_touch: sessions::touch_script(),
             stats_flush: Script::new(
                 &[
                     include_str!("../../lua/stats.lua"),

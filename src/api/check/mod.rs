@@ -1,0 +1,212 @@
+//! The check endpoints services call on every request: `POST /api/v1/check`,
+//! `POST /api/v1/check/batch` and `GET /api/v1/forward-auth`. Parsing a request is
+//! `request.rs`; rendering the service's answer (body and RateLimit headers), `answer.rs`.
+
+mod answer;
+mod request;
+
+pub use answer::{CheckAnswer, CheckBody, ResultBody, rate_limit_headers};
+
+use axum::{
+    Json,
+    extract::{Query, State},
+    http::{HeaderMap, StatusCode, header},
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, JsonBody, JsonBytes, require_key};
+use crate::{auth::KeyRole, domain::Identifier, service::CheckRequest, state::AppState};
+
+pub use crate::service::check::{MAX_COST, MAX_IDENTIFIERS};
+
+/// Most checks in one batch.
+pub const MAX_BATCH: usize = 100;
+
+/// Runs one check through the service and renders its answer. `deny_status` is 429 except
+/// for forward-auth, where it is configurable.
+pub async fn check(
+    state: &AppState,
+    request: &CheckRequest,
+    deny_status: StatusCode,
+) -> Result<CheckAnswer, ApiError> {
+    let checked = state.check(request).await?;
+    Ok(answer::answer(&checked, deny_status))
+}
+
+/// `POST /api/v1/check`
+#[utoipa::path(post, path = "/api/v1/check", tag = "checks", operation_id = "check", request_body = crate::api::openapi::CheckRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
+    (status = 200, description = "Allowed (or shadow mode)", body = crate::api::openapi::CheckResponse),
+    (status = 429, description = "Denied", body = crate::api::openapi::CheckResponse),
+    (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 503, description = "Redis unreachable and the policy fails closed", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub async fn check_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: JsonBytes,
+) -> Result<CheckAnswer, ApiError> {
+    require_key(&state, &headers, KeyRole::Service)?;
+    let request = CheckRequest::from_body(&body.0)?;
+    check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await
+}
+
+/// `POST /api/v1/check/batch`: `{"checks": [...]}`, up to 100, answered in order, each with
+/// its own status and body.
+#[utoipa::path(post, path = "/api/v1/check/batch", tag = "checks", operation_id = "check_batch", request_body = crate::api::openapi::BatchRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
+    (status = 200, body = crate::api::openapi::BatchResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub async fn batch_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Service)?;
+    let checks = body
+        .0
+        .get("checks")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::bad("checks", "is required: an array of check requests"))?;
+    if checks.is_empty() || checks.len() > MAX_BATCH {
+        return Err(ApiError::bad(
+            "checks",
+            format!("must hold 1 to {MAX_BATCH} checks"),
+        ));
+    }
+    let requests: Vec<Result<CheckRequest, ApiError>> = checks
+        .iter()
+        .enumerate()
+        .map(|(i, item)| CheckRequest::parse(item, &format!("checks[{i}].")))
+        .collect();
+    // On a single Redis the checks go out together: each is queued for the shared script
+    // call as it is first polled, in order, so they share calls and checks of the same
+    // identifier are still decided in the batch's order. On a cluster a check is several
+    // calls, so they go one after another to keep that order.
+    let results = if state.store.is_cluster() {
+        let mut results = Vec::with_capacity(requests.len());
+        for request in &requests {
+            results.push(batch_item(&state, request).await);
+        }
+        results
+    } else {
+        futures_util::future::join_all(requests.iter().map(|r| batch_item(&state, r))).await
+    };
+    Ok(Json(json!({ "results": results })))
+}
+
+/// One answer of a batch: its status and body, a check's or a problem's.
+async fn batch_item(state: &AppState, request: &Result<CheckRequest, ApiError>) -> Value {
+    let problem = |e: &ApiError| json!({ "status": e.status().as_u16(), "body": e.body() });
+    match request {
+        Ok(request) => match check(state, request, StatusCode::TOO_MANY_REQUESTS).await {
+            Ok(a) => {
+                json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) })
+            }
+            Err(e) => problem(&e),
+        },
+        Err(e) => problem(e),
+    }
+}
+
+/// Query of forward-auth. Both are strings so that parsing the query never fails before
+/// our own field-named errors can answer.
+#[derive(Deserialize)]
+pub struct ForwardAuthQuery {
+    policy: Option<String>,
+    cost: Option<String>,
+}
+
+/// `GET /api/v1/forward-auth?policy=<name>` for Traefik ForwardAuth, Envoy ext_authz and
+/// nginx auth_request: identifiers come from the configured headers (`X-Forwarded-For` →
+/// `ip`: the address the calling proxy appended, or further left past trusted proxies, see
+/// `crate::forwarded`); the key may come as `Authorization: Bearer` or `X-Spillway-Key`.
+#[utoipa::path(get, path = "/api/v1/forward-auth", tag = "checks", operation_id = "forward_auth", params(("policy" = String, Query, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("cost" = Option<u64>, Query, description = "Default 1", maximum = 1000000000), ("X-Forwarded-For" = String, Header, description = "The client address (the default identifier header)", pattern = "^[0-9a-fA-F.:]{2,45}$")), responses(
+    (status = 200, description = "Allowed", body = crate::api::openapi::CheckResponse),
+    (status = 429, description = "Denied (the status is configurable)", body = crate::api::openapi::CheckResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub async fn forward_auth_handler(
+    State(state): State<AppState>,
+    Query(query): Query<ForwardAuthQuery>,
+    headers: HeaderMap,
+) -> Result<CheckAnswer, ApiError> {
+    let key_ok = state
+        .keys
+        .caller_of_bearer(
+            headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok()),
+        )
+        .is_some()
+        || headers
+            .get("x-spillway-key")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|k| state.keys.caller_of(k))
+            .is_some();
+    if !key_ok {
+        return Err(ApiError::Unauthorized);
+    }
+    let policy = query
+        .policy
+        .ok_or_else(|| ApiError::bad("policy", "is required as a query parameter"))?;
+    let cost = match query.cost {
+        None => 1,
+        Some(raw) => raw
+            .parse::<u64>()
+            .ok()
+            .filter(|c| *c <= MAX_COST)
+            .ok_or_else(|| ApiError::bad("cost", "must be a whole number"))?,
+    };
+    let mut identifiers = Vec::new();
+    for (dimension, header_name) in &state.forward_auth.identifiers {
+        let Some(raw) = headers
+            .get(header_name.as_str())
+            .and_then(|v| v.to_str().ok())
+        else {
+            continue;
+        };
+        let client;
+        let value = if header_name == "x-forwarded-for" {
+            // The caller holds a service key: the address it appended (the rightmost) is
+            // believed, and so are those further left only while they are trusted proxies.
+            // What the client itself wrote there is never the identifier.
+            match state
+                .trusted_proxies
+                .forwarded_client(&headers)
+                .map_err(|m| ApiError::bad("X-Forwarded-For", m))?
+            {
+                Some(ip) => {
+                    client = ip.to_string();
+                    client.as_str()
+                }
+                None => continue,
+            }
+        } else {
+            raw.trim()
+        };
+        if value.is_empty() {
+            continue;
+        }
+        identifiers.push(
+            Identifier::new(dimension, value).map_err(|m| ApiError::bad(header_name.clone(), m))?,
+        );
+    }
+    if identifiers.is_empty() {
+        let names: Vec<&str> = state
+            .forward_auth
+            .identifiers
+            .iter()
+            .map(|(_, h)| h.as_str())
+            .collect();
+        return Err(ApiError::bad(
+            names.join(", "),
+            "no identifier header in the request",
+        ));
+    }
+    let deny = StatusCode::from_u16(state.forward_auth.deny_status)
+        .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+    let request = CheckRequest {
+        policy,
+        identifiers,
+        cost,
+    };
+    check(&state, &request, deny).await
+}

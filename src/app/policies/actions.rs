@@ -1,0 +1,301 @@
+//! The policies page's server functions: list, read, save, roll back, delete, and the
+//! overrides. Each checks the caller's role, then calls the service.
+
+use leptos::prelude::*;
+
+#[cfg(feature = "ssr")]
+use super::{OverrideRow, VersionRow, document_of, rule_form};
+use super::{PolicySummary, PolicyView, RuleForm};
+#[cfg(feature = "ssr")]
+use crate::domain::people::Action;
+
+#[cfg(feature = "ssr")]
+fn state() -> crate::state::AppState {
+    expect_context::<crate::state::AppState>()
+}
+
+#[cfg(feature = "ssr")]
+fn unavailable(e: impl std::fmt::Display) -> ServerFnError {
+    tracing::warn!(error = %e, "policies page: Redis call failed");
+    crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    ServerFnError::new("Redis is unavailable; try again")
+}
+
+/// A policy change the service refused, as the page shows it (beside its field).
+#[cfg(feature = "ssr")]
+fn change_refused(e: crate::service::policies::ChangeError) -> ServerFnError {
+    use crate::service::policies::ChangeError;
+    match e {
+        ChangeError::Conflict { .. } => crate::app::people::bad_input(
+            "version",
+            "someone else changed this policy since you opened it; reload and try again",
+        ),
+        ChangeError::UnknownPolicy(_) => crate::app::people::bad_input("name", "no such policy"),
+        ChangeError::Unavailable(e) => unavailable(e),
+    }
+}
+
+/// A page's error while changing a policy: the service's refusal or the edit's own.
+#[cfg(feature = "ssr")]
+struct PageError(ServerFnError);
+
+#[cfg(feature = "ssr")]
+impl From<crate::service::policies::ChangeError> for PageError {
+    fn from(e: crate::service::policies::ChangeError) -> Self {
+        PageError(change_refused(e))
+    }
+}
+
+#[server(prefix = "/fn", endpoint = "policies")]
+pub async fn list_policies() -> Result<Vec<PolicySummary>, ServerFnError> {
+    crate::auth::guard::require(Action::View)?;
+    let policies = state().store.list_policies().await.map_err(unavailable)?;
+    Ok(policies
+        .into_iter()
+        .map(|p| PolicySummary {
+            name: p.name.to_string(),
+            description: p.description.clone(),
+            shadow: p.mode == crate::domain::Mode::Shadow,
+            rules: p.rules.len(),
+            overrides: p.overrides.len(),
+            version: p.version,
+        })
+        .collect())
+}
+
+#[server(prefix = "/fn", endpoint = "policy")]
+pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, ServerFnError> {
+    use crate::{domain::Name, store::policies::document};
+    crate::auth::guard::require(Action::View)?;
+    let name = Name::parse(name.trim()).map_err(|m| crate::app::people::bad_input("name", m))?;
+    let store = state().store.clone();
+    let Some(policy) = store.get_policy(&name).await.map_err(unavailable)? else {
+        return Ok(PolicyView {
+            name: name.to_string(),
+            rules: vec![RuleForm {
+                algorithm: "fixed_window".into(),
+                ..RuleForm::default()
+            }],
+            ..PolicyView::default()
+        });
+    };
+    let history = store.policy_history(&name, 20).await.map_err(unavailable)?;
+    let pretty =
+        |p: &crate::domain::Policy| serde_json::to_string_pretty(&document(p)).unwrap_or_default();
+    // Each previous version with the change the version after it made.
+    let mut newer = pretty(&policy);
+    let mut rows = Vec::new();
+    for old in &history {
+        let text = pretty(old);
+        let diff = similar::TextDiff::from_lines(&text, &newer)
+            .iter_all_changes()
+            .filter_map(|c| {
+                let tag = match c.tag() {
+                    similar::ChangeTag::Delete => '-',
+                    similar::ChangeTag::Insert => '+',
+                    similar::ChangeTag::Equal => return None,
+                };
+                Some((tag, c.value().trim_end().to_owned()))
+            })
+            .collect();
+        rows.push(VersionRow {
+            version: old.version,
+            diff,
+        });
+        newer = text;
+    }
+    let doc = document(&policy);
+    Ok(PolicyView {
+        name: name.to_string(),
+        exists: true,
+        version: policy.version,
+        description: policy.description.clone(),
+        shadow: policy.mode == crate::domain::Mode::Shadow,
+        failure_closed: policy.failure_mode == crate::domain::FailureMode::Closed,
+        rules: doc["rules"]
+            .as_array()
+            .map(|r| r.iter().map(rule_form).collect())
+            .unwrap_or_default(),
+        overrides: policy
+            .overrides
+            .iter()
+            .map(|o| {
+                let v = serde_json::to_value(o).unwrap_or_default();
+                OverrideRow {
+                    matcher: v["match"].as_str().unwrap_or_default().to_owned(),
+                    action: v["action"].as_str().unwrap_or_default().to_owned(),
+                    expires_at_ms: o.expires_at_ms,
+                    reason: o.reason.clone(),
+                }
+            })
+            .collect(),
+        history: rows,
+        document: doc.to_string(),
+    })
+}
+
+/// Creates or replaces a policy; `version` is the version the form was read at (0 for a
+/// new one), so two admins cannot overwrite each other silently.
+#[server(prefix = "/fn", endpoint = "policy_save")]
+pub async fn save_policy(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] version: u64,
+    #[server(default)] description: String,
+    #[server(default)] shadow: String,
+    #[server(default)] failure_closed: String,
+    #[server(default)] rules: Vec<RuleForm>,
+) -> Result<u64, ServerFnError> {
+    use crate::domain::Policy;
+    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
+    let mut policy = Policy::from_document(name.trim(), &doc)
+        .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
+        .map_err(|e| crate::app::people::bad_input(&e.field, e.message))?;
+    let state = state();
+    // Overrides are edited on their own; keep them.
+    if let Some(before) = state
+        .store
+        .get_policy(&policy.name)
+        .await
+        .map_err(unavailable)?
+    {
+        policy.overrides = before.overrides;
+    }
+    let saved = state
+        .save_policy(&caller.actor(), policy, Some(version), "policy.save", "")
+        .await
+        .map_err(change_refused)?;
+    Ok(saved.version)
+}
+
+/// Changes a stored policy through the service (read, `edit`, save as the next version,
+/// audit), naming the field that is wrong.
+#[cfg(feature = "ssr")]
+async fn change_policy(
+    caller: &crate::auth::guard::Caller,
+    name: &str,
+    action: &str,
+    reason: &str,
+    edit: impl FnOnce(&crate::domain::Policy) -> Result<crate::domain::Policy, ServerFnError>,
+) -> Result<u64, ServerFnError> {
+    let name = crate::domain::Name::parse(name.trim())
+        .map_err(|m| crate::app::people::bad_input("name", m))?;
+    let saved = state()
+        .change_policy(&caller.actor(), &name, action, reason, |p| {
+            edit(p).map_err(PageError)
+        })
+        .await
+        .map_err(|PageError(e)| e)?;
+    Ok(saved.version)
+}
+
+/// Saves an earlier version's rules as the newest version.
+#[server(prefix = "/fn", endpoint = "policy_rollback")]
+pub async fn rollback_policy(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] to_version: u64,
+) -> Result<u64, ServerFnError> {
+    use crate::app::people::bad_input;
+    use crate::domain::Name;
+    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let parsed = Name::parse(name.trim()).map_err(|m| bad_input("name", m))?;
+    let old = state()
+        .store
+        .policy_history(&parsed, 100)
+        .await
+        .map_err(unavailable)?
+        .into_iter()
+        .find(|p| p.version == to_version)
+        .ok_or_else(|| bad_input("to_version", "no such version"))?;
+    let reason = format!("back to version {to_version}");
+    change_policy(&caller, &name, "policy.rollback", &reason, |_| Ok(old)).await
+}
+
+#[server(prefix = "/fn", endpoint = "policy_delete")]
+pub async fn delete_policy(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+) -> Result<(), ServerFnError> {
+    use crate::{domain::Name, service::policies::ChangeError};
+    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let name = Name::parse(name.trim()).map_err(|m| crate::app::people::bad_input("name", m))?;
+    match state().delete_policy(&caller.actor(), &name).await {
+        // Already gone: the page goes back to the list all the same.
+        Ok(()) | Err(ChangeError::UnknownPolicy(_)) => {}
+        Err(other) => return Err(change_refused(other)),
+    }
+    leptos_axum::redirect("/policies");
+    Ok(())
+}
+
+/// Adds an override (support may): `matcher` such as `user=vip-*`, an action, and an expiry
+/// in minutes (0 = never).
+#[server(prefix = "/fn", endpoint = "override_add")]
+pub async fn add_override(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] matcher: String,
+    #[server(default)] action: String,
+    #[server(default)] expires_minutes: String,
+    #[server(default)] reason: String,
+) -> Result<(), ServerFnError> {
+    use crate::domain::overrides::Override;
+    let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
+    // Ten years at most: anything larger would overflow the expiry time (and is "never").
+    const MAX_MINUTES: u64 = 10 * 366 * 24 * 60;
+    let minutes: u64 = match expires_minutes.trim() {
+        "" => 0,
+        raw => raw
+            .parse()
+            .ok()
+            .filter(|m| *m <= MAX_MINUTES)
+            .ok_or_else(|| {
+                crate::app::people::bad_input(
+                    "expires_minutes",
+                    format!("must be a whole number of minutes from 0 (never) to {MAX_MINUTES}"),
+                )
+            })?,
+    };
+    let mut doc =
+        serde_json::json!({ "match": matcher.trim(), "action": action, "reason": reason.trim() });
+    if minutes > 0 {
+        doc["expires_at_ms"] =
+            serde_json::json!(crate::auth::keys::now_ms() + (minutes as i64) * 60_000);
+    }
+    let added = Override::from_document(&doc, "override")
+        .map_err(|e| crate::app::people::bad_input(&e.field, e.message))?;
+    change_policy(&caller, &name, "override.add", reason.trim(), |current| {
+        if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
+            return Err(crate::app::people::bad_input(
+                "matcher",
+                "this policy has the most overrides allowed",
+            ));
+        }
+        let mut next = current.clone();
+        next.overrides.push(added);
+        Ok(next)
+    })
+    .await
+    .map(|_| ())
+}
+
+#[server(prefix = "/fn", endpoint = "override_remove")]
+pub async fn remove_override(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] index: usize,
+) -> Result<(), ServerFnError> {
+    let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
+    change_policy(&caller, &name, "override.remove", "", |current| {
+        if index >= current.overrides.len() {
+            return Err(crate::app::people::bad_input("index", "no such override"));
+        }
+        let mut next = current.clone();
+        next.overrides.remove(index);
+        Ok(next)
+    })
+    .await
+    .map(|_| ())
+}

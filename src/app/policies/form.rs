@@ -1,0 +1,120 @@
+//! The editor's fields and the policy document they describe, both ways: through the
+//! table of algorithms, so every algorithm's parameters have their inputs.
+
+use super::RuleForm;
+use crate::domain::rule::AlgorithmKind;
+
+impl RuleForm {
+    /// The editor's input named `input` (see `domain::rule::ALGORITHMS`).
+    fn input(&self, input: &str) -> &str {
+        match input {
+            "limit" => &self.limit,
+            "window_ms" => &self.window_ms,
+            "bucket_ms" => &self.bucket_ms,
+            "capacity" => &self.capacity,
+            "tokens" => &self.tokens,
+            "period_ms" => &self.period_ms,
+            "rate" => &self.rate,
+            "burst" => &self.burst,
+            _ => "",
+        }
+    }
+
+    fn input_mut(&mut self, input: &str) -> &mut String {
+        match input {
+            "limit" => &mut self.limit,
+            "window_ms" => &mut self.window_ms,
+            "bucket_ms" => &mut self.bucket_ms,
+            "capacity" => &mut self.capacity,
+            "tokens" => &mut self.tokens,
+            "period_ms" => &mut self.period_ms,
+            "rate" => &mut self.rate,
+            "burst" => &mut self.burst,
+            other => unreachable!("the algorithm table names no input {other:?}"),
+        }
+    }
+}
+
+/// The policy document the editor's fields describe (errors are found by parsing it).
+pub fn document_of(
+    description: &str,
+    shadow: bool,
+    failure_closed: bool,
+    rules: &[RuleForm],
+) -> serde_json::Value {
+    use serde_json::{Value, json};
+    let num = |raw: &str| -> Value {
+        let raw = raw.trim();
+        raw.parse::<u64>()
+            .map(Value::from)
+            .unwrap_or_else(|_| Value::String(raw.to_owned()))
+    };
+    let rules: Vec<Value> = rules
+        .iter()
+        .filter(|r| !r.name.trim().is_empty() || !r.limit.trim().is_empty())
+        .map(|r| {
+            let mut doc = json!({ "name": r.name.trim(), "algorithm": r.algorithm });
+            if let Some(kind) = AlgorithmKind::named(&r.algorithm) {
+                for p in kind.params {
+                    doc[p.field] = num(r.input(p.input));
+                }
+            }
+            let dims: Vec<&str> = r
+                .dimensions
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .collect();
+            if !dims.is_empty() {
+                doc["dimensions"] = json!(dims);
+            }
+            if r.count_denied == "on" || r.count_denied == "true" {
+                doc["count_denied"] = json!(true);
+            }
+            doc
+        })
+        .collect();
+    json!({
+        "description": description.trim(),
+        "mode": if shadow { "shadow" } else { "enforce" },
+        "failure_mode": if failure_closed { "closed" } else { "open" },
+        "rules": rules,
+    })
+}
+
+/// The editor's fields for a stored rule document.
+pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
+    let s = |k: &str| match rule.get(k) {
+        Some(serde_json::Value::String(v)) => v.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
+    let mut form = RuleForm {
+        name: s("name"),
+        algorithm: s("algorithm"),
+        ..RuleForm::default()
+    };
+    if let Some(kind) = AlgorithmKind::named(&form.algorithm) {
+        for p in kind.params {
+            *form.input_mut(p.input) = s(p.field);
+        }
+    }
+    RuleForm {
+        dimensions: rule
+            .get("dimensions")
+            .and_then(|d| d.as_array())
+            .map(|d| {
+                d.iter()
+                    .filter_map(|x| x.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default(),
+        count_denied: if rule.get("count_denied") == Some(&serde_json::Value::Bool(true)) {
+            "on".into()
+        } else {
+            String::new()
+        },
+        ..form
+    }
+}

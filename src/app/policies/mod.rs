@@ -1,0 +1,95 @@
+//! Policies: the list; one policy's editor (fields per algorithm, validation messages beside
+//! the fields, shadow mode), a burst preview computed with the domain model (in the browser
+//! when hydrated), overrides with expiry, and the version history with diffs and rollback.
+//!
+//! Every form is an `ActionForm`, so it works with JavaScript off; the rules are posted as
+//! `rules[i][field]`.
+
+mod actions;
+mod form;
+mod pages;
+
+pub use actions::*;
+pub use form::{document_of, rule_form};
+pub use pages::{PoliciesPage, PolicyPage};
+
+use serde::{Deserialize, Serialize};
+
+/// A row of the policy list.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicySummary {
+    pub name: String,
+    pub description: String,
+    pub shadow: bool,
+    pub rules: usize,
+    pub overrides: usize,
+    pub version: u64,
+}
+
+/// One rule as the editor's fields hold it. Which fields count depends on the algorithm.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleForm {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub algorithm: String,
+    #[serde(default)]
+    pub limit: String,
+    #[serde(default)]
+    pub window_ms: String,
+    #[serde(default)]
+    pub bucket_ms: String,
+    #[serde(default)]
+    pub capacity: String,
+    /// Refill (token bucket) or leak (leaky bucket) amount.
+    #[serde(default)]
+    pub tokens: String,
+    /// Refill, leak or GCRA period.
+    #[serde(default)]
+    pub period_ms: String,
+    #[serde(default)]
+    pub rate: String,
+    #[serde(default)]
+    pub burst: String,
+    /// Comma-separated; empty for every dimension.
+    #[serde(default)]
+    pub dimensions: String,
+    /// "on" when checked.
+    #[serde(default)]
+    pub count_denied: String,
+}
+
+/// An override as listed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrideRow {
+    pub matcher: String,
+    pub action: String,
+    pub expires_at_ms: Option<i64>,
+    pub reason: String,
+}
+
+/// One line of a diff: '+', '-' or ' ', and the text.
+pub type DiffLine = (char, String);
+
+/// A previous version and what the next version changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRow {
+    pub version: u64,
+    pub diff: Vec<DiffLine>,
+}
+
+/// Everything the editor shows about one policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyView {
+    pub name: String,
+    pub exists: bool,
+    pub version: u64,
+    pub description: String,
+    pub shadow: bool,
+    pub failure_closed: bool,
+    pub rules: Vec<RuleForm>,
+    pub overrides: Vec<OverrideRow>,
+    pub history: Vec<VersionRow>,
+    /// The policy document (JSON), for the preview.
+    pub document: String,
+}
