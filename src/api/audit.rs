@@ -1,18 +1,22 @@
 //! `GET /api/v1/audit`: the audit log for automation, with the audit page's filters. Admin
 //! API keys only.
 
+use std::net::SocketAddr;
+
 use axum::{
     Json,
-    extract::{Query, State},
-    http::HeaderMap,
+    extract::{ConnectInfo, Query, State},
+    http::{HeaderMap, Method},
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_key};
+use super::{ApiError, require_admin};
 use crate::{
-    auth::KeyRole,
-    domain::{people::AuditFilter, time::parse_utc},
+    domain::{
+        people::{Action, AuditFilter},
+        time::parse_utc,
+    },
     state::AppState,
 };
 
@@ -42,10 +46,12 @@ pub(super) struct AuditQuery {
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Query(query): Query<AuditQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let time = |field: &'static str, raw: &Option<String>| -> Result<Option<i64>, ApiError> {
         match raw.as_deref().map(str::trim) {
             None | Some("") => Ok(None),

@@ -6,14 +6,17 @@ use std::net::SocketAddr;
 use axum::{
     Json, Router,
     extract::{ConnectInfo, Path, Query, State},
-    http::HeaderMap,
+    http::{HeaderMap, Method},
     routing::get,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, key_actor, require_key};
-use crate::{auth::KeyRole, domain::Identifier, state::AppState};
+use super::{ApiError, require_admin};
+use crate::{
+    domain::{Identifier, people::Action},
+    state::AppState,
+};
 
 pub fn router() -> Router<AppState> {
     Router::new().route(
@@ -47,10 +50,12 @@ pub(super) struct ResetQuery {
     responses((status = 200, description = "One entry per policy"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn inspect(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path((dimension, value)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let id = identifier(&dimension, &value)?;
     let inspection = state
         .inspect(&id)
@@ -67,11 +72,12 @@ pub(super) async fn inspect(
 pub(super) async fn reset(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path((dimension, value)): Path<(String, String)>,
     Query(query): Query<ResetQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let caller = require_key(&state, &headers, KeyRole::Admin)?;
+    let actor = require_admin(&state, &headers, &method, addr, Action::ResetIdentifier).await?;
     let reason = query.reason.as_deref().unwrap_or("").trim();
     if reason.chars().count() > 500 {
         return Err(ApiError::bad("reason", "must be at most 500 characters"));
@@ -79,7 +85,7 @@ pub(super) async fn reset(
     let id = identifier(&dimension, &value)?;
     let done = state
         .reset_identifier(
-            &key_actor(&caller, addr),
+            &actor,
             &id,
             query.policy.as_deref(),
             query.rule.as_deref(),

@@ -103,6 +103,54 @@ pub fn require_key(
     }
 }
 
+/// The header a signed-in browser sends its session's CSRF token in, for changes through
+/// the admin API.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+
+/// The caller of the admin API, as the audit log names them: an admin API key (which may do
+/// everything), or a signed-in dashboard session whose role may do `action`. A session's
+/// changes need its CSRF token in `X-CSRF-Token` and must come from this site, as the
+/// dashboard's forms do.
+pub async fn require_admin(
+    state: &AppState,
+    headers: &HeaderMap,
+    method: &axum::http::Method,
+    peer: std::net::SocketAddr,
+    action: crate::domain::people::Action,
+) -> Result<crate::audit::Actor, ApiError> {
+    if headers.contains_key(header::AUTHORIZATION) {
+        let caller = require_key(state, headers, KeyRole::Admin)?;
+        return Ok(key_actor(&caller, peer));
+    }
+    let session = crate::auth::session::load(state, headers)
+        .await
+        .ok_or(ApiError::Unauthorized)?;
+    let (user, role) = session.user().ok_or(ApiError::Unauthorized)?;
+    if !role.may(action) {
+        return Err(ApiError::Forbidden);
+    }
+    let reads = matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD);
+    if !reads {
+        let token = headers
+            .get(CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !session.csrf_matches(token)
+            || !crate::auth::session::from_this_site(state, peer.ip(), headers)
+        {
+            return Err(ApiError::Forbidden);
+        }
+    }
+    Ok(crate::audit::Actor {
+        name: format!("user:{user}"),
+        role: role.to_string(),
+        ip: state
+            .trusted_proxies
+            .client_ip(peer.ip(), headers)
+            .to_string(),
+    })
+}
+
 /// The audit actor for an admin key calling from `addr`.
 pub fn key_actor(caller: &KeyCaller, addr: std::net::SocketAddr) -> crate::audit::Actor {
     crate::audit::Actor {

@@ -6,16 +6,15 @@ use std::net::SocketAddr;
 use axum::{
     Json, Router,
     extract::{ConnectInfo, Path, State},
-    http::{HeaderMap, StatusCode, header},
+    http::{HeaderMap, Method, StatusCode, header},
     response::IntoResponse,
     routing::get,
 };
 use serde_json::{Value, json};
 
-use super::{ApiError, JsonBody, key_actor, require_key};
+use super::{ApiError, JsonBody, require_admin};
 use crate::{
-    auth::KeyRole,
-    domain::{Name, Policy, overrides::Override},
+    domain::{Name, Policy, overrides::Override, people::Action},
     service::policies::view,
     state::AppState,
 };
@@ -42,9 +41,11 @@ fn name(raw: &str) -> Result<Name, ApiError> {
 #[utoipa::path(get, path = "/api/v1/policies", tag = "policies", operation_id = "list_policies", responses((status = 200, body = crate::api::openapi::PolicyList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let policies = state
         .store
         .list_policies()
@@ -67,10 +68,12 @@ async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
 #[utoipa::path(get, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "get_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let policy = load(&state, &name(&raw)?).await?;
     Ok((
         [(header::ETAG, format!("\"{}\"", policy.version))],
@@ -95,16 +98,17 @@ fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 pub(super) async fn put(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path(raw): Path<String>,
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
-    let caller = require_key(&state, &headers, KeyRole::Admin)?;
+    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
     let policy = Policy::from_document(&raw, &body.0)?;
     crate::domain::policy::refuse_reserved(&policy.name)?;
     let saved = state
         .save_policy(
-            &key_actor(&caller, addr),
+            &actor,
             policy,
             expected_version(&headers)?,
             "policy.save",
@@ -127,23 +131,24 @@ pub(super) async fn put(
 pub(super) async fn delete(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let caller = require_key(&state, &headers, KeyRole::Admin)?;
-    state
-        .delete_policy(&key_actor(&caller, addr), &name(&raw)?)
-        .await?;
+    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
+    state.delete_policy(&actor, &name(&raw)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/policies/{name}/versions", tag = "policies", operation_id = "list_policy_versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn versions(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let name = name(&raw)?;
     let history = state
         .store
@@ -158,10 +163,12 @@ pub(super) async fn versions(
 #[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", tag = "overrides", operation_id = "list_overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list_overrides(
     State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Admin)?;
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let policy = load(&state, &name(&raw)?).await?;
     Ok(Json(
         json!({ "policy": policy.name, "version": policy.version, "overrides": policy.overrides }),
@@ -173,30 +180,25 @@ pub(super) async fn list_overrides(
 pub(super) async fn add_override(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path(raw): Path<String>,
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
-    let caller = require_key(&state, &headers, KeyRole::Admin)?;
+    let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let added = Override::from_document(&body.0, "body")?;
     let saved = state
-        .change_policy(
-            &key_actor(&caller, addr),
-            &name(&raw)?,
-            "override.add",
-            "",
-            |current| {
-                if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
-                    return Err(ApiError::bad(
-                        "body",
-                        "this policy has the most overrides allowed",
-                    ));
-                }
-                let mut next = current.clone();
-                next.overrides.push(added);
-                Ok(next)
-            },
-        )
+        .change_policy(&actor, &name(&raw)?, "override.add", "", |current| {
+            if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
+                return Err(ApiError::bad(
+                    "body",
+                    "this policy has the most overrides allowed",
+                ));
+            }
+            let mut next = current.clone();
+            next.overrides.push(added);
+            Ok(next)
+        })
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -212,32 +214,27 @@ pub(super) async fn add_override(
 pub(super) async fn remove_override(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
     headers: HeaderMap,
     Path((raw, index)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let caller = require_key(&state, &headers, KeyRole::Admin)?;
+    let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let index: usize = index
         .parse()
         .map_err(|_| ApiError::bad("index", "must be the override's place in the list, from 0"))?;
     let saved = state
-        .change_policy(
-            &key_actor(&caller, addr),
-            &name(&raw)?,
-            "override.remove",
-            "",
-            |current| {
-                if index >= current.overrides.len() {
-                    return Err(ApiError::NotFound(format!(
-                        "index: {} has {} overrides",
-                        current.name,
-                        current.overrides.len()
-                    )));
-                }
-                let mut next = current.clone();
-                next.overrides.remove(index);
-                Ok(next)
-            },
-        )
+        .change_policy(&actor, &name(&raw)?, "override.remove", "", |current| {
+            if index >= current.overrides.len() {
+                return Err(ApiError::NotFound(format!(
+                    "index: {} has {} overrides",
+                    current.name,
+                    current.overrides.len()
+                )));
+            }
+            let mut next = current.clone();
+            next.overrides.remove(index);
+            Ok(next)
+        })
         .await?;
     Ok(Json(
         json!({ "policy": saved.name, "version": saved.version, "overrides": saved.overrides }),

@@ -257,6 +257,30 @@ pub fn same_origin(own_origin: Option<&str>, headers: &HeaderMap) -> bool {
     }
 }
 
+/// The live session whose cookie the request carries (renewing its idle timeout), if any.
+pub async fn load(state: &AppState, headers: &HeaderMap) -> Option<Session> {
+    let id = session_id_from(headers)?;
+    let digest = to_hex(&super::keys::digest(&id));
+    match state
+        .store
+        .touch_session(&digest, now_ms(), state.sessions.idle.as_millis() as u64)
+        .await
+    {
+        Ok(Some(record)) => Some(Session { digest, record }),
+        Ok(None) => None,
+        Err(error) => {
+            tracing::warn!(%error, "could not read a session");
+            None
+        }
+    }
+}
+
+/// Whether a state change from a signed-in browser comes from this site: its `Origin` (or
+/// `Sec-Fetch-Site`) says so, as the dashboard's own forms are checked.
+pub fn from_this_site(state: &AppState, peer: IpAddr, headers: &HeaderMap) -> bool {
+    same_origin(own_origin(state, Some(peer), headers).as_deref(), headers)
+}
+
 /// Paths the session middleware leaves alone: the service API, probes and static files.
 fn is_outside_dashboard(path: &str) -> bool {
     path.starts_with("/api/")
@@ -310,19 +334,7 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         );
     }
 
-    let mut session = None;
-    if let Some(id) = session_id_from(req.headers()) {
-        let digest = to_hex(&super::keys::digest(&id));
-        match state
-            .store
-            .touch_session(&digest, now_ms(), state.sessions.idle.as_millis() as u64)
-            .await
-        {
-            Ok(Some(record)) => session = Some(Session { digest, record }),
-            Ok(None) => {}
-            Err(error) => tracing::warn!(%error, "could not read a session"),
-        }
-    }
+    let session = load(&state, req.headers()).await;
     let secure = is_https(&state, peer, req.headers());
     req.extensions_mut().insert(OverHttps(secure));
     // A visitor gets the sign-in form's token in a cookie; nothing is stored in Redis.
