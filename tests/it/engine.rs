@@ -1198,3 +1198,30 @@ async fn a_gcra_refund_dated_earlier_gives_back_only_the_cost() {
         .unwrap();
     assert_eq!(peek.results[0].outcome.remaining, 6);
 }
+
+/// A batch call whose keys and arguments do not add up is refused before anything is
+/// written (it was checked only after every check of the batch had written).
+#[test]
+fn a_batch_that_does_not_add_up_writes_nothing() {
+    let redis = RedisServer::start();
+    let mut conn = redis.connection();
+    let script = [
+        include_str!("../../lua/prelude.lua"),
+        include_str!("../../lua/fixed_window.lua"),
+        include_str!("../../lua/stats.lua"),
+        include_str!("../../lua/check.lua"),
+    ]
+    .join("\n");
+    let keys = ["k:{a}", "rate:{a}", "k:{b}", "rate:{b}", "denied", "near"];
+    let entry = ["1", "1", "fw", "0", "10", "60000", "0"];
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(&script).arg(keys.len()).arg(&keys[..]);
+    cmd.arg("").arg("2").arg("batch");
+    cmd.arg(&entry[..]).arg("a|user=a"); // the first check, whole
+    cmd.arg(&entry[..]); // the second, its label missing
+    let answer: redis::RedisResult<String> = cmd.query(&mut conn);
+    let error = answer.expect_err("a batch that does not add up is an error");
+    assert!(error.to_string().contains("do not add up"), "{error}");
+    let written: u64 = redis::cmd("EXISTS").arg(&keys[..]).query(&mut conn).unwrap();
+    assert_eq!(written, 0, "a check of the refused batch wrote state");
+}
