@@ -237,6 +237,18 @@ def main():
                               "SPILLWAY_SEED_DEMO": "false", "RUST_LOG": "error",
                               "SPILLWAY_REDIS_TIMEOUT_MS": "1000"})
     wait_port(app_port)
+    # A baseline build (BENCH_BASELINE=path/to/spillway, e.g. an earlier commit's release
+    # binary) runs the same Spillway scenarios in the same runs, for a before/after
+    # measured side by side. Same Redis; it is idle while the other is measured.
+    baseline_bin = os.environ.get("BENCH_BASELINE")
+    baseline = None
+    if baseline_bin:
+        baseline_port = free_port()
+        baseline = start([baseline_bin], 0, {"REDIS_URL": redis_url, "LEPTOS_SITE_ADDR": f"127.0.0.1:{baseline_port}",
+                                              "SPILLWAY_SERVICE_KEYS": SERVICE_KEY, "SPILLWAY_ADMIN_KEYS": ADMIN_KEY,
+                                              "SPILLWAY_SEED_DEMO": "false", "RUST_LOG": "error",
+                                              "SPILLWAY_REDIS_TIMEOUT_MS": "1000"})
+        wait_port(baseline_port)
     base = f"http://127.0.0.1:{app_port}/api/v1"
     big = 1_000_000_000
     policies = {
@@ -269,21 +281,27 @@ def main():
     }
     results = {}
     extra = {}
+
+    def measure(name, port, proc, env):
+        redis_cli(redis_port, "CONFIG", "RESETSTAT")
+        cpu0 = cpu_seconds(proc.pid)
+        r = wrk(port, env)
+        calls, usec = script_calls(redis_port)
+        cpu = cpu_seconds(proc.pid) - cpu0
+        results.setdefault(name, []).append(r)
+        extra.setdefault(name, []).append({
+            "round_trips": calls / max(r["requests"], 1),
+            "redis_us": usec / calls if calls else 0.0,
+            "redis_us_check": usec / max(r["requests"], 1),
+            "cpu_us": cpu * 1e6 / max(r["requests"], 1),
+            "rss": rss_mb(proc.pid),
+        })
+
     for run in range(RUNS):
         for name, env in spillway.items():
-            redis_cli(redis_port, "CONFIG", "RESETSTAT")
-            cpu0 = cpu_seconds(app.pid)
-            r = wrk(app_port, env)
-            calls, usec = script_calls(redis_port)
-            cpu = cpu_seconds(app.pid) - cpu0
-            results.setdefault(name, []).append(r)
-            extra.setdefault(name, []).append({
-                "round_trips": calls / max(r["requests"], 1),
-                "redis_us": usec / calls if calls else 0.0,
-                "redis_us_check": usec / max(r["requests"], 1),
-                "cpu_us": cpu * 1e6 / max(r["requests"], 1),
-                "rss": rss_mb(app.pid),
-            })
+            measure(name, app_port, app, env)
+            if baseline:
+                measure(f"{name}, baseline build", baseline_port, baseline, env)
             if name == ONE:
                 # Right after the scenario they measure, not in the wake of the 3-rule one's
                 # key expiry (the report's text says why).
@@ -302,6 +320,8 @@ def main():
             results.setdefault(name, []).append(redis_benchmark(redis_port, sha, pipeline))
         print(f"run {run + 1}/{RUNS} done", file=sys.stderr)
     stop(app)
+    if baseline:
+        stop(baseline)
     stop(redis)
     shutil.rmtree(tmp, ignore_errors=True)
 
@@ -352,6 +372,10 @@ def main():
         lines.append(f"| {label} | {ratio:.2f}× | {'yes' if ratio >= goal else 'no'} |")
     floor = med("HTTP floor: GET /healthz on the same server", "rps") / med(ONE, "rps")
     lines.append(f"| (reference, no target) the HTTP floor, an empty GET, vs the normal path | {floor:.2f}× | — |")
+    if baseline:
+        for name in spillway:
+            ratio = med(name, "rps") / med(f"{name}, baseline build", "rps")
+            lines.append(f"| no throughput lost against the baseline build ({os.environ.get('BENCH_BASELINE_LABEL', baseline_bin)}): {name} | {ratio:.2f}× | {'yes' if ratio >= 0.97 else 'no'} |")
     rt = statistics.median(e["round_trips"] for e in extra[ONE])
     hot_rt = statistics.median(e["round_trips"] for e in extra[hot])
     lines.append(f"| exactly 1 Redis round trip per check (single slot): each check is answered by one script call, which checks arriving together share | {rt:.3f} calls per check | {'yes' if rt <= 1.001 else 'no'} |")

@@ -1,5 +1,5 @@
-//! `GET /api/v1/audit`: the audit log for automation, with the audit page's filters. Admin
-//! API keys only.
+//! `GET /api/v1/audit`: the audit log for automation, with the audit page's filters (the
+//! service reads it for both). Admin keys, or a signed-in session.
 
 use std::net::SocketAddr;
 
@@ -12,13 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, require_admin};
-use crate::{
-    domain::{
-        people::{Action, AuditFilter},
-        time::parse_utc,
-    },
-    state::AppState,
-};
+use crate::{domain::people::Action, state::AppState};
 
 /// Records per answer; `older` names the id to pass as `before` for the next page.
 const PAGE: usize = 100;
@@ -52,37 +46,15 @@ pub(super) async fn list(
     Query(query): Query<AuditQuery>,
 ) -> Result<Json<Value>, ApiError> {
     require_admin(&state, &headers, &method, addr, Action::View).await?;
-    let time = |field: &'static str, raw: &Option<String>| -> Result<Option<i64>, ApiError> {
-        match raw.as_deref().map(str::trim) {
-            None | Some("") => Ok(None),
-            Some(raw) => parse_utc(raw)
-                .map(Some)
-                .map_err(|m| ApiError::bad(field, m)),
-        }
+    let query = crate::service::audit::AuditQuery {
+        actor: query.actor.as_deref().unwrap_or_default(),
+        action: query.action.as_deref().unwrap_or_default(),
+        since: query.since.as_deref().unwrap_or_default(),
+        until: query.until.as_deref().unwrap_or_default(),
+        before: query.before.as_deref().unwrap_or_default(),
     };
-    let filter = AuditFilter {
-        actor: query.actor.unwrap_or_default().trim().to_owned(),
-        action: query.action.unwrap_or_default().trim().to_owned(),
-        since_ms: time("since", &query.since)?,
-        until_ms: time("until", &query.until)?.map(|t| t + 59_999),
-    };
-    let before = query
-        .before
-        .as_deref()
-        .map(str::trim)
-        .filter(|b| !b.is_empty());
-    if let Some(b) = before
-        && !b
-            .split_once('-')
-            .is_some_and(|(a, z)| a.parse::<u64>().is_ok() && z.parse::<u64>().is_ok())
-    {
-        return Err(ApiError::bad("before", "is not a record id"));
-    }
-    let entries = state
-        .store
-        .read_audit(&filter, PAGE, before)
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
-    let older = (entries.len() == PAGE).then(|| entries[PAGE - 1].id.clone());
-    Ok(Json(json!({ "entries": entries, "older": older })))
+    let page = state.read_audit(&query, PAGE).await?;
+    Ok(Json(
+        json!({ "entries": page.entries, "older": page.older }),
+    ))
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::{
     domain::PolicyError,
-    service::{CheckError, identifiers::ResetError, policies::ChangeError},
+    service::{CheckError, audit::AuditError, identifiers::ResetError, policies::ChangeError},
     store::StoreError,
 };
 
@@ -55,6 +55,15 @@ impl From<CheckError> for ApiError {
             CheckError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
             CheckError::PoliciesNotLoaded => ApiError::PoliciesNotLoaded,
             CheckError::Unavailable(error) => ApiError::RedisUnavailable(error),
+        }
+    }
+}
+
+impl From<AuditError> for ApiError {
+    fn from(e: AuditError) -> Self {
+        match e {
+            AuditError::Invalid { field, message } => ApiError::bad(field, message),
+            AuditError::Unavailable(error) => ApiError::RedisUnavailable(error),
         }
     }
 }

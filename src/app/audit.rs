@@ -27,40 +27,31 @@ pub async fn audit_log(
     #[server(default)] until: String,
     #[server(default)] before: String,
 ) -> Result<AuditPageData, ServerFnError> {
-    use super::people::bad_input;
-    use crate::domain::{people::AuditFilter, time::parse_utc};
+    use crate::service::audit::{AuditError, AuditQuery};
     crate::auth::guard::require(crate::domain::people::Action::View)?;
-    let time = |field: &str, raw: &str| -> Result<Option<i64>, ServerFnError> {
-        if raw.trim().is_empty() {
-            Ok(None)
-        } else {
-            parse_utc(raw).map(Some).map_err(|m| bad_input(field, m))
-        }
+    let query = AuditQuery {
+        actor: &actor,
+        action: &action,
+        since: &since,
+        until: &until,
+        before: &before,
     };
-    let filter = AuditFilter {
-        actor: actor.trim().to_owned(),
-        action: action.trim().to_owned(),
-        since_ms: time("since", &since)?,
-        until_ms: time("until", &until)?.map(|t| t + 59_999),
-    };
-    let before = before.trim();
-    if !before.is_empty()
-        && !before
-            .split_once('-')
-            .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
-    {
-        return Err(bad_input("before", "is not a record id"));
-    }
-    let store = expect_context::<crate::state::AppState>().store.clone();
-    let entries = store
-        .read_audit(&filter, PAGE, (!before.is_empty()).then_some(before))
+    match expect_context::<crate::state::AppState>()
+        .read_audit(&query, PAGE)
         .await
-        .map_err(|e| {
+    {
+        Ok(page) => Ok(AuditPageData {
+            entries: page.entries,
+            older: page.older,
+        }),
+        Err(AuditError::Invalid { field, message }) => {
+            Err(super::people::bad_input(field, message))
+        }
+        Err(AuditError::Unavailable(e)) => {
             tracing::warn!(error = %e, "audit page: Redis call failed");
-            ServerFnError::new("Redis is unavailable; try again")
-        })?;
-    let older = (entries.len() == PAGE).then(|| entries[PAGE - 1].id.clone());
-    Ok(AuditPageData { entries, older })
+            Err(ServerFnError::new("Redis is unavailable; try again"))
+        }
+    }
 }
 
 #[component]

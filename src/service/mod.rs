@@ -1,5 +1,5 @@
 //! The use cases every front door calls: checking a policy, inspecting and resetting an
-//! identifier, seeding the demo policy. The JSON API, the dashboard's server functions and
+//! identifier, changing policies, reading the audit log, seeding the demo policy. The JSON API, the dashboard's server functions and
 //! the command line parse their input, call these, and render what comes back; none of them
 //! checks, counts or audits on its own, and this layer knows neither HTTP nor Redis (the
 //! store does).
@@ -8,6 +8,7 @@
 //! (`policy_cache`), denials that stand until a known time (`deny_cache`) and the denials
 //! answered from it, on their way to the overview's counters (`live`).
 
+pub mod audit;
 pub mod check;
 pub mod deny_cache;
 pub mod identifiers;

@@ -1222,6 +1222,9 @@ fn a_batch_that_does_not_add_up_writes_nothing() {
     let answer: redis::RedisResult<String> = cmd.query(&mut conn);
     let error = answer.expect_err("a batch that does not add up is an error");
     assert!(error.to_string().contains("do not add up"), "{error}");
-    let written: u64 = redis::cmd("EXISTS").arg(&keys[..]).query(&mut conn).unwrap();
+    let written: u64 = redis::cmd("EXISTS")
+        .arg(&keys[..])
+        .query(&mut conn)
+        .unwrap();
     assert_eq!(written, 0, "a check of the refused batch wrote state");
 }

@@ -1,0 +1,85 @@
+//! Reading the audit log with the filters the audit page and the admin API share: actor,
+//! action (a prefix), a UTC time range to the minute, and paging from a record id.
+
+use super::Service;
+use crate::{
+    domain::{
+        people::{AuditEntry, AuditFilter},
+        time::parse_utc,
+    },
+    store::StoreError,
+};
+
+/// The filters as a person or a client writes them (empty: no filter).
+#[derive(Clone, Debug, Default)]
+pub struct AuditQuery<'a> {
+    pub actor: &'a str,
+    pub action: &'a str,
+    /// From this UTC time (`2026-11-22 10:58`).
+    pub since: &'a str,
+    /// Up to the end of this UTC minute.
+    pub until: &'a str,
+    /// Only records older than this record id (`<ms>-<seq>`).
+    pub before: &'a str,
+}
+
+/// A page of the log: its records, newest first, and the id to page on from when there may
+/// be older ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    pub older: Option<String>,
+}
+
+/// Why the log was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("redis is unavailable: {0}")]
+    Unavailable(#[from] StoreError),
+}
+
+impl Service {
+    /// Up to `page` records matching `query`, newest first.
+    pub async fn read_audit(
+        &self,
+        query: &AuditQuery<'_>,
+        page: usize,
+    ) -> Result<AuditPage, AuditError> {
+        let time = |field: &'static str, raw: &str| -> Result<Option<i64>, AuditError> {
+            match raw.trim() {
+                "" => Ok(None),
+                raw => parse_utc(raw)
+                    .map(Some)
+                    .map_err(|message| AuditError::Invalid { field, message }),
+            }
+        };
+        let filter = AuditFilter {
+            actor: query.actor.trim().to_owned(),
+            action: query.action.trim().to_owned(),
+            since_ms: time("since", query.since)?,
+            until_ms: time("until", query.until)?.map(|t| t + 59_999),
+        };
+        let before = query.before.trim();
+        if !before.is_empty()
+            && !before
+                .split_once('-')
+                .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
+        {
+            return Err(AuditError::Invalid {
+                field: "before",
+                message: "is not a record id".into(),
+            });
+        }
+        let entries = self
+            .store
+            .read_audit(&filter, page, (!before.is_empty()).then_some(before))
+            .await?;
+        let older = (entries.len() == page).then(|| entries[page - 1].id.clone());
+        Ok(AuditPage { entries, older })
+    }
+}
