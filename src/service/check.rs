@@ -153,6 +153,29 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Checks several requests, each its own all-or-nothing decision, answered in order. On
+    /// a single Redis they go out together and share script calls: each is queued for the
+    /// coalesced call when first polled, and `join_all` polls them first in order (also past
+    /// 30, where it runs them as a `FuturesOrdered`), so checks of one identifier are
+    /// decided in the given order. On a cluster a check is several calls: they go one
+    /// after another to keep that order.
+    pub async fn check_all<'a>(
+        &self,
+        requests: impl IntoIterator<Item = &'a CheckRequest>,
+    ) -> Vec<Result<Checked, CheckError>> {
+        let requests: Vec<&CheckRequest> = requests.into_iter().collect();
+        if self.store.is_cluster() {
+            let mut answers = Vec::with_capacity(requests.len());
+            for request in requests {
+                answers.push(self.check(request).await);
+            }
+            return answers;
+        }
+        futures_util::future::join_all(requests.into_iter().map(|r| self.check(r))).await
+    }
+}
+
 fn blocked_result(identifier: Identifier) -> RuleResult {
     RuleResult {
         rule: Name::parse("override").expect("a valid name"),

@@ -77,34 +77,29 @@ pub async fn batch_handler(
         .enumerate()
         .map(|(i, item)| CheckRequest::parse(item, &format!("checks[{i}].")))
         .collect();
-    // On a single Redis the checks go out together: each is queued for the shared script
-    // call as it is first polled, in order, so they share calls and checks of the same
-    // identifier are still decided in the batch's order. On a cluster a check is several
-    // calls, so they go one after another to keep that order.
-    let results = if state.store.is_cluster() {
-        let mut results = Vec::with_capacity(requests.len());
-        for request in &requests {
-            results.push(batch_item(&state, request).await);
-        }
-        results
-    } else {
-        futures_util::future::join_all(requests.iter().map(|r| batch_item(&state, r))).await
-    };
-    Ok(Json(json!({ "results": results })))
-}
-
-/// One answer of a batch: its status and body, a check's or a problem's.
-async fn batch_item(state: &AppState, request: &Result<CheckRequest, ApiError>) -> Value {
-    let problem = |e: &ApiError| json!({ "status": e.status().as_u16(), "body": e.body() });
-    match request {
-        Ok(request) => match check(state, request, StatusCode::TOO_MANY_REQUESTS).await {
-            Ok(a) => {
-                json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) })
+    let valid: Vec<&CheckRequest> = requests.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let mut checked = state.check_all(valid).await.into_iter();
+    let results: Vec<Value> = requests
+        .iter()
+        .map(|request| {
+            let answer = match request {
+                Err(e) => Err(e),
+                Ok(_) => Ok(checked.next().expect("one answer per valid check")),
+            };
+            match answer {
+                Ok(Ok(c)) => {
+                    let a = answer::answer(&c, StatusCode::TOO_MANY_REQUESTS);
+                    json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) })
+                }
+                Ok(Err(e)) => {
+                    let e = ApiError::from(e);
+                    json!({ "status": e.status().as_u16(), "body": e.body() })
+                }
+                Err(e) => json!({ "status": e.status().as_u16(), "body": e.body() }),
             }
-            Err(e) => problem(&e),
-        },
-        Err(e) => problem(e),
-    }
+        })
+        .collect();
+    Ok(Json(json!({ "results": results })))
 }
 
 /// Query of forward-auth. Both are strings so that parsing the query never fails before
