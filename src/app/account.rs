@@ -15,11 +15,9 @@ pub async fn change_my_password(
 ) -> Result<(), ServerFnError> {
     use super::people::bad_input;
     use crate::{
-        auth::{
-            login::{Attempt, Charged},
-            password, people,
-        },
+        auth::{password, people},
         domain::people::Action,
+        service::signin::{Attempt, Charged},
     };
     let caller = crate::auth::guard::require_change(Action::View, &csrf)?;
     let state = expect_context::<crate::state::AppState>();

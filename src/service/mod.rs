@@ -15,6 +15,7 @@ pub mod identifiers;
 pub mod live;
 pub mod policies;
 pub mod policy_cache;
+pub mod signin;
 
 pub use check::{CheckError, CheckRequest, Checked};
 
