@@ -38,7 +38,6 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::session::middleware,
         ))
-        .layer(axum::middleware::from_fn(limit_form_bodies))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::GATEWAY_TIMEOUT,
             state.request_timeout,
@@ -49,47 +48,6 @@ pub fn router(state: AppState) -> Router {
             close_while_draining,
         ))
         .with_state(state)
-}
-
-/// Largest body a dashboard form or server function may send: far more than any form of
-/// the dashboard needs (a policy of 100 rules is about 20 KB).
-pub const MAX_FORM_BODY: usize = 256 * 1024;
-
-/// Server functions and the sign-in form read their bodies through Leptos, which answers a
-/// body over the limit with a 500; here it is refused first, with 413.
-async fn limit_form_bodies(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::{http::StatusCode, response::IntoResponse};
-    let path = request.uri().path();
-    if !(path.starts_with("/fn/") || path.starts_with("/auth/")) {
-        return next.run(request).await;
-    }
-    let too_large = || {
-        (
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("The form is larger than {MAX_FORM_BODY} bytes."),
-        )
-            .into_response()
-    };
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_FORM_BODY as u64) {
-        return too_large();
-    }
-    // Without a length (chunked), read it here within the limit.
-    let (parts, body) = request.into_parts();
-    match axum::body::to_bytes(body, MAX_FORM_BODY).await {
-        Ok(bytes) => {
-            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
-                .await
-        }
-        Err(_) => too_large(),
-    }
 }
 
 /// The dashboard's routes, generated once per process. Generating them renders the app once

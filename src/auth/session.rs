@@ -308,7 +308,13 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
                 .headers_mut()
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         }
-        return with_security_headers(response, API_CSP);
+        return with_security_headers(response, HeaderValue::from_static(API_CSP));
+    }
+    if path.starts_with("/fn/") || path.starts_with("/auth/") {
+        req = match within_form_limit(req).await {
+            Ok(req) => req,
+            Err(too_large) => return secured(too_large, None),
+        };
     }
     let peer = req
         .extensions()
@@ -373,6 +379,36 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
     secured(response, Some(&nonce))
 }
 
+/// Largest body a dashboard form or server function may send: far more than any form of
+/// the dashboard needs (a policy of 100 rules is about 20 KB).
+pub const MAX_FORM_BODY: usize = 256 * 1024;
+
+/// Server functions and the sign-in form read their bodies through Leptos, which answers a
+/// body over the limit with a 500: here it is refused first, with 413 (a body without a
+/// length is read here, within the limit).
+async fn within_form_limit(request: Request) -> Result<Request, Response> {
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("The form is larger than {MAX_FORM_BODY} bytes."),
+        )
+            .into_response()
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_FORM_BODY as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    match axum::body::to_bytes(body, MAX_FORM_BODY).await {
+        Ok(bytes) => Ok(Request::from_parts(parts, bytes.into())),
+        Err(_) => Err(too_large()),
+    }
+}
+
 /// The CSP of responses that are not pages (JSON, metrics, assets): nothing may run, nothing
 /// may frame them.
 const API_CSP: &str = "default-src 'none'; frame-ancestors 'none'";
@@ -388,16 +424,16 @@ fn secured(mut response: Response, nonce: Option<&str>) -> Response {
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    with_security_headers(response, &csp)
+    with_security_headers(
+        response,
+        HeaderValue::from_str(&csp).expect("the CSP is a valid header value"),
+    )
 }
 
 /// The headers every response carries, page or not: its CSP, no framing, no sniffing.
-fn with_security_headers(mut response: Response, csp: &str) -> Response {
+fn with_security_headers(mut response: Response, csp: HeaderValue) -> Response {
     let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_str(csp).expect("the CSP is a valid header value"),
-    );
+    h.insert(header::CONTENT_SECURITY_POLICY, csp);
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
