@@ -598,16 +598,7 @@ async fn concurrent_counted_checks_share_calls_and_each_decides_alone() {
             .fold((0, 0), |(a, d), s| (a + s.allowed, d + s.denied));
         assert_eq!(counted, (limit, 64 * 12 / 2 - limit), "{policy}");
     }
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    let calls: u64 = info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum();
+    let calls = redis.script_calls();
     assert!(
         calls > 0 && calls < 64 * 12 / 2,
         "{calls} script calls for {} checks: they were not coalesced",
@@ -1145,16 +1136,7 @@ async fn a_failing_check_does_not_fail_the_checks_that_share_its_call() {
         }
     }
     assert_eq!(failed, 20);
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    let calls: u64 = info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum();
+    let calls = redis.script_calls();
     assert!(
         calls < 100,
         "{calls} script calls for 200 checks: they did not share calls"

@@ -95,6 +95,20 @@ impl RedisServer {
             .get_connection()
             .unwrap()
     }
+
+    /// How many script calls (EVAL and EVALSHA) this Redis has run since its statistics
+    /// were last reset (`CONFIG RESETSTAT`).
+    pub fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.connection())
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
+            .map(|n| n.parse::<u64>().unwrap())
+            .sum()
+    }
 }
 
 impl Drop for RedisServer {

@@ -6,20 +6,6 @@ use serde_json::{Value, json};
 
 use crate::helpers::{ADMIN_KEY, RedisServer, spawn_app};
 
-/// How many script calls this Redis has run.
-fn script_calls(redis: &RedisServer) -> u64 {
-    let mut conn = redis.connection();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum()
-}
-
 /// A 3-rule policy checked for 2 identifiers answers with 6 results and lists the 3 rules,
 /// whether the denial came from Redis or from the over-limit cache (which it did: no script
 /// ran for it).
@@ -46,11 +32,11 @@ async fn a_cached_denial_has_the_shape_of_one_from_redis() {
     assert_eq!(from_redis.status(), 429);
     let redis_headers = from_redis.headers().clone();
     let redis_body: Value = from_redis.json().await.unwrap();
-    let calls = script_calls(&redis);
+    let calls = redis.script_calls();
     let from_cache = check().await;
     assert_eq!(from_cache.status(), 429);
     assert_eq!(
-        script_calls(&redis),
+        redis.script_calls(),
         calls,
         "the second denial came from the cache"
     );
@@ -109,12 +95,12 @@ async fn an_override_rule_that_counts_denials_always_reaches_redis() {
     for _ in 0..2 {
         assert_eq!(check().await.status(), 200);
     }
-    let before = script_calls(&redis);
+    let before = redis.script_calls();
     for _ in 0..5 {
         assert_eq!(check().await.status(), 429);
     }
     assert_eq!(
-        script_calls(&redis) - before,
+        redis.script_calls() - before,
         5,
         "every counted denial ran the script"
     );
@@ -180,7 +166,7 @@ async fn a_batch_shares_calls_and_keeps_its_order() {
     for _ in 0..5 {
         checks.push(json!({"policy": "batch", "identifiers": {"user": "same"}}));
     }
-    let before = script_calls(&redis);
+    let before = redis.script_calls();
     let answer: Value = app
         .client
         .post(app.url("/api/v1/check/batch"))
@@ -192,7 +178,7 @@ async fn a_batch_shares_calls_and_keeps_its_order() {
         .json()
         .await
         .unwrap();
-    let calls = script_calls(&redis) - before;
+    let calls = redis.script_calls() - before;
     assert!(
         calls < 50,
         "{calls} script calls for 100 checks: they did not share calls"
