@@ -97,6 +97,23 @@ async fn slow_and_idle_connections_are_closed() {
     })
     .await
     .unwrap();
+    // A request answered slowly (Redis stalls for 1.5 s) is not cut off for being quiet.
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg("1500")
+        .query(&mut conn)
+        .unwrap();
+    let started = Instant::now();
+    let slow = app
+        .check(serde_json::json!({"policy": "demo", "identifiers": {"user": "patient"}}))
+        .await;
+    assert_eq!(slow.status(), 200);
+    assert!(
+        started.elapsed() > Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
     // A connection that keeps sending whole requests is served throughout.
     let client = reqwest::Client::new();
     for _ in 0..5 {
