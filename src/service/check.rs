@@ -73,9 +73,7 @@ impl Service {
             }
             None => return Err(CheckError::PoliciesNotLoaded),
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let now_ms = super::now_ms();
         let mut entries = Vec::new();
         let mut blocked = Vec::new();
         for identifier in &request.identifiers {

@@ -2,7 +2,7 @@
 //! and resetting it (everywhere, in one policy, or one rule), with the reset's audit record.
 //! The admin API and the dashboard's inspector both call these.
 
-use super::Service;
+use super::{Service, now_ms};
 use crate::{
     audit::{Actor, Change},
     domain::{
@@ -32,12 +32,6 @@ pub enum ResetError {
 pub struct ResetDone {
     pub policies: Vec<String>,
     pub deleted_keys: u64,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Service {

@@ -30,3 +30,11 @@ pub struct Service {
     pub denials: deny_cache::DenyCache,
     pub live: live::LiveCounts,
 }
+
+/// The host's clock in ms since the epoch: what override expiries are compared with (limits
+/// themselves run on Redis's clock, in the scripts).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
