@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 CARGO_LEPTOS_VERSION=0.3.10
 BINARYEN_VERSION=132.0.0
 PLAYWRIGHT_VERSION=1.65.1
+OPENAPI_CLIENT_VERSION=0.29.1
 TOOLS="$PWD/.tools"
 export PATH="$TOOLS/node_modules/.bin:$HOME/.cargo/bin:$PATH"
 
@@ -68,6 +69,17 @@ need_browser_tests() {
   fi
 }
 
+# The generated-client test (tests/it/openapi.rs) uses openapi-python-client in a venv.
+need_client_generator() {
+  if [ "$("$TOOLS/py/bin/openapi-python-client" --version 2>/dev/null)" != "openapi-python-client version: $OPENAPI_CLIENT_VERSION" ]; then
+    command -v python3 >/dev/null || apt_install python3
+    python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
+    say "installing openapi-python-client $OPENAPI_CLIENT_VERSION into .tools/py"
+    python3 -m venv "$TOOLS/py"
+    "$TOOLS/py/bin/pip" install -q "openapi-python-client==$OPENAPI_CLIENT_VERSION"
+  fi
+}
+
 need_bench_tools() {
   need_node
   command -v wrk >/dev/null || apt_install wrk
@@ -79,7 +91,7 @@ need_bench_tools() {
 case "${1:-}" in
   build) need_build_tools ;;
   run) need_build_tools; need_redis ;;
-  test) need_build_tools; need_redis; need_browser_tests ;;
+  test) need_build_tools; need_redis; need_browser_tests; need_client_generator ;;
   bench) need_build_tools; need_redis; need_bench_tools ;;
   *) echo "usage: $0 build|run|test|bench" >&2; exit 2 ;;
 esac

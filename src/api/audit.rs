@@ -35,7 +35,7 @@ pub(super) struct AuditQuery {
 /// The newest audit records first, filtered as the audit page filters them.
 #[utoipa::path(get, path = "/api/v1/audit", tag = "audit", operation_id = "list_audit_records",
     params(AuditQuery),
-    responses((status = 200, description = "`{entries, older}`: records newest first, and the id to page from"),
+    responses((status = 200, description = "Records newest first, and the id to page from", body = crate::api::openapi::AuditPage),
     (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(

@@ -47,7 +47,7 @@ pub(super) struct ResetQuery {
 /// is consumed).
 #[utoipa::path(get, path = "/api/v1/identifiers/{dimension}/{value}", tag = "identifiers", operation_id = "inspect_identifier",
     params(("dimension" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("value" = String, Path, pattern = "^[^\\x00-\\x1f\\x7f]{1,256}$")),
-    responses((status = 200, description = "One entry per policy"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+    responses((status = 200, description = "One entry per policy", body = crate::api::openapi::Inspection), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn inspect(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,
@@ -68,7 +68,7 @@ pub(super) async fn inspect(
 /// Every instance forgets its cached denials of it at once.
 #[utoipa::path(delete, path = "/api/v1/identifiers/{dimension}/{value}", tag = "identifiers", operation_id = "reset_identifier",
     params(("dimension" = String, Path, pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("value" = String, Path, pattern = "^[^\\x00-\\x1f\\x7f]{1,256}$"), ResetQuery),
-    responses((status = 200, description = "How many keys were deleted"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+    responses((status = 200, description = "What was reset", body = crate::api::openapi::ResetResult), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn reset(
     State(state): State<AppState>,
     ConnectInfo(addr): ConnectInfo<SocketAddr>,

@@ -199,6 +199,81 @@ pub struct Status {
     status: String,
 }
 
+/// One rule's state for an inspected identifier (nothing consumed).
+#[derive(Serialize, ToSchema)]
+pub struct InspectedRule {
+    rule: String,
+    algorithm: String,
+    /// The identifier this rule counts (`dimension=value`, or several joined by `&`).
+    identifier: String,
+    limit: u64,
+    remaining: u64,
+    reset_ms: u64,
+    /// Milliseconds until Redis drops the state; null when none is kept now.
+    ttl_ms: Option<i64>,
+    /// The rule that would deny first.
+    binding: bool,
+    /// When a request of cost 1 would next pass; null when it would pass now.
+    retry_after_ms: Option<u64>,
+}
+
+/// One policy's view of an inspected identifier.
+#[derive(Serialize, ToSchema)]
+pub struct InspectedPolicy {
+    policy: String,
+    version: u64,
+    /// `rules`, or `unlimited` / `blocked` by an override.
+    status: String,
+    rules: Vec<InspectedRule>,
+}
+
+/// An identifier's state in every policy, at `at_ms`.
+#[derive(Serialize, ToSchema)]
+pub struct Inspection {
+    identifier: String,
+    at_ms: i64,
+    policies: Vec<InspectedPolicy>,
+    /// Why nothing could be shown.
+    error: Option<String>,
+}
+
+/// What a reset did.
+#[derive(Serialize, ToSchema)]
+pub struct ResetResult {
+    identifier: String,
+    /// The policies whose counters were reset.
+    policies: Vec<String>,
+    deleted_keys: u64,
+}
+
+/// One audit record: who did what to what, when, from where and why.
+#[derive(Serialize, ToSchema)]
+pub struct AuditRecord {
+    /// The record's id (`<ms>-<seq>`); pass it as `before` to page on.
+    id: String,
+    time_ms: i64,
+    /// `user:<name>`, `key:<name>`, `cli:<os user>`.
+    actor: String,
+    role: String,
+    /// Dotted verb: `policy.save`, `identifier.reset`, `login.failure`, ...
+    action: String,
+    target: String,
+    /// JSON document before the change (empty when none).
+    before: String,
+    /// JSON document after the change (empty when none).
+    after: String,
+    ip: String,
+    reason: String,
+}
+
+/// A page of the audit log, newest first.
+#[derive(Serialize, ToSchema)]
+pub struct AuditPage {
+    entries: Vec<AuditRecord>,
+    /// The id to pass as `before` for older records; null when there are none.
+    older: Option<String>,
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -208,6 +283,56 @@ impl Modify for BearerAuth {
             "api_key",
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
+    }
+}
+
+/// The refusals every keyed operation can answer, declared once: 401 (no or unknown key),
+/// 403 for the admin operations (a key or role that may not do this), 503 (Redis down).
+struct CommonProblems;
+
+impl Modify for CommonProblems {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder, path::Operation};
+        let problem = |description: &str| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/problem+json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("Problem")))
+                        .build(),
+                )
+                .build()
+        };
+        let add = |op: &mut Operation| {
+            let tags = op.tags.clone().unwrap_or_default();
+            if tags.iter().any(|t| t == "health") {
+                return;
+            }
+            let admin = !tags.iter().any(|t| t == "checks");
+            let mut wanted = vec![
+                ("401", "No key, or one that is not known"),
+                ("503", "Redis is unreachable; retry after `Retry-After`"),
+            ];
+            if admin {
+                wanted.push(("403", "This key or role may not do this"));
+            }
+            for (status, description) in wanted {
+                let responses = &mut op.responses.responses;
+                if !responses.contains_key(status) {
+                    responses.insert(status.to_owned(), problem(description).into());
+                }
+            }
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ];
+            ops.into_iter().flatten().for_each(add);
+        }
     }
 }
 
@@ -235,8 +360,9 @@ impl Modify for BearerAuth {
         super::audit::list,
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
-        RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status)),
-    modifiers(&BearerAuth),
+        RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
+        Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage)),
+    modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(
         (name = "checks", description = "May this caller do this now? (service keys)"),

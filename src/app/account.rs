@@ -2,6 +2,8 @@
 //! ends every one of their sessions, this one included).
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use leptos_meta::Title;
 
 use super::session::{CsrfField, error_message, use_session};
@@ -12,8 +14,7 @@ pub async fn change_my_password(
     #[server(default)] csrf: String,
     #[server(default)] current: String,
     #[server(default)] new_password: String,
-) -> Result<(), ServerFnError> {
-    use super::people::bad_input;
+) -> Result<(), AppError> {
     use crate::{
         auth::{password, people},
         domain::people::Action,
@@ -22,7 +23,7 @@ pub async fn change_my_password(
     let caller = crate::auth::guard::require_change(Action::View, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     let store = state.store.clone();
-    let unavailable = |_| ServerFnError::new("Redis is unavailable; try again");
+    let unavailable = |e| AppError::unavailable("password change", e);
     // Guessing the current password is limited as signing in is (and counts with it).
     let attempt = match Attempt::charge(&state, caller.user.as_str(), &caller.ip)
         .await
@@ -30,29 +31,39 @@ pub async fn change_my_password(
     {
         Charged::Allowed(attempt) => attempt,
         Charged::Limited(wait_s) => {
-            let error = bad_input(
+            let error = AppError::bad_input(
                 "current",
                 format!("too many wrong passwords; try again in {wait_s} seconds"),
             );
             crate::auth::guard::set_status(axum::http::StatusCode::TOO_MANY_REQUESTS);
             return Err(error);
         }
-        Charged::Invalid => return Err(bad_input("current", "is not your current password")),
+        Charged::Invalid => {
+            return Err(AppError::bad_input(
+                "current",
+                "is not your current password",
+            ));
+        }
     };
     let user = store
         .get_user(&caller.user)
         .await
         .map_err(unavailable)?
-        .ok_or_else(|| bad_input("current", "this user no longer exists"))?;
+        .ok_or_else(|| AppError::bad_input("current", "this user no longer exists"))?;
     if !password::verify(Some(user.password_hash), current).await {
-        return Err(bad_input("current", "is not your current password"));
+        return Err(AppError::bad_input(
+            "current",
+            "is not your current password",
+        ));
     }
     attempt.forgive(&state).await;
     people::set_password(&store, &caller.actor(), caller.user.as_str(), &new_password)
         .await
         .map_err(|e| match e {
-            people::PeopleError::Invalid { message, .. } => bad_input("new_password", message),
-            other => ServerFnError::new(other.to_string()),
+            people::PeopleError::Invalid { message, .. } => {
+                AppError::bad_input("new_password", message)
+            }
+            other => AppError::refused(axum::http::StatusCode::BAD_REQUEST, other),
         })?;
     leptos_axum::redirect("/login?changed=1");
     Ok(())

@@ -2,6 +2,8 @@
 //! the documents before and after. Read only: nothing in the app edits the log.
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use leptos_meta::Title;
 use leptos_router::{components::Form, hooks::use_query_map};
 use serde::{Deserialize, Serialize};
@@ -26,7 +28,7 @@ pub async fn audit_log(
     #[server(default)] since: String,
     #[server(default)] until: String,
     #[server(default)] before: String,
-) -> Result<AuditPageData, ServerFnError> {
+) -> Result<AuditPageData, AppError> {
     use crate::service::audit::{AuditError, AuditQuery};
     crate::auth::guard::require(crate::domain::people::Action::View)?;
     let query = AuditQuery {
@@ -44,13 +46,8 @@ pub async fn audit_log(
             entries: page.entries,
             older: page.older,
         }),
-        Err(AuditError::Invalid { field, message }) => {
-            Err(super::people::bad_input(field, message))
-        }
-        Err(AuditError::Unavailable(e)) => {
-            tracing::warn!(error = %e, "audit page: Redis call failed");
-            Err(ServerFnError::new("Redis is unavailable; try again"))
-        }
+        Err(AuditError::Invalid { field, message }) => Err(AppError::bad_input(field, message)),
+        Err(AuditError::Unavailable(e)) => Err(AppError::unavailable("audit page", e)),
     }
 }
 

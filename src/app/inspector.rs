@@ -4,6 +4,8 @@
 //! rule, one policy or everything, with a reason that goes to the audit log.
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use leptos_meta::Title;
 use leptos_router::{components::Form, hooks::use_query_map};
 
@@ -13,9 +15,7 @@ use crate::domain::people::Action;
 pub use crate::domain::inspection::{Inspection, PolicyState, RuleState};
 
 #[server(prefix = "/fn", endpoint = "inspect")]
-pub async fn inspect_identifier(
-    #[server(default)] id: String,
-) -> Result<Inspection, ServerFnError> {
+pub async fn inspect_identifier(#[server(default)] id: String) -> Result<Inspection, AppError> {
     crate::auth::guard::require(Action::View)?;
     Ok(expect_context::<crate::state::AppState>()
         .inspect_typed(&id)
@@ -29,21 +29,23 @@ pub async fn reset_identifier(
     #[server(default)] id: String,
     #[server(default)] scope: String,
     #[server(default)] reason: String,
-) -> Result<u64, ServerFnError> {
-    use super::people::bad_input;
+) -> Result<u64, AppError> {
     use crate::{domain::Identifier, service::identifiers::ResetError};
     let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
-    let id = Identifier::parse(id.trim()).map_err(|m| bad_input("id", m))?;
+    let id = Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
     let reason = reason.trim();
     if reason.is_empty() {
-        return Err(bad_input(
+        return Err(AppError::bad_input(
             "reason",
             "is required: say why (it goes to the audit log)",
         ));
     }
     if reason.chars().count() > 500 {
-        return Err(bad_input("reason", "must be at most 500 characters"));
+        return Err(AppError::bad_input(
+            "reason",
+            "must be at most 500 characters",
+        ));
     }
     let (policy, rule) = match scope.split_once('/') {
         Some((p, r)) => (Some(p), Some(r)),
@@ -55,13 +57,9 @@ pub async fn reset_identifier(
         .await
     {
         Ok(done) => Ok(done.deleted_keys),
-        Err(ResetError::Invalid { field, message }) => Err(bad_input(field, message)),
-        Err(ResetError::UnknownPolicy(_)) => Err(bad_input("scope", "no such policy")),
-        Err(ResetError::Unavailable(error)) => {
-            tracing::warn!(%error, "reset: Redis unavailable");
-            crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
-            Err(ServerFnError::new("Redis is unavailable; try again"))
-        }
+        Err(ResetError::Invalid { field, message }) => Err(AppError::bad_input(field, message)),
+        Err(ResetError::UnknownPolicy(_)) => Err(AppError::bad_input("scope", "no such policy")),
+        Err(ResetError::Unavailable(error)) => Err(AppError::unavailable("reset", error)),
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod account;
 pub mod audit;
+pub mod error;
 #[cfg(feature = "ssr")]
 pub mod events;
 pub mod inspector;

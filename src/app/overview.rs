@@ -7,6 +7,8 @@
 //! costs the same with a million identifiers.
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
 
@@ -117,14 +119,14 @@ pub async fn gather(state: &crate::state::AppState) -> OverviewData {
 
 /// The overview, for the first render (and for anyone polling).
 #[server(prefix = "/fn", endpoint = "overview")]
-pub async fn overview() -> Result<OverviewData, ServerFnError> {
+pub async fn overview() -> Result<OverviewData, AppError> {
     crate::auth::guard::require(crate::domain::people::Action::View)?;
     Ok(gather(&expect_context::<crate::state::AppState>()).await)
 }
 
 /// Reads Redis's status on the server by running the health script.
 #[server(prefix = "/fn", endpoint = "redis_status")]
-pub async fn redis_status() -> Result<RedisReport, ServerFnError> {
+pub async fn redis_status() -> Result<RedisReport, AppError> {
     crate::auth::guard::require(crate::domain::people::Action::View)?;
     Ok(gather(&expect_context::<crate::state::AppState>())
         .await

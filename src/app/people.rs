@@ -2,6 +2,8 @@
 //! (the key is shown once), see when each was last used, revoke them.
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
 
@@ -45,33 +47,22 @@ fn state() -> crate::state::AppState {
 }
 
 #[cfg(feature = "ssr")]
-fn store_failed(e: impl std::fmt::Display) -> ServerFnError {
-    tracing::warn!(error = %e, "dashboard: Redis call failed");
-    crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
-    ServerFnError::new("Redis is unavailable; try again")
-}
-
-/// A 400 naming the form field.
-#[cfg(feature = "ssr")]
-pub(crate) fn bad_input(field: &str, message: impl std::fmt::Display) -> ServerFnError {
-    crate::auth::guard::set_status(axum::http::StatusCode::BAD_REQUEST);
-    ServerFnError::new(format!("{field}: {message}"))
+fn store_failed(e: impl std::fmt::Display) -> AppError {
+    AppError::unavailable("people page", e)
 }
 
 #[cfg(feature = "ssr")]
-fn people_failed(e: crate::auth::people::PeopleError) -> ServerFnError {
+fn people_failed(e: crate::auth::people::PeopleError) -> AppError {
     use crate::auth::people::PeopleError;
     match e {
         PeopleError::Store(e) => store_failed(e),
-        other => {
-            crate::auth::guard::set_status(axum::http::StatusCode::BAD_REQUEST);
-            ServerFnError::new(other.to_string())
-        }
+        PeopleError::Invalid { field, message } => AppError::bad_input(field, message),
+        other => AppError::bad_input(other.field(), other),
     }
 }
 
 #[server(prefix = "/fn", endpoint = "people")]
-pub async fn list_people() -> Result<PeopleView, ServerFnError> {
+pub async fn list_people() -> Result<PeopleView, AppError> {
     use crate::{auth::guard, domain::people::Action};
     let caller = guard::require(Action::ManagePeople)?;
     let store = state().store.clone();
@@ -123,10 +114,10 @@ pub async fn add_user(
     #[server(default)] username: String,
     #[server(default)] role: String,
     #[server(default)] password: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::{auth::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    let role = Role::parse(&role).map_err(|m| bad_input("role", m))?;
+    let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
     people::add_user(&state().store, &caller.actor(), &username, role, &password)
         .await
         .map_err(people_failed)?;
@@ -138,10 +129,10 @@ pub async fn set_user_role(
     #[server(default)] csrf: String,
     #[server(default)] username: String,
     #[server(default)] role: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::{auth::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    let role = Role::parse(&role).map_err(|m| bad_input("role", m))?;
+    let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
     people::set_role(&state().store, &caller.actor(), &username, role)
         .await
         .map_err(people_failed)
@@ -151,7 +142,7 @@ pub async fn set_user_role(
 pub async fn remove_user(
     #[server(default)] csrf: String,
     #[server(default)] username: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::{auth::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     people::remove_user(&state().store, &caller.actor(), &username)
@@ -164,10 +155,10 @@ pub async fn create_key(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
     #[server(default)] role: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::{auth::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    let role = KeyRole::parse(&role).map_err(|m| bad_input("role", m))?;
+    let role = KeyRole::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
     let store = state().store.clone();
     let (_, secret) = people::create_key(&store, &caller.actor(), &name, role)
         .await
@@ -202,7 +193,7 @@ const NEW_KEY_COOKIE: &str = "spillway_new_key";
 pub async fn revoke_key(
     #[server(default)] csrf: String,
     #[server(default)] id: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::{auth::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     people::revoke_key(&state().store, &caller.actor(), &id)

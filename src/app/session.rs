@@ -2,6 +2,8 @@
 //! and the session's CSRF token, which every form sends back.
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::people::{Action, Role};
@@ -23,7 +25,7 @@ impl SessionView {
 
 /// The caller's session (for a visitor, just the sign-in form's token).
 #[server(prefix = "/fn", endpoint = "whoami")]
-pub async fn whoami() -> Result<SessionView, ServerFnError> {
+pub async fn whoami() -> Result<SessionView, AppError> {
     use crate::auth::session::{CurrentSession, LoginToken};
     let parts = use_context::<axum::http::request::Parts>();
     let session = parts
@@ -47,19 +49,16 @@ pub async fn whoami() -> Result<SessionView, ServerFnError> {
 }
 
 /// The session resource the app provides to every page.
-pub type SessionResource = Resource<Result<SessionView, ServerFnError>>;
+pub type SessionResource = Resource<Result<SessionView, AppError>>;
 
 /// The session resource (provided by `App`).
 pub fn use_session() -> SessionResource {
     expect_context::<SessionResource>()
 }
 
-/// The message of a server function error, without the framework's prefix.
-pub fn error_message(e: &ServerFnError) -> String {
-    match e {
-        ServerFnError::ServerError(m) => m.clone(),
-        other => other.to_string(),
-    }
+/// A server function's error as an alert shows it (a field error names its field).
+pub fn error_message(e: &AppError) -> String {
+    e.to_string()
 }
 
 /// A hidden input carrying the CSRF token.

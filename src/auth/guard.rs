@@ -5,6 +5,8 @@
 use axum::http::{StatusCode, request::Parts};
 use leptos::prelude::*;
 
+use crate::app::error::AppError;
+
 use super::session::{ClientIp, CurrentSession};
 use crate::{
     audit::Actor,
@@ -49,9 +51,8 @@ pub fn set_status(status: StatusCode) {
     }
 }
 
-fn fail(status: StatusCode, message: &str) -> ServerFnError {
-    set_status(status);
-    ServerFnError::new(message)
+fn fail(status: StatusCode, message: &str) -> AppError {
+    AppError::refused(status, message)
 }
 
 /// The signed-in caller, if any (no role check).
@@ -73,7 +74,7 @@ pub fn caller() -> Option<Caller> {
 }
 
 /// For reads: a signed-in caller whose role may do `action`.
-pub fn require(action: Action) -> Result<Caller, ServerFnError> {
+pub fn require(action: Action) -> Result<Caller, AppError> {
     let caller = caller().ok_or_else(|| fail(StatusCode::UNAUTHORIZED, "sign in first"))?;
     if !caller.role.may(action) {
         return Err(fail(
@@ -86,7 +87,7 @@ pub fn require(action: Action) -> Result<Caller, ServerFnError> {
 
 /// For changes: as `require`, and the request must carry the session's CSRF token (the
 /// middleware already refused other origins).
-pub fn require_change(action: Action, csrf: &str) -> Result<Caller, ServerFnError> {
+pub fn require_change(action: Action, csrf: &str) -> Result<Caller, AppError> {
     let caller = require(action)?;
     let matches = use_context::<Parts>()
         .and_then(|p| p.extensions.get::<CurrentSession>()?.0.clone())

@@ -96,8 +96,14 @@ async fn the_policy_editor_names_the_bad_field_and_saves_good_input() {
     ];
     let r = v.post_form("/fn/policy_save", &form, Some(&origin)).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let body = r.text().await.unwrap();
-    assert!(body.contains("rules[0].capacity"), "{body}");
+    // The error is typed on the wire: the field and its message apart, nothing to split.
+    let error: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(error["Field"]["field"], "rules[0].capacity", "{error}");
+    let message = error["Field"]["message"].as_str().unwrap();
+    assert!(
+        !message.is_empty() && !message.contains("rules[0]"),
+        "{error}"
+    );
     form[6] = ("rules[0][capacity]", "20");
     let r = v.post_form("/fn/policy_save", &form, Some(&origin)).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
@@ -112,7 +118,8 @@ async fn the_policy_editor_names_the_bad_field_and_saves_good_input() {
     // Saving from a stale form is refused, not lost silently.
     let r = v.post_form("/fn/policy_save", &form, Some(&origin)).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    assert!(r.text().await.unwrap().contains("version"));
+    let error: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(error["Field"]["field"], "version", "{error}");
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::helpers::{ADMIN_KEY, RedisServer, spawn_app};
+use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, spawn_app};
 
 /// Every route of the JSON API, as the router serves it.
 const ROUTES: &[(&str, &str)] = &[
@@ -186,4 +186,91 @@ async fn operations_are_named_for_people_and_parameters_sit_where_they_are() {
         assert_eq!(p["in"], "query", "{name}");
         assert_ne!(p["required"], true, "{name}");
     }
+}
+
+/// A client generated from the document by a mainstream generator (openapi-python-client,
+/// which `make test` installs into `.tools/py`) calls every operation and gets typed answers:
+/// `tests/client/every_operation.py` drives it and reports each operation it called.
+#[tokio::test]
+async fn a_generated_client_calls_every_operation() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let tools = root.join(".tools/py/bin");
+    assert!(
+        tools.join("openapi-python-client").exists(),
+        "openapi-python-client is not installed: run `scripts/deps.sh test` (make test does)"
+    );
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let text = app
+        .client
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    let dir = std::env::temp_dir().join(format!("spillway-client-{}", app.addr.port()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("openapi.json"), &text).unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let url = format!("http://{}", app.addr);
+    let script = root.join("tests/client/every_operation.py");
+    let run = {
+        let (dir, tools) = (dir.clone(), tools.clone());
+        tokio::task::spawn_blocking(move || {
+            let generated = std::process::Command::new(tools.join("openapi-python-client"))
+                .args([
+                    "generate",
+                    "--path",
+                    "openapi.json",
+                    "--output-path",
+                    "client",
+                ])
+                .current_dir(&dir)
+                .env("PATH", &path)
+                .output()
+                .unwrap();
+            assert!(
+                dir.join("client/spillway_client/api").is_dir(),
+                "the generator made no client: {}{}",
+                String::from_utf8_lossy(&generated.stdout),
+                String::from_utf8_lossy(&generated.stderr)
+            );
+            std::process::Command::new(tools.join("python"))
+                .arg(script)
+                .env("PYTHONPATH", dir.join("client"))
+                .env("SPILLWAY_URL", url)
+                .env("SPILLWAY_ADMIN_KEY", ADMIN_KEY)
+                .env("SPILLWAY_SERVICE_KEY", SERVICE_KEY)
+                .output()
+                .unwrap()
+        })
+    };
+    let out = run.await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let called: BTreeSet<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("called "))
+        .collect();
+    let operations: BTreeSet<&str> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|ops| ops.as_object().unwrap().values())
+        .map(|op| op["operationId"].as_str().unwrap())
+        .collect();
+    assert_eq!(called, operations, "operations the client did not call");
+    let _ = std::fs::remove_dir_all(&dir);
 }

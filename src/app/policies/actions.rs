@@ -3,6 +3,8 @@
 
 use leptos::prelude::*;
 
+use crate::app::error::AppError;
+
 #[cfg(feature = "ssr")]
 use super::{OverrideRow, VersionRow, document_of, rule_form};
 use super::{PolicySummary, PolicyView, RuleForm};
@@ -15,29 +17,27 @@ fn state() -> crate::state::AppState {
 }
 
 #[cfg(feature = "ssr")]
-fn unavailable(e: impl std::fmt::Display) -> ServerFnError {
-    tracing::warn!(error = %e, "policies page: Redis call failed");
-    crate::auth::guard::set_status(axum::http::StatusCode::SERVICE_UNAVAILABLE);
-    ServerFnError::new("Redis is unavailable; try again")
+fn unavailable(e: impl std::fmt::Display) -> AppError {
+    AppError::unavailable("policies page", e)
 }
 
 /// A policy change the service refused, as the page shows it (beside its field).
 #[cfg(feature = "ssr")]
-fn change_refused(e: crate::service::policies::ChangeError) -> ServerFnError {
+fn change_refused(e: crate::service::policies::ChangeError) -> AppError {
     use crate::service::policies::ChangeError;
     match e {
-        ChangeError::Conflict { .. } => crate::app::people::bad_input(
+        ChangeError::Conflict { .. } => AppError::bad_input(
             "version",
             "someone else changed this policy since you opened it; reload and try again",
         ),
-        ChangeError::UnknownPolicy(_) => crate::app::people::bad_input("name", "no such policy"),
+        ChangeError::UnknownPolicy(_) => AppError::bad_input("name", "no such policy"),
         ChangeError::Unavailable(e) => unavailable(e),
     }
 }
 
 /// A page's error while changing a policy: the service's refusal or the edit's own.
 #[cfg(feature = "ssr")]
-struct PageError(ServerFnError);
+struct PageError(AppError);
 
 #[cfg(feature = "ssr")]
 impl From<crate::service::policies::ChangeError> for PageError {
@@ -47,7 +47,7 @@ impl From<crate::service::policies::ChangeError> for PageError {
 }
 
 #[server(prefix = "/fn", endpoint = "policies")]
-pub async fn list_policies() -> Result<Vec<PolicySummary>, ServerFnError> {
+pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
     crate::auth::guard::require(Action::View)?;
     let policies = state().store.list_policies().await.map_err(unavailable)?;
     Ok(policies
@@ -64,10 +64,10 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, ServerFnError> {
 }
 
 #[server(prefix = "/fn", endpoint = "policy")]
-pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, ServerFnError> {
+pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, AppError> {
     use crate::{domain::Name, store::policies::document};
     crate::auth::guard::require(Action::View)?;
-    let name = Name::parse(name.trim()).map_err(|m| crate::app::people::bad_input("name", m))?;
+    let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let store = state().store.clone();
     let Some(policy) = store.get_policy(&name).await.map_err(unavailable)? else {
         return Ok(PolicyView {
@@ -145,13 +145,13 @@ pub async fn save_policy(
     #[server(default)] shadow: String,
     #[server(default)] failure_closed: String,
     #[server(default)] rules: Vec<RuleForm>,
-) -> Result<u64, ServerFnError> {
+) -> Result<u64, AppError> {
     use crate::domain::Policy;
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
     let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
     let mut policy = Policy::from_document(name.trim(), &doc)
         .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
-        .map_err(|e| crate::app::people::bad_input(&e.field, e.message))?;
+        .map_err(|e| AppError::bad_input(&e.field, e.message))?;
     let state = state();
     // Overrides are edited on their own; keep them.
     if let Some(before) = state
@@ -177,10 +177,10 @@ async fn change_policy(
     name: &str,
     action: &str,
     reason: &str,
-    edit: impl FnOnce(&crate::domain::Policy) -> Result<crate::domain::Policy, ServerFnError>,
-) -> Result<u64, ServerFnError> {
-    let name = crate::domain::Name::parse(name.trim())
-        .map_err(|m| crate::app::people::bad_input("name", m))?;
+    edit: impl FnOnce(&crate::domain::Policy) -> Result<crate::domain::Policy, AppError>,
+) -> Result<u64, AppError> {
+    let name =
+        crate::domain::Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let saved = state()
         .change_policy(&caller.actor(), &name, action, reason, |p| {
             edit(p).map_err(PageError)
@@ -196,11 +196,10 @@ pub async fn rollback_policy(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
     #[server(default)] to_version: u64,
-) -> Result<u64, ServerFnError> {
-    use crate::app::people::bad_input;
+) -> Result<u64, AppError> {
     use crate::domain::Name;
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
-    let parsed = Name::parse(name.trim()).map_err(|m| bad_input("name", m))?;
+    let parsed = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let old = state()
         .store
         .policy_history(&parsed, 100)
@@ -208,7 +207,7 @@ pub async fn rollback_policy(
         .map_err(unavailable)?
         .into_iter()
         .find(|p| p.version == to_version)
-        .ok_or_else(|| bad_input("to_version", "no such version"))?;
+        .ok_or_else(|| AppError::bad_input("to_version", "no such version"))?;
     let reason = format!("back to version {to_version}");
     change_policy(&caller, &name, "policy.rollback", &reason, |_| Ok(old)).await
 }
@@ -217,10 +216,10 @@ pub async fn rollback_policy(
 pub async fn delete_policy(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::{domain::Name, service::policies::ChangeError};
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
-    let name = Name::parse(name.trim()).map_err(|m| crate::app::people::bad_input("name", m))?;
+    let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     match state().delete_policy(&caller.actor(), &name).await {
         // Already gone: the page goes back to the list all the same.
         Ok(()) | Err(ChangeError::UnknownPolicy(_)) => {}
@@ -240,7 +239,7 @@ pub async fn add_override(
     #[server(default)] action: String,
     #[server(default)] expires_minutes: String,
     #[server(default)] reason: String,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     use crate::domain::overrides::Override;
     let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
     // Ten years at most: anything larger would overflow the expiry time (and is "never").
@@ -252,7 +251,7 @@ pub async fn add_override(
             .ok()
             .filter(|m| *m <= MAX_MINUTES)
             .ok_or_else(|| {
-                crate::app::people::bad_input(
+                AppError::bad_input(
                     "expires_minutes",
                     format!("must be a whole number of minutes from 0 (never) to {MAX_MINUTES}"),
                 )
@@ -265,10 +264,10 @@ pub async fn add_override(
             serde_json::json!(crate::auth::keys::now_ms() + (minutes as i64) * 60_000);
     }
     let added = Override::from_document(&doc, "override")
-        .map_err(|e| crate::app::people::bad_input(&e.field, e.message))?;
+        .map_err(|e| AppError::bad_input(&e.field, e.message))?;
     change_policy(&caller, &name, "override.add", reason.trim(), |current| {
         if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
-            return Err(crate::app::people::bad_input(
+            return Err(AppError::bad_input(
                 "matcher",
                 "this policy has the most overrides allowed",
             ));
@@ -286,11 +285,11 @@ pub async fn remove_override(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
     #[server(default)] index: usize,
-) -> Result<(), ServerFnError> {
+) -> Result<(), AppError> {
     let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
     change_policy(&caller, &name, "override.remove", "", |current| {
         if index >= current.overrides.len() {
-            return Err(crate::app::people::bad_input("index", "no such override"));
+            return Err(AppError::bad_input("index", "no such override"));
         }
         let mut next = current.clone();
         next.overrides.remove(index);

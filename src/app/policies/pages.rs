@@ -1,6 +1,8 @@
 //! The policy list and one policy's editor page.
 
 use leptos::prelude::*;
+
+use crate::app::error::AppError;
 use leptos_meta::Title;
 use leptos_router::{
     components::{A, Form},
@@ -68,13 +70,9 @@ pub fn PoliciesPage() -> impl IntoView {
     }
 }
 
-/// `field: message` of a failed save, split so the message can sit beside its field.
-fn field_error(e: &ServerFnError) -> (String, String) {
-    let m = error_message(e);
-    match m.split_once(": ") {
-        Some((f, rest)) if !f.contains(' ') => (f.to_owned(), rest.to_owned()),
-        _ => (String::new(), m),
-    }
+/// The field a failed save names (empty for none) and its message, to sit beside the field.
+fn field_error(e: &AppError) -> (String, String) {
+    (e.field().unwrap_or_default().to_owned(), e.message())
 }
 
 #[component]

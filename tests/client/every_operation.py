@@ -1,0 +1,207 @@
+"""Calls every operation of Spillway's JSON API through a client generated from its OpenAPI
+document by openapi-python-client, and checks each typed answer.
+
+Run by tests/it/openapi.rs, which starts the server, generates the client into a temporary
+folder on PYTHONPATH and sets SPILLWAY_URL, SPILLWAY_ADMIN_KEY and SPILLWAY_SERVICE_KEY.
+Prints one line per operation called (`called <operation id>`); any failed expectation
+raises, so the process exits non-zero.
+"""
+
+import os
+
+from spillway_client import AuthenticatedClient, Client
+from spillway_client.api.audit import list_audit_records
+from spillway_client.api.checks import check, check_batch, forward_auth
+from spillway_client.api.health import healthz, metrics, openapi_document, readyz
+from spillway_client.api.identifiers import inspect_identifier, reset_identifier
+from spillway_client.api.overrides import add_override, list_overrides, remove_override
+from spillway_client.api.policies import (
+    delete_policy,
+    get_policy,
+    list_policies,
+    list_policy_versions,
+    put_policy,
+)
+from spillway_client.models import (
+    AuditPage,
+    BatchRequest,
+    BatchResponse,
+    CheckRequest,
+    CheckRequestIdentifiers,
+    CheckResponse,
+    Inspection,
+    OverrideDocument,
+    OverrideList,
+    PolicyDocument,
+    PolicyList,
+    PolicyVersions,
+    PolicyView,
+    Problem,
+    ResetResult,
+    RuleDocument,
+    Status,
+)
+
+URL = os.environ["SPILLWAY_URL"]
+admin = AuthenticatedClient(base_url=URL, token=os.environ["SPILLWAY_ADMIN_KEY"])
+service = AuthenticatedClient(base_url=URL, token=os.environ["SPILLWAY_SERVICE_KEY"])
+anonymous = Client(base_url=URL)
+
+
+def called(operation, response, status, model=None):
+    """Checks one answer's status and typed body, and reports the operation as called."""
+    assert response.status_code == status, (
+        f"{operation}: {response.status_code} {response.content!r}"
+    )
+    if model is not None:
+        assert isinstance(response.parsed, model), (
+            f"{operation}: parsed {type(response.parsed)}, not {model}"
+        )
+    print(f"called {operation}", flush=True)
+    return response.parsed
+
+
+def ids(**pairs):
+    identifiers = CheckRequestIdentifiers()
+    for k, v in pairs.items():
+        identifiers[k] = v
+    return identifiers
+
+
+# Health and the document.
+called("healthz", healthz.sync_detailed(client=anonymous), 200, Status)
+called("readyz", readyz.sync_detailed(client=anonymous), 200, Status)
+called("openapi_document", openapi_document.sync_detailed(client=anonymous), 200)
+
+# Policies: create, read, list, change (with If-Match), versions.
+rule = RuleDocument(name="per-minute", algorithm="fixed_window", limit=2, window_ms=60_000)
+view = called(
+    "put_policy",
+    put_policy.sync_detailed("client-test", client=admin, body=PolicyDocument(rules=[rule])),
+    201,
+    PolicyView,
+)
+assert view.version == 1 and view.rules[0].limit == 2
+view = called("get_policy", get_policy.sync_detailed("client-test", client=admin), 200, PolicyView)
+assert view.name == "client-test" and view.mode == "enforce"
+listed = called("list_policies", list_policies.sync_detailed(client=admin), 200, PolicyList)
+assert "client-test" in [p.name for p in listed.policies]
+rule.limit = 3
+view = put_policy.sync_detailed(
+    "client-test", client=admin, body=PolicyDocument(rules=[rule]), if_match='"1"'
+).parsed
+assert isinstance(view, PolicyView) and view.version == 2, view
+versions = called(
+    "list_policy_versions",
+    list_policy_versions.sync_detailed("client-test", client=admin),
+    200,
+    PolicyVersions,
+)
+assert [v.version for v in versions.previous_versions] == [1]
+# A refusal parses as a Problem naming its field.
+bad = put_policy.sync_detailed(
+    "client-test",
+    client=admin,
+    body=PolicyDocument(rules=[RuleDocument(name="x", algorithm="fixed_window", limit=0, window_ms=1000)]),
+).parsed
+assert isinstance(bad, Problem) and bad.field == "rules[0].limit", bad
+
+# Checks: three pass, the fourth is denied (429 with the same typed body).
+for expected in (200, 200, 200, 429):
+    answer = called(
+        "check",
+        check.sync_detailed(
+            client=service,
+            body=CheckRequest(policy="client-test", identifiers=ids(user="ann")),
+        ),
+        expected,
+        CheckResponse,
+    )
+    assert answer.allowed == (expected == 200) and answer.limit == 3, answer
+batch = called(
+    "check_batch",
+    check_batch.sync_detailed(
+        client=service,
+        body=BatchRequest(
+            checks=[
+                CheckRequest(policy="client-test", identifiers=ids(user="bob")),
+                CheckRequest(policy="client-test", identifiers=ids(user="ann")),
+            ]
+        ),
+    ),
+    200,
+    BatchResponse,
+)
+assert [item.status for item in batch.results] == [200, 429], batch
+answer = called(
+    "forward_auth",
+    forward_auth.sync_detailed(client=service, policy="client-test", x_forwarded_for="198.51.100.9"),
+    200,
+    CheckResponse,
+)
+assert answer.allowed and answer.remaining == 2, answer
+# The checks show in the metrics.
+r = metrics.sync_detailed(client=anonymous)
+assert b"spillway_checks_total" in r.content, r.content[:300]
+called("metrics", r, 200)
+# A service key may not change policies: a typed 403.
+refused = put_policy.sync_detailed("client-test", client=service, body=PolicyDocument(rules=[rule]))
+assert refused.status_code == 403 and isinstance(refused.parsed, Problem), refused
+
+# The identifier: inspect (used up), reset (with a reason), inspect again (fresh).
+seen = called(
+    "inspect_identifier",
+    inspect_identifier.sync_detailed("user", "ann", client=admin),
+    200,
+    Inspection,
+)
+ours = [p for p in seen.policies if p.policy == "client-test"][0]
+assert ours.rules[0].remaining == 0 and ours.rules[0].retry_after_ms > 0, ours
+done = called(
+    "reset_identifier",
+    reset_identifier.sync_detailed(
+        "user", "ann", client=admin, policy="client-test", reason="generated client test"
+    ),
+    200,
+    ResetResult,
+)
+assert done.policies == ["client-test"] and done.deleted_keys >= 1, done
+seen = inspect_identifier.sync_detailed("user", "ann", client=admin).parsed
+ours = [p for p in seen.policies if p.policy == "client-test"][0]
+assert ours.rules[0].remaining == 3, ours
+
+# Overrides: add, list, remove.
+added = called(
+    "add_override",
+    add_override.sync_detailed(
+        "client-test",
+        client=admin,
+        body=OverrideDocument(match="user=vip", action="unlimited", reason="a partner"),
+    ),
+    201,
+    OverrideList,
+)
+assert len(added.overrides) == 1 and added.overrides[0].match == "user=vip", added
+listed = called("list_overrides", list_overrides.sync_detailed("client-test", client=admin), 200, OverrideList)
+assert len(listed.overrides) == 1
+removed = called(
+    "remove_override",
+    remove_override.sync_detailed("client-test", 0, client=admin),
+    200,
+    OverrideList,
+)
+assert removed.overrides == [], removed
+
+# The audit log holds the reset with its reason.
+page = called(
+    "list_audit_records",
+    list_audit_records.sync_detailed(client=admin, action="identifier.reset"),
+    200,
+    AuditPage,
+)
+assert page.entries and page.entries[0].reason == "generated client test", page
+
+# Delete; reading it then is a typed 404.
+called("delete_policy", delete_policy.sync_detailed("client-test", client=admin), 204)
+gone = get_policy.sync_detailed("client-test", client=admin)
+assert gone.status_code == 404 and isinstance(gone.parsed, Problem), gone
