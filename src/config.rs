@@ -48,6 +48,33 @@ pub struct Config {
     /// `SPILLWAY_SESSION_ABSOLUTE_MS`, default 12 h) and `SPILLWAY_SECURE_COOKIES=1` to mark
     /// cookies Secure even without `X-Forwarded-Proto: https`.
     pub sessions: crate::auth::session::SessionSettings,
+    /// Envoy's rate limit protocol: where gRPC is served, whether callers need a key, which
+    /// headers the answers carry.
+    pub envoy: EnvoySettings,
+}
+
+/// Envoy's rate limit protocol (`SPILLWAY_GRPC_ADDR`, `SPILLWAY_GRPC_AUTH`,
+/// `SPILLWAY_ENVOY_HEADERS`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoySettings {
+    /// Where the gRPC server listens (default `127.0.0.1:8081`); `None` (set empty): off.
+    pub grpc_addr: Option<std::net::SocketAddr>,
+    /// Whether callers must send a service key (`SPILLWAY_GRPC_AUTH=none` turns it off, for
+    /// meshes that protect the port another way).
+    pub require_key: bool,
+    /// Which rate limit headers the answers ask Envoy to add.
+    pub headers: EnvoyHeaders,
+}
+
+/// The rate limit headers of an Envoy answer (`SPILLWAY_ENVOY_HEADERS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvoyHeaders {
+    /// `none`.
+    None,
+    /// `ietf` (default): the IETF draft's `RateLimit-Policy` and `RateLimit`.
+    Ietf,
+    /// `draft03`: envoyproxy/ratelimit's `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    Draft03,
 }
 
 /// How log lines are written.
@@ -177,7 +204,43 @@ impl Config {
                 Some("1" | "true" | "yes")
             ),
         };
+        let envoy = EnvoySettings {
+            grpc_addr: match lookup("SPILLWAY_GRPC_ADDR") {
+                None => Some(([127, 0, 0, 1], 8081).into()),
+                Some(raw) if raw.trim().is_empty() => None,
+                Some(raw) => Some(raw.trim().parse().map_err(|_| ConfigError::Invalid {
+                    name: "SPILLWAY_GRPC_ADDR",
+                    problem: format!(
+                        "expected host:port such as 127.0.0.1:8081, or empty for off; got {raw:?}"
+                    ),
+                })?),
+            },
+            require_key: match lookup("SPILLWAY_GRPC_AUTH").as_deref().map(str::trim) {
+                None | Some("key") => true,
+                Some("none") => false,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        name: "SPILLWAY_GRPC_AUTH",
+                        problem: format!("expected key (the default) or none, got {other:?}"),
+                    });
+                }
+            },
+            headers: match lookup("SPILLWAY_ENVOY_HEADERS").as_deref().map(str::trim) {
+                None | Some("ietf") => EnvoyHeaders::Ietf,
+                Some("none") => EnvoyHeaders::None,
+                Some("draft03") => EnvoyHeaders::Draft03,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        name: "SPILLWAY_ENVOY_HEADERS",
+                        problem: format!(
+                            "expected ietf (the default), draft03 or none, got {other:?}"
+                        ),
+                    });
+                }
+            },
+        };
         Ok(Self {
+            envoy,
             sessions,
             service_keys,
             admin_keys,

@@ -24,6 +24,8 @@ pub mod config;
 #[cfg(feature = "ssr")]
 pub mod demo;
 #[cfg(feature = "ssr")]
+pub mod envoy;
+#[cfg(feature = "ssr")]
 pub mod forwarded;
 #[cfg(feature = "ssr")]
 pub mod metrics;

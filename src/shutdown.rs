@@ -41,6 +41,11 @@ impl Shutdown {
         self.tasks.close();
     }
 
+    /// Resolves once the server is stopped (a second listener, such as gRPC's, closes then).
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await;
+    }
+
     /// Runs `task` in the background until it ends or the server stops.
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let stop = self.stop.clone();

@@ -53,6 +53,8 @@ pub struct Shared {
     pub header_read_timeout: std::time::Duration,
     /// The reverse proxies whose forwarded headers are believed.
     pub trusted_proxies: crate::forwarded::TrustedProxies,
+    /// Envoy's rate limit protocol: the gRPC address, key requirement and headers.
+    pub envoy: crate::config::EnvoySettings,
 }
 
 impl std::ops::Deref for Shared {
@@ -116,6 +118,7 @@ impl AppState {
             request_timeout: config.request_timeout,
             header_read_timeout: config.header_read_timeout,
             trusted_proxies: config.trusted_proxies.clone(),
+            envoy: config.envoy.clone(),
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,

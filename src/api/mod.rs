@@ -3,6 +3,7 @@
 
 mod audit;
 pub mod check;
+pub mod envoy;
 pub mod identifiers;
 pub mod openapi;
 pub(crate) mod policies;
@@ -40,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/audit", get(audit::list))
         .merge(policies::router())
         .merge(identifiers::router())
+        .merge(envoy::router())
         .route("/api/{*rest}", axum::routing::any(unknown_path))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }

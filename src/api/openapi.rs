@@ -358,6 +358,8 @@ impl Modify for CommonProblems {
         super::identifiers::inspect,
         super::identifiers::reset,
         super::audit::list,
+        super::envoy::put,
+        super::envoy::read,
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
@@ -370,6 +372,7 @@ impl Modify for CommonProblems {
         (name = "overrides", description = "Per-identifier exceptions to a policy (admin keys)"),
         (name = "identifiers", description = "An identifier's live state, and resetting it (admin keys)"),
         (name = "audit", description = "Who changed what, when and why (admin keys)"),
+        (name = "envoy", description = "Envoy rate limit domains, in envoyproxy/ratelimit's file format (admin keys)"),
         (name = "health", description = "Probes, metrics and this document"),
     ),
 )]

@@ -83,6 +83,9 @@ impl From<ChangeError> for ApiError {
         match e {
             ChangeError::Conflict { .. } => ApiError::Conflict(format!("If-Match: {e}")),
             ChangeError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
+            ChangeError::Taken { field, message } => {
+                ApiError::Conflict(format!("{field}: {message}"))
+            }
             ChangeError::Unavailable(error) => ApiError::RedisUnavailable(error),
         }
     }

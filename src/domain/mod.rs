@@ -3,6 +3,7 @@
 
 pub mod algorithm;
 pub mod check;
+pub mod envoy;
 pub mod identifier;
 pub mod inspection;
 pub mod overrides;

@@ -49,6 +49,9 @@ pub struct Policy {
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub overrides: Vec<Override>,
+    /// An Envoy domain's file, for a policy loaded from one: its limits are the rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy: Option<super::envoy::EnvoyDomain>,
 }
 
 /// Policy names starting with this are Spillway's own (the sign-in limits keep their
@@ -86,6 +89,7 @@ impl Policy {
                 "failure_mode",
                 "rules",
                 "overrides",
+                "envoy",
             ],
         )?;
         if let Some(given) = obj.get("name")
@@ -117,10 +121,23 @@ impl Policy {
             "failure_mode",
             &[("open", FailureMode::Open), ("closed", FailureMode::Closed)],
         )?;
-        let rules_value = obj
-            .get("rules")
-            .ok_or_else(|| PolicyError::field("rules", "is required"))?;
-        let rules = parse_rules(rules_value, "rules")?;
+        let mut envoy = match obj.get("envoy") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                super::envoy::EnvoyDomain::from_value(v)
+                    .map_err(|e| PolicyError::field(format!("envoy.{}", e.field), e.message))?,
+            ),
+        };
+        // An Envoy domain's rules are its limits; any given with it are made again from them.
+        let rules = match &mut envoy {
+            Some(domain) => domain.rules(),
+            None => {
+                let rules_value = obj
+                    .get("rules")
+                    .ok_or_else(|| PolicyError::field("rules", "is required"))?;
+                parse_rules(rules_value, "rules")?
+            }
+        };
         let overrides = match obj.get("overrides") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(items)) => items
@@ -138,6 +155,27 @@ impl Policy {
             failure_mode,
             rules,
             overrides,
+            envoy,
+        })
+    }
+
+    /// The policy an Envoy domain's file becomes (version 1; the store numbers versions).
+    pub fn from_envoy(
+        mut domain: super::envoy::EnvoyDomain,
+        failure_mode: FailureMode,
+    ) -> Result<Self, PolicyError> {
+        let name = super::envoy::policy_name(&domain.doc.domain)
+            .map_err(|m| PolicyError::field("domain", m))?;
+        refuse_reserved(&name).map_err(|e| PolicyError::field("domain", e.message))?;
+        Ok(Self {
+            name,
+            version: 1,
+            description: format!("Envoy rate limit domain {}", domain.doc.domain),
+            mode: Mode::Enforce,
+            failure_mode,
+            rules: domain.rules(),
+            overrides: Vec::new(),
+            envoy: Some(domain),
         })
     }
 

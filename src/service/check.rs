@@ -95,27 +95,8 @@ impl Service {
             ))
         } else if entries.is_empty() {
             Ok(Decision::new(Vec::new()))
-        } else if let Some(cached) = self.denials.lookup(&policy, &entries, request.cost) {
-            // Denied until a known time: answered from memory, no Redis call (the overview's
-            // counters hear of it within a second).
-            crate::metrics::deny_cache_hit();
-            self.live.denied_from_cache(
-                policy.name.as_str(),
-                cached.binding().map(|b| b.identifier.to_string()),
-            );
-            Ok(cached)
         } else {
-            let redis_started = std::time::Instant::now();
-            let result = self
-                .store
-                .check_and_count(&policy.name, &entries, request.cost)
-                .await;
-            crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
-            if let Ok(decision) = &result {
-                self.denials
-                    .remember(&policy, &entries, decision, request.cost);
-            }
-            result
+            self.decide(&policy, &entries, request.cost).await
         };
         let checked = match decided {
             Ok(decision) => Checked {
@@ -152,6 +133,37 @@ impl Service {
 }
 
 impl Service {
+    /// Decides `entries` of `policy` at `cost`, all or nothing: from the over-limit cache
+    /// when a denial there covers them, otherwise in one round trip to Redis (which also
+    /// keeps the overview's counters). The caller applies the failure mode to an error.
+    pub(super) async fn decide(
+        &self,
+        policy: &Policy,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        if let Some(cached) = self.denials.lookup(policy, entries, cost) {
+            // Denied until a known time: answered from memory, no Redis call (the overview's
+            // counters hear of it within a second).
+            crate::metrics::deny_cache_hit();
+            self.live.denied_from_cache(
+                policy.name.as_str(),
+                cached.binding().map(|b| b.identifier.to_string()),
+            );
+            return Ok(cached);
+        }
+        let redis_started = std::time::Instant::now();
+        let result = self
+            .store
+            .check_and_count(&policy.name, entries, cost)
+            .await;
+        crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
+        if let Ok(decision) = &result {
+            self.denials.remember(policy, entries, decision, cost);
+        }
+        result
+    }
+
     /// Checks several requests, each its own all-or-nothing decision, answered in order. On
     /// a single Redis they go out together and share script calls: each is queued for the
     /// coalesced call when first polled, and `join_all` polls them first in order (also past

@@ -11,6 +11,7 @@
 pub mod audit;
 pub mod check;
 pub mod deny_cache;
+pub mod envoy;
 pub mod identifiers;
 pub mod live;
 pub mod policies;

@@ -20,6 +20,9 @@ pub enum ChangeError {
     Conflict { name: String, expected: u64 },
     #[error("policy: no policy named {0:?}")]
     UnknownPolicy(String),
+    /// The name is held by a policy the change may not replace.
+    #[error("{field}: {message}")]
+    Taken { field: String, message: String },
     #[error("redis is unavailable: {0}")]
     Unavailable(#[from] StoreError),
 }
@@ -150,4 +153,57 @@ pub async fn seed_demo_policy(store: &Store) -> Result<(), StoreError> {
         store.save_policy(&demo, Some(0)).await?;
     }
     Ok(())
+}
+
+impl Service {
+    /// Loads an Envoy domain's file as its policy's next version (audited as
+    /// `envoy.domain.save`). The policy keeps its failure mode unless `failure_mode` is
+    /// given (a new one fails open). Refused when the name is held by a policy that is not
+    /// this domain's.
+    pub async fn save_envoy_domain(
+        &self,
+        actor: &Actor,
+        domain: crate::domain::envoy::EnvoyDomain,
+        failure_mode: Option<crate::domain::FailureMode>,
+    ) -> Result<Policy, ChangeError> {
+        let wanted = domain.doc.domain.clone();
+        let policy = Policy::from_envoy(domain, failure_mode.unwrap_or_default()).map_err(|e| {
+            ChangeError::Taken {
+                field: e.field,
+                message: e.message,
+            }
+        })?;
+        let before = self.store.get_policy(&policy.name).await?;
+        let policy = match &before {
+            None => policy,
+            Some(old) => match &old.envoy {
+                Some(tree) if tree.doc.domain == wanted => Policy {
+                    failure_mode: failure_mode.unwrap_or(old.failure_mode),
+                    overrides: old.overrides.clone(),
+                    ..policy
+                },
+                Some(tree) => {
+                    return Err(ChangeError::Taken {
+                        field: "domain".into(),
+                        message: format!(
+                            "its policy name {} is held by the domain {:?}",
+                            policy.name, tree.doc.domain
+                        ),
+                    });
+                }
+                None => {
+                    return Err(ChangeError::Taken {
+                        field: "domain".into(),
+                        message: format!(
+                            "a policy named {} exists and is not an Envoy domain",
+                            policy.name
+                        ),
+                    });
+                }
+            },
+        };
+        let expected = before.as_ref().map(|p| p.version);
+        self.save_policy(actor, policy, expected, "envoy.domain.save", "")
+            .await
+    }
 }

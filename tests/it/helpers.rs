@@ -121,6 +121,8 @@ impl Drop for RedisServer {
 /// The app serving on a free port against `redis`, stopped when dropped.
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// The Envoy rate limit service (gRPC) of an app served here.
+    pub grpc: Option<SocketAddr>,
     pub client: reqwest::Client,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -130,6 +132,7 @@ impl TestApp {
     pub fn remote(addr: SocketAddr) -> Self {
         Self {
             addr,
+            grpc: None,
             client: reqwest::Client::new(),
             shutdown: None,
         }
@@ -224,11 +227,21 @@ pub async fn serve(state: AppState) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    // The gRPC server stops when the HTTP server does (its shutdown handle).
+    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc = grpc_listener.local_addr().unwrap();
+    let stopped = state.shutdown.clone();
+    tokio::spawn(spillway::envoy::grpc::serve(
+        grpc_listener,
+        state.clone(),
+        async move { stopped.stopped().await },
+    ));
     tokio::spawn(server::run(listener, state, async {
         let _ = rx.await;
     }));
     TestApp {
         addr,
+        grpc: Some(grpc),
         client: reqwest::Client::new(),
         shutdown: Some(tx),
     }

@@ -9,6 +9,7 @@ mod cli;
 mod cluster;
 mod dashboard;
 mod engine;
+mod envoy;
 mod faults;
 mod fuzz;
 mod hardening;

@@ -1,0 +1,179 @@
+//! Envoy rate limit domains in envoyproxy/ratelimit's own file format: `PUT` one (YAML with
+//! `Content-Type: application/yaml`, or the same document as JSON) to load it as its
+//! policy's next version, `GET` it back. Admin keys, or a signed-in session.
+
+use std::net::SocketAddr;
+
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{ConnectInfo, Path, Query, State},
+    http::{HeaderMap, Method, StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{ApiError, require_admin};
+use crate::{
+    domain::{FailureMode, envoy::EnvoyDomain, people::Action},
+    state::AppState,
+};
+
+/// Largest domain file read (a tree of up to 10,000 descriptors).
+pub const MAX_FILE: usize = 1024 * 1024;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/envoy/domains/{domain}", get(read).put(put))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE))
+}
+
+/// The body's media type: YAML or JSON; anything else is 415.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Yaml,
+    Json,
+}
+
+fn format_of(value: Option<&str>) -> Option<Format> {
+    let media = value?.split(';').next()?.trim().to_ascii_lowercase();
+    match media.as_str() {
+        "application/json" => Some(Format::Json),
+        "application/yaml" | "application/x-yaml" | "text/yaml" | "text/x-yaml" => {
+            Some(Format::Yaml)
+        }
+        _ => None,
+    }
+}
+
+/// A domain's file, YAML or JSON, as a JSON value; the error names `body`.
+pub fn parse_file(bytes: &[u8], format_yaml: bool) -> Result<Value, ApiError> {
+    if format_yaml {
+        serde_yaml::from_slice::<Value>(bytes)
+            .map_err(|e| ApiError::bad("body", format!("is not valid YAML: {e}")))
+    } else {
+        serde_json::from_slice::<Value>(bytes)
+            .map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
+    }
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct PutQuery {
+    /// `open` or `closed`: what a check answers when Redis cannot be reached (default: the
+    /// domain's current setting; `open` for a new one).
+    failure_mode: Option<String>,
+}
+
+/// Loads the domain's file as the next version of its policy (audited). The domain in the
+/// file must be the one in the path (or be left out). On any error the previous version
+/// stays in force.
+#[utoipa::path(put, path = "/api/v1/envoy/domains/{domain}", tag = "envoy", operation_id = "put_envoy_domain",
+    params(("domain" = String, Path, description = "The domain, as Envoy's rate limit filter names it"), PutQuery),
+    request_body(content = String, description = "envoyproxy/ratelimit's configuration file", content_type = "application/yaml"),
+    responses((status = 200, description = "Loaded; the file as stored (JSON)"), (status = 201, description = "Loaded as a new domain"),
+    (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn put(
+    State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
+    headers: HeaderMap,
+    Path(domain): Path<String>,
+    Query(query): Query<PutQuery>,
+    body: Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
+    let format = format_of(
+        headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    )
+    .ok_or(ApiError::UnsupportedMediaType)?;
+    if body.len() > MAX_FILE {
+        return Err(ApiError::PayloadTooLarge);
+    }
+    let failure_mode = match query.failure_mode.as_deref() {
+        None => None,
+        Some("open") => Some(FailureMode::Open),
+        Some("closed") => Some(FailureMode::Closed),
+        Some(other) => {
+            return Err(ApiError::bad(
+                "failure_mode",
+                format!("expected open or closed, got {other:?}"),
+            ));
+        }
+    };
+    let mut value = parse_file(&body, format == Format::Yaml)?;
+    match value.get("domain") {
+        None | Some(Value::Null) if value.is_object() => {
+            value["domain"] = Value::String(domain.clone());
+        }
+        Some(Value::String(d)) if *d != domain => {
+            return Err(ApiError::bad(
+                "domain",
+                format!("the file is for {d:?}, the path names {domain:?}"),
+            ));
+        }
+        _ => {}
+    }
+    let parsed = EnvoyDomain::from_value(&value)?;
+    let saved = state
+        .save_envoy_domain(&actor, parsed, failure_mode)
+        .await?;
+    let status = if saved.version == 1 {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let doc = saved.envoy.as_ref().map(|t| &t.doc);
+    Ok((
+        status,
+        [(header::ETAG, format!("\"{}\"", saved.version))],
+        axum::Json(serde_json::to_value(doc).unwrap_or_default()),
+    ))
+}
+
+/// The domain's file as loaded: YAML when the request accepts `application/yaml`, else JSON.
+#[utoipa::path(get, path = "/api/v1/envoy/domains/{domain}", tag = "envoy", operation_id = "get_envoy_domain",
+    params(("domain" = String, Path, description = "The domain")),
+    responses((status = 200, description = "The file (JSON, or YAML when asked for)"),
+    (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn read(
+    State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
+    headers: HeaderMap,
+    Path(domain): Path<String>,
+) -> Result<axum::response::Response, ApiError> {
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
+    let missing = || ApiError::NotFound(format!("domain: no Envoy domain named {domain:?}"));
+    let name = crate::domain::envoy::policy_name(&domain).map_err(|_| missing())?;
+    let policy = state
+        .store
+        .get_policy(&name)
+        .await
+        .map_err(ApiError::RedisUnavailable)?
+        .ok_or_else(missing)?;
+    let doc = policy
+        .envoy
+        .as_ref()
+        .filter(|t| t.doc.domain == domain)
+        .map(|t| &t.doc)
+        .ok_or_else(missing)?;
+    let etag = [(header::ETAG, format!("\"{}\"", policy.version))];
+    let wants_yaml = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("yaml"));
+    Ok(if wants_yaml {
+        let text = serde_yaml::to_string(doc).unwrap_or_default();
+        (etag, [(header::CONTENT_TYPE, "application/yaml")], text).into_response()
+    } else {
+        (etag, axum::Json(doc)).into_response()
+    })
+}

@@ -1,0 +1,786 @@
+//! envoyproxy/ratelimit's configuration, as a Spillway policy: a domain's tree of descriptors
+//! (`key`, optional `value`, `rate_limit`, `shadow_mode`, `replaces`, `detailed_metric`,
+//! nested `descriptors`), validated with the offending field named; the fixed-window rules
+//! its limits are counted under; and how one request descriptor finds its limit in the tree,
+//! as envoyproxy/ratelimit matches it (key and value beat a value prefix ending in `*`, which
+//! beats the key alone; a limit applies only where the descriptor's last entry lands).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Algorithm, Identifier, Name, PolicyError, Rule, identifier::MAX_VALUE_BYTES};
+
+/// The identifier dimension an Envoy descriptor is counted under: its value is the
+/// descriptor's entries, `key=value` joined by ` · ` (`remote_address=10.0.0.1 · path=/api`).
+pub const DIMENSION: &str = "envoy";
+/// `limit_remaining` of an unlimited descriptor, as envoyproxy/ratelimit answers it.
+pub const UNLIMITED_REMAINING: u32 = u32::MAX;
+/// Most descriptors (tree nodes) one domain may hold, and how deep they may nest.
+pub const MAX_NODES: usize = 10_000;
+pub const MAX_DEPTH: usize = 16;
+/// Longest key, value, name or domain, in bytes.
+pub const MAX_TEXT: usize = 256;
+
+/// A rate limit's unit, with envoyproxy/ratelimit's lengths (a month is 30 days, a year 365).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    /// The unit named `raw`, in any case (`SECOND`, `second`).
+    pub fn parse(raw: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|u| u.as_str().eq_ignore_ascii_case(raw))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// The window's length; windows start at multiples of it since the Unix epoch.
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    /// The protocol's number for the unit (`RateLimitResponse.RateLimit.Unit`).
+    pub fn code(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    pub fn from_code(code: i32) -> Option<Self> {
+        Self::ALL.into_iter().find(|u| u.code() == code)
+    }
+}
+
+/// A domain's configuration file, as envoyproxy/ratelimit reads it (YAML or JSON). Fields
+/// left out are left out when it is written back.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainDoc {
+    #[serde(default)]
+    pub domain: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptors: Vec<DescriptorDoc>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DescriptorDoc {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitDoc>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shadow_mode: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<ReplacesDoc>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detailed_metric: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descriptors: Vec<DescriptorDoc>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitDoc {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_unit: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unlimited: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplacesDoc {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// What a limit of the tree allows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Allowance {
+    /// Always allowed; Redis is not asked.
+    Unlimited,
+    /// `requests_per_unit` per clock-aligned `unit`; 0 always denies. `rule` indexes the
+    /// policy's rules (none for 0: nothing is counted).
+    Count {
+        requests_per_unit: u32,
+        unit: Unit,
+        rule: Option<usize>,
+    },
+}
+
+/// A limit of the tree: what it allows and how it behaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    /// Its `name` in the file (empty when it has none).
+    pub name: String,
+    pub allowance: Allowance,
+    /// Over the limit is counted and shown, but answered OK.
+    pub shadow: bool,
+    /// Names of the limits this one replaces when both apply to one request.
+    pub replaces: Vec<String>,
+    pub detailed_metric: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Node {
+    limit: Option<usize>,
+    children: Level,
+}
+
+/// One level of the tree, indexed the way matching reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Level {
+    /// `key` → `value` → node.
+    exact: HashMap<String, HashMap<String, usize>>,
+    /// `key` → (value prefix, node) for values ending in `*`, in file order.
+    prefixes: HashMap<String, Vec<(String, usize)>>,
+    /// `key` → node, for descriptors without a value.
+    any: HashMap<String, usize>,
+}
+
+/// A validated domain: its file, its limits and the tree that finds them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyDomain {
+    pub doc: DomainDoc,
+    pub limits: Vec<Limit>,
+    nodes: Vec<Node>,
+    root: Level,
+}
+
+impl Serialize for EnvoyDomain {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.doc.serialize(s)
+    }
+}
+
+/// A descriptor of a request, as the service needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestDescriptor {
+    pub entries: Vec<(String, String)>,
+}
+
+impl RequestDescriptor {
+    /// The identifier this descriptor is counted under: its entries as `key=value` joined
+    /// by ` · `. Control characters become `?`; a text longer than an identifier may be is
+    /// cut and ends in a digest of the whole, so distinct descriptors stay distinct.
+    pub fn identifier(&self) -> Identifier {
+        let mut text = String::new();
+        for (i, (k, v)) in self.entries.iter().enumerate() {
+            if i > 0 {
+                text.push_str(" · ");
+            }
+            text.push_str(k);
+            text.push('=');
+            text.push_str(v);
+        }
+        let mut text: String = text
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        if text.is_empty() {
+            text.push('-');
+        }
+        if text.len() > MAX_VALUE_BYTES {
+            let digest = fnv64(text.as_bytes());
+            let mut cut = MAX_VALUE_BYTES - 20;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push_str(&format!(" #{digest:016x}"));
+        }
+        Identifier::new(DIMENSION, &text).expect("built within an identifier's limits")
+    }
+}
+
+/// FNV-1a, 64 bits: a stable digest for cut identifiers (not a security boundary).
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The policy name a domain is kept under: lower case, other characters than `a-z0-9_-`
+/// as `-`, at most 64 characters. Two domains with one name cannot both be loaded.
+pub fn policy_name(domain: &str) -> Result<Name, String> {
+    let mut name: String = domain
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        name.replace_range(..name.chars().next().map_or(0, char::len_utf8), "d");
+    }
+    Name::parse(&name)
+}
+
+impl EnvoyDomain {
+    /// Reads a domain's file from its JSON form (YAML is turned into JSON first); the error
+    /// names the field (`descriptors[0].rate_limit.unit`).
+    pub fn from_value(value: &serde_json::Value) -> Result<Self, PolicyError> {
+        let doc: DomainDoc = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." { "body".to_owned() } else { path };
+            PolicyError::field(field, e.inner().to_string())
+        })?;
+        Self::from_doc(doc)
+    }
+
+    /// Validates `doc` and builds the tree.
+    pub fn from_doc(doc: DomainDoc) -> Result<Self, PolicyError> {
+        if doc.domain.is_empty() {
+            return Err(PolicyError::field("domain", "is required"));
+        }
+        text("domain", &doc.domain)?;
+        policy_name(&doc.domain).map_err(|m| PolicyError::field("domain", m))?;
+        let mut built = EnvoyDomain {
+            doc: DomainDoc::default(),
+            limits: Vec::new(),
+            nodes: Vec::new(),
+            root: Level::default(),
+        };
+        let mut root = Level::default();
+        built.add_level(&doc.descriptors, "descriptors", 1, &mut root)?;
+        built.root = root;
+        built.doc = doc;
+        Ok(built)
+    }
+
+    fn add_level(
+        &mut self,
+        descriptors: &[DescriptorDoc],
+        path: &str,
+        depth: usize,
+        level: &mut Level,
+    ) -> Result<(), PolicyError> {
+        if depth > MAX_DEPTH {
+            return Err(PolicyError::field(
+                path,
+                format!("descriptors nest at most {MAX_DEPTH} deep"),
+            ));
+        }
+        let mut seen: BTreeMap<(&str, Option<&str>), usize> = BTreeMap::new();
+        for (i, d) in descriptors.iter().enumerate() {
+            let here = format!("{path}[{i}]");
+            if d.key.is_empty() {
+                return Err(PolicyError::field(format!("{here}.key"), "is required"));
+            }
+            text(&format!("{here}.key"), &d.key)?;
+            if let Some(v) = &d.value {
+                text(&format!("{here}.value"), v)?;
+            }
+            if let Some(first) = seen.insert((d.key.as_str(), d.value.as_deref()), i) {
+                return Err(PolicyError::field(
+                    here,
+                    format!(
+                        "duplicates {path}[{first}]: key {:?}{} appears twice at one level",
+                        d.key,
+                        d.value
+                            .as_deref()
+                            .map(|v| format!(" with value {v:?}"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            }
+            if self.nodes.len() >= MAX_NODES {
+                return Err(PolicyError::field(
+                    here,
+                    format!("a domain holds at most {MAX_NODES} descriptors"),
+                ));
+            }
+            let limit = match &d.rate_limit {
+                None => {
+                    if !d.replaces.is_empty() {
+                        return Err(PolicyError::field(
+                            format!("{here}.replaces"),
+                            "needs a rate_limit on the same descriptor",
+                        ));
+                    }
+                    None
+                }
+                Some(rl) => Some(self.add_limit(rl, d, &here)?),
+            };
+            let index = self.nodes.len();
+            self.nodes.push(Node::default());
+            let mut children = Level::default();
+            self.add_level(
+                &d.descriptors,
+                &format!("{here}.descriptors"),
+                depth + 1,
+                &mut children,
+            )?;
+            self.nodes[index] = Node { limit, children };
+            match d.value.as_deref() {
+                None => {
+                    level.any.insert(d.key.clone(), index);
+                }
+                Some(v) if v.ends_with('*') => level
+                    .prefixes
+                    .entry(d.key.clone())
+                    .or_default()
+                    .push((v.trim_end_matches('*').to_owned(), index)),
+                Some(v) => {
+                    level
+                        .exact
+                        .entry(d.key.clone())
+                        .or_default()
+                        .insert(v.to_owned(), index);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add_limit(
+        &mut self,
+        rl: &RateLimitDoc,
+        d: &DescriptorDoc,
+        here: &str,
+    ) -> Result<usize, PolicyError> {
+        let name = rl.name.clone().unwrap_or_default();
+        if !name.is_empty() {
+            text(&format!("{here}.rate_limit.name"), &name)?;
+        }
+        for (j, r) in d.replaces.iter().enumerate() {
+            let field = format!("{here}.replaces[{j}].name");
+            if r.name.is_empty() {
+                return Err(PolicyError::field(field, "is required"));
+            }
+            if r.name == name {
+                return Err(PolicyError::field(
+                    field,
+                    "names this descriptor's own limit; a limit cannot replace itself",
+                ));
+            }
+        }
+        let allowance = if rl.unlimited {
+            if rl.unit.is_some() {
+                return Err(PolicyError::field(
+                    format!("{here}.rate_limit.unit"),
+                    "must be left out when unlimited is true",
+                ));
+            }
+            if rl.requests_per_unit.is_some() {
+                return Err(PolicyError::field(
+                    format!("{here}.rate_limit.requests_per_unit"),
+                    "must be left out when unlimited is true",
+                ));
+            }
+            Allowance::Unlimited
+        } else {
+            let unit = match rl.unit.as_deref() {
+                None => {
+                    return Err(PolicyError::field(
+                        format!("{here}.rate_limit.unit"),
+                        "is required (second, minute, hour, day, week, month or year)",
+                    ));
+                }
+                Some(raw) => Unit::parse(raw).ok_or_else(|| {
+                    PolicyError::field(
+                        format!("{here}.rate_limit.unit"),
+                        format!(
+                            "{raw:?} is not a unit: second, minute, hour, day, week, month or year"
+                        ),
+                    )
+                })?,
+            };
+            Allowance::Count {
+                requests_per_unit: rl.requests_per_unit.unwrap_or(0),
+                unit,
+                rule: None,
+            }
+        };
+        self.limits.push(Limit {
+            name,
+            allowance,
+            shadow: d.shadow_mode,
+            replaces: d.replaces.iter().map(|r| r.name.clone()).collect(),
+            detailed_metric: d.detailed_metric,
+        });
+        Ok(self.limits.len() - 1)
+    }
+
+    /// The fixed-window rules the domain's counted limits run as, numbering them into
+    /// `limits` (a limit of 0 or unlimited has none). Rule names come from the limit's
+    /// `name`, or from the descriptor's path, made unique.
+    pub fn rules(&mut self) -> Vec<Rule> {
+        let mut paths = vec![String::new(); self.limits.len()];
+        fn walk(ds: &[DescriptorDoc], prefix: &str, next: &mut usize, out: &mut [String]) {
+            for d in ds {
+                let mut here = if prefix.is_empty() {
+                    String::new()
+                } else {
+                    format!("{prefix}-")
+                };
+                here.push_str(&d.key);
+                if let Some(v) = &d.value {
+                    here.push('-');
+                    here.push_str(v);
+                }
+                if d.rate_limit.is_some() {
+                    out[*next] = here.clone();
+                    *next += 1;
+                }
+                walk(&d.descriptors, &here, next, out);
+            }
+        }
+        // Limits were numbered depth first in file order, as `walk` visits them.
+        let mut next = 0;
+        walk(&self.doc.descriptors, "", &mut next, &mut paths);
+        let mut taken: std::collections::HashSet<String> = Default::default();
+        let mut rules = Vec::new();
+        for (i, limit) in self.limits.iter_mut().enumerate() {
+            let Allowance::Count {
+                requests_per_unit,
+                unit,
+                rule,
+            } = &mut limit.allowance
+            else {
+                continue;
+            };
+            if *requests_per_unit == 0 {
+                continue;
+            }
+            let base = rule_name(if limit.name.is_empty() {
+                &paths[i]
+            } else {
+                &limit.name
+            });
+            let mut name = base.clone();
+            let mut n = 2;
+            while !taken.insert(name.clone()) {
+                let suffix = format!("-{n}");
+                let mut cut = base.clone();
+                cut.truncate(64 - suffix.len());
+                name = format!("{cut}{suffix}");
+                n += 1;
+            }
+            *rule = Some(rules.len());
+            rules.push(
+                Rule::new(
+                    rules.len(),
+                    &name,
+                    Algorithm::FixedWindow {
+                        limit: u64::from(*requests_per_unit),
+                        window_ms: unit.seconds() * 1000,
+                    },
+                    Some(vec![DIMENSION.to_owned()]),
+                    false,
+                )
+                .expect("a valid name and window"),
+            );
+        }
+        rules
+    }
+
+    /// The limit a request descriptor finds, if any (none: the descriptor is OK and
+    /// consumes nothing).
+    pub fn find(&self, entries: &[(String, String)]) -> Option<&Limit> {
+        let mut level = &self.root;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let node = level
+                .exact
+                .get(key)
+                .and_then(|values| values.get(value))
+                .or_else(|| {
+                    level.prefixes.get(key).and_then(|ps| {
+                        ps.iter()
+                            .find(|(prefix, _)| value.starts_with(prefix.as_str()))
+                            .map(|(_, n)| n)
+                    })
+                })
+                .or_else(|| level.any.get(key))
+                .map(|&n| &self.nodes[n])?;
+            if i + 1 == entries.len() {
+                return node.limit.map(|l| &self.limits[l]);
+            }
+            level = &node.children;
+        }
+        None
+    }
+}
+
+/// A rule name made from free text: lower case, other characters as `-`, at most 64.
+fn rule_name(raw: &str) -> String {
+    let mut name: String = raw
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        name = format!("d{name}");
+        name.truncate(64);
+    }
+    name
+}
+
+fn text(field: &str, value: &str) -> Result<(), PolicyError> {
+    if value.len() > MAX_TEXT {
+        return Err(PolicyError::field(
+            field,
+            format!("is {} bytes; at most {MAX_TEXT} are allowed", value.len()),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(PolicyError::field(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn domain(v: serde_json::Value) -> Result<EnvoyDomain, PolicyError> {
+        EnvoyDomain::from_value(&v)
+    }
+
+    fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn found(d: &EnvoyDomain, pairs: &[(&str, &str)]) -> Option<String> {
+        d.find(&entries(pairs)).map(|l| l.name.clone())
+    }
+
+    #[test]
+    fn key_and_value_beat_a_prefix_which_beats_the_key_alone() {
+        let d = domain(json!({"domain": "d", "descriptors": [
+            {"key": "path", "rate_limit": {"unit": "second", "requests_per_unit": 1, "name": "any"}},
+            {"key": "path", "value": "/api*", "rate_limit": {"unit": "second", "requests_per_unit": 2, "name": "prefix"}},
+            {"key": "path", "value": "/api/login", "rate_limit": {"unit": "second", "requests_per_unit": 3, "name": "exact"}},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            found(&d, &[("path", "/api/login")]).as_deref(),
+            Some("exact")
+        );
+        assert_eq!(
+            found(&d, &[("path", "/api/users")]).as_deref(),
+            Some("prefix")
+        );
+        assert_eq!(found(&d, &[("path", "/other")]).as_deref(), Some("any"));
+        assert_eq!(found(&d, &[("host", "x")]), None);
+    }
+
+    #[test]
+    fn a_limit_applies_only_where_the_last_entry_lands() {
+        let d = domain(json!({"domain": "d", "descriptors": [
+            {"key": "remote_address", "descriptors": [
+                {"key": "path", "value": "/a", "rate_limit": {"unit": "minute", "requests_per_unit": 5, "name": "nested"}},
+            ]},
+            {"key": "user", "rate_limit": {"unit": "hour", "requests_per_unit": 5, "name": "top"}, "descriptors": [
+                {"key": "plan", "value": "free"},
+            ]},
+        ]}))
+        .unwrap();
+        assert_eq!(
+            found(&d, &[("remote_address", "1.2.3.4"), ("path", "/a")]).as_deref(),
+            Some("nested")
+        );
+        // Stopping halfway finds nothing; so does going past a leaf or a node without a limit.
+        assert_eq!(found(&d, &[("remote_address", "1.2.3.4")]), None);
+        assert_eq!(found(&d, &[("remote_address", "1"), ("path", "/b")]), None);
+        assert_eq!(found(&d, &[("user", "u"), ("plan", "free")]), None);
+        assert_eq!(found(&d, &[("user", "u")]).as_deref(), Some("top"));
+        assert_eq!(found(&d, &[]), None);
+    }
+
+    #[test]
+    fn invalid_files_name_their_field() {
+        let cases = [
+            (json!({"descriptors": []}), "domain"),
+            (
+                json!({"domain": "d", "descriptors": [{"value": "x"}]}),
+                "descriptors[0].key",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unit": "fortnight", "requests_per_unit": 1}}]}),
+                "descriptors[0].rate_limit.unit",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"requests_per_unit": 1}}]}),
+                "descriptors[0].rate_limit.unit",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "value": "v"}, {"key": "k", "value": "v"}]}),
+                "descriptors[1]",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "descriptors": [{"key": "a"}, {"key": "a"}]}]}),
+                "descriptors[0].descriptors[1]",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unlimited": true, "unit": "second"}}]}),
+                "descriptors[0].rate_limit.unit",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unlimited": true, "requests_per_unit": 5}}]}),
+                "descriptors[0].rate_limit.requests_per_unit",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unit": "second", "requests_per_unit": 1, "name": "a"}, "replaces": [{}]}]}),
+                "descriptors[0].replaces[0].name",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unit": "second", "requests_per_unit": 1, "name": "a"}, "replaces": [{"name": "a"}]}]}),
+                "descriptors[0].replaces[0].name",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "rate_limit": {"unit": "second", "requests_per_unit": -1}}]}),
+                "descriptors[0].rate_limit.requests_per_unit",
+            ),
+            (
+                json!({"domain": "d", "descriptors": [{"key": "k", "ratelimit": {}}]}),
+                "descriptors[0].ratelimit",
+            ),
+        ];
+        for (doc, field) in cases {
+            let e = domain(doc.clone()).expect_err(&doc.to_string());
+            assert_eq!(e.field, field, "{doc}: {}", e.message);
+            assert!(!e.message.is_empty());
+        }
+    }
+
+    #[test]
+    fn counted_limits_become_fixed_window_rules_with_unique_names() {
+        let mut d = domain(json!({"domain": "d", "descriptors": [
+            {"key": "a", "rate_limit": {"unit": "MINUTE", "requests_per_unit": 10, "name": "Same Name"}},
+            {"key": "b", "rate_limit": {"unit": "day", "requests_per_unit": 3, "name": "same name"}},
+            {"key": "c", "rate_limit": {"unlimited": true}},
+            {"key": "z", "rate_limit": {"unit": "second", "requests_per_unit": 0}},
+            {"key": "e", "value": "/x*", "rate_limit": {"unit": "year", "requests_per_unit": 1}},
+        ]}))
+        .unwrap();
+        let rules = d.rules();
+        let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["same-name", "same-name-2", "e--x-"]);
+        assert_eq!(
+            rules[1].algorithm,
+            Algorithm::FixedWindow {
+                limit: 3,
+                window_ms: 86_400_000
+            }
+        );
+        assert_eq!(
+            d.limits[3].allowance,
+            Allowance::Count {
+                requests_per_unit: 0,
+                unit: Unit::Second,
+                rule: None
+            }
+        );
+        assert!(matches!(
+            d.limits[4].allowance,
+            Allowance::Count { rule: Some(2), .. }
+        ));
+    }
+
+    #[test]
+    fn long_or_odd_descriptors_still_make_distinct_valid_identifiers() {
+        let long = |tail: &str| RequestDescriptor {
+            entries: vec![("path".into(), format!("{}{tail}", "x".repeat(400)))],
+        };
+        let (a, b) = (long("a").identifier(), long("b").identifier());
+        assert_ne!(a, b);
+        assert!(a.value().len() <= MAX_VALUE_BYTES);
+        let odd = RequestDescriptor {
+            entries: vec![("k".into(), "a\nb".into()), ("é".into(), "ü".repeat(200))],
+        };
+        assert!(odd.identifier().value().starts_with("k=a?b · é="));
+        assert_eq!(
+            RequestDescriptor {
+                entries: vec![
+                    ("remote_address".into(), "10.0.0.1".into()),
+                    ("path".into(), "/api".into())
+                ]
+            }
+            .identifier()
+            .to_string(),
+            "envoy=remote_address=10.0.0.1 · path=/api"
+        );
+    }
+
+    #[test]
+    fn domains_map_to_policy_names() {
+        assert_eq!(policy_name("edge_proxy").unwrap().as_str(), "edge_proxy");
+        assert_eq!(
+            policy_name("Istio.Example").unwrap().as_str(),
+            "istio-example"
+        );
+        assert_eq!(policy_name("_x").unwrap().as_str(), "dx");
+    }
+}

@@ -1,0 +1,789 @@
+//! Envoy's rate limit protocol: domains loaded in envoyproxy/ratelimit's file format, and
+//! `ShouldRateLimit` over gRPC (a tonic client with the official messages) against real
+//! Redis, on the same engine as the JSON check.
+
+use envoy_types::pb::{
+    envoy::{
+        extensions::common::ratelimit::v3::{
+            RateLimitDescriptor,
+            rate_limit_descriptor::{Entry, RateLimitOverride},
+        },
+        service::ratelimit::v3::{
+            RateLimitRequest, RateLimitResponse,
+            rate_limit_response::{Code, DescriptorStatus},
+            rate_limit_service_client::RateLimitServiceClient,
+        },
+    },
+    google::protobuf::UInt64Value,
+};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{}", app.grpc.unwrap()))
+        .await
+        .unwrap()
+}
+
+fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn with_key(message: RateLimitRequest) -> tonic::Request<RateLimitRequest> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {SERVICE_KEY}").parse().unwrap(),
+    );
+    request
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// `ShouldRateLimit` with the service key; panics on a gRPC error.
+async fn ask(
+    c: &mut RateLimitServiceClient<Channel>,
+    message: RateLimitRequest,
+) -> RateLimitResponse {
+    c.should_rate_limit(with_key(message))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// One descriptor's answer.
+async fn one(
+    c: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    pairs: &[(&str, &str)],
+) -> DescriptorStatus {
+    let r = ask(c, request(domain, vec![descriptor(pairs)])).await;
+    assert_eq!(r.statuses.len(), 1);
+    assert_eq!(r.overall_code, r.statuses[0].code);
+    r.statuses[0].clone()
+}
+
+async fn put_domain(app: &TestApp, domain: &str, yaml: &str) -> reqwest::Response {
+    app.client
+        .put(app.url(&format!("/api/v1/envoy/domains/{domain}")))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body(yaml.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn load(app: &TestApp, domain: &str, yaml: &str) {
+    let r = put_domain(app, domain, yaml).await;
+    let status = r.status();
+    assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
+}
+
+const PER_IP: &str = r#"
+domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      name: per-ip
+      unit: minute
+      requests_per_unit: 3
+  - key: remote_address
+    value: 10.0.0.9
+    rate_limit:
+      unit: minute
+      requests_per_unit: 5
+"#;
+
+#[tokio::test]
+async fn a_domain_file_limits_each_descriptor_value_separately_and_says_why() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let mut c = client(&app).await;
+    for expected_left in [2, 1, 0] {
+        let s = one(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[("remote_address", "10.0.0.1")],
+        )
+        .await;
+        assert_eq!(s.code, OK);
+        assert_eq!(s.limit_remaining, expected_left);
+        let limit = s.current_limit.unwrap();
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("per-ip", 3, 2)
+        );
+        let reset = s.duration_until_reset.unwrap();
+        assert!((0..=60).contains(&reset.seconds), "{reset:?}");
+    }
+    let r = ask(
+        &mut c,
+        request(
+            "edge_proxy_per_ip",
+            vec![descriptor(&[("remote_address", "10.0.0.1")])],
+        ),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(r.statuses[0].code, OVER);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    // What Envoy adds to its answer: the IETF headers and a problem body.
+    let headers: Vec<(String, String)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert!(
+        headers.contains(&("ratelimit-policy".into(), "\"per-ip\";q=3;w=60".into())),
+        "{headers:?}"
+    );
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "ratelimit" && v.starts_with("\"per-ip\";r=0;t=")),
+        "{headers:?}"
+    );
+    let body: Value = serde_json::from_slice(&r.raw_body).unwrap();
+    assert_eq!(body["status"], 429);
+    // Another address has its own count; the exact value has its own, larger limit.
+    let s = one(
+        &mut c,
+        "edge_proxy_per_ip",
+        &[("remote_address", "10.0.0.2")],
+    )
+    .await;
+    assert_eq!((s.code, s.limit_remaining), (OK, 2));
+    let s = one(
+        &mut c,
+        "edge_proxy_per_ip",
+        &[("remote_address", "10.0.0.9")],
+    )
+    .await;
+    assert_eq!((s.code, s.limit_remaining), (OK, 4));
+    assert_eq!(s.current_limit.unwrap().requests_per_unit, 5);
+}
+
+#[tokio::test]
+async fn callers_need_a_service_key_unless_that_is_turned_off() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut c = client(&app).await;
+    let message = request("any", vec![descriptor(&[("k", "v")])]);
+    let no_key = c.should_rate_limit(message.clone()).await.unwrap_err();
+    assert_eq!(no_key.code(), tonic::Code::Unauthenticated);
+    let mut wrong = tonic::Request::new(message.clone());
+    wrong
+        .metadata_mut()
+        .insert("authorization", "Bearer not-a-key".parse().unwrap());
+    assert_eq!(
+        c.should_rate_limit(wrong).await.unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    let mut other_header = tonic::Request::new(message.clone());
+    other_header
+        .metadata_mut()
+        .insert("x-spillway-key", SERVICE_KEY.parse().unwrap());
+    assert_eq!(
+        c.should_rate_limit(other_header)
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code,
+        OK
+    );
+
+    let open = spawn_app_with(&redis, &[("SPILLWAY_GRPC_AUTH", "none")]).await;
+    let mut c = client(&open).await;
+    assert_eq!(
+        c.should_rate_limit(message)
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code,
+        OK
+    );
+}
+
+#[tokio::test]
+async fn matching_follows_envoyproxy_ratelimit() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(
+        &app,
+        "rl",
+        r#"
+domain: rl
+descriptors:
+  - key: source_cluster
+    value: proxy
+    descriptors:
+      - key: destination_cluster
+        value: bank_service
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: destination_cluster
+        value: mock
+        rate_limit: {unit: second, requests_per_unit: 0}
+      - key: destination_cluster
+        rate_limit: {unlimited: true}
+  - key: path
+    value: /api/*
+    rate_limit: {unit: hour, requests_per_unit: 2, name: api-prefix}
+  - key: path
+    value: /api/login
+    rate_limit: {unit: hour, requests_per_unit: 1, name: login}
+  - key: user
+"#,
+    )
+    .await;
+    let mut c = client(&app).await;
+    // A domain that does not exist, and a descriptor that finds no limit: OK, no limit.
+    for (domain, pairs) in [
+        ("nope", vec![("a", "b")]),
+        ("rl", vec![("user", "ann")]),
+        ("rl", vec![("source_cluster", "proxy")]),
+        (
+            "rl",
+            vec![
+                ("source_cluster", "other"),
+                ("destination_cluster", "bank_service"),
+            ],
+        ),
+    ] {
+        for _ in 0..3 {
+            let s = one(&mut c, domain, &pairs).await;
+            assert_eq!(s.code, OK, "{domain} {pairs:?}");
+            assert!(s.current_limit.is_none());
+        }
+    }
+    // Nested: key and value at both levels.
+    let bank = [
+        ("source_cluster", "proxy"),
+        ("destination_cluster", "bank_service"),
+    ];
+    assert_eq!(one(&mut c, "rl", &bank).await.code, OK);
+    assert_eq!(one(&mut c, "rl", &bank).await.code, OVER);
+    // requests_per_unit 0 always denies; unlimited always allows, remaining u32::MAX.
+    let mock = [("source_cluster", "proxy"), ("destination_cluster", "mock")];
+    let s = one(&mut c, "rl", &mock).await;
+    assert_eq!(
+        (s.code, s.current_limit.unwrap().requests_per_unit),
+        (OVER, 0)
+    );
+    for _ in 0..5 {
+        let s = one(
+            &mut c,
+            "rl",
+            &[("source_cluster", "proxy"), ("destination_cluster", "x")],
+        )
+        .await;
+        assert_eq!((s.code, s.limit_remaining), (OK, u32::MAX));
+    }
+    // Key and value beat a prefix; the prefix counts each path on its own.
+    assert_eq!(
+        one(&mut c, "rl", &[("path", "/api/login")])
+            .await
+            .limit_remaining,
+        0
+    );
+    assert_eq!(
+        one(&mut c, "rl", &[("path", "/api/login")]).await.code,
+        OVER
+    );
+    let s = one(&mut c, "rl", &[("path", "/api/users")]).await;
+    assert_eq!(
+        (s.limit_remaining, s.current_limit.unwrap().name.as_str()),
+        (1, "api-prefix")
+    );
+    assert_eq!(
+        one(&mut c, "rl", &[("path", "/api/other")])
+            .await
+            .limit_remaining,
+        1
+    );
+    assert!(
+        one(&mut c, "rl", &[("path", "/web")])
+            .await
+            .current_limit
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn a_request_over_any_limit_consumes_none() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(
+        &app,
+        "two",
+        "domain: two\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+    )
+    .await;
+    let mut c = client(&app).await;
+    let both = || {
+        request(
+            "two",
+            vec![descriptor(&[("a", "1")]), descriptor(&[("b", "1")])],
+        )
+    };
+    let first = ask(&mut c, both()).await;
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(first.statuses[1].limit_remaining, 9);
+    for _ in 0..5 {
+        let r = ask(&mut c, both()).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!((r.statuses[0].code, r.statuses[1].code), (OVER, OK));
+        // b was not consumed by the requests a denied.
+        assert_eq!(r.statuses[1].limit_remaining, 9);
+    }
+    let b_alone = one(&mut c, "two", &[("b", "1")]).await;
+    assert_eq!(b_alone.limit_remaining, 8);
+}
+
+#[tokio::test]
+async fn shadow_mode_counts_and_answers_ok_and_replaces_drops_a_limit() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(
+        &app,
+        "sh",
+        r#"
+domain: sh
+descriptors:
+  - key: tenant
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2, name: tenant}
+  - key: generic
+    rate_limit: {unit: minute, requests_per_unit: 1, name: generic}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 100, name: vip}
+    replaces:
+      - name: generic
+"#,
+    )
+    .await;
+    let mut c = client(&app).await;
+    for i in 0..5 {
+        let s = one(&mut c, "sh", &[("tenant", "t1")]).await;
+        assert_eq!(s.code, OK, "shadow mode never denies (request {i})");
+        assert_eq!(s.limit_remaining, if i < 2 { 1 - i } else { 0 });
+    }
+    // The shadow denials were counted as denials for the live view.
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("shadow_denied"), "{metrics}");
+    // generic alone: 1 a minute. With vip in the same request, generic is replaced.
+    assert_eq!(one(&mut c, "sh", &[("generic", "g")]).await.code, OK);
+    assert_eq!(one(&mut c, "sh", &[("generic", "g")]).await.code, OVER);
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request(
+                "sh",
+                vec![descriptor(&[("generic", "g")]), descriptor(&[("vip", "g")])],
+            ),
+        )
+        .await;
+        assert_eq!(r.overall_code, OK);
+        assert!(r.statuses[0].current_limit.is_none());
+        assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().name, "vip");
+    }
+}
+
+#[tokio::test]
+async fn hits_addend_caller_limits_and_peeks() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "h", "domain: h\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n").await;
+    let mut c = client(&app).await;
+    let mut r = request("h", vec![descriptor(&[("k", "a")])]);
+    r.hits_addend = 4;
+    assert_eq!(ask(&mut c, r.clone()).await.statuses[0].limit_remaining, 6);
+    // A descriptor's own hits win over the request's; 0 peeks.
+    let mut d = descriptor(&[("k", "a")]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    let peek = ask(
+        &mut c,
+        RateLimitRequest {
+            descriptors: vec![d.clone()],
+            ..r.clone()
+        },
+    )
+    .await;
+    assert_eq!(
+        (peek.overall_code, peek.statuses[0].limit_remaining),
+        (OK, 6)
+    );
+    d.hits_addend = Some(UInt64Value { value: 6 });
+    let all = ask(
+        &mut c,
+        RateLimitRequest {
+            descriptors: vec![d.clone()],
+            ..r.clone()
+        },
+    )
+    .await;
+    assert_eq!((all.overall_code, all.statuses[0].limit_remaining), (OK, 0));
+    // Over by request-level hits: denied, nothing consumed.
+    assert_eq!(ask(&mut c, r.clone()).await.overall_code, OVER);
+    // The caller's own limit for a descriptor is honoured, with or without a tree match.
+    let mut own = descriptor(&[("nothing", "here")]);
+    own.limit = Some(RateLimitOverride {
+        requests_per_unit: 2,
+        unit: 3, // hour
+    });
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let a = ask(&mut c, request("h", vec![own.clone()])).await;
+        let limit = a.statuses[0].current_limit.clone().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (2, 3));
+        answers.push(a.overall_code);
+    }
+    assert_eq!(answers, [OK, OK, OVER]);
+    // Different hits on two counted descriptors of one request are refused, naming one.
+    let mut d1 = descriptor(&[("k", "x")]);
+    d1.hits_addend = Some(UInt64Value { value: 1 });
+    let mut d2 = descriptor(&[("k", "y")]);
+    d2.hits_addend = Some(UInt64Value { value: 2 });
+    let err = c
+        .should_rate_limit(with_key(request("h", vec![d1, d2])))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("descriptors[1].hits_addend"),
+        "{}",
+        err.message()
+    );
+}
+
+#[tokio::test]
+async fn invalid_files_name_the_field_and_leave_the_domain_as_it_was() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let cases = [
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            "descriptors[0].rate_limit.unit",
+        ),
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: a\n  - key: a\n",
+            "descriptors[1]",
+        ),
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
+            "descriptors[0].rate_limit.unit",
+        ),
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, requests_per_unit: 3}\n",
+            "descriptors[0].rate_limit.requests_per_unit",
+        ),
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x}\n    replaces: [{}]\n",
+            "descriptors[0].replaces[0].name",
+        ),
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: x}\n    replaces: [{name: x}]\n",
+            "descriptors[0].replaces[0].name",
+        ),
+        (
+            "domain: edge_proxy_per_ip\ndescriptors:\n  - value: a\n",
+            "descriptors[0].key",
+        ),
+        ("domain: other\n", "domain"),
+        ("domain: [unclosed\n", "body"),
+    ];
+    for (yaml, field) in cases {
+        let r = put_domain(&app, "edge_proxy_per_ip", yaml).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{yaml}");
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["field"], field, "{yaml}: {problem}");
+    }
+    // A JSON body of the same document works too; a text/plain one is refused.
+    let r = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "text/plain")
+        .body(PER_IP)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Still version 1, still enforcing it.
+    let r = app
+        .client
+        .get(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["etag"], "\"1\"");
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(doc["descriptors"][0]["rate_limit"]["requests_per_unit"], 3);
+    let mut c = client(&app).await;
+    let s = one(
+        &mut c,
+        "edge_proxy_per_ip",
+        &[("remote_address", "1.1.1.1")],
+    )
+    .await;
+    assert_eq!(s.current_limit.unwrap().requests_per_unit, 3);
+    // The same file as JSON makes version 2; YAML comes back when asked for.
+    let as_json: Value = serde_yaml::from_str(PER_IP).unwrap();
+    let r = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&as_json)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["etag"], "\"2\"");
+    let yaml = app
+        .client
+        .get(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .header("accept", "application/yaml")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let back: Value = serde_yaml::from_str(&yaml).unwrap();
+    assert_eq!(back, as_json);
+}
+
+#[tokio::test]
+async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let mut c = client(&app).await;
+    for _ in 0..3 {
+        one(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[("remote_address", "10.0.0.1")],
+        )
+        .await;
+    }
+    assert_eq!(
+        one(
+            &mut c,
+            "edge_proxy_per_ip",
+            &[("remote_address", "10.0.0.1")]
+        )
+        .await
+        .code,
+        OVER
+    );
+    // The policy: its rules are the file's limits.
+    let policy: Value = app
+        .client
+        .get(app.url("/api/v1/policies/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policy["rules"][0]["name"], "per-ip");
+    assert_eq!(policy["rules"][0]["window_ms"], 60_000);
+    assert_eq!(policy["envoy"]["domain"], "edge_proxy_per_ip");
+    // The inspector reads the descriptor; a reset frees it (and the cached denial).
+    let id = "remote_address=10.0.0.1";
+    let seen: Value = app
+        .client
+        .get(app.url(&format!("/api/v1/identifiers/envoy/{id}")))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ours = seen["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == "edge_proxy_per_ip")
+        .unwrap();
+    assert_eq!(ours["rules"][0]["remaining"], 0, "{seen}");
+    let r = app
+        .client
+        .delete(app.url(&format!(
+            "/api/v1/identifiers/envoy/{id}?reason=support+ticket+7"
+        )))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let s = one(
+        &mut c,
+        "edge_proxy_per_ip",
+        &[("remote_address", "10.0.0.1")],
+    )
+    .await;
+    assert_eq!((s.code, s.limit_remaining), (OK, 2));
+    // Audited: the load and the reset.
+    let audit: Value = app
+        .client
+        .get(app.url("/api/v1/audit"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(actions.contains(&"envoy.domain.save"), "{actions:?}");
+    assert!(actions.contains(&"identifier.reset"), "{actions:?}");
+    // A policy of the JSON API's kind keeps its name: a domain of that name is refused.
+    app.put_policy("api", json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]}))
+        .await;
+    let r = put_domain(&app, "api", "domain: api\n").await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn redis_down_answers_by_the_domains_failure_mode() {
+    let mut redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "100")]).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let closed = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/closed_one?failure_mode=closed"))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body("domain: closed_one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), StatusCode::CREATED);
+    let mut c = client(&app).await;
+    // Let the policy cache hold both before Redis goes.
+    assert_eq!(one(&mut c, "closed_one", &[("k", "v")]).await.code, OK);
+    redis.kill();
+    let open = one(
+        &mut c,
+        "edge_proxy_per_ip",
+        &[("remote_address", "10.0.0.1")],
+    )
+    .await;
+    assert_eq!(open.code, OK);
+    let err = c
+        .should_rate_limit(with_key(request(
+            "closed_one",
+            vec![descriptor(&[("k", "v")])],
+        )))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    redis.restart();
+}
+
+#[tokio::test]
+async fn health_is_served() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let channel = Channel::from_shared(format!("http://{}", app.grpc.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut h = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let r = h
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.status, ServingStatus::Serving as i32, "{service:?}");
+    }
+}
+
+/// Two instances on one Redis, many concurrent callers: exactly the limit is allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_allow_exactly_the_limit_under_concurrency() {
+    let redis = RedisServer::start();
+    let a = spawn_app(&redis).await;
+    let b = spawn_app(&redis).await;
+    load(
+        &a,
+        "burst",
+        "domain: burst\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 50}\n",
+    )
+    .await;
+    // b learns of the new domain by pub/sub.
+    let mut cb = client(&b).await;
+    for _ in 0..100 {
+        let s = one(&mut cb, "burst", &[("user", "warmup")]).await;
+        if s.current_limit.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let mut c = client(app).await;
+        tasks.push(tokio::spawn(async move {
+            ask(&mut c, request("burst", vec![descriptor(&[("user", "u")])]))
+                .await
+                .overall_code
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        if t.await.unwrap() == OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 50);
+}
