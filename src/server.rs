@@ -32,6 +32,7 @@ pub fn router(state: AppState) -> Router {
     let leptos_options = state.leptos_options.clone();
     Router::new()
         .merge(api::router())
+        .merge(crate::envoy::json::router())
         .merge(auth::login::router())
         .merge(crate::app::events::router())
         .leptos_routes_with_context(

@@ -72,8 +72,10 @@ pub(super) struct PutQuery {
 /// stays in force.
 #[utoipa::path(put, path = "/api/v1/envoy/domains/{domain}", tag = "envoy", operation_id = "put_envoy_domain",
     params(("domain" = String, Path, description = "The domain, as Envoy's rate limit filter names it"), PutQuery),
-    request_body(content = String, description = "envoyproxy/ratelimit's configuration file", content_type = "application/yaml"),
-    responses((status = 200, description = "Loaded; the file as stored (JSON)"), (status = 201, description = "Loaded as a new domain"),
+    request_body(description = "envoyproxy/ratelimit's configuration file", content(
+        (crate::api::openapi::EnvoyDomainFile = "application/json"),
+        (String = "application/yaml"))),
+    responses((status = 200, description = "Loaded; the file as stored", body = crate::api::openapi::EnvoyDomainFile), (status = 201, description = "Loaded as a new domain", body = crate::api::openapi::EnvoyDomainFile),
     (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
@@ -141,7 +143,9 @@ pub(super) async fn put(
 /// The domain's file as loaded: YAML when the request accepts `application/yaml`, else JSON.
 #[utoipa::path(get, path = "/api/v1/envoy/domains/{domain}", tag = "envoy", operation_id = "get_envoy_domain",
     params(("domain" = String, Path, description = "The domain")),
-    responses((status = 200, description = "The file (JSON, or YAML when asked for)"),
+    responses((status = 200, description = "The file (JSON, or YAML when asked for)", content(
+        (crate::api::openapi::EnvoyDomainFile = "application/json"),
+        (String = "application/yaml"))),
     (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,

@@ -266,6 +266,50 @@ pub struct AuditRecord {
     reason: String,
 }
 
+/// An Envoy rate limit domain in envoyproxy/ratelimit's file format (sent as YAML with
+/// `Content-Type: application/yaml`, or as this JSON).
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvoyDomainFile {
+    /// The domain Envoy's rate limit filter names (may be left out: the path's).
+    domain: Option<String>,
+    descriptors: Option<Vec<EnvoyDescriptor>>,
+}
+
+/// A descriptor of the tree: a key, an optional value (ending in `*`: a prefix), a limit,
+/// and nested descriptors.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvoyDescriptor {
+    key: String,
+    value: Option<String>,
+    rate_limit: Option<EnvoyRateLimit>,
+    shadow_mode: Option<bool>,
+    replaces: Option<Vec<EnvoyReplaces>>,
+    detailed_metric: Option<bool>,
+    #[schema(no_recursion)]
+    descriptors: Option<Vec<EnvoyDescriptor>>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvoyRateLimit {
+    /// second, minute, hour, day, week, month (30 days) or year (365 days), any case.
+    unit: Option<String>,
+    /// 0 always denies.
+    #[schema(minimum = 0, maximum = 4_294_967_295_u64)]
+    requests_per_unit: Option<u64>,
+    /// Always allowed (then neither unit nor requests_per_unit).
+    unlimited: Option<bool>,
+    name: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvoyReplaces {
+    name: String,
+}
+
 /// A page of the audit log, newest first.
 #[derive(Serialize, ToSchema)]
 pub struct AuditPage {
@@ -363,7 +407,8 @@ impl Modify for CommonProblems {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage)),
+        Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage,
+        EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(

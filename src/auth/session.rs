@@ -281,11 +281,15 @@ pub fn from_this_site(state: &AppState, peer: IpAddr, headers: &HeaderMap) -> bo
     same_origin(own_origin(state, Some(peer), headers).as_deref(), headers)
 }
 
-/// Paths the session middleware leaves alone: the service API, probes and static files.
+/// Paths the session middleware leaves alone: the service API (and envoyproxy/ratelimit's
+/// `/json`), probes and static files.
 fn is_outside_dashboard(path: &str) -> bool {
     path.starts_with("/api/")
         || path.starts_with("/pkg/")
-        || matches!(path, "/healthz" | "/readyz" | "/metrics" | "/favicon.ico")
+        || matches!(
+            path,
+            "/healthz" | "/readyz" | "/metrics" | "/favicon.ico" | "/json"
+        )
 }
 
 /// Dashboard paths anyone may load: the login page and the endpoints that do their own

@@ -12,6 +12,7 @@ import os
 from spillway_client import AuthenticatedClient, Client
 from spillway_client.api.audit import list_audit_records
 from spillway_client.api.checks import check, check_batch, forward_auth
+from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
 from spillway_client.api.health import healthz, metrics, openapi_document, readyz
 from spillway_client.api.identifiers import inspect_identifier, reset_identifier
 from spillway_client.api.overrides import add_override, list_overrides, remove_override
@@ -29,6 +30,9 @@ from spillway_client.models import (
     CheckRequest,
     CheckRequestIdentifiers,
     CheckResponse,
+    EnvoyDescriptor,
+    EnvoyDomainFile,
+    EnvoyRateLimit,
     Inspection,
     OverrideDocument,
     OverrideList,
@@ -205,3 +209,24 @@ assert page.entries and page.entries[0].reason == "generated client test", page
 called("delete_policy", delete_policy.sync_detailed("client-test", client=admin), 204)
 gone = get_policy.sync_detailed("client-test", client=admin)
 assert gone.status_code == 404 and isinstance(gone.parsed, Problem), gone
+
+# An Envoy domain in envoyproxy/ratelimit's format, as JSON: loaded, then read back.
+file = EnvoyDomainFile(
+    domain="edge",
+    descriptors=[
+        EnvoyDescriptor(
+            key="remote_address",
+            rate_limit=EnvoyRateLimit(unit="minute", requests_per_unit=10, name="per-ip"),
+        )
+    ],
+)
+loaded = called(
+    "put_envoy_domain",
+    put_envoy_domain.sync_detailed("edge", client=admin, body=file, failure_mode="closed"),
+    201,
+    EnvoyDomainFile,
+)
+assert loaded.descriptors[0].rate_limit.requests_per_unit == 10, loaded
+read = called("get_envoy_domain", get_envoy_domain.sync_detailed("edge", client=admin), 200, EnvoyDomainFile)
+assert read.domain == "edge" and read.descriptors[0].key == "remote_address", read
+

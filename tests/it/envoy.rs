@@ -787,3 +787,71 @@ async fn two_instances_allow_exactly_the_limit_under_concurrency() {
     }
     assert_eq!(ok, 50);
 }
+
+#[tokio::test]
+async fn the_json_endpoint_speaks_proto3_json() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let post = |body: Value, key: Option<&str>| {
+        let mut r = app.client.post(app.url("/json")).json(&body);
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    let body = json!({"domain": "edge_proxy_per_ip", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.1.1.1"}]}], "hitsAddend": 1});
+    let r = post(body.clone(), None).await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{:?}", r.text().await);
+    for left in [2, 1] {
+        let r = post(body.clone(), Some(SERVICE_KEY)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["overallCode"], "OK", "{v}");
+        assert_eq!(v["statuses"][0]["limitRemaining"], left, "{v}");
+        assert_eq!(v["statuses"][0]["currentLimit"]["unit"], "MINUTE", "{v}");
+        assert!(
+            v["statuses"][0]["durationUntilReset"]
+                .as_str()
+                .unwrap()
+                .ends_with('s')
+        );
+    }
+    // The last one, in snake_case and with a 64-bit number as a string.
+    let snake = json!({"domain": "edge_proxy_per_ip", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.1.1.1"}], "hits_addend": "1"}]});
+    let v: Value = post(snake, Some(SERVICE_KEY))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["overallCode"], "OK", "{v}");
+    assert!(
+        v["statuses"][0].get("limitRemaining").is_none(),
+        "0 is left out: {v}"
+    );
+    let r = post(body.clone(), Some(SERVICE_KEY)).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["overallCode"], "OVER_LIMIT");
+    assert_eq!(v["statuses"][0]["code"], "OVER_LIMIT");
+    assert!(v["rawBody"].is_string());
+    // Bad input names the field.
+    for (bad, field) in [
+        (
+            json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "limit": {"requestsPerUnit": 1, "unit": "FORTNIGHT"}}]}),
+            "descriptors[0].limit.unit",
+        ),
+        (
+            json!({"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "v"}], "hitsAddend": -1}]}),
+            "descriptors[0].hitsAddend",
+        ),
+        (json!({"domain": "d", "descriptorz": []}), "descriptorz"),
+        (json!({"descriptors": []}), "domain"),
+    ] {
+        let r = post(bad.clone(), Some(SERVICE_KEY)).await.unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+        let p: Value = r.json().await.unwrap();
+        assert_eq!(p["field"], field, "{bad}: {p}");
+    }
+}
