@@ -249,7 +249,7 @@ fn ranked_table(
                     let value = if percent { format!("{} %", r.value) } else { r.value.to_string() };
                     view! {
                         <tr>
-                            <td><a href=href>{r.identifier}</a></td>
+                            <td><a href=href>{crate::domain::envoy::readable(&r.identifier).to_owned()}</a></td>
                             <td>{r.policy}</td>
                             <td class="num">{value}</td>
                         </tr>

@@ -245,6 +245,37 @@ impl RequestDescriptor {
     }
 }
 
+impl EnvoyDomain {
+    /// The rule of this domain that counts `identifier` (an Envoy descriptor's), when its
+    /// entries find a counted limit; `None` for other identifiers or no such limit.
+    pub fn rule_for(&self, identifier: &Identifier) -> Option<usize> {
+        if identifier.dimension().as_str() != DIMENSION {
+            return None;
+        }
+        let entries: Vec<(String, String)> = identifier
+            .value()
+            .split(" · ")
+            .map(|e| {
+                let (k, v) = e.split_once('=').unwrap_or((e, ""));
+                (k.to_owned(), v.to_owned())
+            })
+            .collect();
+        match self.find(&entries)?.allowance {
+            Allowance::Count { rule, .. } => rule,
+            Allowance::Unlimited => None,
+        }
+    }
+}
+
+/// An identifier as people read it: an Envoy descriptor as its entries
+/// (`remote_address=10.0.0.1 · path=/api`), any other as `dimension=value`.
+pub fn readable(identifier: &str) -> &str {
+    identifier
+        .strip_prefix(DIMENSION)
+        .and_then(|rest| rest.strip_prefix('='))
+        .unwrap_or(identifier)
+}
+
 /// FNV-1a, 64 bits: a stable digest for cut identifiers (not a security boundary).
 fn fnv64(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -772,6 +803,13 @@ mod tests {
             .to_string(),
             "envoy=remote_address=10.0.0.1 · path=/api"
         );
+    }
+
+    #[test]
+    fn descriptors_read_as_their_entries() {
+        assert_eq!(readable("envoy=remote_address=10.0.0.1 · path=/api"), "remote_address=10.0.0.1 · path=/api");
+        assert_eq!(readable("user=42"), "user=42");
+        assert_eq!(readable("envoyx=1"), "envoyx=1");
     }
 
     #[test]

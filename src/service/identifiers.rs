@@ -55,9 +55,18 @@ impl Service {
                 RulesFor::Unlimited => ps.status = "unlimited".into(),
                 RulesFor::Blocked => ps.status = "blocked".into(),
                 RulesFor::Rules(rules) => {
+                    // An Envoy domain counts a descriptor under the one limit it finds.
+                    let found = policy
+                        .envoy
+                        .as_ref()
+                        .and_then(|t| t.rule_for(id))
+                        .map(|i| &policy.rules[i].name);
                     let entries: Vec<CheckEntry<'_>> = rules
                         .iter()
-                        .filter(|r| r.applies_to(id.dimension().as_str()))
+                        .filter(|r| {
+                            r.applies_to(id.dimension().as_str())
+                                && found.is_none_or(|name| *name == r.name)
+                        })
                         .map(|rule| CheckEntry {
                             rule,
                             identifier: id,

@@ -642,6 +642,9 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
         .iter()
         .find(|p| p["policy"] == "edge_proxy_per_ip")
         .unwrap();
+    // Only the limit this descriptor finds, not every limit of the domain.
+    assert_eq!(ours["rules"].as_array().unwrap().len(), 1, "{seen}");
+    assert_eq!(ours["rules"][0]["rule"], "per-ip", "{seen}");
     assert_eq!(ours["rules"][0]["remaining"], 0, "{seen}");
     let r = app
         .client
