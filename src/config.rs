@@ -73,7 +73,8 @@ pub enum EnvoyHeaders {
     None,
     /// `ietf` (default): the IETF draft's `RateLimit-Policy` and `RateLimit`.
     Ietf,
-    /// `draft03`: envoyproxy/ratelimit's `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    /// `draft03`: envoyproxy/ratelimit's `RateLimit-Limit`, `-Remaining`, `-Reset` (the
+    /// draft's third version), plain numbers.
     Draft03,
 }
 

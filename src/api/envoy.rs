@@ -125,7 +125,7 @@ pub(super) async fn put(
     }
     let parsed = EnvoyDomain::from_value(&value)?;
     let saved = state
-        .save_envoy_domain(&actor, parsed, failure_mode)
+        .save_envoy_domain(&actor, parsed, failure_mode, None)
         .await?;
     let status = if saved.version == 1 {
         StatusCode::CREATED

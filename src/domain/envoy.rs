@@ -2,7 +2,7 @@
 //! (`key`, optional `value`, `rate_limit`, `shadow_mode`, `replaces`, `detailed_metric`,
 //! nested `descriptors`), validated with the offending field named; the fixed-window rules
 //! its limits are counted under; and how one request descriptor finds its limit in the tree,
-//! as envoyproxy/ratelimit matches it (key and value beat a value prefix ending in `*`, which
+//! as envoyproxy/ratelimit matches it (key and value beat a value with `*` wildcards, which
 //! beats the key alone; a limit applies only where the descriptor's last entry lands).
 
 use std::collections::{BTreeMap, HashMap};
@@ -184,8 +184,8 @@ struct Node {
 struct Level {
     /// `key` → `value` → node.
     exact: HashMap<String, HashMap<String, usize>>,
-    /// `key` → (value prefix, node) for values ending in `*`, in file order.
-    prefixes: HashMap<String, Vec<(String, usize)>>,
+    /// `key` → (value pattern, node) for values with a `*`, in file order.
+    wildcards: HashMap<String, Vec<(String, usize)>>,
     /// `key` → node, for descriptors without a value.
     any: HashMap<String, usize>,
 }
@@ -404,11 +404,11 @@ impl EnvoyDomain {
                 None => {
                     level.any.insert(d.key.clone(), index);
                 }
-                Some(v) if v.ends_with('*') => level
-                    .prefixes
+                Some(v) if v.contains('*') => level
+                    .wildcards
                     .entry(d.key.clone())
                     .or_default()
-                    .push((v.trim_end_matches('*').to_owned(), index)),
+                    .push((v.to_owned(), index)),
                 Some(v) => {
                     level
                         .exact
@@ -573,9 +573,9 @@ impl EnvoyDomain {
                 .get(key)
                 .and_then(|values| values.get(value))
                 .or_else(|| {
-                    level.prefixes.get(key).and_then(|ps| {
-                        ps.iter()
-                            .find(|(prefix, _)| value.starts_with(prefix.as_str()))
+                    level.wildcards.get(key).and_then(|ws| {
+                        ws.iter()
+                            .find(|(pattern, _)| glob(pattern, value))
                             .map(|(_, n)| n)
                     })
                 })
@@ -588,6 +588,28 @@ impl EnvoyDomain {
         }
         None
     }
+}
+
+/// Whether `value` matches `pattern`, where each `*` stands for any run of characters
+/// (none included): the literal parts must appear in order, the first at the start and the
+/// last at the end.
+fn glob(pattern: &str, value: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = value.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// A rule name made from free text: lower case, other characters as `-`, at most 64.
@@ -806,8 +828,32 @@ mod tests {
     }
 
     #[test]
+    fn a_star_stands_for_any_run_of_characters_anywhere() {
+        for (pattern, value, matches) in [
+            ("/api/*", "/api/users", true),
+            ("/api/*", "/api/", true),
+            ("/api/*", "/ap", false),
+            ("bar*b", "barab", true),
+            ("bar*b", "bar123b", true),
+            ("bar*b", "barb", true),
+            ("bar*b", "bara", false),
+            ("bar*b", "xbarb", false),
+            ("foo*bar*baz", "foobarbaz", true),
+            ("foo*bar*baz", "foo1bar2baz", true),
+            ("foo*bar*baz", "foo123baz", false),
+            ("*", "", true),
+            ("a*a", "a", false),
+        ] {
+            assert_eq!(glob(pattern, value), matches, "{pattern} ~ {value}");
+        }
+    }
+
+    #[test]
     fn descriptors_read_as_their_entries() {
-        assert_eq!(readable("envoy=remote_address=10.0.0.1 · path=/api"), "remote_address=10.0.0.1 · path=/api");
+        assert_eq!(
+            readable("envoy=remote_address=10.0.0.1 · path=/api"),
+            "remote_address=10.0.0.1 · path=/api"
+        );
         assert_eq!(readable("user=42"), "user=42");
         assert_eq!(readable("envoyx=1"), "envoyx=1");
     }

@@ -173,22 +173,11 @@ pub fn headers(answer: &EnvoyAnswer, style: EnvoyHeaders) -> Vec<(&'static str, 
                 ),
             ]
         }
-        EnvoyHeaders::Draft03 => {
-            let mut limit_value = format!(
-                "{}, {};w={}",
-                limit.requests_per_unit,
-                limit.requests_per_unit,
-                limit.unit.seconds()
-            );
-            if !limit.name.is_empty() {
-                limit_value.push_str(&format!(";name={}", sf_string(&limit.name)));
-            }
-            vec![
-                ("x-ratelimit-limit", limit_value),
-                ("x-ratelimit-remaining", b.remaining.to_string()),
-                ("x-ratelimit-reset", reset_s.to_string()),
-            ]
-        }
+        EnvoyHeaders::Draft03 => vec![
+            ("ratelimit-limit", limit.requests_per_unit.to_string()),
+            ("ratelimit-remaining", b.remaining.to_string()),
+            ("ratelimit-reset", reset_s.to_string()),
+        ],
     }
 }
 

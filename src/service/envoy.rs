@@ -193,7 +193,9 @@ impl Service {
                     requests_per_unit: rpu,
                     unit,
                 };
-                if rpu == 0 {
+                if rpu == 0 && costs[i] == 0 {
+                    (Target::Free, None)
+                } else if rpu == 0 {
                     (Target::Over(Some(current)), None)
                 } else {
                     caller_rules.push(caller_rule(i, rpu, unit));
@@ -225,7 +227,9 @@ impl Service {
                                     unit,
                                 };
                                 match rule {
-                                    None if limit.shadow => Target::Free,
+                                    // 0 a unit: over for any hit (a peek passes; a shadow
+                                    // limit answers OK).
+                                    None if limit.shadow || costs[i] == 0 => Target::Free,
                                     None => Target::Over(Some(current)),
                                     Some(r) => Target::Count {
                                         rule: RuleRef::Policy(r),
@@ -492,13 +496,10 @@ fn validate(request: &EnvoyRequest) -> Result<(), EnvoyError> {
     if request.hits_addend > MAX_COST {
         return Err(invalid("hits_addend", format!("at most {MAX_COST}")));
     }
+    if request.descriptors.is_empty() {
+        return Err(invalid("descriptors", "must not be empty"));
+    }
     for (i, d) in request.descriptors.iter().enumerate() {
-        if d.entries.is_empty() {
-            return Err(invalid(
-                format!("descriptors[{i}].entries"),
-                "must hold at least one entry",
-            ));
-        }
         if d.entries.len() > MAX_ENTRIES {
             return Err(invalid(
                 format!("descriptors[{i}].entries"),

@@ -157,7 +157,7 @@ pub async fn seed_demo_policy(store: &Store) -> Result<(), StoreError> {
 
 impl Service {
     /// Loads an Envoy domain's file as its policy's next version (audited as
-    /// `envoy.domain.save`). The policy keeps its failure mode unless `failure_mode` is
+    /// `envoy.domain.save`), only if the stored one is still `expected` when given. The policy keeps its failure mode unless `failure_mode` is
     /// given (a new one fails open). Refused when the name is held by a policy that is not
     /// this domain's.
     pub async fn save_envoy_domain(
@@ -165,6 +165,7 @@ impl Service {
         actor: &Actor,
         domain: crate::domain::envoy::EnvoyDomain,
         failure_mode: Option<crate::domain::FailureMode>,
+        expected: Option<u64>,
     ) -> Result<Policy, ChangeError> {
         let wanted = domain.doc.domain.clone();
         let policy = Policy::from_envoy(domain, failure_mode.unwrap_or_default()).map_err(|e| {
@@ -202,7 +203,7 @@ impl Service {
                 }
             },
         };
-        let expected = before.as_ref().map(|p| p.version);
+        let expected = expected.or(before.as_ref().map(|p| p.version));
         self.save_policy(actor, policy, expected, "envoy.domain.save", "")
             .await
     }

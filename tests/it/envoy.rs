@@ -858,3 +858,113 @@ async fn the_json_endpoint_speaks_proto3_json() {
         assert_eq!(p["field"], field, "{bad}: {p}");
     }
 }
+
+#[tokio::test]
+async fn draft03_headers_and_requests_envoyproxy_ratelimit_refuses() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_ENVOY_HEADERS", "draft03")]).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let mut c = client(&app).await;
+    let r = ask(
+        &mut c,
+        request(
+            "edge_proxy_per_ip",
+            vec![descriptor(&[("remote_address", "1.2.3.4")])],
+        ),
+    )
+    .await;
+    let headers: std::collections::HashMap<String, String> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.clone(), h.value.clone()))
+        .collect();
+    assert_eq!(headers["ratelimit-limit"], "3");
+    assert_eq!(headers["ratelimit-remaining"], "2");
+    let reset: u64 = headers["ratelimit-reset"].parse().unwrap();
+    assert!((1..=60).contains(&reset));
+    // No descriptors, or no domain: INVALID_ARGUMENT. A descriptor without entries finds
+    // no limit.
+    for bad in [
+        request("edge_proxy_per_ip", vec![]),
+        request("", vec![descriptor(&[("a", "b")])]),
+    ] {
+        let e = c.should_rate_limit(with_key(bad)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+    let s = one(&mut c, "edge_proxy_per_ip", &[]).await;
+    assert_eq!(s.code, OK);
+    assert!(s.current_limit.is_none());
+}
+
+/// The dashboard edits a domain's file (not its rules), refuses a bad one beside the file,
+/// and keeps the previous version in force.
+#[tokio::test]
+async fn the_dashboard_edits_a_domain_through_its_file() {
+    use crate::auth::{Visitor, add_user, store};
+    use spillway::domain::people::Role;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    add_user(&store(&redis).await, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let page = v
+        .get("/policy?name=edge_proxy_per_ip")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Envoy domain file"), "{page}");
+    assert!(page.contains("requests_per_unit: 3"), "{page}");
+    let bad = PER_IP.replace("unit: minute", "unit: fortnight");
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("name", "edge_proxy_per_ip"),
+        ("version", "1"),
+        ("file", bad.as_str()),
+    ];
+    let r = v.post_form("/fn/envoy_save", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["Field"]["field"], "file", "{e}");
+    assert!(
+        e["Field"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("descriptors[0].rate_limit.unit"),
+        "{e}"
+    );
+    // The rule editor cannot turn it into an ordinary policy.
+    let rules = [
+        ("csrf", csrf.as_str()),
+        ("name", "edge_proxy_per_ip"),
+        ("version", "1"),
+        ("rules[0][name]", "r"),
+        ("rules[0][algorithm]", "fixed_window"),
+        ("rules[0][limit]", "5"),
+        ("rules[0][window_ms]", "1000"),
+    ];
+    let r = v.post_form("/fn/policy_save", &rules, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let good = PER_IP.replace("requests_per_unit: 3", "requests_per_unit: 7");
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("name", "edge_proxy_per_ip"),
+        ("version", "1"),
+        ("file", good.as_str()),
+    ];
+    let r = v.post_form("/fn/envoy_save", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    let mut c = client(&app).await;
+    let s = one(
+        &mut c,
+        "edge_proxy_per_ip",
+        &[("remote_address", "9.9.9.9")],
+    )
+    .await;
+    assert_eq!(s.current_limit.unwrap().requests_per_unit, 7);
+    // A stale form is refused.
+    let r = v.post_form("/fn/envoy_save", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}

@@ -132,6 +132,10 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             .collect(),
         history: rows,
         document: doc.to_string(),
+        envoy_file: policy
+            .envoy
+            .as_ref()
+            .map(|t| serde_yaml::to_string(&t.doc).unwrap_or_default()),
     })
 }
 
@@ -161,10 +165,52 @@ pub async fn save_policy(
         .await
         .map_err(unavailable)?
     {
+        if before.envoy.is_some() {
+            return Err(AppError::bad_input(
+                "rules",
+                "this policy is an Envoy domain: its limits come from its file, edit that",
+            ));
+        }
         policy.overrides = before.overrides;
     }
     let saved = state
         .save_policy(&caller.actor(), policy, Some(version), "policy.save", "")
+        .await
+        .map_err(change_refused)?;
+    Ok(saved.version)
+}
+
+/// Loads a new version of an Envoy domain's file (YAML, envoyproxy/ratelimit's format) for
+/// the policy `name`, which must still be at `version`.
+#[server(prefix = "/fn", endpoint = "envoy_save")]
+pub async fn save_envoy_file(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] version: u64,
+    #[server(default)] file: String,
+) -> Result<u64, AppError> {
+    use crate::domain::envoy::{EnvoyDomain, policy_name};
+    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let value: serde_json::Value = serde_yaml::from_str(&file)
+        .map_err(|e| AppError::bad_input("file", format!("is not valid YAML: {e}")))?;
+    let domain = EnvoyDomain::from_value(&value)
+        .map_err(|e| AppError::bad_input("file", format!("{}: {}", e.field, e.message)))?;
+    if policy_name(&domain.doc.domain)
+        .ok()
+        .as_ref()
+        .map(|n| n.as_str())
+        != Some(name.trim())
+    {
+        return Err(AppError::bad_input(
+            "file",
+            format!(
+                "domain: {:?} is not this policy's domain; load another domain with the API",
+                domain.doc.domain
+            ),
+        ));
+    }
+    let saved = state()
+        .save_envoy_domain(&caller.actor(), domain, None, Some(version))
         .await
         .map_err(change_refused)?;
     Ok(saved.version)

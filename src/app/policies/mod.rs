@@ -92,4 +92,7 @@ pub struct PolicyView {
     pub history: Vec<VersionRow>,
     /// The policy document (JSON), for the preview.
     pub document: String,
+    /// For an Envoy domain: its file (YAML), which is edited instead of the rules.
+    #[serde(default)]
+    pub envoy_file: Option<String>,
 }

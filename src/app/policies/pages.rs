@@ -10,8 +10,8 @@ use leptos_router::{
 };
 
 use super::{
-    AddOverride, DeletePolicy, RemoveOverride, RollbackPolicy, RuleForm, SavePolicy, list_policies,
-    policy_detail,
+    AddOverride, DeletePolicy, RemoveOverride, RollbackPolicy, RuleForm, SaveEnvoyFile, SavePolicy,
+    list_policies, policy_detail,
 };
 use crate::{
     app::session::{CsrfField, error_message, use_session},
@@ -81,6 +81,7 @@ pub fn PolicyPage() -> impl IntoView {
     let _ = use_params_map();
     let name = move || query.with(|q| q.get("name").unwrap_or_default());
     let save = ServerAction::<SavePolicy>::new();
+    let save_envoy = ServerAction::<SaveEnvoyFile>::new();
     let rollback = ServerAction::<RollbackPolicy>::new();
     let add_ov = ServerAction::<AddOverride>::new();
     let remove_ov = ServerAction::<RemoveOverride>::new();
@@ -93,6 +94,7 @@ pub fn PolicyPage() -> impl IntoView {
                 rollback.version().get(),
                 add_ov.version().get(),
                 remove_ov.version().get(),
+                save_envoy.version().get(),
             )
         },
         |(n, ..)| policy_detail(n),
@@ -117,6 +119,7 @@ pub fn PolicyPage() -> impl IntoView {
             add_ov.value().get().and_then(|r| r.err()),
             remove_ov.value().get().and_then(|r| r.err()),
             delete.value().get().and_then(|r| r.err()),
+            save_envoy.value().get().and_then(|r| r.err()),
         ]
         .into_iter()
         .flatten()
@@ -133,7 +136,7 @@ pub fn PolicyPage() -> impl IntoView {
         <Title text="Policy"/>
         <p><A href="/policies">"← Policies"</A></p>
         {move || other_errors().into_iter().map(|e| view! { <p class="alert" role="alert">{e}</p> }).collect_view()}
-        {move || save.value().get().and_then(|r| r.ok()).map(|v| view! { <p class="notice" role="status">{format!("Saved as version {v}.")}</p> })}
+        {move || save.value().get().and_then(|r| r.ok()).or_else(|| save_envoy.value().get().and_then(|r| r.ok())).map(|v| view! { <p class="notice" role="status">{format!("Saved as version {v}.")}</p> })}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -221,9 +224,30 @@ pub fn PolicyPage() -> impl IntoView {
                         let (n1, n2, n3) = (p.name.clone(), p.name.clone(), p.name.clone());
                         let document = p.document.clone();
                         let preview_name = p.name.clone();
+                        let envoy_editor = p.envoy_file.clone().map(|file| {
+                            let c = csrf.clone();
+                            let n = p.name.clone();
+                            view! {
+                                <section class="card" aria-labelledby="envoy-heading">
+                                    <h2 id="envoy-heading">{format!("Envoy domain file · version {}", p.version)}</h2>
+                                    <p class="muted">"envoyproxy/ratelimit's format. Its limits are this policy's rules (fixed windows); Envoy's requests are checked against them."</p>
+                                    <ActionForm action=save_envoy attr:class="stack">
+                                        <CsrfField csrf=c/>
+                                        <input type="hidden" name="name" value=n/>
+                                        <input type="hidden" name="version" value=p.version.to_string()/>
+                                        <label>"File (YAML)"
+                                            <textarea name="file" rows="16" spellcheck="false" class="code" disabled=!can_edit>{file}</textarea>
+                                        </label>
+                                        {can_edit.then(|| view! { <button type="submit">"Save file"</button> })}
+                                    </ActionForm>
+                                </section>
+                            }
+                        });
+                        let is_envoy = envoy_editor.is_some();
                         view! {
                             <h1>{title}</h1>
-                            <section class="card" aria-labelledby="edit-heading">
+                            {envoy_editor}
+                            <section class="card" aria-labelledby="edit-heading" hidden=is_envoy>
                                 <h2 id="edit-heading">{if p.exists { format!("Version {}", p.version) } else { "Not saved yet".to_owned() }}</h2>
                                 <ActionForm action=save attr:class="stack policy-form">
                                     <CsrfField csrf=c1/>
