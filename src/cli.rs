@@ -240,8 +240,12 @@ pub async fn export(store: &Store, format: Format) -> anyhow::Result<String> {
     })
 }
 
-/// Parses a whole export; the first invalid field stops everything.
+/// Parses a whole export, or envoyproxy/ratelimit configuration files (YAML documents with
+/// a `domain`, several separated by `---`); the first invalid field stops everything.
 pub fn parse_document(text: &str) -> Result<Vec<Policy>, PolicyError> {
+    if let Some(domains) = envoy_documents(text)? {
+        return Ok(domains);
+    }
     let doc: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(json_error) => toml::from_str::<Value>(text).map_err(|toml_error| {
@@ -270,10 +274,64 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, PolicyError> {
         .collect()
 }
 
+/// The policies of a file of Envoy domains, or `None` when the file is not one (every YAML
+/// document an object with a `domain`).
+fn envoy_documents(text: &str) -> Result<Option<Vec<Policy>>, PolicyError> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        match Value::deserialize(document) {
+            Ok(Value::Null) => {}
+            Ok(v) if v.get("domain").is_some() && v.get("policies").is_none() => docs.push(v),
+            _ => return Ok(None),
+        }
+    }
+    if docs.is_empty() {
+        return Ok(None);
+    }
+    let mut policies: Vec<Policy> = Vec::new();
+    for (i, doc) in docs.iter().enumerate() {
+        let prefix = if docs.len() == 1 {
+            String::new()
+        } else {
+            format!("documents[{i}].")
+        };
+        let named = |e: PolicyError| PolicyError {
+            field: format!("{prefix}{}", e.field),
+            message: e.message,
+        };
+        let domain = crate::domain::envoy::EnvoyDomain::from_value(doc).map_err(named)?;
+        let policy = Policy::from_envoy(domain, crate::domain::FailureMode::Open).map_err(named)?;
+        if let Some(j) = policies.iter().position(|p| p.name == policy.name) {
+            return Err(named(PolicyError::field(
+                "domain",
+                format!("is also the domain of documents[{j}] (or maps to its policy name)"),
+            )));
+        }
+        policies.push(policy);
+    }
+    Ok(Some(policies))
+}
+
 /// Applies a whole export atomically, and records it in the audit log. Returns how many
 /// policies were written.
 pub async fn import(store: &Store, text: &str) -> anyhow::Result<usize> {
-    let policies = parse_document(text).map_err(|e| anyhow::anyhow!("nothing imported: {e}"))?;
+    let mut policies =
+        parse_document(text).map_err(|e| anyhow::anyhow!("nothing imported: {e}"))?;
+    // An Envoy domain replaces only its own policy, keeping its failure mode and overrides.
+    for policy in policies.iter_mut().filter(|p| p.envoy.is_some()) {
+        match store.get_policy(&policy.name).await? {
+            Some(old) if old.envoy.is_none() => anyhow::bail!(
+                "nothing imported: domain: a policy named {} exists and is not an Envoy domain",
+                policy.name
+            ),
+            Some(old) => {
+                policy.failure_mode = old.failure_mode;
+                policy.overrides = old.overrides;
+            }
+            None => {}
+        }
+    }
     let written = store.import_policies(&policies).await?;
     let names: Vec<String> = policies.iter().map(|p| p.name.to_string()).collect();
     let _ = cli_actor()

@@ -239,3 +239,49 @@ async fn users_and_keys_are_managed_from_the_command_line() {
         "the app's first start found users and created no admin"
     );
 }
+
+/// `spillway policy import` takes envoyproxy/ratelimit's files: several domains in one YAML
+/// file, all or nothing.
+#[tokio::test]
+async fn import_loads_envoy_domain_files_all_or_nothing() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let dir = std::env::temp_dir().join(format!("spillway-cli-envoy-{}", redis.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("config.yaml");
+    std::fs::write(
+        &good,
+        "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n---\ndomain: mongo_cps\ndescriptors:\n  - key: database\n    value: users\n    rate_limit: {unit: second, requests_per_unit: 500}\n",
+    )
+    .unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "domain: other\ndescriptors:\n  - key: a\n---\ndomain: broken\ndescriptors:\n  - key: a\n    rate_limit: {unit: lightyear, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    let out = spillway(&redis, &["policy", "import", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("documents[1].descriptors[0].rate_limit.unit"),
+        "{err}"
+    );
+    let out = spillway(&redis, &["policy", "import", good.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("imported 2 policies"));
+    for (domain, missing) in [("edge", false), ("mongo_cps", false), ("other", true)] {
+        let r = app
+            .client
+            .get(app.url(&format!("/api/v1/envoy/domains/{domain}")))
+            .bearer_auth(crate::helpers::ADMIN_KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status() == 404, missing, "{domain}");
+    }
+}
