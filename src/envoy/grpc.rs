@@ -1,5 +1,6 @@
-//! The gRPC server Envoy calls: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`
-//! and `grpc.health.v1.Health`, on `SPILLWAY_GRPC_ADDR`. Callers send a service key in
+//! The gRPC server Envoy calls: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`,
+//! `grpc.health.v1.Health` and server reflection (v1 and v1alpha, so `grpcurl` needs no
+//! .proto files), on `SPILLWAY_GRPC_ADDR`. Callers send a service key in
 //! their metadata (`authorization: Bearer <key>`, which Envoy sends from the rate limit
 //! cluster's `initial_metadata`, or `x-spillway-key`) unless `SPILLWAY_GRPC_AUTH=none`.
 
@@ -12,6 +13,10 @@ use tonic::{Request, Response, Status, metadata::MetadataMap};
 
 use super::wire;
 use crate::{service::envoy::EnvoyError, state::AppState};
+
+/// The descriptors of `envoy.service.ratelimit.v3` and its imports, for reflection (kept
+/// by build.rs from envoy-types' compiled Envoy API).
+const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ratelimit_descriptors.bin"));
 
 /// The rate limit service, on the app's state.
 pub struct RateLimiter {
@@ -92,9 +97,22 @@ pub async fn serve(
             .set_not_serving::<RateLimitServiceServer<RateLimiter>>()
             .await;
     });
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(DESCRIPTORS)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .expect("the descriptors envoy-types ships are valid");
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the descriptors envoy-types ships are valid");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(RateLimitServiceServer::new(RateLimiter::new(state)))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -968,3 +968,56 @@ async fn the_dashboard_edits_a_domain_through_its_file() {
     let r = v.post_form("/fn/envoy_save", &form, Some(&origin)).await;
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 }
+
+/// Reflection lists the services and describes the rate limit protocol, so grpcurl needs
+/// no .proto files.
+#[tokio::test]
+async fn reflection_describes_the_rate_limit_service() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let channel = Channel::from_shared(format!("http://{}", app.grpc.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut r = ServerReflectionClient::new(channel);
+    let ask = |m: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    };
+    let requests = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".into(),
+        )),
+    ];
+    let mut answers = r
+        .server_reflection_info(futures_util::stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut services = Vec::new();
+    let mut files = 0;
+    while let Some(answer) = answers.message().await.unwrap() {
+        match answer.message_response.unwrap() {
+            MessageResponse::ListServicesResponse(l) => {
+                services = l.service.into_iter().map(|s| s.name).collect()
+            }
+            MessageResponse::FileDescriptorResponse(f) => files += f.file_descriptor_proto.len(),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        services.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_owned()),
+        "{services:?}"
+    );
+    assert!(
+        services.contains(&"grpc.health.v1.Health".to_owned()),
+        "{services:?}"
+    );
+    assert!(files >= 1);
+}
