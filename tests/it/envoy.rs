@@ -1021,3 +1021,76 @@ async fn reflection_describes_the_rate_limit_service() {
     );
     assert!(files >= 1);
 }
+
+/// On a Redis Cluster: exactly the limit under concurrency from two instances, and a
+/// request over one limit consumes nothing of another whose key lives in another slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cluster_keeps_the_same_guarantees() {
+    let cluster = crate::helpers::RedisCluster::start();
+    let unused = RedisServer::start();
+    let urls = cluster.urls().join(",");
+    let a = spawn_app_with(&unused, &[("REDIS_CLUSTER_URLS", urls.as_str())]).await;
+    let b = spawn_app_with(&unused, &[("REDIS_CLUSTER_URLS", urls.as_str())]).await;
+    load(
+        &a,
+        "two",
+        "domain: two\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 30}\n",
+    )
+    .await;
+    let mut cb = client(&b).await;
+    for _ in 0..100 {
+        if one(&mut cb, "two", &[("b", "warmup")])
+            .await
+            .current_limit
+            .is_some()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..90 {
+        let app = if i % 2 == 0 { &a } else { &b };
+        let mut c = client(app).await;
+        tasks.push(tokio::spawn(async move {
+            ask(&mut c, request("two", vec![descriptor(&[("b", "u")])]))
+                .await
+                .overall_code
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.unwrap() == OK);
+    }
+    assert_eq!(ok, 30);
+    // a=1 and b=v live in different slots; once a is used up, b=v is never consumed.
+    let keys = spillway::store::Keys::default();
+    let policy = spillway::domain::Name::parse("two").unwrap();
+    let mut conn = redis::Client::open(cluster.urls()[0].as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut slot = |value: &str| -> i64 {
+        let id = spillway::domain::Identifier::new("envoy", value).unwrap();
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(keys.tag(&policy, &id))
+            .query(&mut conn)
+            .unwrap()
+    };
+    assert_ne!(slot("a=1"), slot("b=v"));
+    let mut ca = client(&a).await;
+    let both = || {
+        request(
+            "two",
+            vec![descriptor(&[("a", "1")]), descriptor(&[("b", "v")])],
+        )
+    };
+    assert_eq!(ask(&mut ca, both()).await.overall_code, OK);
+    for _ in 0..5 {
+        let r = ask(&mut ca, both()).await;
+        assert_eq!(r.overall_code, OVER);
+        assert_eq!(r.statuses[1].limit_remaining, 29, "{r:?}");
+    }
+    assert_eq!(one(&mut ca, "two", &[("b", "v")]).await.limit_remaining, 28);
+}
