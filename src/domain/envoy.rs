@@ -474,8 +474,15 @@ impl EnvoyDomain {
                     )
                 })?,
             };
+            let requests_per_unit = rl.requests_per_unit.unwrap_or(0);
+            if u64::from(requests_per_unit) > super::rule::MAX_AMOUNT {
+                return Err(PolicyError::field(
+                    format!("{here}.rate_limit.requests_per_unit"),
+                    format!("at most {}", super::rule::MAX_AMOUNT),
+                ));
+            }
             Allowance::Count {
-                requests_per_unit: rl.requests_per_unit.unwrap_or(0),
+                requests_per_unit,
                 unit,
                 rule: None,
             }
@@ -765,6 +772,43 @@ mod tests {
             let e = domain(doc.clone()).expect_err(&doc.to_string());
             assert_eq!(e.field, field, "{doc}: {}", e.message);
             assert!(!e.message.is_empty());
+        }
+    }
+
+    proptest::proptest! {
+        /// Every count the file format can hold, in every unit: accepted and made a rule up
+        /// to 10^9, refused naming the field above, never a panic.
+        #[test]
+        fn every_count_and_unit_is_a_rule_or_a_named_refusal(
+            rpu in proptest::prop_oneof![
+                proptest::strategy::Just(0u32),
+                proptest::strategy::Just(1u32),
+                proptest::strategy::Just(1_000_000_000u32),
+                proptest::strategy::Just(1_000_000_001u32),
+                proptest::strategy::Just(u32::MAX),
+                proptest::prelude::any::<u32>(),
+            ],
+            unit in proptest::sample::select(Unit::ALL.to_vec()),
+        ) {
+            let doc = json!({"domain": "d", "descriptors": [
+                {"key": "k", "rate_limit": {"unit": unit.as_str(), "requests_per_unit": rpu}}]});
+            match domain(doc) {
+                Ok(mut d) => {
+                    proptest::prop_assert!(u64::from(rpu) <= super::super::rule::MAX_AMOUNT);
+                    let rules = d.rules();
+                    proptest::prop_assert_eq!(rules.len(), usize::from(rpu > 0));
+                    if rpu > 0 {
+                        proptest::prop_assert_eq!(rules[0].algorithm.clone(), Algorithm::FixedWindow {
+                            limit: u64::from(rpu),
+                            window_ms: unit.seconds() * 1000,
+                        });
+                    }
+                }
+                Err(e) => {
+                    proptest::prop_assert!(u64::from(rpu) > super::super::rule::MAX_AMOUNT);
+                    proptest::prop_assert_eq!(e.field, "descriptors[0].rate_limit.requests_per_unit");
+                }
+            }
         }
     }
 

@@ -520,6 +520,14 @@ fn validate(request: &EnvoyRequest) -> Result<(), EnvoyError> {
                 ));
             }
         }
+        if let Some((rpu, _)) = d.limit
+            && u64::from(rpu) > crate::domain::rule::MAX_AMOUNT
+        {
+            return Err(invalid(
+                format!("descriptors[{i}].limit.requests_per_unit"),
+                format!("at most {}", crate::domain::rule::MAX_AMOUNT),
+            ));
+        }
         if d.hits_addend.is_some_and(|h| h > MAX_COST) {
             return Err(invalid(
                 format!("descriptors[{i}].hits_addend"),

@@ -1094,3 +1094,82 @@ async fn a_cluster_keeps_the_same_guarantees() {
     }
     assert_eq!(one(&mut ca, "two", &[("b", "v")]).await.limit_remaining, 28);
 }
+
+/// Every caller limit and hit count at the edges of what the protocol can carry: each is
+/// answered (OK or OVER_LIMIT, exactly as the counts say) or refused as INVALID_ARGUMENT
+/// naming the field; the server never fails, and keeps answering.
+#[tokio::test]
+async fn caller_limits_and_hits_at_the_edges_are_answered_or_refused_by_name() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "edges", "domain: edges\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1000000000}\n").await;
+    let mut c = client(&app).await;
+    let max = 1_000_000_000u64;
+    let mut n = 0;
+    for rpu in [0u32, 1, 1_000_000_000, 1_000_000_001, u32::MAX] {
+        for unit in 0..=8 {
+            for hits in [0u64, 1, max, max + 1, u64::MAX] {
+                n += 1;
+                let mut d = descriptor(&[("k", &format!("v{n}"))]);
+                d.limit = Some(RateLimitOverride {
+                    requests_per_unit: rpu,
+                    unit,
+                });
+                d.hits_addend = Some(UInt64Value { value: hits });
+                let answer = c
+                    .should_rate_limit(with_key(request("edges", vec![d])))
+                    .await;
+                let valid_unit = (1..=7).contains(&unit);
+                match answer {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        assert!(
+                            valid_unit && u64::from(rpu) <= max && hits <= max,
+                            "{rpu} {unit} {hits}: {r:?}"
+                        );
+                        let expect_ok = hits == 0 || hits <= u64::from(rpu);
+                        assert_eq!(
+                            r.overall_code == OK,
+                            expect_ok,
+                            "{rpu} {unit} {hits}: {r:?}"
+                        );
+                    }
+                    Err(e) => {
+                        assert_eq!(
+                            e.code(),
+                            tonic::Code::InvalidArgument,
+                            "{rpu} {unit} {hits}: {e:?}"
+                        );
+                        let field = if !valid_unit {
+                            "descriptors[0].limit.unit"
+                        } else if u64::from(rpu) > max {
+                            "descriptors[0].limit.requests_per_unit"
+                        } else {
+                            "descriptors[0].hits_addend"
+                        };
+                        assert!(
+                            e.message().contains(field),
+                            "{rpu} {unit} {hits}: {}",
+                            e.message()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // The domain's own limit at its largest, with the largest hits validation accepts.
+    let mut d = descriptor(&[("k", "big")]);
+    d.hits_addend = Some(UInt64Value { value: max });
+    let r = ask(&mut c, request("edges", vec![d.clone()])).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 0));
+    d.hits_addend = Some(UInt64Value { value: 1 });
+    assert_eq!(
+        ask(&mut c, request("edges", vec![d])).await.overall_code,
+        OVER
+    );
+    // Request-level hits beyond the largest cost are refused too.
+    let mut r = request("edges", vec![descriptor(&[("k", "x")])]);
+    r.hits_addend = u32::MAX;
+    let e = c.should_rate_limit(with_key(r)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+}
