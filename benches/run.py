@@ -32,6 +32,10 @@ OPEN_POLLING = "Spillway, 1 rule, open loop at half its max rate, idle cores pol
 PING = "Redis PING round trip, core 0 to core 1, one a millisecond"
 PING_POLLING = "Redis PING round trip, core 0 to core 1, one a millisecond, idle cores polling (cpu_dma_latency 0)"
 OPENLOOP = os.path.join(ROOT, "target", "release", "examples", "openloop")
+GRPCLOAD = os.path.join(ROOT, "target", "release", "examples", "grpcload")
+GRPC = "Spillway, Envoy ShouldRateLimit over gRPC, 1 limit (fixed window)"
+# gRPC callers share few HTTP/2 connections, as Envoy's workers do.
+GRPC_CONNECTIONS = 2
 SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
@@ -134,6 +138,20 @@ def wrk(port, env, path=None):
     return result
 
 
+def grpcload(port, domain):
+    """Closed-loop ShouldRateLimit calls: CONNECTIONS callers over GRPC_CONNECTIONS HTTP/2
+    connections, random users (examples/grpcload.rs)."""
+    out = subprocess.run(
+        ["taskset", "-c", "1", GRPCLOAD, f"127.0.0.1:{port}", str(SECONDS), str(GRPC_CONNECTIONS),
+         str(CONNECTIONS), str(USERS), domain, SERVICE_KEY],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    fields = dict(kv.split("=") for kv in out.split())
+    return {"rps": float(fields["rps"]), "requests": int(fields["requests"]),
+            "p50": float(fields["p50_ms"]), "p99": float(fields["p99_ms"]),
+            "non2xx": int(fields["over"]) + int(fields["errors"])}
+
+
 def redis_benchmark(port, sha, pipeline):
     # The same work as a Spillway check: the rule's state and the overview's live counters,
     # one check per call (a batch of one in the script's 'batch' shape, as the server sends
@@ -224,15 +242,17 @@ def main():
     for tool in ("wrk", "redis-server", "redis-benchmark", "taskset", "node"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing (make bench installs it)")
-    if not os.path.exists(OPENLOOP):
-        sys.exit("target/release/examples/openloop is missing (make bench builds it)")
+    for example in (OPENLOOP, GRPCLOAD):
+        if not os.path.exists(example):
+            sys.exit(f"{os.path.relpath(example, ROOT)} is missing (make bench builds it)")
     binary = os.path.join(ROOT, "target", "release", "spillway")
     tmp = tempfile.mkdtemp(prefix="spillway-bench-")
-    redis_port, app_port, peer_port = free_port(), free_port(), free_port()
+    redis_port, app_port, peer_port, grpc_port = free_port(), free_port(), free_port(), free_port()
     redis = start(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no", "--dir", tmp], 1)
     wait_port(redis_port)
     redis_url = f"redis://127.0.0.1:{redis_port}"
     app = start([binary], 0, {"REDIS_URL": redis_url, "LEPTOS_SITE_ADDR": f"127.0.0.1:{app_port}",
+                              "SPILLWAY_GRPC_ADDR": f"127.0.0.1:{grpc_port}",
                               "SPILLWAY_SERVICE_KEYS": SERVICE_KEY, "SPILLWAY_ADMIN_KEYS": ADMIN_KEY,
                               "SPILLWAY_SEED_DEMO": "false", "RUST_LOG": "error",
                               "SPILLWAY_REDIS_TIMEOUT_MS": "1000"})
@@ -263,6 +283,12 @@ def main():
         assert status in (200, 201), body
     for _ in range(2):
         http("POST", f"{base}/check", {"policy": "hot", "identifiers": {"user": "abuser"}}, key=SERVICE_KEY)
+    # The Envoy domain of the gRPC row: the same limit as `one`, per user.
+    request = urllib.request.Request(
+        f"{base}/envoy/domains/bench", method="PUT",
+        data=f"domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: {big}}}\n".encode(),
+        headers={"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/yaml"})
+    assert urllib.request.urlopen(request).status in (200, 201)
 
     script = "\n".join(open(os.path.join(ROOT, "lua", f"{n}.lua")).read() for n in LUA_ORDER)
     sha = hashlib.sha1(script.encode()).hexdigest()
@@ -282,10 +308,10 @@ def main():
     results = {}
     extra = {}
 
-    def measure(name, port, proc, env):
+    def measure(name, port, proc, env, load=None):
         redis_cli(redis_port, "CONFIG", "RESETSTAT")
         cpu0 = cpu_seconds(proc.pid)
-        r = wrk(port, env)
+        r = load() if load else wrk(port, env)
         calls, usec = script_calls(redis_port)
         cpu = cpu_seconds(proc.pid) - cpu0
         results.setdefault(name, []).append(r)
@@ -306,6 +332,7 @@ def main():
                 # Right after the scenario they measure, not in the wake of the 3-rule one's
                 # key expiry (the report's text says why).
                 open_loop_rows(results, app_port, redis_port)
+                measure(GRPC, grpc_port, app, {}, lambda: grpcload(grpc_port, "bench"))
         # The floor of any answer from this server: no body, no key, no Redis.
         results.setdefault("HTTP floor: GET /healthz on the same server", []).append(wrk(app_port, {}, "/healthz"))
         for name, script_file in peers.items():
@@ -370,6 +397,10 @@ def main():
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for label, ratio, goal in targets:
         lines.append(f"| {label} | {ratio:.2f}× | {'yes' if ratio >= goal else 'no'} |")
+    grpc_ratio = med(GRPC, "rps") / med(ONE, "rps")
+    lines.append(f"| Envoy's ShouldRateLimit over gRPC ≥ 1.0× the HTTP check on the same server (1 limit; p50 {med(GRPC, 'p50'):.2f} ms, p99 {med(GRPC, 'p99'):.2f} ms) | {grpc_ratio:.2f}× | {'yes' if grpc_ratio >= 1.0 else 'no'} |")
+    grpc_cpu = statistics.median(e["cpu_us"] for e in extra[GRPC]) / statistics.median(e["cpu_us"] for e in extra[ONE])
+    lines.append(f"| (reference) Spillway CPU per check, gRPC against HTTP | {grpc_cpu:.2f}× | — |")
     floor = med("HTTP floor: GET /healthz on the same server", "rps") / med(ONE, "rps")
     lines.append(f"| (reference, no target) the HTTP floor, an empty GET, vs the normal path | {floor:.2f}× | — |")
     if baseline:

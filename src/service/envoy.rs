@@ -297,6 +297,11 @@ impl Service {
         // shadow ones; peeks (hits 0) and, when the request is over already, all others are
         // read without consuming.
         let over_already = statuses.iter().any(|s| !s.ok);
+        if let Some(i) = statuses.iter().position(|s| !s.ok) {
+            // Denied without Redis (a limit of 0, or blocked): the live view still hears of it.
+            self.live
+                .denied_from_cache(policy.name.as_str(), Some(identifiers[i].to_string()));
+        }
         let mut enforced = Vec::new();
         let mut shadows = Vec::new();
         let mut peeks = Vec::new();
