@@ -61,6 +61,17 @@ impl ApiKeys {
         self.caller_of(key)
     }
 
+    /// The caller of a request that sends its key as `authorization: Bearer <key>` or as
+    /// `x-spillway-key: <key>` (what proxies and Envoy's `initial_metadata` can send).
+    pub fn caller_of_either(
+        &self,
+        authorization: Option<&str>,
+        x_spillway_key: Option<&str>,
+    ) -> Option<KeyCaller> {
+        self.caller_of_bearer(authorization)
+            .or_else(|| self.caller_of(x_spillway_key?.trim()))
+    }
+
     /// The caller of a raw key, if it is a valid one.
     pub fn caller_of(&self, key: &str) -> Option<KeyCaller> {
         if key.is_empty() {

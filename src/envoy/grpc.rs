@@ -64,12 +64,11 @@ fn authenticate(state: &AppState, metadata: &MetadataMap) -> Result<(), Status> 
     if !state.envoy.require_key {
         return Ok(());
     }
-    let bearer = metadata
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let key = bearer.or_else(|| metadata.get("x-spillway-key").and_then(|v| v.to_str().ok()));
-    match key.and_then(|k| state.keys.caller_of(k.trim())) {
+    let text = |name| metadata.get(name).and_then(|v| v.to_str().ok());
+    match state
+        .keys
+        .caller_of_either(text("authorization"), text("x-spillway-key"))
+    {
         Some(_) => Ok(()),
         None => Err(Status::unauthenticated(
             "send a service key as `authorization: Bearer <key>` or `x-spillway-key`",

@@ -245,12 +245,11 @@ fn answer(answer: &EnvoyAnswer, style: crate::config::EnvoyHeaders) -> Value {
 
 async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     if state.envoy.require_key {
-        let bearer = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        let key = bearer.or_else(|| headers.get("x-spillway-key").and_then(|v| v.to_str().ok()));
-        if key.and_then(|k| state.keys.caller_of(k.trim())).is_none() {
+        let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let caller = state
+            .keys
+            .caller_of_either(text(header::AUTHORIZATION.as_str()), text("x-spillway-key"));
+        if caller.is_none() {
             let mut r = problem(
                 StatusCode::UNAUTHORIZED,
                 "Authorization",

@@ -123,19 +123,11 @@ pub async fn forward_auth_handler(
     Query(query): Query<ForwardAuthQuery>,
     headers: HeaderMap,
 ) -> Result<CheckAnswer, ApiError> {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
     let key_ok = state
         .keys
-        .caller_of_bearer(
-            headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok()),
-        )
-        .is_some()
-        || headers
-            .get("x-spillway-key")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|k| state.keys.caller_of(k))
-            .is_some();
+        .caller_of_either(text(header::AUTHORIZATION.as_str()), text("x-spillway-key"))
+        .is_some();
     if !key_ok {
         return Err(ApiError::Unauthorized);
     }
