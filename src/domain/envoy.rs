@@ -798,7 +798,7 @@ mod tests {
                     let rules = d.rules();
                     proptest::prop_assert_eq!(rules.len(), usize::from(rpu > 0));
                     if rpu > 0 {
-                        proptest::prop_assert_eq!(rules[0].algorithm.clone(), Algorithm::FixedWindow {
+                        proptest::prop_assert_eq!(rules[0].algorithm, Algorithm::FixedWindow {
                             limit: u64::from(rpu),
                             window_ms: unit.seconds() * 1000,
                         });
