@@ -331,6 +331,81 @@ descriptors:
     );
 }
 
+/// Istio's global rate limit task ("Enabling Rate Limits using Envoy"): the ingress gateway's
+/// rate limit filter sends the request path as the descriptor `PATH` to domain `ratelimit`,
+/// whose file allows `/productpage` once a minute, `api` twice, and any other path 100 times.
+const ISTIO: &str = r#"
+domain: ratelimit
+descriptors:
+  - key: PATH
+    value: "/productpage"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1
+  - key: PATH
+    value: "api"
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+  - key: PATH
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+"#;
+
+#[tokio::test]
+async fn istios_documented_example_answers_as_the_task_says() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "ratelimit", ISTIO).await;
+    let mut c = client(&app).await;
+    const MINUTE: i32 = 2;
+    // The task's check: the first /productpage of the minute passes, the next is a 429.
+    let s = one(&mut c, "ratelimit", &[("PATH", "/productpage")]).await;
+    assert_eq!((s.code, s.limit_remaining), (OK, 0));
+    let limit = s.current_limit.unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (1, MINUTE));
+    let s = one(&mut c, "ratelimit", &[("PATH", "/productpage")]).await;
+    assert_eq!((s.code, s.limit_remaining), (OVER, 0));
+    let reset = s.duration_until_reset.unwrap().seconds;
+    assert!((0..=60).contains(&reset), "{reset}");
+    // `api` has two a minute of its own.
+    for (code, left) in [(OK, 1), (OK, 0), (OVER, 0)] {
+        let s = one(&mut c, "ratelimit", &[("PATH", "api")]).await;
+        assert_eq!((s.code, s.limit_remaining), (code, left));
+        assert_eq!(s.current_limit.unwrap().requests_per_unit, 2);
+    }
+    // Every other path has 100 a minute, counted per path; /productpage being over does not
+    // touch them.
+    for path in ["/reviews/1", "/details/0", "/static/bootstrap.css"] {
+        for left in [99, 98] {
+            let s = one(&mut c, "ratelimit", &[("PATH", path)]).await;
+            assert_eq!((s.code, s.limit_remaining), (OK, left), "{path}");
+            assert_eq!(s.current_limit.unwrap().requests_per_unit, 100);
+        }
+    }
+    // The gateway sends one request's descriptors together: over on /productpage is over.
+    let r = ask(
+        &mut c,
+        request(
+            "ratelimit",
+            vec![
+                descriptor(&[("PATH", "/reviews/1")]),
+                descriptor(&[("PATH", "/productpage")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(
+        r.statuses.iter().map(|s| s.code).collect::<Vec<_>>(),
+        [OK, OVER]
+    );
+    // ... and consumed nothing: /reviews/1 still has 98.
+    let s = one(&mut c, "ratelimit", &[("PATH", "/reviews/1")]).await;
+    assert_eq!(s.limit_remaining, 97);
+}
+
 #[tokio::test]
 async fn a_request_over_any_limit_consumes_none() {
     let redis = RedisServer::start();
