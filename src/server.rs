@@ -88,13 +88,35 @@ async fn close_while_draining(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let mut response = next.run(request).await;
+    closing_if_draining(&shutdown, &mut response);
+    response
+}
+
+fn closing_if_draining(shutdown: &Shutdown, response: &mut axum::response::Response) {
     if shutdown.is_draining() {
         response.headers_mut().insert(
             axum::http::header::CONNECTION,
             axum::http::HeaderValue::from_static("close"),
         );
     }
-    response
+}
+
+/// A check endpoint's answer, served before the router (`api::check_endpoint`), with what
+/// the router's middleware gives every API answer: 504 past the request timeout, the API's
+/// security headers and `Cache-Control`, `Connection: close` while draining. (Not the
+/// tracing span of each request, which only `RUST_LOG=tower_http=debug` would show.)
+async fn check_answer(
+    check: futures_util::future::BoxFuture<'static, axum::response::Response>,
+    state: AppState,
+) -> Result<axum::response::Response, std::convert::Infallible> {
+    use axum::response::IntoResponse;
+    let response = match tokio::time::timeout(state.request_timeout, check).await {
+        Ok(response) => response,
+        Err(_) => axum::http::StatusCode::GATEWAY_TIMEOUT.into_response(),
+    };
+    let mut response = auth::session::secure_api_response(response);
+    closing_if_draining(&state.shutdown, &mut response);
+    Ok(response)
 }
 
 /// Resolves `drain` after a shutdown signal, during which requests are still served (with
@@ -114,11 +136,15 @@ pub async fn shutdown_after_drain(shutdown: Shutdown, drain: Duration) {
 /// it, and may sit idle (no request in flight, nothing read or written) no longer than that
 /// either: one that sends nothing, trickles a header line at a time, stops inside the
 /// HTTP/2 preface or idles between requests is closed then (axum::serve sets no timer, so
-/// such a connection stayed open for ever). One watch per connection does it ([`Activity`]),
-/// which also covers what hyper's header timeout does not: the bytes the HTTP/1-or-2 sniff
-/// waits for, and a request answered slowly (never cut off while in flight). Either way the
-/// timeout costs the check path about 1-2 µs of CPU a request on a 2-core VM (measured A/B,
-/// noisy); without any, the server was that much faster: a cheaper watch is issue 18's.
+/// such a connection stayed open for ever). One watch per connection does it ([`Activity`],
+/// [`Watch`]), which also covers what hyper's header timeout does not: the bytes the
+/// HTTP/1-or-2 sniff waits for, and a request answered slowly (never cut off while in
+/// flight). The socket only counts its reads and writes; the watch, a quarter of the timeout
+/// apart, compares the counts (hyper's per-request timer, and then a clock read on every
+/// read and write, cost the check path 1-2 µs of CPU a request).
+///
+/// The check endpoints are answered before the router ([`api::check_endpoint`]): the same
+/// handlers, with the API's headers, timeout and draining added here.
 pub async fn run(
     listener: TcpListener,
     state: AppState,
@@ -127,7 +153,7 @@ pub async fn run(
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let header_read_timeout = state.header_read_timeout;
     let server_shutdown = state.shutdown.clone();
-    let app = router(state);
+    let app = router(state.clone());
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().header_read_timeout(None);
     builder
@@ -157,14 +183,25 @@ pub async fn run(
         }
         let activity = Arc::new(Activity::new());
         let app = app.clone();
+        let state = state.clone();
         let requests = activity.clone();
         let service = hyper::service::service_fn(
-            move |mut request: axum::extract::Request<hyper::body::Incoming>| {
-                request
-                    .extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
+            move |request: axum::extract::Request<hyper::body::Incoming>| {
                 let in_flight = InFlight::start(&requests);
-                let answer = tower_service::Service::call(&mut app.clone(), request);
+                let answer = match api::check_endpoint(request.map(axum::body::Body::new), &state) {
+                    Ok(check) => {
+                        futures_util::future::Either::Left(check_answer(check, state.clone()))
+                    }
+                    Err(mut request) => {
+                        request
+                            .extensions_mut()
+                            .insert(axum::extract::ConnectInfo(peer));
+                        futures_util::future::Either::Right(tower_service::Service::call(
+                            &mut app.clone(),
+                            request,
+                        ))
+                    }
+                };
                 async move {
                     let response = answer.await;
                     drop(in_flight);
@@ -184,8 +221,9 @@ pub async fn run(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             tokio::pin!(connection);
-            let mut tick = tokio::time::interval(header_read_timeout / 4);
+            let mut tick = tokio::time::interval(header_read_timeout / WATCH_TICKS);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut watch = Watch::default();
             loop {
                 tokio::select! {
                     ended = &mut connection => {
@@ -195,7 +233,7 @@ pub async fn run(
                         return;
                     }
                     _ = tick.tick() => {
-                        if activity.overdue(header_read_timeout) {
+                        if watch.overdue(&activity) {
                             // Dropping the connection closes it.
                             return;
                         }
@@ -213,59 +251,87 @@ pub async fn run(
     Ok(())
 }
 
-/// What one connection has been doing, for its watch: when it last read or wrote, since when
-/// it has been sending bytes that are not yet a request, and how many requests are being
-/// answered. Atomics: the connection's reads and writes and its requests update it, the
-/// watch reads it.
+/// What one connection has been doing, for its watch: a count of its reads and writes,
+/// whether bytes of a request's header are waiting (and which header that is), and how many
+/// requests are being answered. Counters rather than times: the socket updates them on
+/// every read and write, and reading a clock there cost the check path a visible share of
+/// its CPU; the watch compares them from one tick to the next instead.
 struct Activity {
-    opened: std::time::Instant,
-    /// Milliseconds since `opened` of the last byte read or written.
-    last_io_ms: AtomicU64,
-    /// Milliseconds since `opened` (plus one) of the first byte read while no request was
-    /// started since; 0 when none is pending.
-    head_since_ms: AtomicU64,
+    /// Reads and writes so far (only the connection's own task reads and writes).
+    io: AtomicU64,
+    /// Headers begun so far: bumped by the first byte read while no request was being
+    /// answered and none was pending.
+    heads: AtomicU64,
+    /// Whether the latest header begun has not become a request yet.
+    head_pending: std::sync::atomic::AtomicBool,
     in_flight: AtomicU64,
 }
+
+/// Ticks of the watch per timeout: a connection is closed between one timeout and a
+/// quarter more after it went idle or its header began.
+const WATCH_TICKS: u32 = 4;
 
 impl Activity {
     fn new() -> Self {
         Self {
-            opened: std::time::Instant::now(),
-            last_io_ms: AtomicU64::new(0),
-            head_since_ms: AtomicU64::new(0),
+            io: AtomicU64::new(0),
+            heads: AtomicU64::new(0),
+            head_pending: std::sync::atomic::AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.opened.elapsed().as_millis() as u64 + 1
+    fn io(&self) {
+        self.io
+            .store(self.io.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
     }
 
     fn read(&self) {
-        let now = self.now_ms();
-        self.last_io_ms.store(now, Ordering::Relaxed);
+        self.io();
         // Bytes while no request is being answered are the start of the next one's header
         // (a request's body, read while it is answered, is not).
-        if self.in_flight.load(Ordering::Relaxed) == 0
-            && self.head_since_ms.load(Ordering::Relaxed) == 0
+        if self.in_flight.load(Ordering::Relaxed) == 0 && !self.head_pending.load(Ordering::Relaxed)
         {
-            self.head_since_ms.store(now, Ordering::Relaxed);
+            self.heads.fetch_add(1, Ordering::Relaxed);
+            self.head_pending.store(true, Ordering::Relaxed);
         }
     }
 
     fn wrote(&self) {
-        self.last_io_ms.store(self.now_ms(), Ordering::Relaxed);
+        self.io();
     }
+}
 
-    /// Whether the connection took longer than `limit` to send a request's header, or sat
-    /// idle longer than that with no request being answered.
-    fn overdue(&self, limit: Duration) -> bool {
-        let now = self.now_ms();
-        let limit = limit.as_millis() as u64;
-        let head = self.head_since_ms.load(Ordering::Relaxed);
-        let idle = self.in_flight.load(Ordering::Relaxed) == 0
-            && now.saturating_sub(self.last_io_ms.load(Ordering::Relaxed)) > limit;
-        (head != 0 && now - head > limit) || idle
+/// The watch's memory of a connection between its ticks.
+#[derive(Default)]
+struct Watch {
+    io: u64,
+    idle_ticks: u32,
+    head: u64,
+    head_ticks: u32,
+}
+
+impl Watch {
+    /// One tick (a quarter of the timeout after the last): whether the connection has taken
+    /// longer than the timeout to send a request's header, or sat idle (nothing read or
+    /// written, no request being answered) that long.
+    fn overdue(&mut self, activity: &Activity) -> bool {
+        let io = activity.io.load(Ordering::Relaxed);
+        let quiet = io == self.io && activity.in_flight.load(Ordering::Relaxed) == 0;
+        self.idle_ticks = if quiet { self.idle_ticks + 1 } else { 0 };
+        self.io = io;
+        let head = activity.heads.load(Ordering::Relaxed);
+        self.head_ticks = if !activity.head_pending.load(Ordering::Relaxed) {
+            0
+        } else if head == self.head {
+            self.head_ticks + 1
+        } else {
+            1
+        };
+        self.head = head;
+        // Idle for WATCH_TICKS whole intervals; a header seen pending at WATCH_TICKS + 1
+        // ticks began more than WATCH_TICKS intervals ago.
+        self.idle_ticks >= WATCH_TICKS || self.head_ticks > WATCH_TICKS
     }
 }
 
@@ -276,7 +342,7 @@ struct InFlight(Arc<Activity>);
 
 impl InFlight {
     fn start(activity: &Arc<Activity>) -> Self {
-        activity.head_since_ms.store(0, Ordering::Relaxed);
+        activity.head_pending.store(false, Ordering::Relaxed);
         activity.in_flight.fetch_add(1, Ordering::Relaxed);
         Self(activity.clone())
     }

@@ -307,12 +307,10 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
             // A missing asset is a plain 404, not the dashboard's page.
             response = (StatusCode::NOT_FOUND, "Not found").into_response();
         }
-        if !path.starts_with("/pkg/") {
-            response
-                .headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if path.starts_with("/pkg/") {
+            return with_security_headers(response, HeaderValue::from_static(API_CSP));
         }
-        return with_security_headers(response, HeaderValue::from_static(API_CSP));
+        return secure_api_response(response);
     }
     if path.starts_with("/fn/") || path.starts_with("/auth/") {
         req = match within_form_limit(req).await {
@@ -432,6 +430,16 @@ fn secured(mut response: Response, nonce: Option<&str>) -> Response {
         response,
         HeaderValue::from_str(&csp).expect("the CSP is a valid header value"),
     )
+}
+
+/// The headers of every answer outside the dashboard that is not an asset (the API, health,
+/// metrics, Envoy's `/json`): never stored, and the security headers with a CSP that allows
+/// nothing. The check endpoints, served before the router (`server.rs`), take theirs here too.
+pub fn secure_api_response(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    with_security_headers(response, HeaderValue::from_static(API_CSP))
 }
 
 /// The headers every response carries, page or not: its CSP, no framing, no sniffing.

@@ -765,3 +765,62 @@ async fn a_large_cost_on_a_sliding_log_is_counted_exactly() {
         assert_eq!(body["remaining"], remaining, "{body}");
     }
 }
+
+/// Services with an HTTP/2 client multiplex their checks: the check port speaks HTTP/2 in
+/// cleartext with prior knowledge, and 50 checks sent at once as streams of one connection
+/// each get their own exact answer (a limit of 30: 30 allowed with every remaining value
+/// from 29 down to 0 once each, 20 denied), with the RateLimit headers.
+#[tokio::test]
+async fn checks_multiplex_over_http2_cleartext() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("h2", one_rule(30)).await;
+    let tcp = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let mut streams = Vec::new();
+    for _ in 0..50 {
+        let request = http::Request::post(format!("http://{}/api/v1/check", app.addr))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {SERVICE_KEY}"))
+            .body(())
+            .unwrap();
+        let mut sender = sender.clone().ready().await.unwrap();
+        let (response, mut body) = sender.send_request(request, false).unwrap();
+        body.send_data(
+            bytes::Bytes::from_static(br#"{"policy":"h2","identifiers":{"user":"multiplexed"}}"#),
+            true,
+        )
+        .unwrap();
+        streams.push(response);
+    }
+    let mut remaining = Vec::new();
+    let mut denied = 0;
+    for response in streams {
+        let response = response.await.unwrap();
+        let status = response.status().as_u16();
+        assert!(response.headers().contains_key("ratelimit-policy"));
+        assert_eq!(response.headers()["cache-control"], "no-store");
+        let mut body = response.into_body();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.unwrap();
+            let _ = body.flow_control().release_capacity(chunk.len());
+            bytes.extend_from_slice(&chunk);
+        }
+        let answer: Value = serde_json::from_slice(&bytes).unwrap();
+        match status {
+            200 => remaining.push(answer["remaining"].as_u64().unwrap()),
+            429 => {
+                assert_eq!(answer["allowed"], false);
+                denied += 1;
+            }
+            other => panic!("status {other}: {answer}"),
+        }
+    }
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..30).collect::<Vec<u64>>());
+    assert_eq!(denied, 20);
+}

@@ -316,3 +316,107 @@ async fn secure_cookies_stay_secure_behind_a_proxy_that_says_http() {
     let cookie = r.headers()[header::SET_COOKIE].to_str().unwrap();
     assert!(cookie.contains("Secure"), "{cookie}");
 }
+
+/// The check endpoints are answered before the router (`api::check_endpoint`), so their
+/// answers get the API's headers there: every status they answer with carries the API's CSP,
+/// no framing, no sniffing, no storing; a body over 64 KiB is still a 413; another method on
+/// their paths still reaches the router (405); and while the server drains they ask the
+/// client to close the connection, as every other answer does.
+#[tokio::test]
+async fn the_check_endpoints_answer_with_the_apis_headers() {
+    use crate::helpers::{SERVICE_KEY, app_state, serve};
+    let redis = RedisServer::start();
+    let state = app_state(&redis, &[]).await;
+    let app = serve(state.clone()).await;
+    app.put_policy(
+        "headers",
+        serde_json::json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 60000}]}),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let check = |body: String, key: &'static str, content_type: &'static str| {
+        client
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(key)
+            .header(header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send()
+    };
+    let good = r#"{"policy":"headers","identifiers":{"user":"h"}}"#.to_owned();
+    let mut answers = vec![
+        (200, check(good.clone(), SERVICE_KEY, "application/json").await.unwrap()),
+        (429, check(good.clone(), SERVICE_KEY, "application/json").await.unwrap()),
+        (401, check(good.clone(), "nope", "application/json").await.unwrap()),
+        (415, check(good.clone(), SERVICE_KEY, "text/plain").await.unwrap()),
+        (400, check("{".into(), SERVICE_KEY, "application/json").await.unwrap()),
+        (
+            404,
+            check(
+                r#"{"policy":"nope","identifiers":{"user":"h"}}"#.into(),
+                SERVICE_KEY,
+                "application/json",
+            )
+            .await
+            .unwrap(),
+        ),
+        (
+            // A client of its own: the server closes a connection whose body it did not read.
+            413,
+            reqwest::Client::new()
+                .post(app.url("/api/v1/check"))
+                .bearer_auth(SERVICE_KEY)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(format!(r#"{{"policy":"{}"}}"#, "x".repeat(70_000)))
+                .send()
+                .await
+                .unwrap(),
+        ),
+        (
+            200,
+            client
+                .post(app.url("/api/v1/check/batch"))
+                .bearer_auth(SERVICE_KEY)
+                .json(&serde_json::json!({"checks": [{"policy": "headers", "identifiers": {"user": "b"}}]}))
+                .send()
+                .await
+                .unwrap(),
+        ),
+        (
+            200,
+            client
+                .get(app.url("/api/v1/forward-auth?policy=headers"))
+                .bearer_auth(SERVICE_KEY)
+                .header("x-forwarded-for", "192.0.2.1")
+                .send()
+                .await
+                .unwrap(),
+        ),
+        (
+            405,
+            client
+                .get(app.url("/api/v1/check"))
+                .bearer_auth(SERVICE_KEY)
+                .send()
+                .await
+                .unwrap(),
+        ),
+    ];
+    for (i, (status, r)) in answers.drain(..).enumerate() {
+        assert_eq!(r.status().as_u16(), status, "answer {i}");
+        let h = r.headers();
+        assert_eq!(
+            h[header::CONTENT_SECURITY_POLICY],
+            "default-src 'none'; frame-ancestors 'none'",
+            "answer {i}"
+        );
+        assert_eq!(h[header::X_FRAME_OPTIONS], "DENY", "answer {i}");
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "answer {i}");
+        assert_eq!(h[header::REFERRER_POLICY], "same-origin", "answer {i}");
+        assert_eq!(h[header::CACHE_CONTROL], "no-store", "answer {i}");
+        assert!(!h.contains_key(header::CONNECTION), "answer {i}");
+    }
+    state.shutdown.start_draining();
+    let r = check(good, SERVICE_KEY, "application/json").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()[header::CONNECTION], "close");
+}

@@ -65,12 +65,16 @@ impl IntoResponse for CheckAnswer {
             tracing::error!(%error, "could not serialize a check's answer");
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         }
-        let mut headers = self.headers;
-        headers.insert(
+        // The answer's own header map becomes the response's (a tuple response would
+        // copy it into another), with room for the security headers added later.
+        let mut response = Response::new(axum::body::Body::from(body));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        (self.status, headers, body).into_response()
+        response
     }
 }
 
@@ -139,7 +143,8 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
 /// Each rule's window is that of the rule that was evaluated (an override's own, when it
 /// replaces the policy's rule of the same name).
 pub fn rate_limit_headers(decision: &Decision) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+    // Room for these, the answer's own and the API's security headers: no regrowth.
+    let mut headers = HeaderMap::with_capacity(16);
     let mut seen: Vec<&str> = Vec::new();
     let mut list = String::with_capacity(48);
     for r in &decision.results {

@@ -43,10 +43,12 @@ pub async fn check(
     (status = 503, description = "Redis unreachable and the policy fails closed", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub async fn check_handler(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: JsonBytes,
+    request: axum::extract::Request,
 ) -> Result<CheckAnswer, ApiError> {
-    require_key(&state, &headers, KeyRole::Service)?;
+    // The request's own header, not a copy (an extracted `HeaderMap` is one per check).
+    let (parts, body) = request.into_parts();
+    let body = JsonBytes::read(&parts.headers, body).await?;
+    require_key(&state, &parts.headers, KeyRole::Service)?;
     let request = CheckRequest::from_body(&body.0)?;
     check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await
 }
