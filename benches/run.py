@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -34,6 +35,10 @@ PING_POLLING = "Redis PING round trip, core 0 to core 1, one a millisecond, idle
 OPENLOOP = os.path.join(ROOT, "target", "release", "examples", "openloop")
 GRPCLOAD = os.path.join(ROOT, "target", "release", "examples", "grpcload")
 GRPC = "Spillway, Envoy ShouldRateLimit over gRPC, 1 limit (fixed window)"
+LIMITADOR = "Limitador (Kuadrant), ShouldRateLimit over gRPC, 1 limit, Redis storage"
+# Limitador's server is not on crates.io: build it from its public source (README, "Benchmarks")
+# and point LIMITADOR_BIN at the binary; without it the row is left out.
+LIMITADOR_BIN = os.environ.get("LIMITADOR_BIN")
 # gRPC callers share few HTTP/2 connections, as Envoy's workers do.
 GRPC_CONNECTIONS = 2
 SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
@@ -290,6 +295,21 @@ def main():
         headers={"Authorization": f"Bearer {ADMIN_KEY}", "Content-Type": "application/yaml"})
     assert urllib.request.urlopen(request).status in (200, 201)
 
+    # Limitador on the same Redis, pinned like Spillway, with the same limit: per user, a
+    # billion a minute, namespace = Envoy domain `bench`; its `redis` storage (every check
+    # goes to Redis, as Spillway's do; `redis_cached` would count locally and flush later).
+    limitador = limitador_port = None
+    if LIMITADOR_BIN:
+        limits = os.path.join(tmp, "limits.yaml")
+        with open(limits, "w") as f:
+            f.write(f"- namespace: bench\n  max_value: {big}\n  seconds: 60\n  conditions: []\n"
+                    "  variables: [\"descriptors[0].user\"]\n")
+        limitador_port = free_port()
+        limitador = start([LIMITADOR_BIN, "--rls-ip", "127.0.0.1", "--rls-port", str(limitador_port),
+                           "--http-ip", "127.0.0.1", "--http-port", str(free_port()), limits, "redis", redis_url],
+                          0, {"RUST_LOG": "error"})
+        wait_port(limitador_port)
+
     script = "\n".join(open(os.path.join(ROOT, "lua", f"{n}.lua")).read() for n in LUA_ORDER)
     sha = hashlib.sha1(script.encode()).hexdigest()
     # The server has already run it (the checks of `hot` above): the ceiling runs the very
@@ -311,15 +331,20 @@ def main():
     def measure(name, port, proc, env, load=None):
         redis_cli(redis_port, "CONFIG", "RESETSTAT")
         cpu0 = cpu_seconds(proc.pid)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         r = load() if load else wrk(port, env)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         calls, usec = script_calls(redis_port)
         cpu = cpu_seconds(proc.pid) - cpu0
+        # The load generator shares core 1 with Redis: what it costs a request is Redis's loss.
+        load_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
         results.setdefault(name, []).append(r)
         extra.setdefault(name, []).append({
             "round_trips": calls / max(r["requests"], 1),
             "redis_us": usec / calls if calls else 0.0,
             "redis_us_check": usec / max(r["requests"], 1),
             "cpu_us": cpu * 1e6 / max(r["requests"], 1),
+            "load_us": load_cpu * 1e6 / max(r["requests"], 1),
             "rss": rss_mb(proc.pid),
         })
 
@@ -333,6 +358,8 @@ def main():
                 # key expiry (the report's text says why).
                 open_loop_rows(results, app_port, redis_port)
                 measure(GRPC, grpc_port, app, {}, lambda: grpcload(grpc_port, "bench"))
+                if limitador:
+                    measure(LIMITADOR, limitador_port, limitador, {}, lambda: grpcload(limitador_port, "bench"))
         # The floor of any answer from this server: no body, no key, no Redis.
         results.setdefault("HTTP floor: GET /healthz on the same server", []).append(wrk(app_port, {}, "/healthz"))
         for name, script_file in peers.items():
@@ -347,6 +374,8 @@ def main():
             results.setdefault(name, []).append(redis_benchmark(redis_port, sha, pipeline))
         print(f"run {run + 1}/{RUNS} done", file=sys.stderr)
     stop(app)
+    if limitador:
+        stop(limitador)
     if baseline:
         stop(baseline)
     stop(redis)
@@ -367,12 +396,12 @@ def main():
     for name, rs in results.items():
         rate = fmt([r['rps'] for r in rs]) if any(r["rps"] for r in rs) else "—"
         lines.append(f"| {name} | {rate} | {fmt([r['p50'] for r in rs], 2)} | {fmt([r['p99'] for r in rs], 2)} |")
-    lines += ["", "| Spillway scenario | Redis script calls per check | Redis µs per script call | Redis µs per check | Spillway CPU µs per check | RSS MB |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| server scenario | Redis script calls per check | Redis µs per script call | Redis µs per check | server CPU µs per check | load generator CPU µs per check | RSS MB |",
+              "|---|---|---|---|---|---|---|"]
     for name, es in extra.items():
         lines.append(f"| {name} | {fmt([e['round_trips'] for e in es], 3)} | {fmt([e['redis_us'] for e in es], 1)} | "
                      f"{fmt([e['redis_us_check'] for e in es], 1)} | "
-                     f"{fmt([e['cpu_us'] for e in es], 1)} | {fmt([e['rss'] for e in es], 1)} |")
+                     f"{fmt([e['cpu_us'] for e in es], 1)} | {fmt([e['load_us'] for e in es], 1)} | {fmt([e['rss'] for e in es], 1)} |")
     # The bundle a browser loads to hydrate (the overview and sign-in); the other pages are
     # split into chunks fetched when first visited (`cargo leptos build --split`).
     pkg = os.path.join(ROOT, "target", "site", "pkg")
@@ -399,6 +428,11 @@ def main():
         lines.append(f"| {label} | {ratio:.2f}× | {'yes' if ratio >= goal else 'no'} |")
     grpc_ratio = med(GRPC, "rps") / med(ONE, "rps")
     lines.append(f"| Envoy's ShouldRateLimit over gRPC ≥ 1.0× the HTTP check on the same server (1 limit; p50 {med(GRPC, 'p50'):.2f} ms, p99 {med(GRPC, 'p99'):.2f} ms) | {grpc_ratio:.2f}× | {'yes' if grpc_ratio >= 1.0 else 'no'} |")
+    if LIMITADOR in results:
+        lim_ratio = med(GRPC, "rps") / med(LIMITADOR, "rps")
+        lines.append(f"| Envoy's ShouldRateLimit over gRPC ≥ 2× Limitador's, same Redis, same limit, same load (Limitador p50 {med(LIMITADOR, 'p50'):.2f} ms, p99 {med(LIMITADOR, 'p99'):.2f} ms) | {lim_ratio:.2f}× | {'yes' if lim_ratio >= 2.0 else 'no'} |")
+    else:
+        lines.append("| Envoy's ShouldRateLimit over gRPC ≥ 2× Limitador's | not run (set LIMITADOR_BIN) | — |")
     grpc_cpu = statistics.median(e["cpu_us"] for e in extra[GRPC]) / statistics.median(e["cpu_us"] for e in extra[ONE])
     lines.append(f"| (reference) Spillway CPU per check, gRPC against HTTP | {grpc_cpu:.2f}× | — |")
     floor = med("HTTP floor: GET /healthz on the same server", "rps") / med(ONE, "rps")

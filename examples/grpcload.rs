@@ -3,6 +3,12 @@
 //! `connections` HTTP/2 connections (as Envoy does), each request for a random one of
 //! `users` descriptor values, on one thread.
 //!
+//! A load generator shares a core with Redis in the bench, so it must cost little: like
+//! h2load with a pre-encoded body, it speaks HTTP/2 directly (the `h2` crate) and sends
+//! requests encoded once at start (one per user), where a tonic client would encode each
+//! message and run it through its own middleware. It reads an answer's code from the first
+//! field of the message and its gRPC status from the trailers.
+//!
 //! `grpcload <host:port> <seconds> <connections> <streams> <users> <domain> <service key>`
 //! prints one line: `requests=N rps=R p50_ms=A p99_ms=B ok=O over=V errors=E`.
 
@@ -12,13 +18,13 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use envoy_types::pb::envoy::{
     extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry},
-    service::ratelimit::v3::{
-        RateLimitRequest, rate_limit_response::Code,
-        rate_limit_service_client::RateLimitServiceClient,
-    },
+    service::ratelimit::v3::{RateLimitRequest, RateLimitResponse, rate_limit_response::Code},
 };
+use http::{HeaderValue, Request, Uri};
+use prost::Message;
 
 #[derive(Default)]
 struct Tally {
@@ -26,6 +32,87 @@ struct Tally {
     ok: u64,
     over: u64,
     errors: u64,
+}
+
+/// What one call came back as.
+enum Answer {
+    Ok,
+    Over,
+    Error,
+}
+
+/// `ShouldRateLimit` for `user`, framed as gRPC sends it: no compression, length, message.
+fn encoded(domain: &str, user: u64) -> Bytes {
+    let message = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: user.to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let len = message.encoded_len();
+    let mut frame = Vec::with_capacity(5 + len);
+    frame.push(0);
+    frame.extend_from_slice(&(len as u32).to_be_bytes());
+    message.encode(&mut frame).expect("a Vec grows");
+    Bytes::from(frame)
+}
+
+/// The answer's code: `overall_code` is field 1, a varint, written first; a longer reading
+/// only when it is not there.
+fn code_of(message: &[u8]) -> Option<i32> {
+    match message {
+        [0x08, code, ..] if *code < 0x80 => Some(i32::from(*code)),
+        _ => RateLimitResponse::decode(message)
+            .ok()
+            .map(|r| r.overall_code),
+    }
+}
+
+async fn call(
+    sender: &mut h2::client::SendRequest<Bytes>,
+    uri: &Uri,
+    authorization: &HeaderValue,
+    body: Bytes,
+) -> Result<Answer, h2::Error> {
+    let mut request = Request::post(uri.clone())
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a valid request");
+    request
+        .headers_mut()
+        .insert("authorization", authorization.clone());
+    let ready = sender.clone().ready().await?;
+    *sender = ready;
+    let (response, mut stream) = sender.send_request(request, false)?;
+    stream.send_data(body, true)?;
+    let response = response.await?;
+    let grpc_status = |h: &http::HeaderMap| h.get("grpc-status").map(|v| v.as_bytes() == b"0");
+    // A trailers-only answer (an error) carries its status in the headers.
+    if grpc_status(response.headers()) == Some(false) {
+        return Ok(Answer::Error);
+    }
+    let mut body = response.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await?;
+    if trailers.as_ref().and_then(grpc_status) != Some(true) || data.len() < 5 {
+        return Ok(Answer::Error);
+    }
+    Ok(match code_of(&data[5..]) {
+        Some(c) if c == Code::Ok as i32 => Answer::Ok,
+        Some(c) if c == Code::OverLimit as i32 => Answer::Over,
+        _ => Answer::Error,
+    })
 }
 
 fn main() {
@@ -39,6 +126,12 @@ fn main() {
     let n = |i: usize| -> u64 { args[i].parse().expect("a whole number") };
     let (addr, seconds, connections, streams, users) = (args[0].clone(), n(1), n(2), n(3), n(4));
     let (domain, key) = (args[5].clone(), args[6].clone());
+    let bodies: Rc<Vec<Bytes>> = Rc::new((0..users).map(|u| encoded(&domain, u)).collect());
+    let uri: Uri =
+        format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+            .parse()
+            .expect("a valid address");
+    let authorization = HeaderValue::try_from(format!("Bearer {key}")).expect("a printable key");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -47,21 +140,28 @@ fn main() {
     let tally = Rc::new(RefCell::new(Tally::default()));
     let started = Instant::now();
     local.block_on(&runtime, async {
-        let mut channels = Vec::new();
+        let mut senders = Vec::new();
         for _ in 0..connections {
-            let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-                .unwrap()
-                .connect()
+            let tcp = tokio::net::TcpStream::connect(&addr)
                 .await
                 .expect("connects");
-            channels.push(channel);
+            tcp.set_nodelay(true).expect("TCP_NODELAY");
+            let (sender, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+            tokio::task::spawn_local(async move {
+                let _ = connection.await;
+            });
+            senders.push(sender);
         }
         let until = Instant::now() + Duration::from_secs(seconds);
         let mut tasks = Vec::new();
         for s in 0..streams {
-            let mut client =
-                RateLimitServiceClient::new(channels[(s % connections) as usize].clone());
-            let (tally, domain, key) = (tally.clone(), domain.clone(), key.clone());
+            let mut sender = senders[(s % connections) as usize].clone();
+            let (tally, bodies, uri, authorization) = (
+                tally.clone(),
+                bodies.clone(),
+                uri.clone(),
+                authorization.clone(),
+            );
             tasks.push(tokio::task::spawn_local(async move {
                 // A small xorshift per caller: random users without a shared generator.
                 let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (s + 1);
@@ -69,28 +169,15 @@ fn main() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    let mut request = tonic::Request::new(RateLimitRequest {
-                        domain: domain.clone(),
-                        descriptors: vec![RateLimitDescriptor {
-                            entries: vec![Entry {
-                                key: "user".into(),
-                                value: (x % users).to_string(),
-                            }],
-                            ..Default::default()
-                        }],
-                        hits_addend: 1,
-                    });
-                    request
-                        .metadata_mut()
-                        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+                    let body = bodies[(x % users) as usize].clone();
                     let sent = Instant::now();
-                    let answer = client.should_rate_limit(request).await;
+                    let answer = call(&mut sender, &uri, &authorization, body).await;
                     let mut t = tally.borrow_mut();
                     t.latencies_us.push(sent.elapsed().as_micros() as u64);
                     match answer {
-                        Ok(r) if r.get_ref().overall_code == Code::Ok as i32 => t.ok += 1,
-                        Ok(_) => t.over += 1,
-                        Err(_) => t.errors += 1,
+                        Ok(Answer::Ok) => t.ok += 1,
+                        Ok(Answer::Over) => t.over += 1,
+                        Ok(Answer::Error) | Err(_) => t.errors += 1,
                     }
                 }
             }));
