@@ -9,7 +9,10 @@
 //! message and run it through its own middleware. It reads an answer's code from the first
 //! field of the message and its gRPC status from the trailers.
 //!
-//! `grpcload <host:port> <seconds> <connections> <streams> <users> <domain> <service key>`
+//! With `json` last it sends Spillway's own check (`POST /api/v1/check`, the policy in place
+//! of the domain) over the same HTTP/2 connections instead: a 200 is ok, a 429 over.
+//!
+//! `grpcload <host:port> <seconds> <connections> <streams> <users> <domain> <service key> [json]`
 //! prints one line: `requests=N rps=R p50_ms=A p99_ms=B ok=O over=V errors=E`.
 
 use std::{
@@ -73,17 +76,28 @@ fn code_of(message: &[u8]) -> Option<i32> {
     }
 }
 
+/// Spillway's JSON check for `user`.
+fn check_json(policy: &str, user: u64) -> Bytes {
+    Bytes::from(format!(
+        r#"{{"policy":"{policy}","identifiers":{{"user":"{user}"}}}}"#
+    ))
+}
+
 async fn call(
     sender: &mut h2::client::SendRequest<Bytes>,
     uri: &Uri,
     authorization: &HeaderValue,
     body: Bytes,
+    json: bool,
 ) -> Result<Answer, h2::Error> {
-    let mut request = Request::post(uri.clone())
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .expect("a valid request");
+    let request = if json {
+        Request::post(uri.clone()).header("content-type", "application/json")
+    } else {
+        Request::post(uri.clone())
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+    };
+    let mut request = request.body(()).expect("a valid request");
     request
         .headers_mut()
         .insert("authorization", authorization.clone());
@@ -92,6 +106,18 @@ async fn call(
     let (response, mut stream) = sender.send_request(request, false)?;
     stream.send_data(body, true)?;
     let response = response.await?;
+    if json {
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        while let Some(chunk) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk?.len());
+        }
+        return Ok(match status {
+            200 => Answer::Ok,
+            429 => Answer::Over,
+            _ => Answer::Error,
+        });
+    }
     let grpc_status = |h: &http::HeaderMap| h.get("grpc-status").map(|v| v.as_bytes() == b"0");
     // A trailers-only answer (an error) carries its status in the headers.
     if grpc_status(response.headers()) == Some(false) {
@@ -117,20 +143,35 @@ async fn call(
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() != 7 {
+    let json = args.len() == 8 && args[7] == "json";
+    if args.len() != 7 && !json {
         eprintln!(
-            "usage: grpcload <host:port> <seconds> <connections> <streams> <users> <domain> <service key>"
+            "usage: grpcload <host:port> <seconds> <connections> <streams> <users> <domain> <service key> [json]"
         );
         std::process::exit(2);
     }
     let n = |i: usize| -> u64 { args[i].parse().expect("a whole number") };
     let (addr, seconds, connections, streams, users) = (args[0].clone(), n(1), n(2), n(3), n(4));
     let (domain, key) = (args[5].clone(), args[6].clone());
-    let bodies: Rc<Vec<Bytes>> = Rc::new((0..users).map(|u| encoded(&domain, u)).collect());
-    let uri: Uri =
-        format!("http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
-            .parse()
-            .expect("a valid address");
+    let bodies: Rc<Vec<Bytes>> = Rc::new(
+        (0..users)
+            .map(|u| {
+                if json {
+                    check_json(&domain, u)
+                } else {
+                    encoded(&domain, u)
+                }
+            })
+            .collect(),
+    );
+    let path = if json {
+        "/api/v1/check"
+    } else {
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    };
+    let uri: Uri = format!("http://{addr}{path}")
+        .parse()
+        .expect("a valid address");
     let authorization = HeaderValue::try_from(format!("Bearer {key}")).expect("a printable key");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -171,7 +212,7 @@ fn main() {
                     x ^= x << 17;
                     let body = bodies[(x % users) as usize].clone();
                     let sent = Instant::now();
-                    let answer = call(&mut sender, &uri, &authorization, body).await;
+                    let answer = call(&mut sender, &uri, &authorization, body, json).await;
                     let mut t = tally.borrow_mut();
                     t.latencies_us.push(sent.elapsed().as_micros() as u64);
                     match answer {
