@@ -257,7 +257,8 @@ pub async fn run(
 /// every read and write, and reading a clock there cost the check path a visible share of
 /// its CPU; the watch compares them from one tick to the next instead.
 struct Activity {
-    /// Reads and writes so far (only the connection's own task reads and writes).
+    /// Reads and writes so far (the connection's task and, over HTTP/2, its streams' tasks
+    /// count them).
     io: AtomicU64,
     /// Headers begun so far: bumped by the first byte read while no request was being
     /// answered and none was pending.
@@ -282,8 +283,7 @@ impl Activity {
     }
 
     fn io(&self) {
-        self.io
-            .store(self.io.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        self.io.fetch_add(1, Ordering::Relaxed);
     }
 
     fn read(&self) {
