@@ -211,10 +211,10 @@ pub async fn run(
         );
         let connection = builder
             .serve_connection_with_upgrades(
-                TokioIo::new(Watched {
+                TokioIo::new(crate::batched_writes::BatchedWrites::sniffing(Watched {
                     io: stream,
                     activity: activity.clone(),
-                }),
+                })),
                 service,
             )
             .into_owned();

@@ -107,7 +107,11 @@ pub async fn serve(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .expect("the descriptors envoy-types ships are valid");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // Answers that one Redis call decides together leave in one write (see batched_writes).
+    let incoming = futures_util::StreamExt::map(
+        tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+        |accepted| accepted.map(crate::batched_writes::BatchedWrites::http2),
+    );
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection_v1)
