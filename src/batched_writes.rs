@@ -48,8 +48,8 @@ impl<IO> BatchedWrites<IO> {
         }
     }
 
-    /// For a port that speaks HTTP/1.1 and HTTP/2: batches once the first bytes read are
-    /// the HTTP/2 preface.
+    /// For a port that speaks HTTP/1.1 and HTTP/2: batches when the first bytes read are
+    /// the HTTP/2 preface (at least its first four).
     pub fn sniffing(io: IO) -> Self {
         Self {
             io,
@@ -83,9 +83,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for BatchedWrites<IO> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if self.sniff && buf.filled().len() > before {
+            // "PRI " starts no HTTP/1.1 request; a first read too short to tell (a client
+            // trickling its request line) leaves batching off, which only forgoes batching.
             let first = &buf.filled()[before..];
             let n = first.len().min(PREFACE.len());
-            let on = first[..n] == PREFACE[..n];
+            let on = n >= 4 && first[..n] == PREFACE[..n];
             self.on = on;
             self.sniff = false;
         }
@@ -148,7 +150,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A write yields once, then goes through; after a flush the next write yields again.
-    /// HTTP/1.1 never yields; the preface turns batching on, even split over reads.
+    /// HTTP/1.1 never yields (nor a first read too short to tell); the preface, or a first
+    /// piece of it, turns batching on.
     #[tokio::test]
     async fn writes_yield_once_on_http2_only() {
         let (a, mut b) = tokio::io::duplex(1024);
@@ -177,8 +180,10 @@ mod tests {
 
         for (first, on) in [
             (&b"GET / HTTP/1.1\r\n"[..], false),
+            (&b"POST /api/v1/check HTTP/1.1\r\n"[..], false),
+            (&b"P"[..], false),
             (&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..], true),
-            (&b"PRI"[..], true),
+            (&b"PRI * HT"[..], true),
         ] {
             let (a, mut b) = tokio::io::duplex(1024);
             let mut sniffing = BatchedWrites::sniffing(a);
