@@ -59,10 +59,6 @@ impl<IO> BatchedWrites<IO> {
         }
     }
 
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
-
     /// Whether this attempt to write should yield first (and, if so, arranges the retry).
     fn yield_first(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.on || self.yielded {

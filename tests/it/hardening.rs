@@ -420,3 +420,27 @@ async fn the_check_endpoints_answer_with_the_apis_headers() {
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()[header::CONNECTION], "close");
 }
+
+/// The check endpoint reads its body itself (it is served before the router's body limit):
+/// a body of exactly 64 KiB is read and answered (here 404: the policy does not exist), one
+/// byte more is a 413, as the router's limit answered before.
+#[tokio::test]
+async fn the_check_body_limit_is_64_kib_to_the_byte() {
+    use crate::helpers::SERVICE_KEY;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let json = r#"{"policy":"absent","identifiers":{"user":"edge"}}"#;
+    for (size, status) in [(64 * 1024, 404), (64 * 1024 + 1, 413)] {
+        let body = format!("{json}{}", " ".repeat(size - json.len()));
+        assert_eq!(body.len(), size);
+        let r = reqwest::Client::new()
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(SERVICE_KEY)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{size} bytes");
+    }
+}
