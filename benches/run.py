@@ -42,6 +42,12 @@ LIMITADOR = "Limitador (Kuadrant), ShouldRateLimit over gRPC, 1 limit, Redis sto
 LIMITADOR_BIN = os.environ.get("LIMITADOR_BIN")
 # gRPC callers share few HTTP/2 connections, as Envoy's workers do.
 GRPC_CONNECTIONS = 2
+# The saturated rows: enough callers in flight that the server's core, not the round trip,
+# bounds the rate (at 32 a Spillway check waits on Redis with its core partly idle).
+SATURATED = int(os.environ.get("BENCH_SATURATED", "128"))
+SAT_ONE = f"Spillway, 1 rule (fixed_window), saturated: {SATURATED} connections"
+SAT_GRPC = f"Spillway, Envoy ShouldRateLimit over gRPC, 1 limit, saturated: {SATURATED} streams over 2 connections"
+SAT_LIMITADOR = f"Limitador (Kuadrant), ShouldRateLimit over gRPC, 1 limit, Redis storage, saturated: {SATURATED} streams over 2 connections"
 SECONDS = int(os.environ.get("BENCH_SECONDS", "5"))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
@@ -126,12 +132,12 @@ def to_ms(value, unit):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(port, env, path=None):
+def wrk(port, env, path=None, connections=None):
     """Closed-loop load: the check script, or a plain GET of `path`."""
     target = ["-s", os.path.join(ROOT, "benches", "check.lua"), f"http://127.0.0.1:{port}"] if path is None \
         else [f"http://127.0.0.1:{port}{path}"]
     out = subprocess.run(
-        ["taskset", "-c", "1", "wrk", "-t1", f"-c{CONNECTIONS}", f"-d{SECONDS}s", "--latency"] + target,
+        ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections or CONNECTIONS}", f"-d{SECONDS}s", "--latency"] + target,
         capture_output=True, text=True, env=dict(os.environ, KEY=SERVICE_KEY, USERS=str(USERS), **env), check=True,
     ).stdout
     result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
@@ -144,13 +150,13 @@ def wrk(port, env, path=None):
     return result
 
 
-def grpcload(port, domain, json_check=False):
+def grpcload(port, domain, json_check=False, streams=None):
     """Closed-loop ShouldRateLimit calls: CONNECTIONS callers over GRPC_CONNECTIONS HTTP/2
     connections, random users (examples/grpcload.rs); with `json_check`, Spillway's own
     check (POST /api/v1/check, `domain` the policy) over HTTP/2 cleartext the same way."""
     out = subprocess.run(
         ["taskset", "-c", "1", GRPCLOAD, f"127.0.0.1:{port}", str(SECONDS), str(GRPC_CONNECTIONS),
-         str(CONNECTIONS), str(USERS), domain, SERVICE_KEY] + (["json"] if json_check else []),
+         str(streams or CONNECTIONS), str(USERS), domain, SERVICE_KEY] + (["json"] if json_check else []),
         capture_output=True, text=True, check=True,
     ).stdout
     fields = dict(kv.split("=") for kv in out.split())
@@ -363,6 +369,11 @@ def main():
                 measure(H2C, app_port, app, {}, lambda: grpcload(app_port, "one", json_check=True))
                 if limitador:
                     measure(LIMITADOR, limitador_port, limitador, {}, lambda: grpcload(limitador_port, "bench"))
+                measure(SAT_ONE, app_port, app, env, lambda: wrk(app_port, env, connections=SATURATED))
+                measure(SAT_GRPC, grpc_port, app, {}, lambda: grpcload(grpc_port, "bench", streams=SATURATED))
+                if limitador:
+                    measure(SAT_LIMITADOR, limitador_port, limitador, {},
+                            lambda: grpcload(limitador_port, "bench", streams=SATURATED))
         # The floor of any answer from this server: no body, no key, no Redis.
         results.setdefault("HTTP floor: GET /healthz on the same server", []).append(wrk(app_port, {}, "/healthz"))
         for name, script_file in peers.items():
@@ -443,6 +454,11 @@ def main():
         lines.append(f"| Envoy's ShouldRateLimit over gRPC ≥ 2× Limitador's, same Redis, same limit, same load (Limitador p50 {med(LIMITADOR, 'p50'):.2f} ms, p99 {med(LIMITADOR, 'p99'):.2f} ms) | {lim_ratio:.2f}× | {'yes' if lim_ratio >= 2.0 else 'no'} |")
     else:
         lines.append("| Envoy's ShouldRateLimit over gRPC ≥ 2× Limitador's | not run (set LIMITADOR_BIN) | — |")
+    sat_ratio = med(SAT_GRPC, "rps") / med(SAT_ONE, "rps")
+    lines.append(f"| the same, saturated ({SATURATED} in flight): gRPC ≥ 1.0× the HTTP check (p99 {med(SAT_GRPC, 'p99'):.2f} against {med(SAT_ONE, 'p99'):.2f} ms) | {sat_ratio:.2f}× | {'yes' if sat_ratio >= 1.0 else 'no'} |")
+    if SAT_LIMITADOR in results:
+        sat_lim = med(SAT_GRPC, "rps") / med(SAT_LIMITADOR, "rps")
+        lines.append(f"| the same, saturated ({SATURATED} in flight): gRPC ≥ 2× Limitador's (Limitador p99 {med(SAT_LIMITADOR, 'p99'):.2f} ms) | {sat_lim:.2f}× | {'yes' if sat_lim >= 2.0 else 'no'} |")
     cpu_one = statistics.median(e["cpu_us"] for e in extra[ONE])
     lines.append(f"| Spillway CPU per 1-rule check ≤ 12 µs (issue 18) | {cpu_one:.1f} µs | {'yes' if cpu_one <= 12 else 'no'} |")
     cpu_h2 = statistics.median(e["cpu_us"] for e in extra[H2C])
