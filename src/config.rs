@@ -51,6 +51,9 @@ pub struct Config {
     /// Envoy's rate limit protocol: where gRPC is served, whether callers need a key, which
     /// headers the answers carry.
     pub envoy: EnvoySettings,
+    /// How often each instance adds its counts to the history
+    /// (`SPILLWAY_HISTORY_FLUSH_MS`, default 5000).
+    pub history_flush: Duration,
 }
 
 /// Envoy's rate limit protocol (`SPILLWAY_GRPC_ADDR`, `SPILLWAY_GRPC_AUTH`,
@@ -261,6 +264,7 @@ impl Config {
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
+            history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             trusted_proxies: crate::forwarded::TrustedProxies::parse(
                 &lookup("SPILLWAY_TRUSTED_PROXIES").unwrap_or_default(),
             )

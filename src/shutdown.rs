@@ -57,6 +57,12 @@ impl Shutdown {
         });
     }
 
+    /// Runs `task` in the background to its end: it watches [`Shutdown::stopped`] itself, to
+    /// finish its work (a last flush) before it ends; [`Shutdown::finished`] waits for it.
+    pub fn spawn_to_the_end(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(task);
+    }
+
     /// Waits until every background task has ended (after [`Shutdown::stop`]).
     pub async fn finished(&self) {
         self.tasks.close();

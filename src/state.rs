@@ -9,8 +9,8 @@ use crate::{
     auth::{ApiKeys, session::SessionSettings},
     config::Config,
     service::{
-        Service, deny_cache::DenyCache, live::LiveCounts, policies::seed_demo_policy,
-        policy_cache::PolicyCache,
+        Service, deny_cache::DenyCache, history::HistoryCounts, live::LiveCounts,
+        policies::seed_demo_policy, policy_cache::PolicyCache,
     },
     store::{Keys, Store, StoreError},
 };
@@ -103,6 +103,8 @@ impl AppState {
         tokio::task::spawn_blocking(crate::auth::password::warm_up);
         let live = LiveCounts::default();
         live.spawn_flusher(store.clone(), &shutdown);
+        let history = HistoryCounts::default();
+        history.spawn_flusher(store.clone(), config.history_flush, &shutdown);
         crate::metrics::spawn_upkeep(&shutdown);
         Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,
@@ -111,6 +113,7 @@ impl AppState {
                 policies,
                 denials,
                 live,
+                history,
             },
             keys: Arc::new(keys),
             sessions: config.sessions,

@@ -4,6 +4,7 @@
 mod audit;
 pub mod check;
 pub mod envoy;
+mod history;
 pub mod identifiers;
 pub mod openapi;
 pub(crate) mod policies;
@@ -39,6 +40,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/check/batch", post(check::batch_handler))
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
         .route("/api/v1/audit", get(audit::list))
+        .route("/api/v1/history", get(history::read))
         .merge(policies::router())
         .merge(identifiers::router())
         .merge(envoy::router())

@@ -380,6 +380,59 @@ impl Modify for CommonProblems {
     }
 }
 
+/// A history read: the series, its totals and the top lists.
+#[derive(Serialize, ToSchema)]
+pub struct HistoryDocument {
+    /// The policy, or `*` for every policy together.
+    policy: String,
+    /// `1h`, `24h`, `7d`, `30d` or `90d`.
+    range: String,
+    /// `minute`, `hour` or `day`.
+    step: String,
+    step_ms: u64,
+    /// One per period, oldest first, the current (partial) period last.
+    points: Vec<HistoryPoint>,
+    totals: HistoryCounts,
+    top_denied: Vec<HistoryRanked>,
+    top_checked: Vec<HistoryRanked>,
+    /// How exact the top lists' counts are.
+    top_accuracy: String,
+    /// The first period's start, `2026-11-24 10:00 UTC`.
+    from: String,
+}
+
+/// One period's checks.
+#[derive(Serialize, ToSchema)]
+pub struct HistoryPoint {
+    /// The period's start, `2026-11-24T10:00:00Z`.
+    time: String,
+    /// The same, in ms since the epoch.
+    t_ms: i64,
+    allowed: u64,
+    denied: u64,
+    shadow_denied: u64,
+    /// Answered by the failure mode while Redis was unreachable.
+    degraded: u64,
+}
+
+/// Checks over a whole range.
+#[derive(Serialize, ToSchema)]
+pub struct HistoryCounts {
+    allowed: u64,
+    denied: u64,
+    shadow_denied: u64,
+    degraded: u64,
+}
+
+/// An identifier in a top list.
+#[derive(Serialize, ToSchema)]
+pub struct HistoryRanked {
+    policy: String,
+    /// `dimension=value`.
+    identifier: String,
+    count: u64,
+}
+
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Spillway", description = "Rate limiting over HTTP, backed by Redis."),
@@ -402,13 +455,15 @@ impl Modify for CommonProblems {
         super::identifiers::inspect,
         super::identifiers::reset,
         super::audit::list,
+        super::history::read,
         super::envoy::put,
         super::envoy::read,
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
         Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage,
-        EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces)),
+        EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
+        HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(
@@ -417,6 +472,7 @@ impl Modify for CommonProblems {
         (name = "overrides", description = "Per-identifier exceptions to a policy (admin keys)"),
         (name = "identifiers", description = "An identifier's live state, and resetting it (admin keys)"),
         (name = "audit", description = "Who changed what, when and why (admin keys)"),
+        (name = "history", description = "Checks over time and who was denied most (admin keys)"),
         (name = "envoy", description = "Envoy rate limit domains, in envoyproxy/ratelimit's file format (admin keys)"),
         (name = "health", description = "Probes, metrics and this document"),
     ),

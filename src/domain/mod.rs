@@ -4,6 +4,7 @@
 pub mod algorithm;
 pub mod check;
 pub mod envoy;
+pub mod history;
 pub mod identifier;
 pub mod inspection;
 pub mod overrides;

@@ -8,6 +8,7 @@ use super::Service;
 use crate::{
     domain::{
         Decision, FailureMode, Identifier, Mode, Name, Outcome, Policy, RuleResult, RulesFor,
+        history,
     },
     store::{CheckEntry, StoreError},
 };
@@ -113,6 +114,12 @@ impl Service {
                         degraded: true,
                     },
                     FailureMode::Closed => {
+                        self.history.record(
+                            policy.name.as_str(),
+                            history::Outcome::Degraded,
+                            &request.identifiers,
+                            None,
+                        );
                         crate::metrics::check_done(
                             policy.name.as_str(),
                             "unavailable",
@@ -123,9 +130,23 @@ impl Service {
                 }
             }
         };
+        let outcome = checked.outcome();
+        self.history.record(
+            checked.policy.name.as_str(),
+            match outcome {
+                "degraded" => history::Outcome::Degraded,
+                "allowed" => history::Outcome::Allowed,
+                "shadow_denied" => history::Outcome::ShadowDenied,
+                _ => history::Outcome::Denied,
+            },
+            &request.identifiers,
+            (!checked.decision.allowed)
+                .then(|| checked.decision.binding().map(|b| &b.identifier))
+                .flatten(),
+        );
         crate::metrics::check_done(
             checked.policy.name.as_str(),
-            checked.outcome(),
+            outcome,
             started.elapsed().as_secs_f64(),
         );
         Ok(checked)

@@ -24,6 +24,7 @@ use crate::{
     domain::{
         Algorithm, Decision, FailureMode, Identifier, Policy, Rule, RulesFor,
         envoy::{self, Allowance, RequestDescriptor, Unit},
+        history,
     },
     store::{CheckEntry, StoreError},
 };
@@ -399,6 +400,12 @@ impl Service {
             Some(error) => {
                 tracing::warn!(%error, policy = %policy.name, "envoy check failed on redis");
                 if policy.failure_mode == FailureMode::Closed {
+                    self.history.record(
+                        policy.name.as_str(),
+                        history::Outcome::Degraded,
+                        limited(&targets, &identifiers),
+                        None,
+                    );
                     crate::metrics::check_done(
                         policy.name.as_str(),
                         "unavailable",
@@ -418,6 +425,22 @@ impl Service {
             (false, true) => "allowed",
             (false, false) => "denied",
         };
+        self.history.record(
+            policy.name.as_str(),
+            match outcome {
+                "degraded" => history::Outcome::Degraded,
+                "shadow_denied" => history::Outcome::ShadowDenied,
+                "allowed" => history::Outcome::Allowed,
+                _ => history::Outcome::Denied,
+            },
+            limited(&targets, &identifiers),
+            answer
+                .statuses
+                .iter()
+                .position(|s| !s.ok || s.shadow_denied)
+                .filter(|_| !answer.degraded)
+                .map(|i| &identifiers[i]),
+        );
         crate::metrics::check_done(
             policy.name.as_str(),
             outcome,
@@ -425,6 +448,18 @@ impl Service {
         );
         Ok(answer)
     }
+}
+
+/// The identifiers of the descriptors that found a limit (the others consume nothing).
+fn limited<'a>(
+    targets: &'a [Target],
+    identifiers: &'a [Identifier],
+) -> impl Iterator<Item = &'a Identifier> {
+    targets
+        .iter()
+        .zip(identifiers)
+        .filter(|(t, _)| matches!(t, Target::Count { .. } | Target::Over(_)))
+        .map(|(_, id)| id)
 }
 
 /// How a group of descriptors was checked.

@@ -6,12 +6,14 @@
 //!
 //! With the use cases live the caches they keep in front of Redis: the policies
 //! (`policy_cache`), denials that stand until a known time (`deny_cache`) and the denials
-//! answered from it, on their way to the overview's counters (`live`).
+//! answered from it, on their way to the overview's counters (`live`), and every answered
+//! check on its way to the history (`history`).
 
 pub mod audit;
 pub mod check;
 pub mod deny_cache;
 pub mod envoy;
+pub mod history;
 pub mod identifiers;
 pub mod live;
 pub mod policies;
@@ -30,6 +32,8 @@ pub struct Service {
     pub policies: policy_cache::PolicyCache,
     pub denials: deny_cache::DenyCache,
     pub live: live::LiveCounts,
+    /// This instance's counts on their way to the history.
+    pub history: history::HistoryCounts,
 }
 
 /// The host's clock in ms since the epoch: what override expiries are compared with (limits

@@ -7,7 +7,11 @@
 //! two different (policy, identifier) pairs share a key. The algorithm code in the key keeps
 //! a rule whose algorithm changed from reading the old algorithm's state.
 
-use crate::domain::{Algorithm, Identifier, Name, people::Username};
+use crate::domain::{
+    Algorithm, Identifier, Name,
+    history::{Step, TopKind},
+    people::Username,
+};
 
 /// Builds keys under one namespace (`spw` in production; tests use their own).
 #[derive(Clone, Debug)]
@@ -152,6 +156,29 @@ impl Keys {
     /// Identifiers near their limit in minute `minute`.
     pub fn stats_near(&self, minute: i64) -> String {
         format!("{}:{{stats}}:near:{minute}", self.namespace)
+    }
+
+    /// History (see `store/history.rs`): one block of `step` counts of `scope` (a policy,
+    /// or `*` for every policy together), a hash with a TTL past its retention.
+    pub fn history_counts(&self, scope: &str, step: Step, block: i64) -> String {
+        format!(
+            "{}:hist:{{{}}}:{}:{block}",
+            self.namespace,
+            escape(scope),
+            step.as_str()
+        )
+    }
+
+    /// History: the top list of `kind` of `scope` in one period of `step` (hour or day), a
+    /// sorted set with a TTL.
+    pub fn history_top(&self, scope: &str, kind: TopKind, step: Step, period: i64) -> String {
+        format!(
+            "{}:hist:{{{}}}:top:{}:{}:{period}",
+            self.namespace,
+            escape(scope),
+            kind.as_str(),
+            step.as_str()
+        )
     }
 
     /// The audit log: a stream nothing in the app trims or edits.

@@ -7,6 +7,7 @@ mod breaker;
 mod coalesce;
 mod error;
 pub mod events;
+pub mod history;
 pub mod keys;
 pub mod people;
 pub mod policies;

@@ -14,6 +14,7 @@ mod faults;
 mod fuzz;
 mod hardening;
 mod health;
+mod history;
 mod live;
 mod memory;
 mod openapi;

@@ -1,0 +1,167 @@
+//! `GET /api/v1/history`: a policy's checks (or every policy's) over a time range, per
+//! minute, hour or day, and the identifiers denied and checked most; as JSON, or as CSV
+//! with `format=csv` (or `Accept: text/csv`). Admin keys, or a signed-in session.
+
+use std::net::SocketAddr;
+
+use axum::{
+    extract::{ConnectInfo, Query, State},
+    http::{HeaderMap, Method, header},
+    response::{IntoResponse, Response},
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ApiError, require_admin};
+use crate::{
+    domain::{
+        history::{self, Range, Step},
+        people::Action,
+        time::utc_minutes,
+    },
+    service::history::HistoryError,
+    state::AppState,
+};
+
+/// Most identifiers in each top list of an answer.
+const MAX_TOP: usize = 100;
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct HistoryQuery {
+    /// A policy; absent (or `*`): every policy together.
+    policy: Option<String>,
+    /// `1h`, `24h` (default), `7d`, `30d` or `90d`.
+    range: Option<String>,
+    /// `minute` (ranges up to 24h), `hour` or `day`; default: minutes for 1h, hours for
+    /// 24h and 7d, days beyond.
+    step: Option<String>,
+    /// Identifiers in each top list, 0 to 100 (default 10).
+    top: Option<String>,
+    /// `json` (default) or `csv`.
+    format: Option<String>,
+}
+
+/// Checks over time: allowed, denied, shadow-denied and degraded per period, and the
+/// identifiers denied and checked most over the range.
+#[utoipa::path(get, path = "/api/v1/history", tag = "history", operation_id = "read_history",
+    params(HistoryQuery),
+    responses((status = 200, description = "The series, oldest first, and the top lists (or CSV: time,allowed,denied,shadow_denied,degraded)", body = crate::api::openapi::HistoryDocument),
+    (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn read(
+    State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
+    headers: HeaderMap,
+    Query(query): Query<HistoryQuery>,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
+    let range = match query.range.as_deref() {
+        None | Some("") => Range::Day,
+        Some(r) => Range::parse(r).map_err(|m| ApiError::bad("range", m))?,
+    };
+    let step = match query.step.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(Step::parse(s).map_err(|m| ApiError::bad("step", m))?),
+    };
+    let top = match query.top.as_deref() {
+        None | Some("") => 10,
+        Some(t) => t
+            .parse::<usize>()
+            .ok()
+            .filter(|t| *t <= MAX_TOP)
+            .ok_or_else(|| ApiError::bad("top", format!("expected 0 to {MAX_TOP}, got {t:?}")))?,
+    };
+    let csv = match query.format.as_deref() {
+        Some("csv") => true,
+        Some("json") => false,
+        None | Some("") => headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/csv")),
+        Some(f) => {
+            return Err(ApiError::bad(
+                "format",
+                format!("expected json or csv, got {f:?}"),
+            ));
+        }
+    };
+    let found = state
+        .history(
+            query.policy.as_deref(),
+            range,
+            step,
+            if csv { 0 } else { top },
+        )
+        .await
+        .map_err(|e| match e {
+            HistoryError::Invalid { field, message } => ApiError::bad(field, message),
+            HistoryError::Store(error) => ApiError::RedisUnavailable(error),
+        })?;
+    if csv {
+        let mut body = String::from("time,allowed,denied,shadow_denied,degraded\n");
+        for (at, c) in &found.points {
+            body.push_str(&format!(
+                "{},{},{},{},{}\n",
+                iso(*at),
+                c.allowed,
+                c.denied,
+                c.shadow_denied,
+                c.degraded
+            ));
+        }
+        return Ok((
+            [
+                (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+                (
+                    header::CONTENT_DISPOSITION,
+                    "attachment; filename=\"history.csv\"",
+                ),
+            ],
+            body,
+        )
+            .into_response());
+    }
+    let ranked = |list: &[(String, u64)]| -> Vec<serde_json::Value> {
+        list.iter()
+            .map(|(member, count)| {
+                if found.policy == history::ALL {
+                    let (policy, identifier) = history::split_member(member);
+                    json!({"policy": policy, "identifier": identifier, "count": count})
+                } else {
+                    json!({"policy": found.policy, "identifier": member, "count": count})
+                }
+            })
+            .collect()
+    };
+    let points: Vec<serde_json::Value> = found
+        .points
+        .iter()
+        .map(|(at, c)| {
+            json!({"time": iso(*at), "t_ms": at, "allowed": c.allowed, "denied": c.denied,
+                "shadow_denied": c.shadow_denied, "degraded": c.degraded})
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "policy": found.policy,
+        "range": found.range,
+        "step": found.step,
+        "step_ms": found.step.ms(),
+        "points": points,
+        "totals": found.totals,
+        "top_denied": ranked(&found.top_denied),
+        "top_checked": ranked(&found.top_checked),
+        "top_accuracy": history::TOP_ERROR,
+        "from": utc_minutes(found.points.first().map(|p| p.0)),
+    }))
+    .into_response())
+}
+
+/// `2026-11-24T10:00:00Z`.
+fn iso(ms: i64) -> String {
+    crate::domain::time::utc_seconds(ms)
+        .trim_end_matches(" UTC")
+        .replacen(' ', "T", 1)
+        + "Z"
+}

@@ -1,0 +1,303 @@
+//! History: every check this instance answers is counted here, in memory, by policy and
+//! minute and by identifier and hour, and added to Redis every few seconds in one pipeline
+//! (`Store::add_history`), so a check still costs one round trip. A flush that fails is
+//! kept and sent with the next one; the last flush runs when the server stops.
+//!
+//! Reading: [`Service::history`] gives a policy's (or every policy's) series over a range
+//! and its top lists, for the API and the pages.
+
+use std::{
+    collections::HashMap,
+    fmt::Write as _,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use super::Service;
+use crate::{
+    domain::{
+        Identifier, Name,
+        history::{self, ALL, Counts, Outcome, Range, Step, TopKind},
+    },
+    shutdown::Shutdown,
+    store::{Store, StoreError, history::HistoryBatch},
+};
+
+/// Identifier × policy × hour entries one instance keeps between flushes, at most; checks
+/// beyond still count in the totals, not in the top lists.
+const MAX_TRACKED: usize = 50_000;
+
+/// Identifier → (checked, denied).
+type Tally = HashMap<String, (u64, u64)>;
+
+#[derive(Default)]
+struct PolicyPending {
+    /// (minute, counts); a handful at most between two flushes.
+    minutes: Vec<(i64, Counts)>,
+    /// (hour, identifier → (checked, denied)).
+    hours: Vec<(i64, Tally)>,
+}
+
+#[derive(Default)]
+struct Pending {
+    policies: HashMap<String, PolicyPending>,
+    tracked: usize,
+    /// Reused to build identifier labels without allocating for known ones.
+    scratch: String,
+}
+
+impl Pending {
+    fn count(&mut self, policy: &str, minute: i64, counts: Counts) {
+        let p = self.policy(policy);
+        match p.minutes.iter_mut().find(|(m, _)| *m == minute) {
+            Some((_, c)) => c.add(&counts),
+            None => p.minutes.push((minute, counts)),
+        }
+    }
+
+    fn policy(&mut self, policy: &str) -> &mut PolicyPending {
+        if !self.policies.contains_key(policy) {
+            self.policies
+                .insert(policy.to_owned(), PolicyPending::default());
+        }
+        self.policies.get_mut(policy).expect("inserted above")
+    }
+
+    fn track(&mut self, policy: &str, hour: i64, identifier: &str, checked: u64, denied: u64) {
+        let full = self.tracked >= MAX_TRACKED;
+        let p = self.policy(policy);
+        let i = match p.hours.iter().position(|(h, _)| *h == hour) {
+            Some(i) => i,
+            None => {
+                p.hours.push((hour, HashMap::new()));
+                p.hours.len() - 1
+            }
+        };
+        let ids = &mut p.hours[i].1;
+        if let Some(e) = ids.get_mut(identifier) {
+            e.0 += checked;
+            e.1 += denied;
+        } else if !full {
+            ids.insert(identifier.to_owned(), (checked, denied));
+            self.tracked += 1;
+        }
+    }
+
+    /// Adds a flush that could not be written back, so the next one carries it.
+    fn merge(&mut self, other: Pending) {
+        for (policy, p) in other.policies {
+            for (minute, counts) in p.minutes {
+                self.count(&policy, minute, counts);
+            }
+            for (hour, ids) in p.hours {
+                for (id, (c, d)) in ids {
+                    self.track(&policy, hour, &id, c, d);
+                }
+            }
+        }
+    }
+
+    fn batch(&self) -> HistoryBatch {
+        let mut batch = HistoryBatch::default();
+        for (policy, p) in &self.policies {
+            for (minute, counts) in &p.minutes {
+                batch.counts.push((policy.clone(), *minute, *counts));
+            }
+            for (hour, ids) in &p.hours {
+                // The most checked and the most denied of this flush, each list's worth.
+                let pick = |key: fn(&(u64, u64)) -> u64| {
+                    history::largest(
+                        ids.iter().map(|(id, c)| (id.clone(), *c)),
+                        key,
+                        history::TOP_SENT,
+                    )
+                };
+                let mut chosen: Vec<String> = pick(|c| c.0).into_iter().map(|(id, _)| id).collect();
+                chosen.extend(pick(|c| c.1).into_iter().map(|(id, _)| id));
+                chosen.sort_unstable();
+                chosen.dedup();
+                let entries = chosen
+                    .into_iter()
+                    .map(|id| {
+                        let (c, d) = ids[&id];
+                        (id, c, d)
+                    })
+                    .collect();
+                batch.top.push((policy.clone(), *hour, entries));
+            }
+        }
+        batch
+    }
+}
+
+/// This instance's counts on their way to the history.
+#[derive(Clone, Default)]
+pub struct HistoryCounts {
+    pending: Arc<Mutex<Pending>>,
+}
+
+impl HistoryCounts {
+    /// Counts one answered check of `policy`: its outcome, each identifier it checked, and
+    /// the one that bound when it was denied.
+    pub fn record<'a>(
+        &self,
+        policy: &str,
+        outcome: Outcome,
+        identifiers: impl IntoIterator<Item = &'a Identifier>,
+        denied_by: Option<&Identifier>,
+    ) {
+        let now = super::now_ms();
+        let minute = Step::Minute.period_of(now);
+        let hour = Step::Hour.period_of(now);
+        let mut pending = self.pending.lock().expect("history lock");
+        let pending = &mut *pending;
+        pending.count(policy, minute, outcome.counts());
+        let mut scratch = std::mem::take(&mut pending.scratch);
+        let mut denied_listed = false;
+        for id in identifiers {
+            scratch.clear();
+            let _ = write!(scratch, "{id}");
+            let denied = denied_by == Some(id);
+            denied_listed |= denied;
+            pending.track(policy, hour, &scratch, 1, u64::from(denied));
+        }
+        if let Some(id) = denied_by
+            && !denied_listed
+        {
+            scratch.clear();
+            let _ = write!(scratch, "{id}");
+            pending.track(policy, hour, &scratch, 0, 1);
+        }
+        pending.scratch = scratch;
+    }
+
+    /// Writes what was counted since the last flush; on failure keeps it for the next.
+    pub async fn flush(&self, store: &Store) -> Result<(), StoreError> {
+        let drained = std::mem::take(&mut *self.pending.lock().expect("history lock"));
+        let batch = drained.batch();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let result = store.add_history(&batch).await;
+        if result.is_err() {
+            self.pending.lock().expect("history lock").merge(drained);
+        }
+        result
+    }
+
+    /// Flushes every `every` until the server stops, and once more then.
+    pub fn spawn_flusher(&self, store: Store, every: Duration, shutdown: &Shutdown) {
+        let counts = self.clone();
+        let stop = shutdown.clone();
+        shutdown.spawn_to_the_end(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let stopping = tokio::select! {
+                    _ = tick.tick() => false,
+                    () = stop.stopped() => true,
+                };
+                if let Err(error) = counts.flush(&store).await {
+                    tracing::warn!(%error, "could not add this instance's counts to the history");
+                }
+                if stopping {
+                    break;
+                }
+            }
+        });
+    }
+}
+
+/// A history read: a policy's (or every policy's) checks over a range, and its top lists.
+#[derive(Clone, Debug, Serialize)]
+pub struct History {
+    /// The policy, or `*` for every policy together.
+    pub policy: String,
+    pub range: Range,
+    pub step: Step,
+    /// Each period's start (ms since the epoch) and counts, oldest first.
+    pub points: Vec<(i64, Counts)>,
+    pub totals: Counts,
+    /// Identifiers denied and checked most over the range (`policy|dimension=value` for
+    /// every policy together).
+    pub top_denied: Vec<(String, u64)>,
+    pub top_checked: Vec<(String, u64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("{field}: {message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Service {
+    /// The history of `policy` (`None`: every policy together) over `range` in steps of
+    /// `step` (the range's own when `None`), with the `top` identifiers denied and checked
+    /// most.
+    pub async fn history(
+        &self,
+        policy: Option<&str>,
+        range: Range,
+        step: Option<Step>,
+        top: usize,
+    ) -> Result<History, HistoryError> {
+        let scope = match policy {
+            None | Some("") | Some(ALL) => ALL.to_owned(),
+            Some(p) => Name::parse(p)
+                .map_err(|message| HistoryError::Invalid {
+                    field: "policy",
+                    message,
+                })?
+                .to_string(),
+        };
+        let step = step.unwrap_or(range.default_step());
+        range
+            .check_step(step)
+            .map_err(|message| HistoryError::Invalid {
+                field: "step",
+                message,
+            })?;
+        let now = super::now_ms();
+        let series = self
+            .store
+            .history_series(&scope, step, range.periods(step, now))
+            .await?;
+        let mut totals = Counts::default();
+        for (_, c) in &series {
+            totals.add(c);
+        }
+        let top_step = range.top_step();
+        let periods = range.periods(top_step, now);
+        let (top_denied, top_checked) = if top == 0 {
+            (Vec::new(), Vec::new())
+        } else {
+            (
+                self.store
+                    .history_top(&scope, TopKind::Denied, top_step, periods.clone(), top)
+                    .await?,
+                self.store
+                    .history_top(&scope, TopKind::Checked, top_step, periods, top)
+                    .await?,
+            )
+        };
+        Ok(History {
+            policy: scope,
+            range,
+            step,
+            points: series
+                .into_iter()
+                .map(|(p, c)| (p * step.ms(), c))
+                .collect(),
+            totals,
+            top_denied,
+            top_checked,
+        })
+    }
+}

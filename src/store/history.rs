@@ -1,0 +1,214 @@
+//! History in Redis: each instance's counts of the last few seconds added to blocks of
+//! minutes, hours and days (hashes), and its most checked and denied identifiers to each
+//! hour's and day's top lists (sorted sets). Written by the instances' flushes, never on the
+//! check path; read by whole keys, never by scanning. Every key has a TTL.
+//!
+//! Layout (see `Keys::history_counts` and `Keys::history_top`):
+//! - counts: `hist:{<scope>}:<step>:<block>`, a hash of `<period in block><code>` → count
+//!   (codes a, d, s, g: allowed, denied, shadow-denied, degraded). Kept until the block's
+//!   last period ends plus 48 hours (minutes), 90 days (hours) or 400 days (days).
+//! - top lists: `hist:{<scope>}:top:<checked|denied>:<hour|day>:<period>`, a sorted set of
+//!   `<dimension>=<value>` (for scope `*`: `<policy>|<dimension>=<value>`) → count, cut to
+//!   its largest after each addition. Hours kept 8 days, days 90 days.
+
+use std::collections::HashMap;
+
+use super::{Store, StoreError};
+use crate::domain::history::{self, ALL, Counts, Step, TopKind};
+
+/// How long an hour's and a day's top lists are kept after the period ends.
+const TOP_HOURS_KEPT_MS: i64 = 8 * 24 * 3_600_000;
+const TOP_DAYS_KEPT_MS: i64 = 90 * 24 * 3_600_000;
+
+/// An identifier with how often it was checked and denied.
+pub type TopEntry = (String, u64, u64);
+
+/// One flush of one instance: what it counted since the last.
+#[derive(Clone, Debug, Default)]
+pub struct HistoryBatch {
+    /// Checks per policy and minute (periods of `Step::Minute`).
+    pub counts: Vec<(String, i64, Counts)>,
+    /// Per policy and hour (periods of `Step::Hour`): identifiers with how often they were
+    /// checked and denied, the largest only (see `history::TOP_SENT`).
+    pub top: Vec<(String, i64, Vec<TopEntry>)>,
+}
+
+impl HistoryBatch {
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty() && self.top.is_empty()
+    }
+}
+
+impl Store {
+    /// Adds one flush to the history: counts to every step's block of the policy and of
+    /// every policy together, identifiers to the hour's and day's top lists. One pipeline.
+    pub async fn add_history(&self, batch: &HistoryBatch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        let mut expiries: HashMap<String, i64> = HashMap::new();
+        let mut all: HashMap<i64, Counts> = HashMap::new();
+        for (_, minute, counts) in &batch.counts {
+            all.entry(*minute).or_default().add(counts);
+        }
+        let scoped = batch
+            .counts
+            .iter()
+            .map(|(p, m, c)| (p.as_str(), *m, *c))
+            .chain(all.iter().map(|(m, c)| (ALL, *m, *c)));
+        for (scope, minute, counts) in scoped {
+            let ms = minute * Step::Minute.ms();
+            for step in Step::ALL {
+                let (block, index) = step.block_of(step.period_of(ms));
+                let key = self.keys.history_counts(scope, step, block);
+                for (code, n) in counts.fields() {
+                    if n > 0 {
+                        pipe.cmd("HINCRBY")
+                            .arg(&key)
+                            .arg(format!("{index}{code}"))
+                            .arg(n)
+                            .ignore();
+                    }
+                }
+                expiries.insert(key, step.block_expiry_ms(block));
+            }
+        }
+        let mut trims: HashMap<String, usize> = HashMap::new();
+        for (policy, hour, identifiers) in &batch.top {
+            for (step, period, kept_ms) in [
+                (Step::Hour, *hour, TOP_HOURS_KEPT_MS),
+                (Step::Day, hour.div_euclid(24), TOP_DAYS_KEPT_MS),
+            ] {
+                let expiry = (period + 1) * step.ms() + kept_ms;
+                for kind in [TopKind::Checked, TopKind::Denied] {
+                    let own = self.keys.history_top(policy, kind, step, period);
+                    let every = self.keys.history_top(ALL, kind, step, period);
+                    let mut any = false;
+                    for (identifier, checked, denied) in identifiers {
+                        let n = match kind {
+                            TopKind::Checked => *checked,
+                            TopKind::Denied => *denied,
+                        };
+                        if n == 0 {
+                            continue;
+                        }
+                        any = true;
+                        pipe.cmd("ZINCRBY")
+                            .arg(&own)
+                            .arg(n)
+                            .arg(identifier)
+                            .ignore();
+                        pipe.cmd("ZINCRBY")
+                            .arg(&every)
+                            .arg(n)
+                            .arg(history::all_member(policy, identifier))
+                            .ignore();
+                    }
+                    if any {
+                        trims.insert(own.clone(), history::top_kept(false));
+                        trims.insert(every.clone(), history::top_kept(true));
+                        expiries.insert(own, expiry);
+                        expiries.insert(every, expiry);
+                    }
+                }
+            }
+        }
+        for (key, kept) in trims {
+            // Keeps the `kept` largest: ranks 0.. are the smallest.
+            pipe.cmd("ZREMRANGEBYRANK")
+                .arg(&key)
+                .arg(0)
+                .arg(-(kept as i64) - 1)
+                .ignore();
+        }
+        for (key, at) in expiries {
+            pipe.cmd("PEXPIREAT").arg(key).arg(at).ignore();
+        }
+        let () = self.query_pipe(&pipe).await?;
+        Ok(())
+    }
+
+    /// The counts of `scope` for each period of `step` in `periods`, oldest first (zeros
+    /// where nothing was counted).
+    pub async fn history_series(
+        &self,
+        scope: &str,
+        step: Step,
+        periods: std::ops::RangeInclusive<i64>,
+    ) -> Result<Vec<(i64, Counts)>, StoreError> {
+        let (first, _) = step.block_of(*periods.start());
+        let (last, _) = step.block_of(*periods.end());
+        let mut pipe = redis::pipe();
+        for block in first..=last {
+            pipe.cmd("HGETALL")
+                .arg(self.keys.history_counts(scope, step, block));
+        }
+        let blocks: Vec<HashMap<String, u64>> = self.query_pipe(&pipe).await?;
+        let mut by_period: HashMap<i64, Counts> = HashMap::new();
+        for (block, fields) in (first..=last).zip(blocks) {
+            for (field, n) in fields {
+                let Some(code) = field.chars().last() else {
+                    continue;
+                };
+                let Ok(index) = field[..field.len() - code.len_utf8()].parse::<i64>() else {
+                    continue;
+                };
+                let period = block * step.per_block() + index;
+                by_period.entry(period).or_default().add_code(code, n);
+            }
+        }
+        Ok(periods
+            .map(|p| (p, by_period.get(&p).copied().unwrap_or_default()))
+            .collect())
+    }
+
+    /// The `n` largest of `scope`'s `kind` lists over `periods` of `step` (hour or day),
+    /// summed per identifier.
+    pub async fn history_top(
+        &self,
+        scope: &str,
+        kind: TopKind,
+        step: Step,
+        periods: std::ops::RangeInclusive<i64>,
+        n: usize,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        let mut pipe = redis::pipe();
+        for period in periods {
+            pipe.cmd("ZRANGE")
+                .arg(self.keys.history_top(scope, kind, step, period))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES");
+        }
+        let lists: Vec<Vec<(String, f64)>> = self.query_pipe(&pipe).await?;
+        let lists: Vec<Vec<(String, u64)>> = lists
+            .into_iter()
+            .map(|l| l.into_iter().map(|(m, s)| (m, s as u64)).collect())
+            .collect();
+        Ok(history::merge_top(lists.iter().map(Vec::as_slice), n))
+    }
+
+    /// How often `member` is counted in each of `scope`'s `kind` lists over `periods` of
+    /// `step`, oldest first (0 where it is not in the list).
+    pub async fn history_scores(
+        &self,
+        scope: &str,
+        kind: TopKind,
+        step: Step,
+        periods: std::ops::RangeInclusive<i64>,
+        member: &str,
+    ) -> Result<Vec<(i64, u64)>, StoreError> {
+        let mut pipe = redis::pipe();
+        for period in periods.clone() {
+            pipe.cmd("ZSCORE")
+                .arg(self.keys.history_top(scope, kind, step, period))
+                .arg(member);
+        }
+        let scores: Vec<Option<f64>> = self.query_pipe(&pipe).await?;
+        Ok(periods
+            .zip(scores)
+            .map(|(p, s)| (p, s.map_or(0, |s| s as u64)))
+            .collect())
+    }
+}
