@@ -336,9 +336,8 @@ mod tests {
 
     #[test]
     fn periods_and_blocks_are_utc_aligned() {
-        // 2026-11-24 10:30:15 UTC
-        let t = 1_795_998_615_000;
-        assert_eq!(Step::Minute.period_of(t) * 60_000 % 60_000, 0);
+        let t = crate::domain::time::parse_utc("2026-11-24 10:30:15").unwrap();
+        assert_eq!(t - Step::Minute.period_of(t) * 60_000, 15_000);
         let hour = Step::Hour.period_of(t);
         assert_eq!(Step::Hour.block_of(hour), (hour / 24, 10));
         let minute = Step::Minute.period_of(t);
@@ -353,7 +352,7 @@ mod tests {
 
     #[test]
     fn ranges_cover_range_over_step_periods_ending_now() {
-        let now = 1_795_998_615_000;
+        let now = crate::domain::time::parse_utc("2026-11-24 10:30:15").unwrap();
         for range in Range::ALL {
             let step = range.default_step();
             assert!(range.check_step(step).is_ok());
