@@ -21,7 +21,7 @@ export REDIS_URL="redis://127.0.0.1:$redis_port"
 : "${E2E_SERVICE_KEY:?E2E_SERVICE_KEY must be set}"
 printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-admin --role admin --password-stdin
 printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-support --role support --password-stdin
-SPILLWAY_SERVICE_KEYS="$E2E_SERVICE_KEY" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" \
+SPILLWAY_SERVICE_KEYS="$E2E_SERVICE_KEY" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" SPILLWAY_HISTORY_FLUSH_MS=300 \
   ./target/release/spillway &
 app_pid=$!
 wait "$app_pid"

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod error;
 #[cfg(feature = "ssr")]
 pub mod events;
+pub mod history;
 pub mod inspector;
 mod login;
 pub mod overview;
@@ -106,6 +107,7 @@ pub fn App() -> impl IntoView {
                             view! {
                                 <nav aria-label="Main">
                                     <A href="/" exact=true>"Overview"</A>
+                                    <A href="/history">"History"</A>
                                     <A href="/identifiers">"Identifiers"</A>
                                     <A href="/policies">"Policies"</A>
                                     <A href="/audit">"Audit"</A>
@@ -126,6 +128,7 @@ pub fn App() -> impl IntoView {
                     // Async SSR: the HTML is sent once the data has loaded, so the page is complete
                     // without JavaScript (streamed fragments would need a script to land).
                     <Route path=StaticSegment("") view=overview::OverviewPage ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("history") view={Lazy::<HistoryRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("identifiers") view={Lazy::<InspectorRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("policies") view={Lazy::<PoliciesRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("policy") view={Lazy::<PolicyRoute>::new()} ssr=SsrMode::Async/>
@@ -157,6 +160,7 @@ macro_rules! lazy_page {
     };
 }
 
+lazy_page!(HistoryRoute, history::HistoryPage);
 lazy_page!(InspectorRoute, inspector::InspectorPage);
 lazy_page!(PoliciesRoute, policies::PoliciesPage);
 lazy_page!(PolicyRoute, policies::PolicyPage);

@@ -314,7 +314,8 @@ fn RateChart(rate: PolicyRate) -> impl IntoView {
             <figcaption>
                 <strong>{rate.policy.clone()}</strong>
                 {rate.shadow.then(|| view! { " " <span class="badge warn">"shadow"</span> })}
-                <span class="muted">{format!(" · {now_a}/s allowed · {now_d}/s denied · peak {busiest}/s")}</span>
+                <span class="muted">{format!(" · {now_a}/s allowed · {now_d}/s denied · peak {busiest}/s · ")}</span>
+                <a href=format!("/history?policy={}", encode(&policy))>"history"</a>
             </figcaption>
             <svg viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label=label>
                 <title>{summary}</title>

@@ -1,0 +1,284 @@
+//! The history page (`/history?policy=<name>&range=24h`): a policy's checks, or every
+//! policy's, over the last hour to 90 days, as a bar chart with a time axis, a scale and a
+//! tooltip per bar; the identifiers denied and checked most over the range; the policy's
+//! current version and a link to edit it. The range is a link, so it works without
+//! JavaScript; hydrated, choosing one reloads the data only.
+
+use leptos::prelude::*;
+use leptos_meta::Title;
+use leptos_router::hooks::use_query_map;
+use serde::{Deserialize, Serialize};
+
+use super::{overview::encode, session::error_message};
+use crate::{
+    app::error::AppError,
+    domain::history::{Counts, Range, Step},
+};
+
+/// What the page shows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryData {
+    /// The policy, or empty for every policy together.
+    pub policy: String,
+    /// The policy's current version (none for every policy, or a deleted policy).
+    pub version: Option<u64>,
+    pub range: String,
+    pub step_ms: i64,
+    /// Each period's start (ms since the epoch) and counts, oldest first.
+    pub points: Vec<(i64, Counts)>,
+    pub totals: Counts,
+    /// (policy, identifier, count).
+    pub top_denied: Vec<(String, String, u64)>,
+    pub top_checked: Vec<(String, String, u64)>,
+}
+
+/// The history of `policy` (empty: every policy) over `range`.
+#[server(prefix = "/fn", endpoint = "history")]
+pub async fn load_history(policy: String, range: String) -> Result<HistoryData, AppError> {
+    use crate::{domain::history::ALL, service::history::HistoryError};
+    crate::auth::guard::require(crate::domain::people::Action::View)?;
+    let state = expect_context::<crate::state::AppState>();
+    let range = if range.is_empty() {
+        Range::Day
+    } else {
+        Range::parse(&range).map_err(|m| AppError::bad_input("range", m))?
+    };
+    let found = state
+        .history(Some(policy.as_str()), range, None, 10)
+        .await
+        .map_err(|e| match e {
+            HistoryError::Invalid { field, message } => AppError::bad_input(field, message),
+            HistoryError::Store(error) => AppError::unavailable("history", error),
+        })?;
+    let all = found.policy == ALL;
+    let rows = |list: Vec<(String, u64)>| {
+        list.into_iter()
+            .map(|(member, n)| {
+                if all {
+                    let (p, id) = crate::domain::history::split_member(&member);
+                    (p.to_owned(), id.to_owned(), n)
+                } else {
+                    (found.policy.clone(), member, n)
+                }
+            })
+            .collect()
+    };
+    Ok(HistoryData {
+        version: state.policies.get(&found.policy).map(|p| p.version),
+        policy: if all {
+            String::new()
+        } else {
+            found.policy.clone()
+        },
+        range: range.as_str().to_owned(),
+        step_ms: found.step.ms(),
+        points: found.points.clone(),
+        totals: found.totals,
+        top_denied: rows(found.top_denied.clone()),
+        top_checked: rows(found.top_checked.clone()),
+    })
+}
+
+#[component]
+pub fn HistoryPage() -> impl IntoView {
+    let query = use_query_map();
+    let policy = move || query.with(|q| q.get("policy").unwrap_or_default());
+    let range = move || query.with(|q| q.get("range").unwrap_or_default());
+    let data = Resource::new(move || (policy(), range()), |(p, r)| load_history(p, r));
+    view! {
+        <Title text="History"/>
+        <h1>{move || if policy().is_empty() { "History · every policy".to_owned() } else { format!("History · {}", policy()) }}</h1>
+        <nav class="ranges" aria-label="Time range">
+            {Range::ALL.into_iter().map(|r| {
+                let href = move || {
+                    let p = policy();
+                    if p.is_empty() { format!("/history?range={}", r.as_str()) } else { format!("/history?policy={}&range={}", encode(&p), r.as_str()) }
+                };
+                let current = move || {
+                    let chosen = range();
+                    (chosen == r.as_str() || (chosen.is_empty() && r == Range::Day)).then_some("page")
+                };
+                view! { <a href=href aria-current=current data-testid=format!("range-{}", r.as_str())>{r.as_str()}</a> }
+            }).collect_view()}
+        </nav>
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match data.await {
+                    Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                    Ok(h) => view! { <HistoryBody h=h/> }.into_any(),
+                }
+            })}
+        </Suspense>
+    }
+}
+
+#[component]
+fn HistoryBody(h: HistoryData) -> impl IntoView {
+    let t = h.totals;
+    let edit = (!h.policy.is_empty()).then(|| {
+        let href = format!("/policy?name={}", encode(&h.policy));
+        let version = h
+            .version
+            .map_or("deleted".to_owned(), |v| format!("version {v}"));
+        view! { <p class="muted" data-testid="policy-version">"Current: " {version} " · " <a href=href>"edit the policy"</a></p> }
+    });
+    view! {
+        {edit}
+        <div class="grid">
+            <section class="card wide" aria-labelledby="series-heading">
+                <h2 id="series-heading">{format!("Checks per {}, last {}", step_name(h.step_ms), h.range)}</h2>
+                <p class="muted legend">
+                    <span class="swatch allowed"></span>{format!("allowed {} ", t.allowed)}
+                    <span class="swatch denied"></span>{format!("denied {} ", t.denied)}
+                    <span class="swatch shadow"></span>{format!("shadow-denied {} ", t.shadow_denied)}
+                    <span class="swatch degraded"></span>{format!("degraded {}", t.degraded)}
+                </p>
+                <HistoryChart points=h.points.clone() step_ms=h.step_ms/>
+            </section>
+            <section class="card" aria-labelledby="top-denied-heading">
+                <h2 id="top-denied-heading">"Denied most"</h2>
+                {top_table(h.top_denied, "denials", "top-denied", "Nobody was denied in this range.")}
+            </section>
+            <section class="card" aria-labelledby="top-checked-heading">
+                <h2 id="top-checked-heading">"Checked most"</h2>
+                {top_table(h.top_checked, "checks", "top-checked", "Nothing was checked in this range.")}
+            </section>
+        </div>
+    }
+}
+
+fn step_name(step_ms: i64) -> &'static str {
+    match step_ms {
+        ms if ms == Step::Minute.ms() => "minute",
+        ms if ms == Step::Hour.ms() => "hour",
+        _ => "day",
+    }
+}
+
+fn top_table(
+    rows: Vec<(String, String, u64)>,
+    what: &'static str,
+    testid: &'static str,
+    empty: &'static str,
+) -> AnyView {
+    if rows.is_empty() {
+        return view! { <p class="empty" data-testid=testid>{empty}</p> }.into_any();
+    }
+    view! {
+        <table data-testid=testid>
+            <thead><tr><th>"Identifier"</th><th>"Policy"</th><th class="num">{what}</th></tr></thead>
+            <tbody>
+                {rows.into_iter().map(|(policy, id, n)| {
+                    let href = format!("/identifiers?id={}", encode(&id));
+                    view! {
+                        <tr>
+                            <td><a href=href>{crate::domain::envoy::readable(&id).to_owned()}</a></td>
+                            <td>{policy}</td>
+                            <td class="num">{n}</td>
+                        </tr>
+                    }
+                }).collect_view()}
+            </tbody>
+        </table>
+    }
+    .into_any()
+}
+
+/// `10:00`, or `11-24` for days.
+fn tick_label(ms: i64, step_ms: i64) -> String {
+    let text = crate::domain::time::utc_minutes(Some(ms)); // 2026-11-24 10:58 UTC
+    if step_ms >= Step::Day.ms() {
+        text[5..10].to_owned()
+    } else {
+        text[11..16].to_owned()
+    }
+}
+
+/// Stacked bars per period (allowed, shadow-denied, degraded, denied from the bottom), a
+/// scale on the left, time ticks below, each bar's figures in its tooltip. SVG attributes
+/// and classes only (the CSP allows no inline styles).
+#[component]
+fn HistoryChart(points: Vec<(i64, Counts)>, step_ms: i64) -> impl IntoView {
+    const W: f64 = 720.0;
+    const H: f64 = 160.0;
+    const LEFT: f64 = 48.0;
+    const BOTTOM: f64 = 20.0;
+    let plot_w = W - LEFT;
+    let plot_h = H - BOTTOM;
+    let n = points.len().max(1);
+    let peak = points
+        .iter()
+        .map(|(_, c)| c.total())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let bar = plot_w / n as f64;
+    let ticks = 6.min(n);
+    let bars = points
+        .iter()
+        .enumerate()
+        .map(|(i, (at, c))| {
+            let x = LEFT + i as f64 * bar;
+            let mut y = plot_h;
+            let segments = [
+                ("allowed", c.allowed),
+                ("shadow", c.shadow_denied),
+                ("degraded", c.degraded),
+                ("denied", c.denied),
+            ]
+            .into_iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(class, v)| {
+                let h = v as f64 / peak as f64 * plot_h;
+                y -= h;
+                view! { <rect class=class x=format!("{x:.1}") y=format!("{y:.1}") width=format!("{:.2}", (bar * 0.85).max(0.5)) height=format!("{h:.1}")/> }
+            })
+            .collect_view();
+            let tip = format!(
+                "{}: {} allowed, {} denied, {} shadow-denied, {} degraded",
+                crate::domain::time::utc_minutes(Some(*at)),
+                c.allowed,
+                c.denied,
+                c.shadow_denied,
+                c.degraded
+            );
+            // A full-height, transparent hit area, so even an empty period has a tooltip.
+            view! {
+                <g class="bar">
+                    <title>{tip}</title>
+                    <rect class="hit" x=format!("{x:.1}") y="0" width=format!("{bar:.2}") height=format!("{plot_h:.1}")/>
+                    {segments}
+                </g>
+            }
+        })
+        .collect_view();
+    let tick_views = (0..ticks)
+        .map(|k| {
+            let i = if ticks <= 1 { 0 } else { k * (n - 1) / (ticks - 1) };
+            let x = LEFT + i as f64 * bar + bar / 2.0;
+            let label = points
+                .get(i)
+                .map(|(at, _)| tick_label(*at, step_ms))
+                .unwrap_or_default();
+            let anchor = if k == 0 { "start" } else if k + 1 == ticks { "end" } else { "middle" };
+            view! {
+                <line class="tick" x1=format!("{x:.1}") x2=format!("{x:.1}") y1=format!("{plot_h:.1}") y2=format!("{:.1}", plot_h + 4.0)/>
+                <text class="axis" x=format!("{x:.1}") y=format!("{:.1}", H - 4.0) text-anchor=anchor>{label}</text>
+            }
+        })
+        .collect_view();
+    let summary = format!("{} periods; the busiest had {peak} checks", points.len());
+    let label = summary.clone();
+    view! {
+        <svg class="history" viewBox=format!("0 0 {W} {H}") role="img" aria-label=label data-testid="history-chart">
+            <title>{summary}</title>
+            <line class="axis" x1=LEFT x2=W y1=format!("{plot_h:.1}") y2=format!("{plot_h:.1}")/>
+            <line class="axis" x1=LEFT x2=LEFT y1="0" y2=format!("{plot_h:.1}")/>
+            <text class="axis" x=format!("{:.1}", LEFT - 4.0) y="10" text-anchor="end">{peak}</text>
+            <text class="axis" x=format!("{:.1}", LEFT - 4.0) y=format!("{:.1}", plot_h / 2.0 + 4.0) text-anchor="end">{peak / 2}</text>
+            <text class="axis" x=format!("{:.1}", LEFT - 4.0) y=format!("{plot_h:.1}") text-anchor="end">"0"</text>
+            {bars}
+            {tick_views}
+        </svg>
+    }
+}
