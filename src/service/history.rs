@@ -8,7 +8,6 @@
 
 use std::{
     collections::HashMap,
-    fmt::Write as _,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -29,8 +28,9 @@ use crate::{
 /// beyond still count in the totals, not in the top lists.
 const MAX_TRACKED: usize = 50_000;
 
-/// Identifier → (checked, denied).
-type Tally = HashMap<String, (u64, u64)>;
+/// Identifier → (checked, denied). Hashed with foldhash: on the check path, and the keys
+/// come from the service's own callers, bounded in number (`MAX_TRACKED`).
+type Tally = HashMap<String, (u64, u64), foldhash::fast::RandomState>;
 
 #[derive(Default)]
 struct PolicyPending {
@@ -40,23 +40,57 @@ struct PolicyPending {
     hours: Vec<(i64, Tally)>,
 }
 
+impl PolicyPending {
+    fn count(&mut self, minute: i64, counts: &Counts) {
+        match self.minutes.iter_mut().find(|(m, _)| *m == minute) {
+            Some((_, c)) => c.add(counts),
+            None => self.minutes.push((minute, *counts)),
+        }
+    }
+
+    fn hour(&mut self, hour: i64) -> &mut Tally {
+        let i = match self.hours.iter().position(|(h, _)| *h == hour) {
+            Some(i) => i,
+            None => {
+                self.hours.push((hour, Tally::default()));
+                self.hours.len() - 1
+            }
+        };
+        &mut self.hours[i].1
+    }
+}
+
+/// Adds to `identifier`'s tally; a new identifier only while `room`. Whether it added one.
+fn bump(tally: &mut Tally, identifier: &str, checked: u64, denied: u64, room: bool) -> bool {
+    if let Some(e) = tally.get_mut(identifier) {
+        e.0 += checked;
+        e.1 += denied;
+        false
+    } else if room {
+        tally.insert(identifier.to_owned(), (checked, denied));
+        true
+    } else {
+        false
+    }
+}
+
+/// `dimension=value` into `out`.
+fn label_into(out: &mut String, id: &Identifier) {
+    out.clear();
+    out.push_str(id.dimension().as_str());
+    out.push('=');
+    out.push_str(id.value());
+}
+
 #[derive(Default)]
 struct Pending {
-    policies: HashMap<String, PolicyPending>,
+    policies: HashMap<String, PolicyPending, foldhash::fast::RandomState>,
     tracked: usize,
     /// Reused to build identifier labels without allocating for known ones.
     scratch: String,
 }
 
 impl Pending {
-    fn count(&mut self, policy: &str, minute: i64, counts: Counts) {
-        let p = self.policy(policy);
-        match p.minutes.iter_mut().find(|(m, _)| *m == minute) {
-            Some((_, c)) => c.add(&counts),
-            None => p.minutes.push((minute, counts)),
-        }
-    }
-
     fn policy(&mut self, policy: &str) -> &mut PolicyPending {
         if !self.policies.contains_key(policy) {
             self.policies
@@ -65,37 +99,22 @@ impl Pending {
         self.policies.get_mut(policy).expect("inserted above")
     }
 
-    fn track(&mut self, policy: &str, hour: i64, identifier: &str, checked: u64, denied: u64) {
-        let full = self.tracked >= MAX_TRACKED;
-        let p = self.policy(policy);
-        let i = match p.hours.iter().position(|(h, _)| *h == hour) {
-            Some(i) => i,
-            None => {
-                p.hours.push((hour, HashMap::new()));
-                p.hours.len() - 1
-            }
-        };
-        let ids = &mut p.hours[i].1;
-        if let Some(e) = ids.get_mut(identifier) {
-            e.0 += checked;
-            e.1 += denied;
-        } else if !full {
-            ids.insert(identifier.to_owned(), (checked, denied));
-            self.tracked += 1;
-        }
-    }
-
     /// Adds a flush that could not be written back, so the next one carries it.
     fn merge(&mut self, other: Pending) {
         for (policy, p) in other.policies {
+            let room = MAX_TRACKED.saturating_sub(self.tracked);
+            let mut added = 0;
+            let mine = self.policy(&policy);
             for (minute, counts) in p.minutes {
-                self.count(&policy, minute, counts);
+                mine.count(minute, &counts);
             }
             for (hour, ids) in p.hours {
+                let tally = mine.hour(hour);
                 for (id, (c, d)) in ids {
-                    self.track(&policy, hour, &id, c, d);
+                    added += usize::from(bump(tally, &id, c, d, added < room));
                 }
             }
+            self.tracked += added;
         }
     }
 
@@ -151,25 +170,29 @@ impl HistoryCounts {
         let now = super::now_ms();
         let minute = Step::Minute.period_of(now);
         let hour = Step::Hour.period_of(now);
-        let mut pending = self.pending.lock().expect("history lock");
-        let pending = &mut *pending;
-        pending.count(policy, minute, outcome.counts());
+        let mut guard = self.pending.lock().expect("history lock");
+        let pending = &mut *guard;
+        let room = pending.tracked < MAX_TRACKED;
         let mut scratch = std::mem::take(&mut pending.scratch);
+        let p = pending.policy(policy);
+        p.count(minute, &outcome.counts());
+        let tally = p.hour(hour);
+        let mut added = 0;
         let mut denied_listed = false;
         for id in identifiers {
-            scratch.clear();
-            let _ = write!(scratch, "{id}");
+            label_into(&mut scratch, id);
             let denied = denied_by == Some(id);
             denied_listed |= denied;
-            pending.track(policy, hour, &scratch, 1, u64::from(denied));
+            added += usize::from(bump(tally, &scratch, 1, u64::from(denied), room));
         }
         if let Some(id) = denied_by
             && !denied_listed
         {
-            scratch.clear();
-            let _ = write!(scratch, "{id}");
-            pending.track(policy, hour, &scratch, 0, 1);
+            // A denial whose identifier was not among those listed.
+            label_into(&mut scratch, id);
+            added += usize::from(bump(tally, &scratch, 0, 1, room));
         }
+        pending.tracked += added;
         pending.scratch = scratch;
     }
 
