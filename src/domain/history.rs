@@ -268,18 +268,15 @@ impl TopKind {
     }
 }
 
-/// How many identifiers a period's top list keeps: a policy's lists 64 (a Redis listpack,
-/// about 3 KB), the lists of every policy together 128.
-pub const fn top_kept(scope_is_all: bool) -> usize {
-    if scope_is_all { 128 } else { 64 }
-}
-
-/// How many identifiers of one policy an instance adds to a period's lists in one flush:
-/// its most checked and most denied of the flush, twice what a list keeps.
-pub const TOP_SENT: usize = 256;
+/// How many identifiers a period's top list keeps, and how many of one list an instance
+/// adds in one flush (its largest of that flush): together at most 128, so a list stays in
+/// Redis's compact encoding (a listpack of at most `zset-max-listpack-entries`, 128) when
+/// each flush is added atomically.
+pub const TOP_KEPT: usize = 64;
+pub const TOP_SENT: usize = 64;
 
 /// The state of the top lists' counts, for the API and the pages.
-pub const TOP_ERROR: &str = "Each instance adds, every few seconds, the 256 identifiers of each policy it counted most in that time, and each period's list keeps its 64 largest (128 for all policies together). A count is exact for an identifier that was in every addition and never dropped from the list; any other count is a lower bound.";
+pub const TOP_ERROR: &str = "Each instance adds, every few seconds, the 64 identifiers it counted most in that time to each list, and each period's list keeps its 64 largest. A count is exact for an identifier that was in every addition and never dropped from the list; any other count is a lower bound.";
 
 /// A member of the lists of every policy together: `<policy>|<dimension>=<value>`.
 pub fn all_member(policy: &str, identifier: &str) -> String {

@@ -125,7 +125,7 @@ impl Pending {
                 batch.counts.push((policy.clone(), *minute, *counts));
             }
             for (hour, ids) in &p.hours {
-                // The most checked and the most denied of this flush, each list's worth.
+                // The most checked and the most denied of this flush, a list's worth each.
                 let pick = |key: fn(&(u64, u64)) -> u64| {
                     history::largest(
                         ids.iter().map(|(id, c)| (id.clone(), *c)),

@@ -9,7 +9,9 @@
 //!   last period ends plus 48 hours (minutes), 90 days (hours) or 400 days (days).
 //! - top lists: `hist:{<scope>}:top:<checked|denied>:<hour|day>:<period>`, a sorted set of
 //!   `<dimension>=<value>` (for scope `*`: `<policy>|<dimension>=<value>`) → count, cut to
-//!   its largest after each addition. Hours kept 8 days, days 90 days.
+//!   its largest after each addition. Hours kept 8 days, days 90 days. A flush adds each
+//!   list's 64 largest of the flush and keeps 64, in one MULTI on a single Redis, so a list
+//!   stays a listpack (Redis's compact encoding, up to 128 members of up to 64 bytes).
 
 use std::collections::HashMap;
 
@@ -47,6 +49,10 @@ impl Store {
             return Ok(());
         }
         let mut pipe = redis::pipe();
+        if !self.is_cluster() {
+            // One flush at a time: a list never holds more than it keeps plus one flush.
+            pipe.atomic();
+        }
         let mut expiries: HashMap<String, i64> = HashMap::new();
         let mut all: HashMap<i64, Counts> = HashMap::new();
         for (_, minute, counts) in &batch.counts {
@@ -74,7 +80,8 @@ impl Store {
                 expiries.insert(key, step.block_expiry_ms(block));
             }
         }
-        let mut trims: HashMap<String, usize> = HashMap::new();
+        // Each list gets the largest of this flush only, and keeps its largest after it.
+        let mut lists: HashMap<String, (i64, Vec<(String, u64)>)> = HashMap::new();
         for (policy, hour, identifiers) in &batch.top {
             for (step, period, kept_ms) in [
                 (Step::Hour, *hour, TOP_HOURS_KEPT_MS),
@@ -82,45 +89,41 @@ impl Store {
             ] {
                 let expiry = (period + 1) * step.ms() + kept_ms;
                 for kind in [TopKind::Checked, TopKind::Denied] {
+                    let n = |c: u64, d: u64| match kind {
+                        TopKind::Checked => c,
+                        TopKind::Denied => d,
+                    };
                     let own = self.keys.history_top(policy, kind, step, period);
                     let every = self.keys.history_top(ALL, kind, step, period);
-                    let mut any = false;
-                    for (identifier, checked, denied) in identifiers {
-                        let n = match kind {
-                            TopKind::Checked => *checked,
-                            TopKind::Denied => *denied,
-                        };
-                        if n == 0 {
+                    for (identifier, c, d) in identifiers {
+                        if n(*c, *d) == 0 {
                             continue;
                         }
-                        any = true;
-                        pipe.cmd("ZINCRBY")
-                            .arg(&own)
-                            .arg(n)
-                            .arg(identifier)
-                            .ignore();
-                        pipe.cmd("ZINCRBY")
-                            .arg(&every)
-                            .arg(n)
-                            .arg(history::all_member(policy, identifier))
-                            .ignore();
-                    }
-                    if any {
-                        trims.insert(own.clone(), history::top_kept(false));
-                        trims.insert(every.clone(), history::top_kept(true));
-                        expiries.insert(own, expiry);
-                        expiries.insert(every, expiry);
+                        lists
+                            .entry(own.clone())
+                            .or_insert_with(|| (expiry, Vec::new()))
+                            .1
+                            .push((identifier.clone(), n(*c, *d)));
+                        lists
+                            .entry(every.clone())
+                            .or_insert_with(|| (expiry, Vec::new()))
+                            .1
+                            .push((history::all_member(policy, identifier), n(*c, *d)));
                     }
                 }
             }
         }
-        for (key, kept) in trims {
-            // Keeps the `kept` largest: ranks 0.. are the smallest.
+        for (key, (expiry, entries)) in lists {
+            for (member, n) in history::largest(entries, |n| *n, history::TOP_SENT) {
+                pipe.cmd("ZINCRBY").arg(&key).arg(n).arg(member).ignore();
+            }
+            // Keeps the largest: ranks 0.. are the smallest.
             pipe.cmd("ZREMRANGEBYRANK")
                 .arg(&key)
                 .arg(0)
-                .arg(-(kept as i64) - 1)
+                .arg(-(history::TOP_KEPT as i64) - 1)
                 .ignore();
+            expiries.insert(key, expiry);
         }
         for (key, at) in expiries {
             pipe.cmd("PEXPIREAT").arg(key).arg(at).ignore();

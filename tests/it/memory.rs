@@ -136,3 +136,96 @@ async fn memory_per_identifier() {
         );
     }
 }
+
+/// Redis memory of one busy policy's history for one day: every minute with all four
+/// counts, every hour's top lists full (64 checked, 64 denied), its share of the lists of
+/// every policy together, and the day's lists. Run on demand like the table above.
+#[tokio::test]
+#[ignore = "a measurement: run on demand"]
+async fn history_memory_per_policy_per_day() {
+    use spillway::{domain::history::Counts, store::history::HistoryBatch};
+    let redis = RedisServer::start();
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(10), Keys::default())
+        .await
+        .unwrap();
+    let mut conn = redis.connection();
+    let before = used_memory(&mut conn);
+    // A recent day, so nothing is past its retention.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let first_hour = now_ms / 3_600_000 - 24;
+    let counts = Counts {
+        allowed: 123_456,
+        denied: 7_890,
+        shadow_denied: 12,
+        degraded: 3,
+    };
+    for hour in first_hour..first_hour + 24 {
+        // 300 identifiers an hour, a new set each hour: every list is full.
+        let top = (0..300)
+            .map(|i| {
+                (
+                    format!("user=customer-{hour}-{i:04}"),
+                    1000 - i as u64,
+                    500 - i as u64,
+                )
+            })
+            .collect();
+        store
+            .add_history(&HistoryBatch {
+                counts: (0..60)
+                    .map(|m| ("busy-policy".to_owned(), hour * 60 + m, counts))
+                    .collect(),
+                top: vec![("busy-policy".to_owned(), hour, top)],
+            })
+            .await
+            .unwrap();
+    }
+    let after = used_memory(&mut conn);
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("spw:hist:*")
+        .query(&mut conn)
+        .unwrap();
+    let mut by_kind = std::collections::BTreeMap::<String, (usize, i64)>::new();
+    for k in &keys {
+        let bytes: i64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(k)
+            .query(&mut conn)
+            .unwrap();
+        let kind = if k.contains(":top:") {
+            format!(
+                "top lists ({})",
+                if k.contains("{*}") {
+                    "every policy"
+                } else {
+                    "policy"
+                }
+            )
+        } else {
+            format!(
+                "counts ({})",
+                if k.contains("{*}") {
+                    "every policy"
+                } else {
+                    "policy"
+                }
+            )
+        };
+        let e = by_kind.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += bytes;
+    }
+    println!("| history of one busy policy, one day | keys | bytes (MEMORY USAGE) |");
+    println!("|---|---|---|");
+    for (kind, (n, bytes)) in &by_kind {
+        println!("| {kind} | {n} | {bytes} |");
+    }
+    println!(
+        "used_memory grew by {} bytes for {} keys",
+        after - before,
+        keys.len()
+    );
+}
