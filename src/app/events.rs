@@ -72,14 +72,38 @@ where
     })
 }
 
+/// The live overview: a first event with everything, then every second what changed (see
+/// `OverviewDelta`), so an open page costs bytes only for busy policies.
 async fn overview_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    Sse::new(ticks(state.clone(), session, |s| async move {
-        super::overview::gather(&s).await
-    }))
-    .keep_alive(KeepAlive::default())
+    let digest = session.0.map(|s| s.digest).unwrap_or_default();
+    let stream = futures_util::stream::unfold(
+        (0u64, None::<super::overview::OverviewData>),
+        move |(n, last)| {
+            let state = state.clone();
+            let digest = digest.clone();
+            async move {
+                if n > 0 {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                if state.shutdown.is_draining() {
+                    return None;
+                }
+                if n % 5 == 0 && !still_signed_in(&state, &digest).await {
+                    return None;
+                }
+                let data = super::overview::gather(&state).await;
+                let delta = super::overview::OverviewDelta::between(last.as_ref(), &data);
+                let event = Event::default()
+                    .json_data(&delta)
+                    .unwrap_or_else(|_| Event::default().comment("unserializable"));
+                Some((Ok(event), (n + 1, Some(data))))
+            }
+        },
+    );
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 #[derive(Deserialize)]

@@ -30,6 +30,8 @@ pub struct HistoryData {
     /// (policy, identifier, count).
     pub top_denied: Vec<(String, String, u64)>,
     pub top_checked: Vec<(String, String, u64)>,
+    /// Every policy's totals over the range (for every policy together only).
+    pub per_policy: Vec<(String, Counts)>,
 }
 
 /// The history of `policy` (empty: every policy) over `range`.
@@ -63,7 +65,29 @@ pub async fn load_history(policy: String, range: String) -> Result<HistoryData, 
             })
             .collect()
     };
+    let per_policy = if all {
+        let names: Vec<String> = state
+            .policies
+            .all()
+            .iter()
+            .map(|p| p.name.to_string())
+            .collect();
+        let step = range.default_step();
+        let totals = state
+            .store
+            .history_totals(
+                &names,
+                step,
+                range.periods(step, crate::auth::keys::now_ms()),
+            )
+            .await
+            .map_err(|e| AppError::unavailable("history totals", e))?;
+        names.into_iter().zip(totals).collect()
+    } else {
+        Vec::new()
+    };
     Ok(HistoryData {
+        per_policy,
         version: state.policies.get(&found.policy).map(|p| p.version),
         policy: if all {
             String::new()
@@ -110,6 +134,71 @@ pub fn HistoryPage() -> impl IntoView {
             })}
         </Suspense>
     }
+}
+
+/// The overview over a past range: every policy's chart and top lists, and each policy's
+/// totals, most denials first, the idle ones folded away.
+#[component]
+pub fn RangeOverview(range: String, filter: Signal<String>) -> impl IntoView {
+    let data = Resource::new(move || range.clone(), |r| load_history(String::new(), r));
+    view! {
+        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match data.await {
+                    Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                    Ok(h) => {
+                        let range = h.range.clone();
+                        let per_policy = h.per_policy.clone();
+                        view! {
+                            <HistoryBody h=h/>
+                            <section class="card" aria-labelledby="per-policy-heading">
+                                <h2 id="per-policy-heading">{format!("Policies, last {range}")}</h2>
+                                {move || policy_totals(per_policy.clone(), &filter.get(), &range)}
+                            </section>
+                        }.into_any()
+                    }
+                }
+            })}
+        </Suspense>
+    }
+}
+
+fn policy_totals(rows: Vec<(String, Counts)>, filter: &str, range: &str) -> AnyView {
+    let (mut busy, idle): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .filter(|(p, _)| super::overview::passes(p, filter))
+        .partition(|(_, c)| c.total() > 0);
+    busy.sort_by(|a, b| {
+        b.1.denied
+            .cmp(&a.1.denied)
+            .then(b.1.total().cmp(&a.1.total()))
+            .then_with(|| a.0.cmp(&b.0))
+    });
+    let link = |p: &str| format!("/history?policy={}&range={range}", encode(p));
+    let idle_count = idle.len();
+    view! {
+        {if busy.is_empty() {
+            view! { <p class="empty">"No checks in this range."</p> }.into_any()
+        } else {
+            view! {
+                <table data-testid="policy-totals">
+                    <thead><tr><th>"Policy"</th><th class="num">"allowed"</th><th class="num">"denied"</th><th class="num">"shadow"</th><th class="num">"degraded"</th></tr></thead>
+                    <tbody>
+                        {busy.into_iter().map(|(p, c)| view! {
+                            <tr><td><a href=link(&p)>{p.clone()}</a></td><td class="num">{c.allowed}</td><td class="num">{c.denied}</td><td class="num">{c.shadow_denied}</td><td class="num">{c.degraded}</td></tr>
+                        }).collect_view()}
+                    </tbody>
+                </table>
+            }.into_any()
+        }}
+        {(idle_count > 0).then(|| view! {
+            <details class="idle" data-testid="idle-policies">
+                <summary>{format!("{idle_count} idle {}", if idle_count == 1 { "policy" } else { "policies" })}</summary>
+                <p class="names">{idle.into_iter().map(|(p, _)| view! { <a href=link(&p)>{p.clone()}</a>" " }).collect_view()}</p>
+            </details>
+        })}
+    }
+    .into_any()
 }
 
 #[component]

@@ -30,8 +30,197 @@ pub struct RedisReport {
 pub struct PolicyRate {
     pub policy: String,
     pub shadow: bool,
-    /// (allowed, denied) per second, oldest first, the last one is the current second.
-    pub seconds: Vec<(u64, u64)>,
+    /// The seconds of the last minute that saw checks: (index, allowed, denied), index 0
+    /// the oldest second, `CHART_SECONDS - 1` the current one. Empty: the policy is idle.
+    pub busy: Vec<(u8, u64, u64)>,
+}
+
+impl PolicyRate {
+    /// (allowed, denied) over the minute.
+    pub fn totals(&self) -> (u64, u64) {
+        self.busy
+            .iter()
+            .fold((0, 0), |(a, d), (_, x, y)| (a + x, d + y))
+    }
+
+    fn dense(&self) -> Vec<(u64, u64)> {
+        let mut out = vec![(0, 0); CHART_SECONDS];
+        for (i, a, d) in &self.busy {
+            if let Some(slot) = out.get_mut(usize::from(*i)) {
+                *slot = (*a, *d);
+            }
+        }
+        out
+    }
+
+    /// The same minute seen `k` seconds later: older seconds drop out.
+    fn shifted(&self, k: i64) -> Vec<(u8, u64, u64)> {
+        self.busy
+            .iter()
+            .filter_map(|(i, a, d)| {
+                let j = i64::from(*i) - k;
+                (0..CHART_SECONDS as i64)
+                    .contains(&j)
+                    .then_some((j as u8, *a, *d))
+            })
+            .collect()
+    }
+}
+
+/// What changed since the stream's last event: the live overview sends this every second
+/// instead of the whole minute of every policy (an idle policy costs nothing; a busy one
+/// its last second or two).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverviewDelta {
+    /// The whole state follows: forget what was there.
+    pub full: bool,
+    pub second: i64,
+    pub redis: RedisReport,
+    pub keys: u64,
+    pub gathered_us: u64,
+    pub throttled: Option<Vec<RankedRow>>,
+    pub near: Option<Vec<RankedRow>>,
+    /// The policies (name, shadow mode) in order, when they changed.
+    pub names: Option<Vec<(String, bool)>>,
+    /// Per policy, the seconds that differ from the last event's minute moved on to this
+    /// second: (index, allowed, denied), zeros included.
+    pub changed: Vec<(String, Vec<(u8, u64, u64)>)>,
+}
+
+impl OverviewDelta {
+    /// What turns `old` (the last event's state; `None` for the first) into `new`.
+    pub fn between(old: Option<&OverviewData>, new: &OverviewData) -> Self {
+        let names: Vec<(String, bool)> = new
+            .policies
+            .iter()
+            .map(|p| (p.policy.clone(), p.shadow))
+            .collect();
+        let mut delta = OverviewDelta {
+            full: old.is_none(),
+            second: new.second,
+            redis: new.redis.clone(),
+            keys: new.keys,
+            gathered_us: new.gathered_us,
+            ..OverviewDelta::default()
+        };
+        let Some(old) = old else {
+            delta.names = Some(names);
+            delta.throttled = Some(new.throttled.clone());
+            delta.near = Some(new.near.clone());
+            delta.changed = new
+                .policies
+                .iter()
+                .filter(|p| !p.busy.is_empty())
+                .map(|p| (p.policy.clone(), p.busy.clone()))
+                .collect();
+            return delta;
+        };
+        let old_names: Vec<(&str, bool)> = old
+            .policies
+            .iter()
+            .map(|p| (p.policy.as_str(), p.shadow))
+            .collect();
+        if old_names.iter().ne(names
+            .iter()
+            .map(|(n, s)| (n.as_str(), *s))
+            .collect::<Vec<_>>()
+            .iter())
+        {
+            delta.names = Some(names);
+        }
+        if old.throttled != new.throttled {
+            delta.throttled = Some(new.throttled.clone());
+        }
+        if old.near != new.near {
+            delta.near = Some(new.near.clone());
+        }
+        let k = new.second - old.second;
+        for p in &new.policies {
+            let before = old
+                .policies
+                .iter()
+                .find(|o| o.policy == p.policy)
+                .map(|o| PolicyRate {
+                    busy: o.shifted(k),
+                    ..PolicyRate::default()
+                })
+                .unwrap_or_default();
+            let (was, is) = (before.dense(), p.dense());
+            let diff: Vec<(u8, u64, u64)> = (0..CHART_SECONDS)
+                .filter(|&i| was[i] != is[i])
+                .map(|i| (i as u8, is[i].0, is[i].1))
+                .collect();
+            if !diff.is_empty() {
+                delta.changed.push((p.policy.clone(), diff));
+            }
+        }
+        delta
+    }
+}
+
+impl OverviewData {
+    /// Applies one event of the live stream.
+    pub fn apply(&mut self, delta: OverviewDelta) {
+        if delta.full {
+            for p in &mut self.policies {
+                p.busy.clear();
+            }
+        } else {
+            let k = delta.second - self.second;
+            for p in &mut self.policies {
+                p.busy = p.shifted(k);
+            }
+        }
+        self.second = delta.second;
+        self.redis = delta.redis;
+        self.keys = delta.keys;
+        self.gathered_us = delta.gathered_us;
+        if let Some(t) = delta.throttled {
+            self.throttled = t;
+        }
+        if let Some(n) = delta.near {
+            self.near = n;
+        }
+        if let Some(names) = delta.names {
+            let mut old = std::mem::take(&mut self.policies);
+            self.policies = names
+                .into_iter()
+                .map(|(policy, shadow)| {
+                    let busy = old
+                        .iter_mut()
+                        .find(|p| p.policy == policy)
+                        .map(|p| std::mem::take(&mut p.busy))
+                        .unwrap_or_default();
+                    PolicyRate {
+                        policy,
+                        shadow,
+                        busy,
+                    }
+                })
+                .collect();
+        }
+        for (policy, seconds) in delta.changed {
+            if let Some(p) = self.policies.iter_mut().find(|p| p.policy == policy) {
+                let mut dense = p.dense();
+                for (i, a, d) in seconds {
+                    if let Some(slot) = dense.get_mut(usize::from(i)) {
+                        *slot = (a, d);
+                    }
+                }
+                p.busy = sparse(&dense);
+            }
+        }
+    }
+}
+
+/// The non-zero seconds of a dense minute.
+fn sparse(dense: &[(u64, u64)]) -> Vec<(u8, u64, u64)> {
+    dense
+        .iter()
+        .enumerate()
+        .filter(|(_, (a, d))| a + d > 0)
+        .map(|(i, (a, d))| (i as u8, *a, *d))
+        .collect()
 }
 
 /// An identifier on the overview.
@@ -45,6 +234,8 @@ pub struct RankedRow {
 /// Everything the overview shows.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OverviewData {
+    /// Redis's second the minute ends at (its current second).
+    pub second: i64,
     pub redis: RedisReport,
     pub policies: Vec<PolicyRate>,
     /// Most denied over the last 5 minutes.
@@ -90,14 +281,15 @@ pub async fn gather(state: &crate::state::AppState) -> OverviewData {
     let near = store.near_limit(10);
     let keys = store.key_count();
     let (rates, throttled, near, keys) = tokio::join!(rates, throttled, near, keys);
-    if let Ok((_, series)) = rates {
+    if let Ok((now, series)) = rates {
+        data.second = now;
         data.policies = policies
             .iter()
             .zip(series)
             .map(|(p, s)| PolicyRate {
                 policy: p.name.to_string(),
                 shadow: p.mode == crate::domain::Mode::Shadow,
-                seconds: s.iter().map(|c| (c.allowed, c.denied)).collect(),
+                busy: sparse(&s.iter().map(|c| (c.allowed, c.denied)).collect::<Vec<_>>()),
             })
             .collect();
     }
@@ -145,48 +337,149 @@ fn clock(ms: i64) -> String {
     )
 }
 
+/// Policies drawn as charts at most; the other busy ones are rows of a table, the idle ones
+/// names in a folded list, so a few hundred policies fit one screen.
+pub const CHARTED: usize = 12;
+
 #[component]
 pub fn OverviewPage() -> impl IntoView {
+    let query = leptos_router::hooks::use_query_map();
+    let range = move || query.with(|q| q.get("range").unwrap_or_default());
+    let filter = Signal::derive(move || query.with(|q| q.get("filter").unwrap_or_default()));
     let initial = Resource::new(|| (), |_| overview());
     let live = RwSignal::new(None::<OverviewData>);
     #[cfg(feature = "hydrate")]
     Effect::new(move |_| {
-        super::follow_events("/events/overview", move |data: OverviewData| {
-            live.set(Some(data))
+        if !matches!(range().as_str(), "" | "live") {
+            return;
+        }
+        super::follow_events("/events/overview", move |delta: OverviewDelta| {
+            live.update(|current| match current {
+                Some(data) => data.apply(delta),
+                None => {
+                    let mut data = initial
+                        .get_untracked()
+                        .and_then(|r| r.ok())
+                        .unwrap_or_default();
+                    data.apply(delta);
+                    *current = Some(data);
+                }
+            })
         })
     });
 
     view! {
         <Title text="Overview"/>
         <h1>"Overview"</h1>
-        <Suspense fallback=|| view! { <p>"Loading…"</p> }>
-            {move || Suspend::new(async move {
-                match initial.await {
-                    Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-                    Ok(first) => view! {
-                        <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone()))/>
-                    }.into_any(),
-                }
-            })}
-        </Suspense>
+        <div class="toolbar">
+            <nav class="ranges" aria-label="Time range">
+                {["live", "1h", "24h", "7d", "30d", "90d"].into_iter().map(|r| {
+                    let href = move || {
+                        let f = filter.get();
+                        let range = if r == "live" { String::new() } else { format!("range={r}") };
+                        let filter = if f.is_empty() { String::new() } else { format!("filter={}", encode(&f)) };
+                        let q = [range, filter].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("&");
+                        if q.is_empty() { "/".to_owned() } else { format!("/?{q}") }
+                    };
+                    let current = move || {
+                        let chosen = range();
+                        (chosen == r || (chosen.is_empty() && r == "live")).then_some("page")
+                    };
+                    view! { <a href=href aria-current=current data-testid=format!("range-{r}")>{r}</a> }
+                }).collect_view()}
+            </nav>
+            <leptos_router::components::Form method="GET" action="/" attr:role="search" attr:class="filter">
+                {move || (!matches!(range().as_str(), "" | "live")).then(|| view! { <input type="hidden" name="range" value=range()/> })}
+                <label>"Policies " <input type="search" name="filter" placeholder="filter by name" prop:value=move || filter.get()/></label>
+                <button type="submit">"Filter"</button>
+            </leptos_router::components::Form>
+        </div>
+        {move || if matches!(range().as_str(), "" | "live") {
+            view! {
+                <Suspense fallback=|| view! { <p>"Loading…"</p> }>
+                    {move || Suspend::new(async move {
+                        match initial.await {
+                            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                            Ok(first) => view! {
+                                <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone())) filter=filter/>
+                            }.into_any(),
+                        }
+                    })}
+                </Suspense>
+            }.into_any()
+        } else {
+            view! { <super::history::RangeOverview range=range() filter=filter/> }.into_any()
+        }}
     }
 }
 
+/// Whether `policy` passes the filter box (a part of its name, any case).
+pub fn passes(policy: &str, filter: &str) -> bool {
+    filter.is_empty()
+        || policy
+            .to_lowercase()
+            .contains(&filter.trim().to_lowercase())
+}
+
 #[component]
-fn Live(data: Signal<OverviewData>) -> impl IntoView {
+fn Live(data: Signal<OverviewData>, filter: Signal<String>) -> impl IntoView {
+    let policies = move || {
+        let d = data.get();
+        if d.policies.is_empty() {
+            return view! { <p class="empty">"No policies yet."</p> }.into_any();
+        }
+        let f = filter.get();
+        let shown: Vec<PolicyRate> = d
+            .policies
+            .into_iter()
+            .filter(|p| passes(&p.policy, &f))
+            .collect();
+        let (mut busy, idle): (Vec<PolicyRate>, Vec<PolicyRate>) =
+            shown.into_iter().partition(|p| !p.busy.is_empty());
+        // Most denials first, then most checks.
+        busy.sort_by(|a, b| {
+            let (ta, tb) = (a.totals(), b.totals());
+            tb.1.cmp(&ta.1)
+                .then(tb.0.cmp(&ta.0))
+                .then_with(|| a.policy.cmp(&b.policy))
+        });
+        let rest = busy.split_off(busy.len().min(CHARTED));
+        let charts = busy
+            .into_iter()
+            .map(|p| view! { <RateChart rate=p/> })
+            .collect_view();
+        let rows = (!rest.is_empty()).then(|| view! {
+            <table data-testid="more-busy">
+                <thead><tr><th>"More busy policies"</th><th class="num">"allowed"</th><th class="num">"denied"</th></tr></thead>
+                <tbody>
+                    {rest.into_iter().map(|p| {
+                        let (a, d) = p.totals();
+                        let href = format!("/history?policy={}", encode(&p.policy));
+                        view! { <tr><td><a href=href>{p.policy}</a></td><td class="num">{a}</td><td class="num">{d}</td></tr> }
+                    }).collect_view()}
+                </tbody>
+            </table>
+        });
+        let idle_count = idle.len();
+        let folded = (idle_count > 0).then(|| view! {
+            <details class="idle" data-testid="idle-policies">
+                <summary>{format!("{idle_count} idle {}", if idle_count == 1 { "policy" } else { "policies" })}</summary>
+                <p class="names">
+                    {idle.into_iter().map(|p| {
+                        let href = format!("/history?policy={}", encode(&p.policy));
+                        view! { <a href=href>{p.policy}</a>" " }
+                    }).collect_view()}
+                </p>
+            </details>
+        });
+        view! { {charts} {rows} {folded} }.into_any()
+    };
     view! {
         <div class="grid">
             <section class="card wide" aria-labelledby="rates-heading">
                 <h2 id="rates-heading">"Checks per second, last minute"</h2>
                 <p class="muted legend"><span class="swatch allowed"></span>"allowed "<span class="swatch denied"></span>"denied"</p>
-                {move || {
-                    let d = data.get();
-                    if d.policies.is_empty() {
-                        view! { <p class="empty">"No policies yet."</p> }.into_any()
-                    } else {
-                        d.policies.into_iter().map(|p| view! { <RateChart rate=p/> }).collect_view().into_any()
-                    }
-                }}
+                {policies}
             </section>
             <section class="card" aria-labelledby="throttled-heading">
                 <h2 id="throttled-heading">"Throttled now"</h2>
@@ -280,25 +573,27 @@ pub fn encode(raw: &str) -> String {
 fn RateChart(rate: PolicyRate) -> impl IntoView {
     const W: f64 = 600.0;
     const H: f64 = 80.0;
-    let n = rate.seconds.len().max(1);
-    let busiest = rate.seconds.iter().map(|(a, d)| a + d).max().unwrap_or(0);
+    let n = CHART_SECONDS;
+    let busiest = rate.busy.iter().map(|(_, a, d)| a + d).max().unwrap_or(0);
     let peak = busiest.max(1);
     let bar = W / n as f64;
-    let (allowed, denied): (u64, u64) = rate
-        .seconds
+    let (allowed, denied) = rate.totals();
+    // The last full second (the current one is still counting).
+    let (now_a, now_d) = rate
+        .busy
         .iter()
-        .fold((0, 0), |(a, d), (x, y)| (a + x, d + y));
-    let (now_a, now_d) = rate.seconds.iter().rev().nth(1).copied().unwrap_or((0, 0));
+        .find(|(i, _, _)| usize::from(*i) == CHART_SECONDS - 2)
+        .map_or((0, 0), |(_, a, d)| (*a, *d));
     let summary = format!(
         "{}: {allowed} allowed and {denied} denied in the last minute; {now_a} allowed and {now_d} denied in the last full second",
         rate.policy
     );
+    // Only seconds that saw checks are drawn.
     let bars = rate
-        .seconds
+        .busy
         .iter()
-        .enumerate()
-        .map(|(i, (a, d))| {
-            let x = i as f64 * bar;
+        .map(|(i, a, d)| {
+            let x = f64::from(*i) * bar;
             let ha = *a as f64 / peak as f64 * H;
             let hd = *d as f64 / peak as f64 * H;
             view! {
@@ -322,5 +617,92 @@ fn RateChart(rate: PolicyRate) -> impl IntoView {
                 {bars}
             </svg>
         </figure>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn data(second: i64, policies: Vec<(&str, Vec<(u8, u64, u64)>)>) -> OverviewData {
+        OverviewData {
+            second,
+            policies: policies
+                .into_iter()
+                .map(|(p, busy)| PolicyRate {
+                    policy: p.into(),
+                    shadow: false,
+                    busy,
+                })
+                .collect(),
+            ..OverviewData::default()
+        }
+    }
+
+    #[test]
+    fn an_idle_policy_costs_nothing_and_a_busy_one_its_new_seconds() {
+        let mut policies: Vec<(&str, Vec<(u8, u64, u64)>)> =
+            vec![("busy", vec![(58, 5, 1), (59, 2, 0)])];
+        let names: Vec<String> = (0..199).map(|i| format!("idle-{i}")).collect();
+        policies.extend(names.iter().map(|n| (n.as_str(), Vec::new())));
+        let a = data(1000, policies.clone());
+        // A second later: the busy policy's seconds moved on by one, and it got a new one.
+        policies[0].1 = vec![(57, 5, 1), (58, 3, 0), (59, 1, 0)];
+        let b = data(1001, policies);
+        let delta = OverviewDelta::between(Some(&a), &b);
+        assert!(delta.names.is_none());
+        assert_eq!(
+            delta.changed,
+            vec![("busy".to_owned(), vec![(58, 3, 0), (59, 1, 0)])]
+        );
+        let bytes = serde_json::to_string(&delta).unwrap().len();
+        assert!(bytes < 300, "{bytes} bytes for 200 policies, one busy");
+        let mut client = a.clone();
+        client.apply(delta);
+        assert_eq!(client, b);
+    }
+
+    fn minute() -> impl Strategy<Value = Vec<(u8, u64, u64)>> {
+        proptest::collection::btree_map(0u8..60, (0u64..5, 0u64..5), 0..8).prop_map(|m| {
+            m.into_iter()
+                .filter(|(_, (a, d))| a + d > 0)
+                .map(|(i, (a, d))| (i, a, d))
+                .collect()
+        })
+    }
+
+    proptest! {
+        /// Whatever the two states (policies added, removed, renamed, seconds apart or
+        /// backwards), applying the delta to the old state gives the new one, and a first
+        /// event replaces whatever the page had.
+        #[test]
+        fn applying_the_delta_gives_the_new_state(
+            old in proptest::collection::vec(("[a-d]", minute()), 0..5),
+            new in proptest::collection::vec(("[a-d]", minute()), 0..5),
+            s0 in 0i64..200,
+            step in -3i64..70,
+            throttled in proptest::bool::ANY,
+        ) {
+            let dedup = |v: Vec<(String, Vec<(u8, u64, u64)>)>| {
+                let mut seen = std::collections::HashSet::new();
+                v.into_iter().filter(|(n, _)| seen.insert(n.clone())).collect::<Vec<_>>()
+            };
+            let (old, new) = (dedup(old), dedup(new));
+            let mut a = data(s0, old.iter().map(|(n, b)| (n.as_str(), b.clone())).collect());
+            let mut b = data(s0 + step, new.iter().map(|(n, b)| (n.as_str(), b.clone())).collect());
+            if throttled {
+                b.throttled = vec![RankedRow { policy: "a".into(), identifier: "user=1".into(), value: 3 }];
+            } else {
+                a.near = vec![RankedRow { policy: "b".into(), identifier: "user=2".into(), value: 90 }];
+            }
+            let mut client = a.clone();
+            client.apply(OverviewDelta::between(Some(&a), &b));
+            prop_assert_eq!(&client, &b);
+            let mut stale = a.clone();
+            stale.apply(OverviewDelta::between(None, &b));
+            prop_assert_eq!(&stale, &b);
+        }
     }
 }

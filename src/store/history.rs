@@ -151,18 +151,50 @@ impl Store {
         let mut by_period: HashMap<i64, Counts> = HashMap::new();
         for (block, fields) in (first..=last).zip(blocks) {
             for (field, n) in fields {
-                let Some(code) = field.chars().last() else {
-                    continue;
-                };
-                let Ok(index) = field[..field.len() - code.len_utf8()].parse::<i64>() else {
-                    continue;
-                };
-                let period = block * step.per_block() + index;
-                by_period.entry(period).or_default().add_code(code, n);
+                if let Some((period, code)) = parse_field(&field, block, step) {
+                    by_period.entry(period).or_default().add_code(code, n);
+                }
             }
         }
         Ok(periods
             .map(|p| (p, by_period.get(&p).copied().unwrap_or_default()))
+            .collect())
+    }
+
+    /// The totals over `periods` of `step` of each of `scopes`, in their order: one
+    /// pipeline of whole blocks.
+    pub async fn history_totals(
+        &self,
+        scopes: &[String],
+        step: Step,
+        periods: std::ops::RangeInclusive<i64>,
+    ) -> Result<Vec<Counts>, StoreError> {
+        let (first, _) = step.block_of(*periods.start());
+        let (last, _) = step.block_of(*periods.end());
+        let mut pipe = redis::pipe();
+        for scope in scopes {
+            for block in first..=last {
+                pipe.cmd("HGETALL")
+                    .arg(self.keys.history_counts(scope, step, block));
+            }
+        }
+        let blocks: Vec<HashMap<String, u64>> = self.query_pipe(&pipe).await?;
+        let per_scope = (last - first + 1) as usize;
+        Ok(blocks
+            .chunks(per_scope.max(1))
+            .map(|chunk| {
+                let mut total = Counts::default();
+                for (block, fields) in (first..=last).zip(chunk) {
+                    for (field, n) in fields {
+                        if let Some((period, code)) = parse_field(field, block, step)
+                            && periods.contains(&period)
+                        {
+                            total.add_code(code, *n);
+                        }
+                    }
+                }
+                total
+            })
             .collect())
     }
 
@@ -214,4 +246,11 @@ impl Store {
             .map(|(p, s)| (p, s.map_or(0, |s| s as u64)))
             .collect())
     }
+}
+
+/// A counts field, `<period in block><code>`: the period and the code.
+fn parse_field(field: &str, block: i64, step: Step) -> Option<(i64, char)> {
+    let code = field.chars().last()?;
+    let index = field[..field.len() - code.len_utf8()].parse::<i64>().ok()?;
+    Some((block * step.per_block() + index, code))
 }

@@ -135,12 +135,12 @@ async fn the_dashboard_works_on_a_cluster() {
         .iter()
         .find(|p| p["policy"] == "clu")
         .unwrap();
-    let (allowed, denied) = demo["seconds"]
+    let (allowed, denied) = demo["busy"]
         .as_array()
         .unwrap()
         .iter()
         .fold((0, 0), |(a, d), s| {
-            (a + s[0].as_u64().unwrap(), d + s[1].as_u64().unwrap())
+            (a + s[1].as_u64().unwrap(), d + s[2].as_u64().unwrap())
         });
     assert_eq!((allowed, denied), (10, 5), "{overview}");
     assert_eq!(

@@ -358,3 +358,122 @@ async fn people_change_their_own_password() {
     let r = again.login("vic", "a brand new long password").await;
     assert_eq!(r.headers()["location"], "/people");
 }
+
+/// 200 policies, 20 of them busy: the overview orders the busy ones by denials, folds the
+/// idle ones into one line, filters by name, and stays light: its HTML under 200 KB and its
+/// live stream under 10 KB a second (it sends what changed), at every range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_of_200_policies_is_light_ordered_and_filtered() {
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_HISTORY_FLUSH_MS", "200")]).await;
+    for i in 0..200 {
+        app.put_policy(
+            &format!("policy-{i:03}"),
+            json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 3600000}]}),
+        )
+        .await;
+    }
+    // Twenty busy policies, policy-007 denying most; the 180 others and the demo policy idle.
+    let traffic = async {
+        for round in 0..6 {
+            for i in 0..20 {
+                let n = if i == 7 { 12 } else { 6 };
+                for _ in 0..n {
+                    app.check(json!({"policy": format!("policy-{i:03}"), "identifiers": {"user": format!("u{round}")}}))
+                        .await;
+                }
+            }
+        }
+    };
+    traffic.await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    let started = Instant::now();
+    let page = v.get("/").await;
+    assert_eq!(page.status(), StatusCode::OK);
+    let html = page.text().await.unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        html.len() < 200_000,
+        "overview HTML is {} bytes",
+        html.len()
+    );
+    // The busiest denier is the first chart; the idle ones are one folded line.
+    let first_chart = html.find("<figure data-testid=\"rate-").unwrap() + 8;
+    assert!(
+        html[first_chart..].starts_with("data-testid=\"rate-policy-007\""),
+        "{}",
+        &html[first_chart..first_chart + 60]
+    );
+    let idle_at = html
+        .find("idle polic")
+        .map(|i| &html[i.saturating_sub(20)..i + 20]);
+    assert!(
+        html.contains("181 idle policies"),
+        "idle policies are folded: {idle_at:?}"
+    );
+    let fig = html.find("<figure").map(|i| &html[i..i + 80]);
+    assert_eq!(
+        html.matches("<figure data-testid=\"rate-").count(),
+        spillway::app::overview::CHARTED,
+        "{fig:?}"
+    );
+    assert!(html.contains("data-testid=\"more-busy\""));
+    println!(
+        "overview of 200 policies: {} bytes of HTML in {elapsed:?}",
+        html.len()
+    );
+
+    // The filter keeps matching policies only.
+    let filtered = v.get("/?filter=policy-01").await.text().await.unwrap();
+    assert!(filtered.contains("rate-policy-010"));
+    assert!(!filtered.contains("rate-policy-007"));
+    // policy-010 to policy-019: all busy, nothing idle to fold.
+    assert_eq!(filtered.matches("<figure data-testid=\"rate-").count(), 10);
+    assert!(!filtered.contains("idle polic"));
+
+    // A past range: every policy's chart and each policy's totals, most denials first.
+    let day = v.get("/?range=24h").await.text().await.unwrap();
+    assert!(
+        day.len() < 200_000,
+        "24h overview HTML is {} bytes",
+        day.len()
+    );
+    let table = day
+        .find("data-testid=\"policy-totals\"")
+        .expect("the per-policy table");
+    let first_row = day[table..].find("policy=policy-").unwrap();
+    assert!(
+        day[table + first_row..].starts_with("policy=policy-007"),
+        "{}",
+        &day[table + first_row..table + first_row + 40]
+    );
+    assert!(day.contains("181 idle policies"));
+
+    // The live stream: a full first event, then only what changed.
+    let mut stream = v.get("/events/overview").await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut bytes = Vec::new();
+    let listen = Instant::now();
+    let mut events = 0;
+    while listen.elapsed() < Duration::from_millis(4500) {
+        match tokio::time::timeout(Duration::from_secs(2), stream.chunk()).await {
+            Ok(Ok(Some(chunk))) => {
+                events += chunk.windows(5).filter(|w| w == b"data:").count();
+                bytes.push(chunk.len());
+            }
+            _ => break,
+        }
+    }
+    let first = bytes.first().copied().unwrap_or(0);
+    let rest: usize = bytes.iter().skip(1).sum();
+    assert!(events >= 4, "{events} events");
+    let per_second = rest as f64 / (events - 1) as f64;
+    assert!(
+        per_second < 10_000.0,
+        "{per_second} bytes a second after the first event"
+    );
+    println!("live stream: first event {first} bytes, then {per_second:.0} bytes a second");
+}
