@@ -13,6 +13,7 @@ from spillway_client import AuthenticatedClient, Client
 from spillway_client.api.audit import list_audit_records
 from spillway_client.api.checks import check, check_batch, forward_auth
 from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
+from spillway_client.api.history import read_history
 from spillway_client.api.health import healthz, metrics, openapi_document, readyz
 from spillway_client.api.identifiers import inspect_identifier, reset_identifier
 from spillway_client.api.overrides import add_override, list_overrides, remove_override
@@ -25,6 +26,7 @@ from spillway_client.api.policies import (
 )
 from spillway_client.models import (
     AuditPage,
+    HistoryDocument,
     BatchRequest,
     BatchResponse,
     CheckRequest,
@@ -204,6 +206,18 @@ page = called(
     AuditPage,
 )
 assert page.entries and page.entries[0].reason == "generated client test", page
+
+# The policy's history over the last hour, per minute (what the instance flushed so far).
+history = called(
+    "read_history",
+    read_history.sync_detailed(client=admin, policy="client-test", range_="1h", top=5),
+    200,
+    HistoryDocument,
+)
+assert history.policy == "client-test" and history.step == "minute", history
+assert len(history.points) == 60 and history.points[-1].t_ms > history.points[0].t_ms, history
+bad = read_history.sync_detailed(client=admin, range_="2d")
+assert bad.status_code == 400 and isinstance(bad.parsed, Problem), bad
 
 # Delete; reading it then is a typed 404.
 called("delete_policy", delete_policy.sync_detailed("client-test", client=admin), 204)

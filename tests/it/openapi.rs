@@ -26,6 +26,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/identifiers/{dimension}/{value}"),
     ("delete", "/api/v1/identifiers/{dimension}/{value}"),
     ("get", "/api/v1/audit"),
+    ("get", "/api/v1/history"),
     ("get", "/api/v1/envoy/domains/{domain}"),
     ("put", "/api/v1/envoy/domains/{domain}"),
 ];
