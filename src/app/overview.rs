@@ -25,6 +25,9 @@ pub struct RedisReport {
     pub round_trip_us: Option<u64>,
 }
 
+/// Seconds of a minute that saw checks: (index, allowed, denied).
+pub type Seconds = Vec<(u8, u64, u64)>;
+
 /// One policy's last minute.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyRate {
@@ -84,7 +87,7 @@ pub struct OverviewDelta {
     pub names: Option<Vec<(String, bool)>>,
     /// Per policy, the seconds that differ from the last event's minute moved on to this
     /// second: (index, allowed, denied), zeros included.
-    pub changed: Vec<(String, Vec<(u8, u64, u64)>)>,
+    pub changed: Vec<(String, Seconds)>,
 }
 
 impl OverviewDelta {
@@ -626,7 +629,7 @@ mod tests {
 
     use super::*;
 
-    fn data(second: i64, policies: Vec<(&str, Vec<(u8, u64, u64)>)>) -> OverviewData {
+    fn data(second: i64, policies: Vec<(&str, Seconds)>) -> OverviewData {
         OverviewData {
             second,
             policies: policies
@@ -643,8 +646,7 @@ mod tests {
 
     #[test]
     fn an_idle_policy_costs_nothing_and_a_busy_one_its_new_seconds() {
-        let mut policies: Vec<(&str, Vec<(u8, u64, u64)>)> =
-            vec![("busy", vec![(58, 5, 1), (59, 2, 0)])];
+        let mut policies: Vec<(&str, Seconds)> = vec![("busy", vec![(58, 5, 1), (59, 2, 0)])];
         let names: Vec<String> = (0..199).map(|i| format!("idle-{i}")).collect();
         policies.extend(names.iter().map(|n| (n.as_str(), Vec::new())));
         let a = data(1000, policies.clone());
@@ -685,7 +687,7 @@ mod tests {
             step in -3i64..70,
             throttled in proptest::bool::ANY,
         ) {
-            let dedup = |v: Vec<(String, Vec<(u8, u64, u64)>)>| {
+            let dedup = |v: Vec<(String, Seconds)>| {
                 let mut seen = std::collections::HashSet::new();
                 v.into_iter().filter(|(n, _)| seen.insert(n.clone())).collect::<Vec<_>>()
             };
