@@ -45,9 +45,23 @@ test("history: switch ranges, see who was checked most, open a policy's page", a
   await expect(page.getByRole("heading", { level: 2, name: "Checks per day, last 30d" })).toBeVisible();
   await expect(page.getByTestId("top-checked")).toContainText(`user=${user}`);
 
-  // A policy's own page, from the overview's chart.
+  // The overview: filter the policies by name (a form: works without JavaScript), switch
+  // it to a past range, and open a policy's page from its totals.
   await nav.getByRole("link", { name: "Overview" }).click();
-  await page.getByTestId("rate-demo").getByRole("link", { name: "history" }).click();
+  await expect(page.getByTestId("rate-demo")).toBeVisible();
+  if (hydrated) await waitForHydration(page);
+  await page.getByRole("searchbox", { name: "Policies" }).fill("dem");
+  await page.getByRole("button", { name: "Filter" }).click();
+  await expect(page).toHaveURL(/filter=dem/);
+  await expect(page.getByTestId("rate-demo")).toBeVisible();
+  await expect(page.locator('[data-testid^="rate-e2e-"]')).toHaveCount(0);
+  await page.getByTestId("range-24h").click();
+  await expect(page.getByRole("heading", { level: 2, name: "Policies, last 24h" })).toBeVisible();
+  const totals = page.getByTestId("policy-totals");
+  await expect(totals).toContainText("demo");
+  await expect(totals).not.toContainText("e2e-");
+  await page.screenshot({ path: test.info().outputPath("overview-24h.png"), fullPage: true });
+  await totals.getByRole("link", { name: "demo" }).click();
   await expect(page.getByRole("heading", { level: 1, name: "History · demo" })).toBeVisible();
   await expect(page.getByTestId("policy-version")).toContainText("version 1");
   await expect(page.getByTestId("top-checked")).toContainText(`user=${user}`);

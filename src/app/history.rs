@@ -139,7 +139,8 @@ pub fn HistoryPage() -> impl IntoView {
 /// The overview over a past range: every policy's chart and top lists, and each policy's
 /// totals, most denials first, the idle ones folded away.
 #[component]
-pub fn RangeOverview(range: String, filter: Signal<String>) -> impl IntoView {
+pub fn RangeOverview(range: String) -> impl IntoView {
+    let filter = super::overview::filter_text();
     let data = Resource::new(move || range.clone(), |r| load_history(String::new(), r));
     view! {
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
@@ -153,7 +154,7 @@ pub fn RangeOverview(range: String, filter: Signal<String>) -> impl IntoView {
                             <HistoryBody h=h/>
                             <section class="card" aria-labelledby="per-policy-heading">
                                 <h2 id="per-policy-heading">{format!("Policies, last {range}")}</h2>
-                                {move || policy_totals(per_policy.clone(), &filter.get(), &range)}
+                                {move || policy_totals(per_policy.clone(), &filter(), &range)}
                             </section>
                         }.into_any()
                     }

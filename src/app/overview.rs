@@ -348,7 +348,7 @@ pub const CHARTED: usize = 12;
 pub fn OverviewPage() -> impl IntoView {
     let query = leptos_router::hooks::use_query_map();
     let range = move || query.with(|q| q.get("range").unwrap_or_default());
-    let filter = Signal::derive(move || query.with(|q| q.get("filter").unwrap_or_default()));
+    let filter = filter_text();
     let initial = Resource::new(|| (), |_| overview());
     let live = RwSignal::new(None::<OverviewData>);
     #[cfg(feature = "hydrate")]
@@ -378,7 +378,7 @@ pub fn OverviewPage() -> impl IntoView {
             <nav class="ranges" aria-label="Time range">
                 {["live", "1h", "24h", "7d", "30d", "90d"].into_iter().map(|r| {
                     let href = move || {
-                        let f = filter.get();
+                        let f = filter();
                         let range = if r == "live" { String::new() } else { format!("range={r}") };
                         let filter = if f.is_empty() { String::new() } else { format!("filter={}", encode(&f)) };
                         let q = [range, filter].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>().join("&");
@@ -393,7 +393,7 @@ pub fn OverviewPage() -> impl IntoView {
             </nav>
             <leptos_router::components::Form method="GET" action="/" attr:role="search" attr:class="filter">
                 {move || (!matches!(range().as_str(), "" | "live")).then(|| view! { <input type="hidden" name="range" value=range()/> })}
-                <label>"Policies " <input type="search" name="filter" placeholder="filter by name" prop:value=move || filter.get()/></label>
+                <label>"Policies " <input type="search" name="filter" placeholder="filter by name" prop:value=filter/></label>
                 <button type="submit">"Filter"</button>
             </leptos_router::components::Form>
         </div>
@@ -404,14 +404,14 @@ pub fn OverviewPage() -> impl IntoView {
                         match initial.await {
                             Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
                             Ok(first) => view! {
-                                <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone())) filter=filter/>
+                                <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone()))/>
                             }.into_any(),
                         }
                     })}
                 </Suspense>
             }.into_any()
         } else {
-            view! { <super::history::RangeOverview range=range() filter=filter/> }.into_any()
+            view! { <super::history::RangeOverview range=range()/> }.into_any()
         }}
     }
 }
@@ -424,14 +424,22 @@ pub fn passes(policy: &str, filter: &str) -> bool {
             .contains(&filter.trim().to_lowercase())
 }
 
+/// The filter box's text, from the page's query (read by each part itself: a signal derived
+/// in the page would be gone when a part re-renders on the way to another page).
+pub fn filter_text() -> impl Fn() -> String + Copy {
+    let query = leptos_router::hooks::use_query_map();
+    move || query.with(|q| q.get("filter").unwrap_or_default())
+}
+
 #[component]
-fn Live(data: Signal<OverviewData>, filter: Signal<String>) -> impl IntoView {
+fn Live(data: Signal<OverviewData>) -> impl IntoView {
+    let filter = filter_text();
     let policies = move || {
         let d = data.get();
         if d.policies.is_empty() {
             return view! { <p class="empty">"No policies yet."</p> }.into_any();
         }
-        let f = filter.get();
+        let f = filter();
         let shown: Vec<PolicyRate> = d
             .policies
             .into_iter()
