@@ -57,6 +57,7 @@ test("history: switch ranges, see who was checked most, open a policy's page", a
   await expect(page.locator('[data-testid^="rate-e2e-"]')).toHaveCount(0);
   await page.getByTestId("range-24h").click();
   await expect(page.getByRole("heading", { level: 2, name: "Policies, last 24h" })).toBeVisible();
+  await expect(page.getByRole("searchbox", { name: "Policies" })).toHaveValue("dem");
   const totals = page.getByTestId("policy-totals");
   await expect(totals).toContainText("demo");
   await expect(totals).not.toContainText("e2e-");

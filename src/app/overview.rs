@@ -393,7 +393,7 @@ pub fn OverviewPage() -> impl IntoView {
             </nav>
             <leptos_router::components::Form method="GET" action="/" attr:role="search" attr:class="filter">
                 {move || (!matches!(range().as_str(), "" | "live")).then(|| view! { <input type="hidden" name="range" value=range()/> })}
-                <label>"Policies " <input type="search" name="filter" placeholder="filter by name" prop:value=filter/></label>
+                <label>"Policies " <input type="search" name="filter" placeholder="filter by name" value=filter/></label>
                 <button type="submit">"Filter"</button>
             </leptos_router::components::Form>
         </div>
