@@ -54,6 +54,12 @@ pub struct Config {
     /// How often each instance adds its counts to the history
     /// (`SPILLWAY_HISTORY_FLUSH_MS`, default 5000).
     pub history_flush: Duration,
+    /// How often the alert rules are evaluated (`SPILLWAY_ALERT_EVAL_MS`, default 10000),
+    /// by one instance at a time.
+    pub alert_eval: Duration,
+    /// The dashboard's address as alert receivers reach it (`SPILLWAY_PUBLIC_URL`, default
+    /// `http://<LEPTOS_SITE_ADDR>`), for the links in webhook payloads.
+    pub public_url: String,
 }
 
 /// Envoy's rate limit protocol (`SPILLWAY_GRPC_ADDR`, `SPILLWAY_GRPC_AUTH`,
@@ -243,6 +249,11 @@ impl Config {
                 }
             },
         };
+        let public_url = lookup("SPILLWAY_PUBLIC_URL")
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| format!("http://{}", conf.leptos_options.site_addr))
+            .trim_end_matches('/')
+            .to_owned();
         Ok(Self {
             envoy,
             sessions,
@@ -265,6 +276,8 @@ impl Config {
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
+            alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
+            public_url,
             trusted_proxies: crate::forwarded::TrustedProxies::parse(
                 &lookup("SPILLWAY_TRUSTED_PROXIES").unwrap_or_default(),
             )

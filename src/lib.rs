@@ -41,6 +41,8 @@ pub mod shutdown;
 pub mod state;
 #[cfg(feature = "ssr")]
 pub mod store;
+#[cfg(feature = "ssr")]
+pub mod webhooks;
 
 /// Entry point of the browser bundle: attaches the dashboard to the server-rendered page.
 #[cfg(feature = "hydrate")]

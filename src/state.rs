@@ -106,15 +106,23 @@ impl AppState {
         let history = HistoryCounts::default();
         history.spawn_flusher(store.clone(), config.history_flush, &shutdown);
         crate::metrics::spawn_upkeep(&shutdown);
+        let service = Service {
+            store,
+            policies,
+            denials,
+            live,
+            history,
+        };
+        service.spawn_alerts(
+            crate::service::alerts::AlertSettings {
+                every: config.alert_eval,
+                public_url: config.public_url.clone(),
+            },
+            &shutdown,
+        );
         Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,
-            service: Service {
-                store,
-                policies,
-                denials,
-                live,
-                history,
-            },
+            service,
             keys: Arc::new(keys),
             sessions: config.sessions,
             shutdown,

@@ -1,6 +1,7 @@
 //! Plain axum handlers for services and automation: health probes, the check endpoints and
 //! the admin JSON API. Errors are problem+json (`ApiError`).
 
+mod alerts;
 mod audit;
 pub mod check;
 pub mod envoy;
@@ -41,6 +42,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
         .route("/api/v1/audit", get(audit::list))
         .route("/api/v1/history", get(history::read))
+        .merge(alerts::router())
         .merge(policies::router())
         .merge(identifiers::router())
         .merge(envoy::router())

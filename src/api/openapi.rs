@@ -380,6 +380,44 @@ impl Modify for CommonProblems {
     }
 }
 
+/// An alert rule: what it watches, where it posts, how it signs.
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"condition": {"kind": "policy_denials", "policy": "api", "per_second": 50.0, "for_seconds": 120}, "webhook_url": "https://hooks.example.com/spillway", "secret": "a long shared secret"}))]
+pub struct AlertRuleDocument {
+    /// Set from the path.
+    name: Option<String>,
+    condition: AlertCondition,
+    /// http or https; redirects are not followed.
+    webhook_url: String,
+    /// 16 to 256 characters; deliveries carry `X-Spillway-Signature: t=<s>,v1=<hex HMAC-SHA256 of "<t>.<body>">`. Shown as `(set)` afterwards.
+    secret: String,
+    /// Default true.
+    enabled: Option<bool>,
+}
+
+/// `policy_denials`: the policy's denials a second, averaged over `for_seconds` (1-290),
+/// above `per_second`. `identifier_throttled`: an identifier denied in each of the last
+/// `minutes` minutes (1-5), by `policy` or any.
+#[derive(Serialize, ToSchema)]
+pub struct AlertCondition {
+    /// `policy_denials` or `identifier_throttled`.
+    kind: String,
+    policy: Option<String>,
+    per_second: Option<f64>,
+    for_seconds: Option<u32>,
+    minutes: Option<u32>,
+}
+
+/// The rules, what fires now, and the latest deliveries (newest first).
+#[derive(Serialize, ToSchema)]
+pub struct AlertsDocument {
+    rules: Vec<AlertRuleDocument>,
+    /// `{id, rule, subject, since_ms, figures}`.
+    firing: Vec<serde_json::Value>,
+    /// `{id, rule, event, url, attempt, outcome, detail, at_ms}`.
+    deliveries: Vec<serde_json::Value>,
+}
+
 /// A history read: the series, its totals and the top lists.
 #[derive(Serialize, ToSchema)]
 pub struct HistoryDocument {
@@ -456,6 +494,9 @@ pub struct HistoryRanked {
         super::identifiers::reset,
         super::audit::list,
         super::history::read,
+        super::alerts::list,
+        super::alerts::put,
+        super::alerts::delete,
         super::envoy::put,
         super::envoy::read,
     ),
@@ -463,7 +504,8 @@ pub struct HistoryRanked {
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
         Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
-        HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked)),
+        HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
+        AlertRuleDocument, AlertCondition, AlertsDocument)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(
@@ -472,6 +514,7 @@ pub struct HistoryRanked {
         (name = "overrides", description = "Per-identifier exceptions to a policy (admin keys)"),
         (name = "identifiers", description = "An identifier's live state, and resetting it (admin keys)"),
         (name = "audit", description = "Who changed what, when and why (admin keys)"),
+        (name = "alerts", description = "Alert rules and their webhooks (admin keys)"),
         (name = "history", description = "Checks over time and who was denied most (admin keys)"),
         (name = "envoy", description = "Envoy rate limit domains, in envoyproxy/ratelimit's file format (admin keys)"),
         (name = "health", description = "Probes, metrics and this document"),

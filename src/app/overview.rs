@@ -567,15 +567,7 @@ fn ranked_table(
 
 /// Percent-encodes a query value.
 pub fn encode(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    for b in raw.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::domain::percent_encode(raw)
 }
 
 /// A stacked bar per second: allowed below, denied above. SVG attributes, no inline styles

@@ -1,6 +1,7 @@
 //! The pure core: identifiers, rules, policies, decisions, and a reference model of every
 //! algorithm. No I/O, no async, no Redis: it compiles to wasm so the dashboard can share it.
 
+pub mod alerts;
 pub mod algorithm;
 pub mod check;
 pub mod envoy;
@@ -86,4 +87,17 @@ impl PolicyError {
             message: message.into(),
         }
     }
+}
+
+/// Percent-encodes a URL query value (everything but unreserved characters).
+pub fn percent_encode(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for b in raw.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

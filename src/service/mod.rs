@@ -9,6 +9,7 @@
 //! answered from it, on their way to the overview's counters (`live`), and every answered
 //! check on its way to the history (`history`).
 
+pub mod alerts;
 pub mod audit;
 pub mod check;
 pub mod deny_cache;

@@ -181,6 +181,32 @@ impl Keys {
         )
     }
 
+    /// Alert rules: a hash of name → rule document, without a TTL (configuration, like the
+    /// policies). The other alert keys share the `{alerts}` tag and have TTLs.
+    pub fn alert_rules(&self) -> String {
+        format!("{}:{{alerts}}:rules", self.namespace)
+    }
+
+    /// Which instance evaluates the alerts now (see `lua/alerts_lease.lua`).
+    pub fn alert_lease(&self) -> String {
+        format!("{}:{{alerts}}:lease", self.namespace)
+    }
+
+    /// What fires now: `<rule>|<subject>` → the firing's record.
+    pub fn alert_firing(&self) -> String {
+        format!("{}:{{alerts}}:firing", self.namespace)
+    }
+
+    /// Deliveries waiting to be sent (or retried): id → delivery.
+    pub fn alert_outbox(&self) -> String {
+        format!("{}:{{alerts}}:outbox", self.namespace)
+    }
+
+    /// The latest deliveries and failures, newest first.
+    pub fn alert_deliveries(&self) -> String {
+        format!("{}:{{alerts}}:deliveries", self.namespace)
+    }
+
     /// The audit log: a stream nothing in the app trims or edits.
     pub fn audit_log(&self) -> String {
         format!("{}:{{audit}}:log", self.namespace)

@@ -2,6 +2,7 @@
 //! layout, and parsing replies into domain types. Everything above it speaks in terms of
 //! policies, identifiers and decisions.
 
+pub mod alerts;
 mod audit;
 mod breaker;
 mod coalesce;
@@ -40,6 +41,7 @@ struct Scripts {
     policy_import: Script,
     session_touch: Script,
     stats_flush: Script,
+    alerts_lease: Script,
 }
 
 /// The algorithm files the check script is assembled from, by their codes in `keys.rs`.
@@ -102,6 +104,7 @@ impl Scripts {
             policy_save: policies::save_script(),
             policy_import: policies::import_script(),
             session_touch: sessions::touch_script(),
+            alerts_lease: Script::new(include_str!("../../lua/alerts_lease.lua")),
             stats_flush: Script::new(
                 &[
                     include_str!("../../lua/stats.lua"),

@@ -13,6 +13,7 @@ from spillway_client import AuthenticatedClient, Client
 from spillway_client.api.audit import list_audit_records
 from spillway_client.api.checks import check, check_batch, forward_auth
 from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
+from spillway_client.api.alerts import delete_alert, list_alerts, put_alert
 from spillway_client.api.history import read_history
 from spillway_client.api.health import healthz, metrics, openapi_document, readyz
 from spillway_client.api.identifiers import inspect_identifier, reset_identifier
@@ -25,6 +26,9 @@ from spillway_client.api.policies import (
     put_policy,
 )
 from spillway_client.models import (
+    AlertCondition,
+    AlertRuleDocument,
+    AlertsDocument,
     AuditPage,
     HistoryDocument,
     BatchRequest,
@@ -218,6 +222,37 @@ assert history.policy == "client-test" and history.step == "minute", history
 assert len(history.points) == 60 and history.points[-1].t_ms > history.points[0].t_ms, history
 bad = read_history.sync_detailed(client=admin, range_="2d")
 assert bad.status_code == 400 and isinstance(bad.parsed, Problem), bad
+
+# An alert rule on the policy's denials: stored (its secret never shown again), listed,
+# removed.
+rule = called(
+    "put_alert",
+    put_alert.sync_detailed(
+        "client-alert",
+        client=admin,
+        body=AlertRuleDocument(
+            condition=AlertCondition(kind="policy_denials", policy="client-test", per_second=10.0, for_seconds=60),
+            webhook_url="https://hooks.example.com/spillway",
+            secret="a secret of sixteen or more",
+        ),
+    ),
+    200,
+    AlertRuleDocument,
+)
+assert rule.secret == "(set)" and rule.condition.kind == "policy_denials", rule
+alerts = called("list_alerts", list_alerts.sync_detailed(client=admin), 200, AlertsDocument)
+assert [r.name for r in alerts.rules] == ["client-alert"], alerts
+called("delete_alert", delete_alert.sync_detailed("client-alert", client=admin), 204)
+bad = put_alert.sync_detailed(
+    "client-alert",
+    client=admin,
+    body=AlertRuleDocument(
+        condition=AlertCondition(kind="policy_denials", policy="client-test", per_second=10.0, for_seconds=60),
+        webhook_url="ftp://nope",
+        secret="a secret of sixteen or more",
+    ),
+)
+assert bad.status_code == 400 and isinstance(bad.parsed, Problem) and bad.parsed.detail.startswith("webhook_url"), bad
 
 # Delete; reading it then is a typed 404.
 called("delete_policy", delete_policy.sync_detailed("client-test", client=admin), 204)

@@ -259,11 +259,12 @@ async fn overview_with_a_million_identifiers() {
     assert!(server_us[10] < 100_000);
 }
 
-/// Every key Spillway writes expires, except policies, users, API keys and the audit log.
+/// Every key Spillway writes expires, except policies, users, API keys, the audit log and
+/// the alert rules.
 #[tokio::test]
 async fn every_key_but_policies_people_and_audit_expires() {
     let redis = RedisServer::start();
-    let app = spawn_app(&redis).await;
+    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_ALERT_EVAL_MS", "300")]).await;
     let s = store(&redis).await;
     add_user(&s, "root", Role::Admin).await;
     let mut v = Visitor::signed_in(&app, "root").await;
@@ -300,10 +301,29 @@ async fn every_key_but_policies_people_and_audit_expires() {
         form.push(("csrf", &csrf));
         assert_eq!(v.post_form(path, &form, Some(&origin)).await.status(), 200);
     }
+    // An alert rule (configuration, kept like the policies) that fires, so the alert keys
+    // that come and go are written too.
+    let rule = app
+        .client
+        .put(app.url("/api/v1/alerts/any-denials"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .json(
+            &json!({"condition": {"kind": "identifier_throttled", "minutes": 1},
+            "webhook_url": "http://127.0.0.1:9/unreachable", "secret": "0123456789abcdef"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rule.status(), 200);
     tokio::time::sleep(Duration::from_millis(5500)).await; // cached denials and key use flushed
     let mut conn = redis.connection();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
-    let kept = ["spw:{policies}:", "spw:{people}:", "spw:{audit}:"];
+    let kept = [
+        "spw:{policies}:",
+        "spw:{people}:",
+        "spw:{audit}:",
+        "spw:{alerts}:rules",
+    ];
     let mut without_ttl = Vec::new();
     for k in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut conn).unwrap();
@@ -313,6 +333,17 @@ async fn every_key_but_policies_people_and_audit_expires() {
     }
     assert!(keys.len() > 15, "{keys:?}");
     assert!(without_ttl.is_empty(), "no TTL: {without_ttl:?}");
+    for alert_key in [
+        "spw:{alerts}:firing",
+        "spw:{alerts}:outbox",
+        "spw:{alerts}:deliveries",
+        "spw:{alerts}:lease",
+    ] {
+        assert!(
+            keys.iter().any(|k| k == alert_key),
+            "{alert_key} was written: {keys:?}"
+        );
+    }
 }
 
 /// Changing one's own password needs the current one, and ends every session.

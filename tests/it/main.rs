@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod alerts;
 mod api;
 mod auth;
 mod cli;

@@ -27,6 +27,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/v1/identifiers/{dimension}/{value}"),
     ("get", "/api/v1/audit"),
     ("get", "/api/v1/history"),
+    ("get", "/api/v1/alerts"),
+    ("put", "/api/v1/alerts/{name}"),
+    ("delete", "/api/v1/alerts/{name}"),
     ("get", "/api/v1/envoy/domains/{domain}"),
     ("put", "/api/v1/envoy/domains/{domain}"),
 ];

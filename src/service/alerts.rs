@@ -1,0 +1,355 @@
+//! Alerts: admins keep rules (audited); one instance at a time (the holder of a lease in
+//! Redis) evaluates them every `SPILLWAY_ALERT_EVAL_MS` against the live counters, records
+//! what starts and stops firing, and delivers each change once as a signed webhook from an
+//! outbox in Redis, retried with backoff for at most an hour (so a delivery survives the
+//! holder's crash: the next holder sends it).
+
+use std::{collections::HashMap, time::Duration};
+
+use serde_json::{Value, json};
+
+use super::Service;
+use crate::{
+    audit::{Actor, Change},
+    domain::alerts::{self, AlertRule, Condition},
+    shutdown::Shutdown,
+    store::{Store, StoreError},
+    webhooks::Webhooks,
+};
+
+/// How alerts are evaluated and where their links point.
+#[derive(Clone, Debug)]
+pub struct AlertSettings {
+    pub every: Duration,
+    /// The dashboard's address as the receivers reach it, for the links in the payloads.
+    pub public_url: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AlertError {
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("no alert rule named {0:?}")]
+    Unknown(String),
+    #[error("redis is unavailable: {0}")]
+    Unavailable(#[from] StoreError),
+}
+
+/// A rule as the API and the pages show it: the secret is never shown again.
+pub fn shown(rule: &AlertRule) -> Value {
+    let mut v = serde_json::to_value(rule).unwrap_or_default();
+    v["secret"] = json!("(set)");
+    v
+}
+
+/// What the alerts page and `GET /api/v1/alerts` show.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AlertsView {
+    pub rules: Vec<Value>,
+    /// What fires now: rule, subject, since, figures.
+    pub firing: Vec<Value>,
+    /// The latest deliveries and attempts, newest first.
+    pub deliveries: Vec<Value>,
+}
+
+impl Service {
+    /// Validates and stores `rule` (audited as `alert.save`).
+    pub async fn save_alert(
+        &self,
+        actor: &Actor,
+        rule: AlertRule,
+    ) -> Result<AlertRule, AlertError> {
+        rule.validate().map_err(|e| AlertError::Invalid {
+            field: e.field,
+            message: e.message,
+        })?;
+        let document = serde_json::to_string(&rule).expect("a rule serializes");
+        let before = self.store.save_alert_rule(&rule.name, &document).await?;
+        let before = before
+            .and_then(|b| serde_json::from_str::<AlertRule>(&b).ok())
+            .map_or(String::new(), |b| shown(&b).to_string());
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action: "alert.save",
+                    target: &rule.name,
+                    before,
+                    after: shown(&rule).to_string(),
+                    reason: "",
+                },
+            )
+            .await;
+        Ok(rule)
+    }
+
+    /// Removes rule `name` (audited as `alert.delete`); what fires for it resolves.
+    pub async fn delete_alert(&self, actor: &Actor, name: &str) -> Result<(), AlertError> {
+        let Some(before) = self.store.delete_alert_rule(name).await? else {
+            return Err(AlertError::Unknown(name.to_owned()));
+        };
+        let before = serde_json::from_str::<AlertRule>(&before)
+            .map_or(String::new(), |b| shown(&b).to_string());
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action: "alert.delete",
+                    target: name,
+                    before,
+                    after: String::new(),
+                    reason: "",
+                },
+            )
+            .await;
+        Ok(())
+    }
+
+    /// The rules, what fires and the latest deliveries.
+    pub async fn alerts(&self) -> Result<AlertsView, StoreError> {
+        let rules = rules(&self.store).await?;
+        let mut firing: Vec<Value> = self
+            .store
+            .alert_firing()
+            .await?
+            .into_values()
+            .filter_map(|r| serde_json::from_str(&r).ok())
+            .collect();
+        firing.sort_by_key(|f: &Value| f["since_ms"].as_i64().unwrap_or_default());
+        let deliveries = self
+            .store
+            .alert_deliveries(50)
+            .await?
+            .iter()
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect();
+        Ok(AlertsView {
+            rules: rules.iter().map(shown).collect(),
+            firing,
+            deliveries,
+        })
+    }
+
+    /// Evaluates and delivers every `settings.every` while this instance holds the lease,
+    /// until the server stops.
+    pub fn spawn_alerts(&self, settings: AlertSettings, shutdown: &Shutdown) {
+        let store = self.store.clone();
+        let holder = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<12>());
+        shutdown.spawn(async move {
+            let webhooks = Webhooks::new();
+            let lease_ms = (settings.every.as_millis() as u64 * 3).max(1000);
+            let mut tick = tokio::time::interval(settings.every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match store.take_alert_lease(&holder, lease_ms).await {
+                    Ok(true) => {}
+                    Ok(false) => continue,
+                    Err(error) => {
+                        tracing::debug!(%error, "alerts: could not take the lease");
+                        continue;
+                    }
+                }
+                if let Err(error) = evaluate(&store, &settings).await {
+                    tracing::warn!(%error, "alerts: could not evaluate the rules");
+                }
+                if let Err(error) = deliver_due(&store, &webhooks).await {
+                    tracing::warn!(%error, "alerts: could not deliver");
+                }
+            }
+        });
+    }
+}
+
+async fn rules(store: &Store) -> Result<Vec<AlertRule>, StoreError> {
+    Ok(store
+        .alert_rules()
+        .await?
+        .into_iter()
+        .filter_map(|(_, doc)| serde_json::from_str::<AlertRule>(&doc).ok())
+        .collect())
+}
+
+fn now_ms() -> i64 {
+    super::now_ms()
+}
+
+/// What fires for `rule` now: subject → figures.
+async fn firing_now(store: &Store, rule: &AlertRule) -> Result<HashMap<String, Value>, StoreError> {
+    let mut out = HashMap::new();
+    match &rule.condition {
+        Condition::PolicyDenials {
+            policy,
+            per_second,
+            for_seconds,
+        } => {
+            let seconds = i64::from(*for_seconds);
+            let (_, rates) = store.policy_rates(&[policy.clone()], seconds + 1).await?;
+            // Complete seconds only: the last bucket is still counting.
+            let denied: Vec<u64> = rates
+                .first()
+                .map(|r| r.iter().rev().skip(1).map(|s| s.denied).collect())
+                .unwrap_or_default();
+            if alerts::denials_fire(&denied, *per_second) {
+                let average = denied.iter().sum::<u64>() as f64 / denied.len() as f64;
+                out.insert(
+                    policy.clone(),
+                    json!({"policy": policy, "denials_per_second": average,
+                        "threshold_per_second": per_second, "over_seconds": for_seconds}),
+                );
+            }
+        }
+        Condition::IdentifierThrottled { policy, minutes } => {
+            let sets = store.denied_in_minutes(i64::from(*minutes)).await?;
+            for member in alerts::throttled_throughout(&sets, policy.as_deref()) {
+                let (p, id) = member.split_once('|').unwrap_or(("", &member));
+                out.insert(
+                    member.clone(),
+                    json!({"policy": p, "identifier": id, "throttled_minutes": minutes}),
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Compares what fires now with what fired: new firings and resolutions go to the outbox.
+async fn evaluate(store: &Store, settings: &AlertSettings) -> Result<(), StoreError> {
+    let rules = rules(store).await?;
+    let before = store.alert_firing().await?;
+    let mut now_firing: HashMap<String, (AlertRule, String, Value)> = HashMap::new();
+    for rule in rules.iter().filter(|r| r.enabled) {
+        for (subject, figures) in firing_now(store, rule).await? {
+            now_firing.insert(
+                format!("{}|{subject}", rule.name),
+                (rule.clone(), subject, figures),
+            );
+        }
+    }
+    let now = now_ms();
+    for (key, (rule, subject, figures)) in &now_firing {
+        if before.contains_key(key) {
+            continue;
+        }
+        let id = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<8>());
+        let record = json!({"id": id, "rule": rule.name, "subject": subject, "since_ms": now,
+            "figures": figures});
+        store
+            .set_alert_firing(key, Some(&record.to_string()))
+            .await?;
+        enqueue(store, settings, rule, &record, "firing", now).await?;
+    }
+    for (key, record) in &before {
+        if now_firing.contains_key(key) {
+            continue;
+        }
+        let Ok(record) = serde_json::from_str::<Value>(record) else {
+            store.set_alert_firing(key, None).await?;
+            continue;
+        };
+        let rule_name = record["rule"].as_str().unwrap_or_default();
+        // Resolved to the rule's address; a rule deleted since resolves nowhere.
+        if let Some(rule) = rules.iter().find(|r| r.name == rule_name) {
+            enqueue(store, settings, rule, &record, "resolved", now).await?;
+        }
+        store.set_alert_firing(key, None).await?;
+    }
+    Ok(())
+}
+
+/// Puts one delivery (a firing or its resolution) in the outbox.
+async fn enqueue(
+    store: &Store,
+    settings: &AlertSettings,
+    rule: &AlertRule,
+    record: &Value,
+    event: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    let id = format!("{}-{event}", record["id"].as_str().unwrap_or_default());
+    let figures = &record["figures"];
+    let link = match figures["identifier"].as_str() {
+        Some(identifier) => format!(
+            "{}/identifiers?id={}",
+            settings.public_url,
+            crate::domain::percent_encode(identifier)
+        ),
+        None => format!(
+            "{}/history?policy={}&range=1h",
+            settings.public_url,
+            crate::domain::percent_encode(figures["policy"].as_str().unwrap_or_default())
+        ),
+    };
+    let payload = json!({
+        "id": id,
+        "event": event,
+        "rule": rule.name,
+        "condition": rule.condition,
+        "subject": record["subject"],
+        "figures": figures,
+        "since_ms": record["since_ms"],
+        "at_ms": now,
+        "link": link,
+    });
+    let delivery = json!({
+        "id": id, "rule": rule.name, "event": event, "url": rule.webhook_url,
+        "secret": rule.secret, "body": payload.to_string(), "first_ms": now,
+        "next_ms": now, "attempts": 0,
+    });
+    store.put_alert_delivery(&id, &delivery.to_string()).await
+}
+
+/// Sends the outbox's due deliveries; each one that fails is retried later, for at most an
+/// hour from its first attempt.
+async fn deliver_due(store: &Store, webhooks: &Webhooks) -> Result<(), StoreError> {
+    let now = now_ms();
+    for (id, raw) in store.alert_outbox().await? {
+        let Ok(mut d) = serde_json::from_str::<Value>(&raw) else {
+            store.finish_alert_delivery(&id, "{}").await?;
+            continue;
+        };
+        if d["next_ms"].as_i64().unwrap_or_default() > now {
+            continue;
+        }
+        let attempts = d["attempts"].as_u64().unwrap_or_default() as u32 + 1;
+        let sent = webhooks
+            .deliver(
+                d["url"].as_str().unwrap_or_default(),
+                d["secret"].as_str().unwrap_or_default(),
+                &id,
+                d["body"].as_str().unwrap_or_default(),
+                now / 1000,
+            )
+            .await;
+        let (rule, event, url) = (d["rule"].clone(), d["event"].clone(), d["url"].clone());
+        let log = |outcome: &str, detail: &str| {
+            json!({"id": id, "rule": rule, "event": event, "url": url,
+                "attempt": attempts, "outcome": outcome, "detail": detail, "at_ms": now})
+            .to_string()
+        };
+        match sent {
+            Ok(status) => {
+                store
+                    .finish_alert_delivery(&id, &log("delivered", &status.to_string()))
+                    .await?
+            }
+            Err(error) => {
+                let first = d["first_ms"].as_i64().unwrap_or(now);
+                match alerts::next_attempt(first, attempts, now) {
+                    Some(next) => {
+                        d["attempts"] = json!(attempts);
+                        d["next_ms"] = json!(next);
+                        store.put_alert_delivery(&id, &d.to_string()).await?;
+                        store.log_alert_attempt(&log("retrying", &error)).await?;
+                    }
+                    None => {
+                        store
+                            .finish_alert_delivery(&id, &log("failed", &error))
+                            .await?
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! Sending alert webhooks: one POST of a JSON body, signed with HMAC-SHA256 over the
+//! timestamp and the body (`X-Spillway-Signature: t=<seconds>,v1=<hex>`), with the
+//! delivery's id (`X-Spillway-Delivery`, and `Idempotency-Key`) so a receiver can drop a
+//! repeat. Redirects are not followed: a delivery goes only to the URL an admin configured.
+
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::domain::alerts::signed_text;
+
+/// The HTTP client that delivers webhooks.
+#[derive(Clone)]
+pub struct Webhooks {
+    client: reqwest::Client,
+}
+
+impl Default for Webhooks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Webhooks {
+    pub fn new() -> Self {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(Duration::from_secs(5))
+            .user_agent(concat!("spillway/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .expect("a client without custom TLS settings builds");
+        Self { client }
+    }
+
+    /// POSTs `body` to `url`; `Ok` with the status when it is 2xx, else what went wrong.
+    pub async fn deliver(
+        &self,
+        url: &str,
+        secret: &str,
+        id: &str,
+        body: &str,
+        timestamp_s: i64,
+    ) -> Result<u16, String> {
+        let response = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("x-spillway-delivery", id)
+            .header("idempotency-key", id)
+            .header(
+                "x-spillway-signature",
+                format!(
+                    "t={timestamp_s},v1={}",
+                    signature(secret, timestamp_s, body)
+                ),
+            )
+            .body(body.to_owned())
+            .send()
+            .await
+            .map_err(|e| format!("not delivered: {e}"))?;
+        let status = response.status();
+        if status.is_success() {
+            Ok(status.as_u16())
+        } else if status.is_redirection() {
+            Err(format!("{status}: redirects are not followed"))
+        } else {
+            Err(format!("{status}"))
+        }
+    }
+}
+
+/// The hex HMAC-SHA256 of `<timestamp>.<body>` under `secret`.
+pub fn signature(secret: &str, timestamp_s: i64, body: &str) -> String {
+    let mut mac =
+        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
+    mac.update(signed_text(timestamp_s, body).as_bytes());
+    crate::auth::keys::to_hex(&mac.finalize().into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_signature_is_rfc_4231s_hmac_sha256() {
+        // RFC 4231 test case 2 (key "Jefe"): the MAC the signature is made with.
+        let mut mac = <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(b"Jefe").unwrap();
+        hmac::Mac::update(&mut mac, b"what do ya want for nothing?");
+        assert_eq!(
+            crate::auth::keys::to_hex(&hmac::Mac::finalize(mac).into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            super::signature("Jefe", 12, "{}"),
+            super::signature("Jefe", 12, "{}")
+        );
+        assert_ne!(
+            super::signature("Jefe", 12, "{}"),
+            super::signature("Jefe", 13, "{}")
+        );
+    }
+}
