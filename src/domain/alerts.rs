@@ -169,7 +169,8 @@ mod tests {
     #[test]
     fn each_bad_field_is_named() {
         assert_eq!(rule().validate(), Ok(()));
-        let cases: Vec<(fn(&mut AlertRule), &str)> = vec![
+        type Edit = fn(&mut AlertRule);
+        let cases: Vec<(Edit, &str)> = vec![
             (|r| r.name = "Bad Name".into(), "name"),
             (|r| r.webhook_url = "ftp://x".into(), "webhook_url"),
             (|r| r.webhook_url = "https://".into(), "webhook_url"),

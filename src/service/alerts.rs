@@ -184,7 +184,9 @@ async fn firing_now(store: &Store, rule: &AlertRule) -> Result<HashMap<String, V
             for_seconds,
         } => {
             let seconds = i64::from(*for_seconds);
-            let (_, rates) = store.policy_rates(&[policy.clone()], seconds + 1).await?;
+            let (_, rates) = store
+                .policy_rates(std::slice::from_ref(policy), seconds + 1)
+                .await?;
             // Complete seconds only: the last bucket is still counting.
             let denied: Vec<u64> = rates
                 .first()
