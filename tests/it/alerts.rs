@@ -18,10 +18,14 @@ use crate::helpers::{ADMIN_KEY, RedisServer, TestApp, spawn_app_with};
 const SECRET: &str = "a shared secret of the sink";
 const FAST: &[(&str, &str)] = &[("SPILLWAY_ALERT_EVAL_MS", "200")];
 
-/// What the sink received: (delivery id, event, signature valid, body), in order.
+/// One request the sink received: delivery id, event, whether the signature was valid and
+/// fresh, the body.
+type Received = (String, String, bool, Value);
+
+/// What the sink received, in order.
 #[derive(Clone, Default)]
 struct Sink {
-    seen: Arc<Mutex<Vec<(String, String, bool, Value)>>>,
+    seen: Arc<Mutex<Vec<Received>>>,
     /// Requests answered 500 before the sink starts accepting.
     fail_first: Arc<Mutex<usize>>,
 }
