@@ -2,6 +2,7 @@
 //! hydrated in the browser; every page works with JavaScript off.
 
 pub mod account;
+pub mod alerts;
 pub mod audit;
 pub mod error;
 #[cfg(feature = "ssr")]
@@ -111,6 +112,7 @@ pub fn App() -> impl IntoView {
                                     <A href="/identifiers">"Identifiers"</A>
                                     <A href="/policies">"Policies"</A>
                                     <A href="/audit">"Audit"</A>
+                                    <A href="/alerts">"Alerts"</A>
                                     {admin.then(|| view! { <A href="/people">"Users & keys"</A> })}
                                 </nav>
                                 <form method="post" action="/auth/logout" class="whoami">
@@ -132,6 +134,7 @@ pub fn App() -> impl IntoView {
                     <Route path=StaticSegment("identifiers") view={Lazy::<InspectorRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("policies") view={Lazy::<PoliciesRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("policy") view={Lazy::<PolicyRoute>::new()} ssr=SsrMode::Async/>
+                    <Route path=StaticSegment("alerts") view={Lazy::<AlertsRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("audit") view={Lazy::<AuditRoute>::new()} ssr=SsrMode::Async/>
                     <Route path=StaticSegment("login") view=login::LoginPage ssr=SsrMode::Async/>
                     <Route path=StaticSegment("account") view={Lazy::<AccountRoute>::new()} ssr=SsrMode::Async/>
@@ -165,6 +168,7 @@ lazy_page!(InspectorRoute, inspector::InspectorPage);
 lazy_page!(PoliciesRoute, policies::PoliciesPage);
 lazy_page!(PolicyRoute, policies::PolicyPage);
 lazy_page!(AuditRoute, audit::AuditPage);
+lazy_page!(AlertsRoute, alerts::AlertsPage);
 lazy_page!(AccountRoute, account::AccountPage);
 lazy_page!(PeopleRoute, people::PeoplePage);
 
