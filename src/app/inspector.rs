@@ -22,6 +22,29 @@ pub async fn inspect_identifier(#[server(default)] id: String) -> Result<Inspect
         .await)
 }
 
+/// When the identifier was throttled over the last 7 days.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Denials {
+    /// The server's clock when read.
+    pub now_ms: i64,
+    /// (hour start ms, policy, denials), oldest first.
+    pub hours: Vec<(i64, String, u64)>,
+}
+
+#[server(prefix = "/fn", endpoint = "identifier_denials")]
+pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials, AppError> {
+    crate::auth::guard::require(Action::View)?;
+    let id = crate::domain::Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
+    let hours = expect_context::<crate::state::AppState>()
+        .denials_of(&id.to_string())
+        .await
+        .map_err(|e| AppError::unavailable("identifier history", e))?;
+    Ok(Denials {
+        now_ms: crate::auth::keys::now_ms(),
+        hours,
+    })
+}
+
 /// Resets the identifier: `scope` is empty (every policy), `<policy>` or `<policy>/<rule>`.
 #[server(prefix = "/fn", endpoint = "reset")]
 pub async fn reset_identifier(
@@ -108,6 +131,16 @@ pub fn InspectorPage() -> impl IntoView {
             }
         },
     );
+    let denials = Resource::new(
+        move || (id(), reset.version().get()),
+        |(id, _)| async move {
+            if id.trim().is_empty() {
+                Ok(Denials::default())
+            } else {
+                identifier_denials(id).await
+            }
+        },
+    );
     let session = use_session();
     let live = RwSignal::new(None::<Inspection>);
     let history = RwSignal::new(Vec::<Inspection>::new());
@@ -152,6 +185,14 @@ pub fn InspectorPage() -> impl IntoView {
                         view! {
                             {move || current.get().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
                             {move || view! { <Policies inspection=current.get()/> }}
+                            <Suspense fallback=|| ()>
+                                {move || Suspend::new(async move {
+                                    match denials.await {
+                                        Ok(d) => view! { <Throttled denials=d/> }.into_any(),
+                                        Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+                                    }
+                                })}
+                            </Suspense>
                             <History history=history/>
                             {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone()/> })}
                         }.into_any()
@@ -172,8 +213,28 @@ fn Policies(inspection: Inspection) -> impl IntoView {
             .into_any();
     }
     let id = inspection.identifier.clone();
-    inspection
-        .policies
+    // The policies where it has state (or an override) first; the ones it never touched
+    // fold into one line.
+    let (touched, untouched): (Vec<PolicyState>, Vec<PolicyState>) =
+        inspection.policies.into_iter().partition(|p| {
+            p.status != "rules"
+                || p.rules.iter().any(|r| {
+                    r.ttl_ms.is_some() || r.remaining < r.limit || r.retry_after_ms.is_some()
+                })
+        });
+    let folded = (!untouched.is_empty()).then(|| {
+        let names = untouched
+            .iter()
+            .map(|p| p.policy.clone())
+            .collect::<Vec<_>>()
+            .join(", ");
+        view! {
+            <p class="muted untouched" data-testid="untouched">
+                {format!("No state in {} other {}: {names}.", untouched.len(), if untouched.len() == 1 { "policy" } else { "policies" })}
+            </p>
+        }
+    });
+    let cards = touched
         .into_iter()
         .map(|p| {
             let status = match p.status.as_str() {
@@ -191,17 +252,17 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                     let binds = r.binding && (used > 0 || r.retry_after_ms.is_some());
                     view! {
                         <tr class:binding=binds>
-                            <td>{r.rule.clone()}{binds.then(|| view! { " " <span class="badge warn">"binds"</span> })}</td>
-                            <td>{r.algorithm}</td>
-                            <td>
+                            <td data-label="Rule">{r.rule.clone()}{binds.then(|| view! { " " <span class="badge warn">"binds"</span> })}</td>
+                            <td data-label="Algorithm">{r.algorithm}</td>
+                            <td data-label="Used">
                                 <meter min="0" max=r.limit.to_string() value=used.to_string() high=(r.limit * 8 / 10).to_string()
                                     optimum="0" aria-label=format!("{} used", r.rule)></meter>
                                 " "<span data-testid=format!("used-{}-{}", p.policy, r.rule)>{format!("{used} / {}", r.limit)}</span>
                                 <span class="muted">{format!(" ({pct} %)")}</span>
                             </td>
-                            <td>{seconds(r.reset_ms)}</td>
-                            <td>{r.ttl_ms.map_or("no state".to_owned(), |t| seconds(t as u64))}</td>
-                            <td>{r.retry_after_ms.map_or("—".to_owned(), seconds)}</td>
+                            <td data-label="Full again in">{seconds(r.reset_ms)}</td>
+                            <td data-label="Key TTL">{r.ttl_ms.map_or("no state".to_owned(), |t| seconds(t as u64))}</td>
+                            <td data-label="Retry after">{r.retry_after_ms.map_or("—".to_owned(), seconds)}</td>
                         </tr>
                     }
                 })
@@ -210,15 +271,71 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                 <section class="card" aria-label=format!("{} in {}", id, p.policy)>
                     <h2>{p.policy.clone()}<span class="muted">{format!(" · version {}", p.version)}</span></h2>
                     {status}
-                    <table>
+                    <table class="cards-on-phone">
                         <thead><tr><th>"Rule"</th><th>"Algorithm"</th><th>"Used"</th><th>"Full again in"</th><th>"Key TTL"</th><th>"Retry after"</th></tr></thead>
                         <tbody>{rows}</tbody>
                     </table>
                 </section>
             }
         })
-        .collect_view()
-        .into_any()
+        .collect_view();
+    view! { {cards} {folded} }.into_any()
+}
+
+/// When the identifier was throttled over the last 7 days: a bar per hour and the totals
+/// per policy (from the hourly lists of the most denied: lower bounds).
+#[component]
+fn Throttled(denials: Denials) -> impl IntoView {
+    const W: f64 = 672.0;
+    const H: f64 = 50.0;
+    let now_hour = crate::domain::history::Step::Hour.period_of(denials.now_ms);
+    let denials = denials.hours;
+    let mut per_policy: Vec<(String, u64, u64)> = Vec::new();
+    let mut per_hour: std::collections::BTreeMap<i64, u64> = Default::default();
+    for (at, policy, n) in &denials {
+        *per_hour.entry(*at).or_default() += n;
+        match per_policy.iter_mut().find(|p| &p.0 == policy) {
+            Some(p) => {
+                p.1 += 1;
+                p.2 += n;
+            }
+            None => per_policy.push((policy.clone(), 1, *n)),
+        }
+    }
+    per_policy.sort_by(|a, b| b.2.cmp(&a.2));
+    let peak = per_hour.values().copied().max().unwrap_or(1).max(1);
+    let bars = per_hour
+        .iter()
+        .map(|(at, n)| {
+            let hours_ago = now_hour - crate::domain::history::Step::Hour.period_of(*at);
+            let x = W - (hours_ago as f64 + 1.0) * 4.0;
+            let h = *n as f64 / peak as f64 * H;
+            let tip = format!("{}: {n} denials", crate::domain::time::utc_minutes(Some(*at)));
+            view! { <g><title>{tip}</title><rect class="denied" x=format!("{x:.1}") y=format!("{:.1}", H - h) width="3.4" height=format!("{h:.1}")/></g> }
+        })
+        .collect_view();
+    view! {
+        <section class="card" aria-labelledby="throttled-heading" data-testid="throttled-7d">
+            <h2 id="throttled-heading">"Throttled, last 7 days"</h2>
+            {if denials.is_empty() {
+                view! { <p class="empty">"Not among the most denied in any hour of the last 7 days."</p> }.into_any()
+            } else {
+                view! {
+                    <svg class="history" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Denials per hour, last 7 days">
+                        <title>"Denials per hour, last 7 days"</title>
+                        {bars}
+                    </svg>
+                    <table>
+                        <thead><tr><th>"Policy"</th><th class="num">"hours"</th><th class="num">"denials"</th></tr></thead>
+                        <tbody>{per_policy.into_iter().map(|(p, hours, n)| view! {
+                            <tr><td>{p}</td><td class="num">{hours}</td><td class="num">{n}</td></tr>
+                        }).collect_view()}</tbody>
+                    </table>
+                    <p class="muted">"From each hour's list of the most denied identifiers: counts are lower bounds when it was not always on the list."</p>
+                }.into_any()
+            }}
+        </section>
+    }
 }
 
 /// Per-second history of the binding rule's use, sampled while the page is open.

@@ -224,6 +224,29 @@ impl Store {
         Ok(history::merge_top(lists.iter().map(Vec::as_slice), n))
     }
 
+    /// Each of `scope`'s `kind` lists over `periods` of `step`, oldest first, whole.
+    pub async fn history_lists(
+        &self,
+        scope: &str,
+        kind: TopKind,
+        step: Step,
+        periods: std::ops::RangeInclusive<i64>,
+    ) -> Result<Vec<(i64, Vec<(String, u64)>)>, StoreError> {
+        let mut pipe = redis::pipe();
+        for period in periods.clone() {
+            pipe.cmd("ZRANGE")
+                .arg(self.keys.history_top(scope, kind, step, period))
+                .arg(0)
+                .arg(-1)
+                .arg("WITHSCORES");
+        }
+        let lists: Vec<Vec<(String, f64)>> = self.query_pipe(&pipe).await?;
+        Ok(periods
+            .zip(lists)
+            .map(|(p, l)| (p, l.into_iter().map(|(m, s)| (m, s as u64)).collect()))
+            .collect())
+    }
+
     /// How often `member` is counted in each of `scope`'s `kind` lists over `periods` of
     /// `step`, oldest first (0 where it is not in the list).
     pub async fn history_scores(

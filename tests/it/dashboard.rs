@@ -508,3 +508,35 @@ async fn the_overview_of_200_policies_is_light_ordered_and_filtered() {
     );
     println!("live stream: first event {first} bytes, then {per_second:.0} bytes a second");
 }
+
+/// The inspector with 20 policies: the one where `user=scraper` has state comes as a card,
+/// the 19 others (and the demo policy) fold into one line; and when it was throttled over
+/// the last 7 days comes from the history's hourly lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inspector_shows_where_an_identifier_binds_and_when_it_was_throttled() {
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_HISTORY_FLUSH_MS", "200")]).await;
+    for i in 0..20 {
+        app.put_policy(
+            &format!("p{i:02}"),
+            json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 2, "window_ms": 3600000}]}),
+        )
+        .await;
+    }
+    for _ in 0..10 {
+        app.check(json!({"policy": "p07", "identifiers": {"user": "scraper"}}))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "ann").await;
+    let page = v.get("/identifiers?id=user%3Dscraper").await.text().await.unwrap();
+    let card = page.find("aria-label=\"user=scraper in ").map(|i| &page[i.saturating_sub(60)..i + 60]);
+    assert_eq!(page.matches("aria-label=\"user=scraper in ").count(), 1, "one policy card: {card:?}");
+    assert!(page.contains("aria-label=\"user=scraper in p07\""));
+    assert!(page.contains("No state in 20 other policies: demo, p00, p01"), "the others fold into one line");
+    let throttled = &page[page.find("data-testid=\"throttled-7d\"").expect("the 7-day section")..];
+    let table = throttled[..throttled.find("</table>").unwrap()].replace("<!>", "");
+    // 10 checks against a limit of 2: 8 denials, in the current hour.
+    assert!(table.contains("<td>p07</td><td class=\"num\">1</td><td class=\"num\">8</td>"), "{table}");
+}
