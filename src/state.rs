@@ -112,6 +112,7 @@ impl AppState {
             denials,
             live,
             history,
+            outage: Default::default(),
         };
         service.spawn_alerts(
             crate::service::alerts::AlertSettings {

@@ -397,15 +397,17 @@ pub struct AlertRuleDocument {
 
 /// `policy_denials`: the policy's denials a second, averaged over `for_seconds` (1-290),
 /// above `per_second`. `identifier_throttled`: an identifier denied in each of the last
-/// `minutes` minutes (1-5), by `policy` or any.
+/// `minutes` minutes (1-5), by `policy` or any. `degraded`: checks failing on Redis for
+/// more than `seconds` (1-3600), watched and sent by each instance.
 #[derive(Serialize, ToSchema)]
 pub struct AlertCondition {
-    /// `policy_denials` or `identifier_throttled`.
+    /// `policy_denials`, `identifier_throttled` or `degraded`.
     kind: String,
     policy: Option<String>,
     per_second: Option<f64>,
     for_seconds: Option<u32>,
     minutes: Option<u32>,
+    seconds: Option<u32>,
 }
 
 /// The rules, what fires now, and the latest deliveries (newest first).

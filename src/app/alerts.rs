@@ -48,6 +48,9 @@ fn watches(condition: &crate::domain::alerts::Condition) -> String {
             "an identifier throttled by {} in each of the last {minutes} min",
             policy.as_deref().unwrap_or("any policy")
         ),
+        Condition::Degraded { seconds } => {
+            format!("checks failing on Redis for more than {seconds} s (each instance)")
+        }
     }
 }
 
@@ -144,6 +147,9 @@ pub async fn save_alert_rule(
             per_second: number("condition.per_second", &per_second)?,
             for_seconds: whole("condition.for_seconds", &for_seconds)?,
         },
+        "degraded" => Condition::Degraded {
+            seconds: whole("condition.seconds", &for_seconds)?,
+        },
         "identifier_throttled" => Condition::IdentifierThrottled {
             policy: Some(policy.trim().to_owned()).filter(|p| !p.is_empty()),
             minutes: whole("condition.minutes", &minutes)?,
@@ -151,7 +157,7 @@ pub async fn save_alert_rule(
         other => {
             return Err(AppError::bad_input(
                 "condition.kind",
-                format!("expected policy_denials or identifier_throttled, got {other:?}"),
+                format!("expected policy_denials, identifier_throttled or degraded, got {other:?}"),
             ));
         }
     };
@@ -221,6 +227,7 @@ pub fn AlertsPage() -> impl IntoView {
                             | "condition.per_second"
                             | "condition.for_seconds"
                             | "condition.minutes"
+                            | "condition.seconds"
                     )
                 )
             })
@@ -302,11 +309,12 @@ pub fn AlertsPage() -> impl IntoView {
                                         <select name="kind">
                                             <option value="policy_denials">"a policy's denials a second"</option>
                                             <option value="identifier_throttled">"an identifier throttled for minutes"</option>
+                                            <option value="degraded">"checks failing on Redis (degraded)"</option>
                                         </select>
                                     </label>
                                     <label>"Policy" <input name="policy" placeholder="any (for identifiers)"/> {field_error("condition.policy")}</label>
                                     <label>"Denials a second above" <input name="per_second" inputmode="decimal" value="10"/> {field_error("condition.per_second")}</label>
-                                    <label>"Averaged over (s)" <input name="for_seconds" inputmode="numeric" value="60"/> {field_error("condition.for_seconds")}</label>
+                                    <label>"Averaged over (s), or failing on Redis for (s)" <input name="for_seconds" inputmode="numeric" value="60"/> {field_error("condition.for_seconds")} {field_error("condition.seconds")}</label>
                                     <label>"Throttled in each of the last (min)" <input name="minutes" inputmode="numeric" value="3"/> {field_error("condition.minutes")}</label>
                                     <label>"Webhook URL" <input name="webhook_url" type="url" required/> {field_error("webhook_url")}</label>
                                     <label>"Secret (16 to 256 characters, signs each delivery)" <input name="secret" type="password" autocomplete="off" required/> {field_error("secret")}</label>

@@ -34,7 +34,8 @@ pub struct Denials {
 #[server(prefix = "/fn", endpoint = "identifier_denials")]
 pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials, AppError> {
     crate::auth::guard::require(Action::View)?;
-    let id = crate::domain::Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
+    let id =
+        crate::domain::Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
     let hours = expect_context::<crate::state::AppState>()
         .denials_of(&id.to_string())
         .await

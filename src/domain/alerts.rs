@@ -29,6 +29,11 @@ pub enum Condition {
         policy: Option<String>,
         minutes: u32,
     },
+    /// Checks have failed on Redis (answered by their failure mode: degraded when open,
+    /// 503 when closed) for more than `seconds` (1 to 3600). Each instance watches its own
+    /// checks and sends its own alert: while Redis is unreachable the instances share no
+    /// place to agree in.
+    Degraded { seconds: u32 },
 }
 
 /// An alert rule as admins write it.
@@ -92,6 +97,11 @@ impl AlertRule {
                 }
                 if !(1..=5).contains(minutes) {
                     return Err(bad("condition.minutes", "must be 1 to 5"));
+                }
+            }
+            Condition::Degraded { seconds } => {
+                if !(1..=3600).contains(seconds) {
+                    return Err(bad("condition.seconds", "must be 1 to 3600"));
                 }
             }
         }

@@ -4,7 +4,14 @@
 //! outbox in Redis, retried with backoff for at most an hour (so a delivery survives the
 //! holder's crash: the next holder sends it).
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
 
 use serde_json::{Value, json};
 
@@ -33,6 +40,29 @@ pub enum AlertError {
     Unknown(String),
     #[error("redis is unavailable: {0}")]
     Unavailable(#[from] StoreError),
+}
+
+/// Since when this instance's checks have failed on Redis (0: they have not), for the
+/// `degraded` alerts. Set by the check path, cleared by the next check Redis answers.
+#[derive(Clone, Debug, Default)]
+pub struct RedisOutage(Arc<AtomicI64>);
+
+impl RedisOutage {
+    pub fn failed(&self, now_ms: i64) {
+        let _ = self
+            .0
+            .compare_exchange(0, now_ms.max(1), Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn answered(&self) {
+        if self.0.load(Ordering::Acquire) != 0 {
+            self.0.store(0, Ordering::Release);
+        }
+    }
+
+    pub fn since(&self) -> Option<i64> {
+        Some(self.0.load(Ordering::Acquire)).filter(|s| *s != 0)
+    }
 }
 
 /// A rule as the API and the pages show it: the secret is never shown again.
@@ -131,8 +161,10 @@ impl Service {
     }
 
     /// Evaluates and delivers every `settings.every` while this instance holds the lease,
-    /// until the server stops.
+    /// until the server stops; and, on every instance, watches its own checks for the
+    /// `degraded` rules.
     pub fn spawn_alerts(&self, settings: AlertSettings, shutdown: &Shutdown) {
+        self.spawn_outage_alerts(settings.clone(), shutdown);
         let store = self.store.clone();
         let holder = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<12>());
         shutdown.spawn(async move {
@@ -201,6 +233,8 @@ async fn firing_now(store: &Store, rule: &AlertRule) -> Result<HashMap<String, V
                 );
             }
         }
+        // Watched by each instance on its own checks (see spawn_outage_alerts).
+        Condition::Degraded { .. } => {}
         Condition::IdentifierThrottled { policy, minutes } => {
             let sets = store.denied_in_minutes(i64::from(*minutes)).await?;
             for member in alerts::throttled_throughout(&sets, policy.as_deref()) {
@@ -354,4 +388,123 @@ async fn deliver_due(store: &Store, webhooks: &Webhooks) -> Result<(), StoreErro
         }
     }
     Ok(())
+}
+
+impl Service {
+    /// The `degraded` rules, evaluated by each instance on its own checks and delivered
+    /// straight from memory (Redis is what is unreachable): the rules are the last ones
+    /// read, a firing is sent once per outage and its resolution once Redis answers again,
+    /// each retried with the same backoff for at most an hour.
+    fn spawn_outage_alerts(&self, settings: AlertSettings, shutdown: &Shutdown) {
+        let store = self.store.clone();
+        let outage = self.outage.clone();
+        let instance = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<6>());
+        let tasks = shutdown.clone();
+        shutdown.spawn(async move {
+            let webhooks = Webhooks::new();
+            let known: Arc<Mutex<Vec<AlertRule>>> = Arc::default();
+            // rule name → (firing id, outage start)
+            let mut fired: HashMap<String, (String, i64)> = HashMap::new();
+            let mut tick = tokio::time::interval(settings.every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Ok(rules) = rules(&store).await {
+                    *known.lock().expect("rules lock") = rules;
+                }
+                let rules: Vec<AlertRule> = known
+                    .lock()
+                    .expect("rules lock")
+                    .iter()
+                    .filter(|r| r.enabled && matches!(r.condition, Condition::Degraded { .. }))
+                    .cloned()
+                    .collect();
+                let now = now_ms();
+                let since = outage.since();
+                for rule in &rules {
+                    let Condition::Degraded { seconds } = rule.condition else {
+                        continue;
+                    };
+                    match (since, fired.get(&rule.name)) {
+                        (Some(start), None) if now - start > i64::from(seconds) * 1000 => {
+                            let id =
+                                crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<8>());
+                            fired.insert(rule.name.clone(), (id.clone(), start));
+                            let figures = json!({"instance": instance, "failing_since_ms": start,
+                                "failing_for_seconds": (now - start) / 1000});
+                            send_direct(
+                                &tasks, &webhooks, &settings, rule, &id, "firing", start, figures,
+                                now,
+                            );
+                        }
+                        (None, Some(_)) => {
+                            let (id, start) = fired.remove(&rule.name).expect("just matched");
+                            let figures = json!({"instance": instance, "failing_since_ms": start,
+                                "failing_for_seconds": (now - start) / 1000});
+                            send_direct(
+                                &tasks, &webhooks, &settings, rule, &id, "resolved", start,
+                                figures, now,
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+                fired.retain(|name, _| rules.iter().any(|r| &r.name == name));
+            }
+        });
+    }
+}
+
+/// Delivers one `degraded` firing or resolution from memory, retrying with the outbox's
+/// backoff for at most an hour; the outcome is logged (and added to the delivery log when
+/// Redis takes it).
+#[allow(clippy::too_many_arguments)]
+fn send_direct(
+    tasks: &Shutdown,
+    webhooks: &Webhooks,
+    settings: &AlertSettings,
+    rule: &AlertRule,
+    firing_id: &str,
+    event: &'static str,
+    since: i64,
+    figures: Value,
+    now: i64,
+) {
+    let id = format!("{firing_id}-{event}");
+    let body = json!({
+        "id": id, "event": event, "rule": rule.name, "condition": rule.condition,
+        "subject": figures["instance"], "figures": figures, "since_ms": since, "at_ms": now,
+        "link": format!("{}/", settings.public_url),
+    })
+    .to_string();
+    let (webhooks, url, secret, name) = (
+        webhooks.clone(),
+        rule.webhook_url.clone(),
+        rule.secret.clone(),
+        rule.name.clone(),
+    );
+    tasks.spawn(async move {
+        let first = now_ms();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let at = now_ms();
+            match webhooks.deliver(&url, &secret, &id, &body, at / 1000).await {
+                Ok(status) => {
+                    tracing::info!(rule = %name, %id, status, "alert delivered");
+                    return;
+                }
+                Err(error) => match alerts::next_attempt(first, attempts, at) {
+                    Some(next) => {
+                        tracing::warn!(rule = %name, %id, %error, "alert not delivered; retrying");
+                        tokio::time::sleep(Duration::from_millis((next - at).max(0) as u64)).await;
+                    }
+                    None => {
+                        tracing::warn!(rule = %name, %id, %error, "alert not delivered within an hour; given up");
+                        return;
+                    }
+                },
+            }
+        }
+    });
 }

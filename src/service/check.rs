@@ -179,8 +179,12 @@ impl Service {
             .check_and_count(&policy.name, entries, cost)
             .await;
         crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
-        if let Ok(decision) = &result {
-            self.denials.remember(policy, entries, decision, cost);
+        match &result {
+            Ok(decision) => {
+                self.outage.answered();
+                self.denials.remember(policy, entries, decision, cost);
+            }
+            Err(_) => self.outage.failed(super::now_ms()),
         }
         result
     }

@@ -329,7 +329,10 @@ impl Service {
     /// When `identifier` (`dimension=value`) was denied over the last 7 days, by hour and
     /// policy, oldest first: from the hourly lists of every policy's most denied (so only
     /// the hours it was among them; a count is a lower bound, see `history::TOP_ERROR`).
-    pub async fn denials_of(&self, identifier: &str) -> Result<Vec<(i64, String, u64)>, StoreError> {
+    pub async fn denials_of(
+        &self,
+        identifier: &str,
+    ) -> Result<Vec<(i64, String, u64)>, StoreError> {
         let periods = Range::Week.periods(Step::Hour, super::now_ms());
         let lists = self
             .store

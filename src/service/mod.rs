@@ -35,6 +35,8 @@ pub struct Service {
     pub live: live::LiveCounts,
     /// This instance's counts on their way to the history.
     pub history: history::HistoryCounts,
+    /// Since when this instance's checks fail on Redis (for the `degraded` alerts).
+    pub outage: alerts::RedisOutage,
 }
 
 /// The host's clock in ms since the epoch: what override expiries are compared with (limits

@@ -404,3 +404,76 @@ async fn one_instance_at_a_time_holds_the_evaluation_lease() {
     );
     assert!(!store.take_alert_lease("a", 300).await.unwrap());
 }
+
+/// Redis unreachable (paused: every call times out): the instance whose checks fail sends
+/// the `degraded` alert itself (from the rules it read last), once, and its resolution
+/// once Redis answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_fires_once_from_memory_and_resolves_when_redis_is_back() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_ALERT_EVAL_MS", "200"),
+            ("SPILLWAY_REDIS_TIMEOUT_MS", "100"),
+        ],
+    )
+    .await;
+    let (sink, sink_addr) = start_sink(0).await;
+    app.put_policy(
+        "open",
+        json!({"failure_mode": "open", "rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3600000}]}),
+    )
+    .await;
+    let (status, body) = put_alert(
+        &app,
+        "redis-down",
+        json!({"condition": {"kind": "degraded", "seconds": 1},
+            "webhook_url": format!("http://{sink_addr}/hook"), "secret": SECRET}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_millis(500)).await; // the rule is read
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3000)
+        .arg("ALL")
+        .query(&mut redis.connection())
+        .unwrap();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(2500) {
+        let r = app
+            .check(json!({"policy": "open", "identifiers": {"user": "1"}}))
+            .await;
+        assert_eq!(r.status(), 200, "failing open");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for("the outage's firing", Duration::from_secs(5), || {
+        sink.seen.lock().unwrap().iter().any(|s| s.1 == "firing")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(800)).await; // the pause ends
+    // Checks that Redis answers again end the outage.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1500) {
+        app.check(json!({"policy": "open", "identifiers": {"user": "1"}}))
+            .await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for("the resolution", Duration::from_secs(5), || {
+        sink.seen.lock().unwrap().iter().any(|s| s.1 == "resolved")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let seen = sink.seen.lock().unwrap().clone();
+    assert!(seen.iter().all(|s| s.2), "signed: {seen:?}");
+    let events: Vec<&str> = seen.iter().map(|s| s.1.as_str()).collect();
+    assert_eq!(events, ["firing", "resolved"], "{seen:?}");
+    assert!(
+        seen[0].3["figures"]["failing_for_seconds"]
+            .as_i64()
+            .unwrap()
+            >= 1
+    );
+    assert_eq!(seen[0].3["rule"], "redis-down");
+}

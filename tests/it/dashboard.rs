@@ -530,13 +530,32 @@ async fn the_inspector_shows_where_an_identifier_binds_and_when_it_was_throttled
     tokio::time::sleep(Duration::from_millis(700)).await;
     add_user(&store(&redis).await, "ann", Role::Viewer).await;
     let mut v = Visitor::signed_in(&app, "ann").await;
-    let page = v.get("/identifiers?id=user%3Dscraper").await.text().await.unwrap();
-    let card = page.find("aria-label=\"user=scraper in ").map(|i| &page[i.saturating_sub(60)..i + 60]);
-    assert_eq!(page.matches("aria-label=\"user=scraper in ").count(), 1, "one policy card: {card:?}");
+    let page = v
+        .get("/identifiers?id=user%3Dscraper")
+        .await
+        .text()
+        .await
+        .unwrap();
+    let card = page
+        .find("aria-label=\"user=scraper in ")
+        .map(|i| &page[i.saturating_sub(60)..i + 60]);
+    assert_eq!(
+        page.matches("aria-label=\"user=scraper in ").count(),
+        1,
+        "one policy card: {card:?}"
+    );
     assert!(page.contains("aria-label=\"user=scraper in p07\""));
-    assert!(page.contains("No state in 20 other policies: demo, p00, p01"), "the others fold into one line");
-    let throttled = &page[page.find("data-testid=\"throttled-7d\"").expect("the 7-day section")..];
+    assert!(
+        page.contains("No state in 20 other policies: demo, p00, p01"),
+        "the others fold into one line"
+    );
+    let throttled = &page[page
+        .find("data-testid=\"throttled-7d\"")
+        .expect("the 7-day section")..];
     let table = throttled[..throttled.find("</table>").unwrap()].replace("<!>", "");
     // 10 checks against a limit of 2: 8 denials, in the current hour.
-    assert!(table.contains("<td>p07</td><td class=\"num\">1</td><td class=\"num\">8</td>"), "{table}");
+    assert!(
+        table.contains("<td>p07</td><td class=\"num\">1</td><td class=\"num\">8</td>"),
+        "{table}"
+    );
 }

@@ -214,6 +214,9 @@ pub async fn app_state(redis: &RedisServer, extra: &[(&str, &str)]) -> AppState 
         "SPILLWAY_SERVICE_KEYS" => Some(SERVICE_KEY.into()),
         "SPILLWAY_ADMIN_KEYS" => Some(ADMIN_KEY.into()),
         "SPILLWAY_REDIS_TIMEOUT_MS" => Some("2000".into()),
+        // Alert evaluation (a lease script call each period) only where a test asks for it:
+        // tests that count script calls count the checks' own.
+        "SPILLWAY_ALERT_EVAL_MS" => Some("3600000".into()),
         _ => None,
     })
     .expect("test configuration is valid");
@@ -355,6 +358,7 @@ impl AppProcess {
     pub fn start_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Self {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .env("SPILLWAY_ALERT_EVAL_MS", "3600000")
             .envs(extra.iter().copied())
             .env("REDIS_URL", redis.url())
             .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
