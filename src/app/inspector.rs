@@ -303,7 +303,7 @@ fn Throttled(denials: Denials) -> impl IntoView {
             None => per_policy.push((policy.clone(), 1, *n)),
         }
     }
-    per_policy.sort_by(|a, b| b.2.cmp(&a.2));
+    per_policy.sort_by_key(|p| std::cmp::Reverse(p.2));
     let peak = per_hour.values().copied().max().unwrap_or(1).max(1);
     let bars = per_hour
         .iter()
