@@ -223,6 +223,7 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                     r.ttl_ms.is_some() || r.remaining < r.limit || r.retry_after_ms.is_some()
                 })
         });
+    let touched_any = !touched.is_empty();
     let folded = (!untouched.is_empty()).then(|| {
         let names = untouched
             .iter()
@@ -231,7 +232,17 @@ fn Policies(inspection: Inspection) -> impl IntoView {
             .join(", ");
         view! {
             <p class="muted untouched" data-testid="untouched">
-                {format!("No state in {} other {}: {names}.", untouched.len(), if untouched.len() == 1 { "policy" } else { "policies" })}
+                {format!(
+                    "No state in {}{} {}: {names}.",
+                    if touched_any { "" } else { "any of its " },
+                    untouched.len(),
+                    match (touched_any, untouched.len()) {
+                        (true, 1) => "other policy",
+                        (true, _) => "other policies",
+                        (false, 1) => "policy",
+                        (false, _) => "policies",
+                    }
+                )}
             </p>
         }
     });
