@@ -131,20 +131,8 @@ impl Store {
             .cmd("HDEL")
             .arg(self.keys.alert_outbox())
             .arg(id)
-            .ignore()
-            .cmd("LPUSH")
-            .arg(self.keys.alert_deliveries())
-            .arg(log)
-            .ignore()
-            .cmd("LTRIM")
-            .arg(self.keys.alert_deliveries())
-            .arg(0)
-            .arg(LOG_LENGTH - 1)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(self.keys.alert_deliveries())
-            .arg(KEPT_MS)
             .ignore();
+        self.push_alert_log(&mut pipe, log);
         let () = self.query_pipe(&pipe).await?;
         Ok(())
     }
@@ -152,6 +140,13 @@ impl Store {
     /// Logs an attempt that will be retried (the delivery stays in the outbox).
     pub async fn log_alert_attempt(&self, log: &str) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
+        self.push_alert_log(&mut pipe, log);
+        let () = self.query_pipe(&pipe).await?;
+        Ok(())
+    }
+
+    /// Adds `log` to the delivery log, keeping its newest `LOG_LENGTH` and its TTL.
+    fn push_alert_log(&self, pipe: &mut redis::Pipeline, log: &str) {
         pipe.cmd("LPUSH")
             .arg(self.keys.alert_deliveries())
             .arg(log)
@@ -165,8 +160,6 @@ impl Store {
             .arg(self.keys.alert_deliveries())
             .arg(KEPT_MS)
             .ignore();
-        let () = self.query_pipe(&pipe).await?;
-        Ok(())
     }
 
     /// The latest deliveries and attempts, newest first.

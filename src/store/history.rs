@@ -208,20 +208,11 @@ impl Store {
         periods: std::ops::RangeInclusive<i64>,
         n: usize,
     ) -> Result<Vec<(String, u64)>, StoreError> {
-        let mut pipe = redis::pipe();
-        for period in periods {
-            pipe.cmd("ZRANGE")
-                .arg(self.keys.history_top(scope, kind, step, period))
-                .arg(0)
-                .arg(-1)
-                .arg("WITHSCORES");
-        }
-        let lists: Vec<Vec<(String, f64)>> = self.query_pipe(&pipe).await?;
-        let lists: Vec<Vec<(String, u64)>> = lists
-            .into_iter()
-            .map(|l| l.into_iter().map(|(m, s)| (m, s as u64)).collect())
-            .collect();
-        Ok(history::merge_top(lists.iter().map(Vec::as_slice), n))
+        let lists = self.history_lists(scope, kind, step, periods).await?;
+        Ok(history::merge_top(
+            lists.iter().map(|(_, l)| l.as_slice()),
+            n,
+        ))
     }
 
     /// Each of `scope`'s `kind` lists over `periods` of `step`, oldest first, whole.
@@ -244,29 +235,6 @@ impl Store {
         Ok(periods
             .zip(lists)
             .map(|(p, l)| (p, l.into_iter().map(|(m, s)| (m, s as u64)).collect()))
-            .collect())
-    }
-
-    /// How often `member` is counted in each of `scope`'s `kind` lists over `periods` of
-    /// `step`, oldest first (0 where it is not in the list).
-    pub async fn history_scores(
-        &self,
-        scope: &str,
-        kind: TopKind,
-        step: Step,
-        periods: std::ops::RangeInclusive<i64>,
-        member: &str,
-    ) -> Result<Vec<(i64, u64)>, StoreError> {
-        let mut pipe = redis::pipe();
-        for period in periods.clone() {
-            pipe.cmd("ZSCORE")
-                .arg(self.keys.history_top(scope, kind, step, period))
-                .arg(member);
-        }
-        let scores: Vec<Option<f64>> = self.query_pipe(&pipe).await?;
-        Ok(periods
-            .zip(scores)
-            .map(|(p, s)| (p, s.map_or(0, |s| s as u64)))
             .collect())
     }
 }
