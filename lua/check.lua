@@ -13,8 +13,8 @@
 --             (writes nothing: each entry's state as a peek, with retry_ms saying when a
 --             request of `cost` would pass it; the inspector's "next request in");
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lg", "sw", "tb", "lb",
---         "gc", "bw"), count_denied ("1"|"0"), and the algorithm's three parameters (see
---         its file).
+--         "gc", "bw", "cc", "qt"), count_denied ("1"|"0"), and the algorithm's three
+--         parameters (see its file; numbers, but for a quota's boundaries).
 --   Reply: { allowed (1|0), now_us, then per entry: allowed, limit, remaining, reset_ms,
 --            retry_ms (-1 = none), delay_ms }
 --
@@ -71,7 +71,7 @@ local function run(k, a, n, cost, mode)
     assert(step, 'check.lua: unknown algorithm ' .. tostring(ARGV[a + 1]))
     local count_denied = ARGV[a + 2] == '1'
     local result, commit = step(KEYS[k + 1], now, cost, tonumber(ARGV[a + 3]),
-      tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), count_denied)
+      param(ARGV[a + 4]), tonumber(ARGV[a + 5]), count_denied)
     local allowed = result[1] == 1
     if commit and (allowed or count_denied) then commit() end
     return allowed, { result }
@@ -86,7 +86,7 @@ local function run(k, a, n, cost, mode)
       step = ALGORITHMS[ARGV[base + 1]],
       refund = REFUNDS[ARGV[base + 1]],
       count_denied = ARGV[base + 2] == '1',
-      p1 = tonumber(ARGV[base + 3]), p2 = tonumber(ARGV[base + 4]), p3 = tonumber(ARGV[base + 5]),
+      p1 = tonumber(ARGV[base + 3]), p2 = param(ARGV[base + 4]), p3 = tonumber(ARGV[base + 5]),
     }
     assert(e.step, 'check.lua: unknown algorithm ' .. tostring(ARGV[base + 1]))
     if mode == 'refund' then

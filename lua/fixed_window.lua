@@ -12,9 +12,6 @@
 -- Reply (per entry): allowed, limit, remaining, reset_ms (window end, 0 when unused),
 --   retry_ms (window end; -1 when cost > limit or allowed), 0
 -- Refund (cluster): gives `cost` back to the window of `now`, if it is still current.
-local FW_SLOTS = 1048576
-local FW_MAX_COUNT = 8589934591
-
 ALGORITHMS.fw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local w = math.floor(now / window)

@@ -14,6 +14,17 @@
 local ALGORITHMS = {}
 local REFUNDS = {}
 
+-- How many windows (or quota periods) a stored fixed-window count tells apart, and where
+-- its count saturates so that count * FW_SLOTS stays an exact double (fixed_window.lua).
+local FW_SLOTS = 1048576
+local FW_MAX_COUNT = 8589934591
+
+-- A parameter from ARGV: a number, or text for the few that are not (a quota's
+-- boundaries).
+local function param(x)
+  return tonumber(x) or x
+end
+
 -- The longest duration a reply or a TTL carries: 10^13 ms (317 years). A rule that refills
 -- one token in 400 days with a capacity of 10^9 takes 10^9 times that to fill again, which
 -- Redis cannot take as a TTL (PX overflows) nor reply as an integer; past this cap the state

@@ -143,3 +143,8 @@ pub fn policy_lookup(hit: bool) {
 pub fn deny_cache_hit() {
     cached!(Counter, metrics::counter!("spillway_deny_cache_hits_total")).increment(1);
 }
+
+/// Counts leases of concurrency rules released before they ran out.
+pub fn leases_released(n: u64) {
+    metrics::counter!("spillway_leases_released_total").increment(n);
+}

@@ -7,6 +7,7 @@ pub mod check;
 pub mod envoy;
 mod history;
 pub mod identifiers;
+mod leases;
 pub mod openapi;
 pub(crate) mod policies;
 mod problem;
@@ -45,6 +46,7 @@ pub fn router() -> Router<AppState> {
         .merge(alerts::router())
         .merge(policies::router())
         .merge(identifiers::router())
+        .merge(leases::router())
         .merge(envoy::router())
         .route("/api/{*rest}", axum::routing::any(unknown_path))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))

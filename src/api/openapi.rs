@@ -56,6 +56,8 @@ pub struct RuleResult {
     binding: bool,
     /// Leaky bucket only.
     delay_ms: Option<u64>,
+    /// Concurrency rules of an allowed check: the lease it holds, to release or renew.
+    lease: Option<String>,
 }
 
 /// The answer to a check (200 allowed, 429 denied; the same body either way).
@@ -235,6 +237,41 @@ pub struct Inspection {
     policies: Vec<InspectedPolicy>,
     /// Why nothing could be shown.
     error: Option<String>,
+}
+
+/// Leases to release or renew: `leases`, or one `lease`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// 1 to 100 lease ids, as checks answered them (`results[].lease`).
+    #[schema(min_items = 1, max_items = 100)]
+    leases: Option<Vec<String>>,
+    lease: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LeaseReleased {
+    lease: String,
+    /// Whether it was held until now (false: released before, or it ran out).
+    released: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LeaseRelease {
+    results: Vec<LeaseReleased>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LeaseRenewed {
+    lease: String,
+    renewed: bool,
+    /// Milliseconds until it runs out now; null when it was not renewed.
+    expires_in_ms: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LeaseRenewal {
+    results: Vec<LeaseRenewed>,
 }
 
 /// What a reset did.
@@ -484,6 +521,8 @@ pub struct HistoryRanked {
         super::check::check_handler,
         super::check::batch_handler,
         super::check::forward_auth_handler,
+        super::leases::release,
+        super::leases::renew,
         super::policies::list,
         super::policies::read,
         super::policies::put,
@@ -507,7 +546,8 @@ pub struct HistoryRanked {
         Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
-        AlertRuleDocument, AlertCondition, AlertsDocument)),
+        AlertRuleDocument, AlertCondition, AlertsDocument,
+        LeaseRequest, LeaseReleased, LeaseRelease, LeaseRenewed, LeaseRenewal)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(

@@ -14,7 +14,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rule::Algorithm;
+use super::{
+    calendar::{self, Calendar},
+    rule::Algorithm,
+};
 
 /// What one rule says about one identifier for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +81,16 @@ pub enum State {
     BucketedWindow {
         last: i64,
         slots: Vec<i64>,
+    },
+    /// Leases not yet reclaimed: (expiry µs, cost), in the order they were taken.
+    Concurrency {
+        leases: Vec<(i64, i64)>,
+    },
+    /// `period` is the current calendar period's start in whole minutes since the epoch
+    /// (Redis keeps it mod [`FIXED_WINDOW_SLOTS`]), `count` what it has admitted.
+    Quota {
+        period: i64,
+        count: i64,
     },
 }
 
@@ -177,6 +190,17 @@ pub fn step(
             bucket_ms as i64 * 1000,
             count_denied,
         ),
+        Algorithm::Concurrency { limit, lease_ms } => {
+            concurrency(state, now_us, cost, limit as i64, lease_ms as i64 * 1000)
+        }
+        Algorithm::Quota { limit, .. } => quota(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            &algorithm.calendar().expect("a quota has a calendar"),
+            count_denied,
+        ),
     }
 }
 
@@ -228,6 +252,93 @@ fn fixed_window(
     });
     let reset = if after > 0 { end as f64 } else { 0.0 };
     let retry = (!allowed && cost <= limit).then_some(end as f64);
+    (
+        new_state,
+        outcome(allowed, limit, limit - after, reset, retry),
+    )
+}
+
+/// A quota is a fixed window whose edges are calendar boundaries: the period is told apart
+/// by its start minute, as a fixed window by its index.
+fn quota(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    limit: i64,
+    calendar: &Calendar,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    let (start, end) = calendar::period_at(calendar, now);
+    let minute = floor_div(start, 60_000_000);
+    let count = match state {
+        Some(State::Quota { period, count })
+            if period.rem_euclid(FIXED_WINDOW_SLOTS) == minute.rem_euclid(FIXED_WINDOW_SLOTS) =>
+        {
+            *count
+        }
+        _ => 0,
+    };
+    let end = end - now;
+    let allowed = count + cost <= limit;
+    let consume = cost > 0 && (allowed || count_denied);
+    let after = if consume {
+        (count + cost).min(FIXED_WINDOW_MAX_COUNT)
+    } else {
+        count
+    };
+    let new_state = consume.then_some(State::Quota {
+        period: minute,
+        count: after,
+    });
+    let reset = if after > 0 { end as f64 } else { 0.0 };
+    let retry = (!allowed && cost <= limit).then_some(end as f64);
+    (
+        new_state,
+        outcome(allowed, limit, limit - after, reset, retry),
+    )
+}
+
+/// Leases held at `now`: those taken whose expiry has not come. A denied request takes no
+/// lease, whatever `count_denied` says (the rule refuses that flag).
+fn concurrency(
+    state: Option<&State>,
+    now: i64,
+    cost: i64,
+    limit: i64,
+    lease: i64,
+) -> (Option<State>, Outcome) {
+    let mut leases: Vec<(i64, i64)> = match state {
+        Some(State::Concurrency { leases }) => {
+            leases.iter().copied().filter(|(e, _)| *e > now).collect()
+        }
+        _ => Vec::new(),
+    };
+    let held: i64 = leases.iter().map(|(_, c)| c).sum();
+    let allowed = held + cost <= limit;
+    let retry = if !allowed && cost <= limit {
+        // When enough of the soonest-expiring leases have run out (a release may come sooner).
+        let need = held + cost - limit;
+        let mut by_expiry = leases.clone();
+        by_expiry.sort_by_key(|(e, _)| *e);
+        let mut freed = 0;
+        by_expiry.iter().find_map(|(e, c)| {
+            freed += c;
+            (freed >= need).then_some((e - now) as f64)
+        })
+    } else {
+        None
+    };
+    let consume = cost > 0 && allowed;
+    if consume {
+        leases.push((now + lease, cost));
+    }
+    let after = if consume { held + cost } else { held };
+    let reset = leases
+        .iter()
+        .map(|(e, _)| e - now)
+        .max()
+        .map_or(0.0, |us| us as f64);
+    let new_state = consume.then_some(State::Concurrency { leases });
     (
         new_state,
         outcome(allowed, limit, limit - after, reset, retry),

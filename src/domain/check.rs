@@ -21,6 +21,10 @@ pub struct RuleResult {
     pub outcome: Outcome,
     /// The result that decided: the one that denied, or the one with least remaining.
     pub binding: bool,
+    /// A concurrency rule of a counted check that was allowed: the id of the lease it holds
+    /// (see `lease.rs`), to release or renew.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
 }
 
 impl RuleResult {

@@ -3,11 +3,13 @@
 
 pub mod alerts;
 pub mod algorithm;
+pub mod calendar;
 pub mod check;
 pub mod envoy;
 pub mod history;
 pub mod identifier;
 pub mod inspection;
+pub mod lease;
 pub mod overrides;
 pub mod people;
 pub mod policy;

@@ -6,8 +6,9 @@ use serde_json::{Map, Value};
 
 use super::{
     Identifier, Name, PolicyError, Rule,
+    calendar::{Period, ZoneName},
     overrides::Override,
-    rule::{ALGORITHMS, AlgorithmKind},
+    rule::{ALGORITHMS, Algorithm, AlgorithmKind},
 };
 
 /// Most rules one policy may have.
@@ -281,8 +282,42 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         .iter()
         .map(|p| int(p.field))
         .collect::<Result<Vec<u64>, PolicyError>>()?;
-    let algorithm = kind.with(&values).expect("one value per parameter");
-    let params: Vec<&str> = kind.params.iter().map(|p| p.field).collect();
+    let mut algorithm = kind.with(&values).expect("one value per parameter");
+    let mut params: Vec<&str> = kind.params.iter().map(|p| p.field).collect();
+    if let Algorithm::Quota {
+        period,
+        time_zone,
+        start_day,
+        start_month,
+        ..
+    } = &mut algorithm
+    {
+        params.extend_from_slice(&["period", "time_zone", "start_day", "start_month"]);
+        let raw = obj
+            .get("period")
+            .ok_or_else(|| PolicyError::field(at("period"), "is required for quota"))?;
+        *period = raw.as_str().and_then(Period::parse).ok_or_else(|| {
+            PolicyError::field(at("period"), "must be one of day, week, month, year")
+        })?;
+        if let Some(raw) = obj.get("time_zone").filter(|v| !v.is_null()) {
+            let name = raw
+                .as_str()
+                .ok_or_else(|| PolicyError::field(at("time_zone"), "must be a string"))?;
+            *time_zone = ZoneName::new(name).map_err(|m| PolicyError::field(at("time_zone"), m))?;
+        }
+        let small = |field: &str| -> Result<u8, PolicyError> {
+            match obj.get(field) {
+                None | Some(Value::Null) => Ok(0),
+                Some(v) => v
+                    .as_u64()
+                    .filter(|n| (1..=255).contains(n))
+                    .map(|n| n as u8)
+                    .ok_or_else(|| PolicyError::field(at(field), "must be a whole number from 1")),
+            }
+        };
+        *start_day = small("start_day")?;
+        *start_month = small("start_month")?;
+    }
     let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied"];
     allowed.extend_from_slice(&params);
     reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;

@@ -3,7 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Name, PolicyError};
+use super::{
+    Name, PolicyError,
+    calendar::{Calendar, Period, ZoneName},
+};
 
 /// Largest limit, capacity, rate or burst a rule may have.
 pub const MAX_AMOUNT: u64 = 1_000_000_000;
@@ -11,6 +14,10 @@ pub const MAX_AMOUNT: u64 = 1_000_000_000;
 pub const MAX_PERIOD_MS: u64 = 400 * 24 * 3600 * 1000;
 /// Most buckets a bucketed window may have.
 pub const MAX_BUCKETS: u64 = 3600;
+/// Most a concurrency rule may hold at once (each lease is an entry in Redis).
+pub const MAX_LEASES: u64 = 100_000;
+/// Longest lease: a day. A holder that needs longer renews.
+pub const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
 
 /// An algorithm with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +55,27 @@ pub enum Algorithm {
         window_ms: u64,
         bucket_ms: u64,
     },
+    /// At most `limit` held at once: an allowed check holds a lease of its cost for
+    /// `lease_ms`, until it is released, renewed, or reclaimed when it runs out.
+    Concurrency {
+        limit: u64,
+        lease_ms: u64,
+    },
+    /// `limit` per calendar period (day, week, month, year) in a time zone, starting on an
+    /// anniversary if one is given (see `calendar.rs`).
+    Quota {
+        limit: u64,
+        period: Period,
+        time_zone: ZoneName,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        start_day: u8,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        start_month: u8,
+    },
+}
+
+fn is_zero(v: &u8) -> bool {
+    *v == 0
 }
 
 /// One parameter of an algorithm: its field in policy documents, and the editor's input
@@ -74,8 +102,10 @@ const fn param(field: &'static str, input: &'static str) -> Param {
     Param { field, input }
 }
 
-/// Every algorithm, in the editor's order.
-pub const ALGORITHMS: [AlgorithmKind; 7] = [
+/// Every algorithm, in the editor's order. A quota's calendar fields (`period`,
+/// `time_zone`, `start_day`, `start_month`) are not numbers of the table: the policy parser
+/// and the editor handle them.
+pub const ALGORITHMS: [AlgorithmKind; 9] = [
     AlgorithmKind {
         name: "fixed_window",
         code: "fw",
@@ -134,6 +164,18 @@ pub const ALGORITHMS: [AlgorithmKind; 7] = [
             param("bucket_ms", "bucket_ms"),
         ],
     },
+    AlgorithmKind {
+        name: "concurrency",
+        code: "cc",
+        label: "Concurrency (leases)",
+        params: &[param("limit", "limit"), param("lease_ms", "lease_ms")],
+    },
+    AlgorithmKind {
+        name: "quota",
+        code: "qt",
+        label: "Calendar quota",
+        params: &[param("limit", "limit")],
+    },
 ];
 
 impl AlgorithmKind {
@@ -178,6 +220,18 @@ impl AlgorithmKind {
                 window_ms: v(1)?,
                 bucket_ms: v(2)?,
             },
+            "concurrency" => Algorithm::Concurrency {
+                limit: v(0)?,
+                lease_ms: v(1)?,
+            },
+            // A daily quota in UTC; the parser sets the calendar fields.
+            "quota" => Algorithm::Quota {
+                limit: v(0)?,
+                period: Period::Day,
+                time_zone: ZoneName::UTC,
+                start_day: 0,
+                start_month: 0,
+            },
             _ => return None,
         })
     }
@@ -194,6 +248,8 @@ impl Algorithm {
             Algorithm::LeakyBucket { .. } => "leaky_bucket",
             Algorithm::Gcra { .. } => "gcra",
             Algorithm::BucketedWindow { .. } => "bucketed_window",
+            Algorithm::Concurrency { .. } => "concurrency",
+            Algorithm::Quota { .. } => "quota",
         };
         AlgorithmKind::named(name).expect("every algorithm is in the table")
     }
@@ -230,6 +286,27 @@ impl Algorithm {
                 window_ms,
                 bucket_ms,
             } => [limit, window_ms, bucket_ms],
+            Algorithm::Concurrency { limit, lease_ms } => [limit, lease_ms, 0],
+            Algorithm::Quota { limit, .. } => [limit, 0, 0],
+        }
+    }
+
+    /// A quota's calendar.
+    pub fn calendar(&self) -> Option<Calendar> {
+        match *self {
+            Algorithm::Quota {
+                period,
+                time_zone,
+                start_day,
+                start_month,
+                ..
+            } => Some(Calendar {
+                period,
+                zone: time_zone,
+                start_day,
+                start_month,
+            }),
+            _ => None,
         }
     }
 
@@ -239,7 +316,9 @@ impl Algorithm {
             Algorithm::FixedWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. }
             | Algorithm::SlidingWindow { limit, .. }
-            | Algorithm::BucketedWindow { limit, .. } => limit,
+            | Algorithm::BucketedWindow { limit, .. }
+            | Algorithm::Concurrency { limit, .. }
+            | Algorithm::Quota { limit, .. } => limit,
             Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
                 capacity
             }
@@ -270,6 +349,9 @@ impl Algorithm {
                 period_ms,
                 burst,
             } => (burst + 1).saturating_mul(period_ms) / rate.max(1),
+            // How long a lease is held unless released.
+            Algorithm::Concurrency { lease_ms, .. } => lease_ms,
+            Algorithm::Quota { period, .. } => period.nominal_seconds() * 1000,
         };
         ms.div_ceil(1000).max(1)
     }
@@ -360,6 +442,56 @@ impl Algorithm {
                     ));
                 }
             }
+            Algorithm::Concurrency { limit, lease_ms } => {
+                if limit == 0 || limit > MAX_LEASES {
+                    return Err(PolicyError::field(
+                        field("limit"),
+                        format!("must be between 1 and {MAX_LEASES} (each lease is kept in Redis)"),
+                    ));
+                }
+                if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
+                    return Err(PolicyError::field(
+                        field("lease_ms"),
+                        format!(
+                            "must be between 1 and {MAX_LEASE_MS} milliseconds (a day); renew longer leases"
+                        ),
+                    ));
+                }
+            }
+            Algorithm::Quota {
+                limit,
+                period,
+                start_day,
+                start_month,
+                ..
+            } => {
+                amount("limit", limit)?;
+                let days = match period {
+                    Period::Day => 0,
+                    Period::Week => 7,
+                    Period::Month | Period::Year => 31,
+                };
+                if start_day > days {
+                    return Err(PolicyError::field(
+                        field("start_day"),
+                        match period {
+                            Period::Day => "a daily quota starts every day at midnight: leave start_day out".to_owned(),
+                            Period::Week => "must be an ISO weekday: 1 (Monday) to 7 (Sunday)".to_owned(),
+                            _ => "must be a day of the month, 1 to 31 (the month's last day when it is shorter)".to_owned(),
+                        },
+                    ));
+                }
+                if start_month > 12 || (start_month > 0 && period != Period::Year) {
+                    return Err(PolicyError::field(
+                        field("start_month"),
+                        if period == Period::Year {
+                            "must be a month, 1 to 12"
+                        } else {
+                            "only a yearly quota has a start_month"
+                        },
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -391,6 +523,12 @@ impl Rule {
         let name =
             Name::parse(name).map_err(|m| PolicyError::field(format!("rules[{index}].name"), m))?;
         algorithm.validate(index)?;
+        if count_denied && matches!(algorithm, Algorithm::Concurrency { .. }) {
+            return Err(PolicyError::field(
+                format!("rules[{index}].count_denied"),
+                "a concurrency rule holds leases for allowed requests only",
+            ));
+        }
         let dimensions = match dimensions {
             None => None,
             Some(dims) if dims.is_empty() => {
@@ -439,6 +577,7 @@ mod tests {
             let values: Vec<u64> = (1..=kind.params.len() as u64).map(|v| v * 10).collect();
             let algorithm = kind.with(&values).unwrap();
             assert_eq!(algorithm.kind(), kind);
+            assert_eq!(kind.code.len(), 2, "codes end every state key");
             assert_eq!(&algorithm.params()[..values.len()], &values[..]);
             assert!(
                 kind.with(&values[..values.len() - 1]).is_none(),

@@ -225,5 +225,6 @@ fn blocked_result(identifier: Identifier) -> RuleResult {
             delay_ms: 0,
         },
         binding: false,
+        lease: None,
     }
 }

@@ -105,7 +105,13 @@ impl DenyCache {
         decision: &Decision,
         cost: u64,
     ) {
-        if decision.allowed || cost == 0 || entries.iter().any(|e| e.rule.count_denied) {
+        // A concurrency denial ends whenever a lease is released: it is never known to stand.
+        if decision.allowed
+            || cost == 0
+            || entries
+                .iter()
+                .any(|e| e.rule.count_denied || e.takes_lease())
+        {
             return;
         }
         let now = Instant::now();

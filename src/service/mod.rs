@@ -16,6 +16,7 @@ pub mod deny_cache;
 pub mod envoy;
 pub mod history;
 pub mod identifiers;
+pub mod leases;
 pub mod live;
 pub mod policies;
 pub mod policy_cache;

@@ -41,6 +41,7 @@ pub(super) struct Counted {
     /// The rate hash of the check's policy.
     pub rate_key: String,
     pub cost: u64,
+    pub context: super::CheckContext,
     queued: Instant,
     reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
@@ -69,6 +70,7 @@ impl Coalescer {
         labels: Vec<String>,
         rate_key: String,
         cost: u64,
+        context: super::CheckContext,
     ) -> Result<Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Counted {
@@ -77,6 +79,7 @@ impl Coalescer {
             labels,
             rate_key,
             cost,
+            context,
             queued: Instant::now(),
             reply,
         };
@@ -158,7 +161,7 @@ impl Store {
         for check in &batch {
             cmd.arg(check.keys.len()).arg(check.cost);
             for rule in &check.rules {
-                super::entry_args(&mut cmd, rule);
+                super::entry_args(&mut cmd, rule, &check.context);
             }
             for label in &check.labels {
                 cmd.arg(label);

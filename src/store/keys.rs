@@ -78,6 +78,18 @@ impl Keys {
 }
 
 impl Keys {
+    /// The sorted set of leases `rule` (a concurrency rule) of `policy` holds for
+    /// `identifier`: its state key, as a check builds it.
+    pub fn leases(&self, policy: &Name, identifier: &Identifier, rule: &Name) -> String {
+        const CONCURRENCY: Algorithm = Algorithm::Concurrency {
+            limit: 1,
+            lease_ms: 1,
+        };
+        self.rule_state(policy, identifier, rule, &CONCURRENCY)
+    }
+}
+
+impl Keys {
     /// Hash of every policy's current version. Policies share the `{policies}` hash tag so
     /// a save is one script on one slot; none of these keys has a TTL.
     pub fn policies(&self) -> String {

@@ -10,6 +10,7 @@ mod error;
 pub mod events;
 pub mod history;
 pub mod keys;
+pub mod leases;
 pub mod people;
 pub mod policies;
 pub mod sessions;
@@ -42,10 +43,11 @@ struct Scripts {
     session_touch: Script,
     stats_flush: Script,
     alerts_lease: Script,
+    leases: Script,
 }
 
 /// The algorithm files the check script is assembled from, by their codes in `keys.rs`.
-const ALGORITHM_FILES: [(&str, &str); 7] = [
+const ALGORITHM_FILES: [(&str, &str); 9] = [
     ("fw", include_str!("../../lua/fixed_window.lua")),
     ("lg", include_str!("../../lua/sliding_log.lua")),
     ("sw", include_str!("../../lua/sliding_window.lua")),
@@ -53,6 +55,8 @@ const ALGORITHM_FILES: [(&str, &str); 7] = [
     ("lb", include_str!("../../lua/leaky_bucket.lua")),
     ("gc", include_str!("../../lua/gcra.lua")),
     ("bw", include_str!("../../lua/bucketed_window.lua")),
+    ("cc", include_str!("../../lua/concurrency.lua")),
+    ("qt", include_str!("../../lua/quota.lua")),
 ];
 
 /// The check script for each mix of algorithms, built on first use: the shared prelude, the
@@ -105,6 +109,7 @@ impl Scripts {
             policy_import: policies::import_script(),
             session_touch: sessions::touch_script(),
             alerts_lease: Script::new(include_str!("../../lua/alerts_lease.lua")),
+            leases: leases::script(),
             stats_flush: Script::new(
                 &[
                     include_str!("../../lua/stats.lua"),
@@ -147,11 +152,55 @@ impl Now {
     }
 }
 
+/// What one check adds to its rules' script parameters: the random token its leases are
+/// named by (concurrency rules), and the time calendar boundaries are worked out around
+/// (quota rules; the script places Redis's own clock among them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CheckContext {
+    token: u64,
+    around_us: i64,
+}
+
+impl CheckContext {
+    /// The context of a check of `rules` on the clock `now`: a token is drawn only for a
+    /// check that takes leases.
+    fn new(rules: &[(Algorithm, bool)], now: Now) -> Self {
+        // 0 when the check takes no lease.
+        let token = if rules
+            .iter()
+            .any(|(a, _)| matches!(a, Algorithm::Concurrency { .. }))
+        {
+            (getrandom::u64().unwrap_or_else(|_| {
+                // No entropy: still unique within this process.
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    ^ stats::now_ms().wrapping_mul(0x9E37_79B9) as u64
+            }) & crate::domain::lease::MAX_TOKEN)
+                .max(1)
+        } else {
+            0
+        };
+        let around_us = match now {
+            Now::At(us) => us,
+            Now::Redis => stats::now_ms() * 1000,
+            Now::RedisPlus(offset) => stats::now_ms() * 1000 + offset,
+        };
+        Self { token, around_us }
+    }
+}
+
 /// One rule × identifier to evaluate in a check.
 #[derive(Clone, Copy, Debug)]
 pub struct CheckEntry<'a> {
     pub rule: &'a Rule,
     pub identifier: &'a Identifier,
+}
+
+impl CheckEntry<'_> {
+    /// A concurrency rule: an allowed, counted check holds a lease of it.
+    pub fn takes_lease(&self) -> bool {
+        matches!(self.rule.algorithm, Algorithm::Concurrency { .. })
+    }
 }
 
 /// The raw answer of the check script, before it is named.
@@ -403,16 +452,29 @@ impl Store {
         now: Now,
     ) -> Result<Decision, StoreError> {
         let prepared = self.prepare(policy, entries);
+        let context = CheckContext::new(&prepared.rules, now);
         if !self.is_cluster() {
             let reply = self
-                .run_script(&prepared.keys, &prepared.rules, cost, now, Mode::Check)
+                .run_script(
+                    &prepared.keys,
+                    &prepared.rules,
+                    cost,
+                    now,
+                    Mode::Check,
+                    &context,
+                )
                 .await?;
             let mut decision = self.decision_of(entries, reply.outcomes);
             decision.at_us = reply.now_us;
+            with_leases(policy, entries, &mut decision, &context, cost, |_| {
+                reply.now_us
+            });
             return Ok(decision);
         }
         let groups = prepared.slot_groups(entries);
         let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        // The time each entry's script ran at (what its lease is named by).
+        let mut taken = vec![0i64; entries.len()];
         // Groups that consumed, with the time their script used (for the refund).
         let mut committed: Vec<(usize, i64)> = Vec::new();
         let mut denied = false;
@@ -420,7 +482,7 @@ impl Store {
         for (g, group) in groups.iter().enumerate() {
             let mode = if denied { Mode::Denied } else { Mode::Check };
             let reply = self
-                .run_script(&group.keys, &group.rules, cost, now, mode)
+                .run_script(&group.keys, &group.rules, cost, now, mode, &context)
                 .await?;
             at_us = at_us.min(reply.now_us);
             if mode == Mode::Check && !reply.allowed {
@@ -429,6 +491,9 @@ impl Store {
             if mode == Mode::Check && reply.allowed && cost > 0 {
                 committed.push((g, reply.now_us));
             }
+            for &i in &group.members {
+                taken[i] = reply.now_us;
+            }
             group.place(reply.outcomes, &mut outcomes);
         }
         let mut refunded = false;
@@ -436,7 +501,14 @@ impl Store {
             for (g, at) in committed {
                 let group = &groups[g];
                 let reply = self
-                    .run_script(&group.keys, &group.rules, cost, Now::At(at), Mode::Refund)
+                    .run_script(
+                        &group.keys,
+                        &group.rules,
+                        cost,
+                        Now::At(at),
+                        Mode::Refund,
+                        &context,
+                    )
                     .await?;
                 group.place(reply.outcomes, &mut outcomes);
                 refunded = true;
@@ -445,6 +517,7 @@ impl Store {
         let mut decision = self.decision_of(entries, placed(outcomes));
         decision.refunded = refunded;
         decision.at_us = if at_us == i64::MAX { 0 } else { at_us };
+        with_leases(policy, entries, &mut decision, &context, cost, |i| taken[i]);
         Ok(decision)
     }
 
@@ -460,7 +533,14 @@ impl Store {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
         for group in self.prepare(policy, entries).slot_groups(entries) {
             let reply = self
-                .run_script(&group.keys, &group.rules, cost, Now::Redis, Mode::Probe)
+                .run_script(
+                    &group.keys,
+                    &group.rules,
+                    cost,
+                    Now::Redis,
+                    Mode::Probe,
+                    &CheckContext::new(&[], Now::Redis),
+                )
                 .await?;
             group.place(reply.outcomes, &mut outcomes);
         }
@@ -477,6 +557,7 @@ impl Store {
                 algorithm: Some(e.rule.algorithm),
                 outcome,
                 binding: false,
+                lease: None,
             })
             .collect();
         Decision::new(results)
@@ -500,6 +581,7 @@ impl Store {
                 cost,
                 Now::At(at_us),
                 Mode::Refund,
+                &CheckContext::new(&[], Now::At(at_us)),
             )
             .await?;
         }
@@ -515,7 +597,9 @@ impl Store {
         cost: u64,
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
-        self.run_script(keys, rules, cost, now, Mode::Check).await
+        let context = CheckContext::new(rules, now);
+        self.run_script(keys, rules, cost, now, Mode::Check, &context)
+            .await
     }
 
     /// The state key and the script's parameters of every entry: the one place a check's
@@ -543,6 +627,7 @@ impl Store {
         cost: u64,
         now: Now,
         mode: Mode,
+        context: &CheckContext,
     ) -> Result<ScriptReply, StoreError> {
         if keys.is_empty() {
             return Ok(ScriptReply {
@@ -562,7 +647,7 @@ impl Store {
         }
         cmd.arg(now.arg()).arg(cost).arg(mode.arg());
         for rule in rules {
-            entry_args(&mut cmd, rule);
+            entry_args(&mut cmd, rule, context);
         }
         let raw: Vec<i64> = self.evalsha(script, &cmd).await?;
         parse_reply(&raw, keys.len())
@@ -637,6 +722,36 @@ impl SlotGroup {
     }
 }
 
+/// Names the lease each concurrency entry of an allowed, counted check took: the check's
+/// token, its cost, and the time the entry's script ran at (`taken(i)` for entry `i`).
+fn with_leases(
+    policy: &Name,
+    entries: &[CheckEntry<'_>],
+    decision: &mut Decision,
+    context: &CheckContext,
+    cost: u64,
+    taken: impl Fn(usize) -> i64,
+) {
+    if !decision.allowed || cost == 0 || context.token == 0 {
+        return;
+    }
+    for (i, (entry, result)) in entries.iter().zip(&mut decision.results).enumerate() {
+        if entry.takes_lease() {
+            result.lease = Some(
+                crate::domain::lease::LeaseId {
+                    policy: policy.clone(),
+                    rule: entry.rule.name.clone(),
+                    identifier: entry.identifier.clone(),
+                    token: context.token,
+                    cost,
+                    taken_us: taken(i),
+                }
+                .to_string(),
+            );
+        }
+    }
+}
+
 /// The outcomes once every group has put its own.
 fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
     outcomes
@@ -646,14 +761,30 @@ fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
 }
 
 /// One entry's five arguments to the check script: the algorithm's code, `count_denied`,
-/// and its three parameters (see the algorithm's Lua file).
-fn entry_args(cmd: &mut redis::Cmd, (algorithm, count_denied): &(Algorithm, bool)) {
-    let [p1, p2, p3] = algorithm.params();
+/// and its three parameters (see the algorithm's Lua file): a concurrency rule's third is
+/// the check's lease token, a quota's second the calendar boundaries around the check.
+fn entry_args(
+    cmd: &mut redis::Cmd,
+    (algorithm, count_denied): &(Algorithm, bool),
+    context: &CheckContext,
+) {
     cmd.arg(algorithm.kind().code)
-        .arg(if *count_denied { "1" } else { "0" })
-        .arg(p1)
-        .arg(p2)
-        .arg(p3);
+        .arg(if *count_denied { "1" } else { "0" });
+    match algorithm {
+        Algorithm::Concurrency { limit, lease_ms } => {
+            cmd.arg(limit).arg(lease_ms).arg(context.token);
+        }
+        Algorithm::Quota { limit, .. } => {
+            let calendar = algorithm.calendar().expect("a quota has a calendar");
+            let [p, s, e, n] =
+                crate::domain::calendar::periods_around(&calendar, context.around_us);
+            cmd.arg(limit).arg(format!("{p}:{s}:{e}:{n}")).arg(0);
+        }
+        _ => {
+            let [p1, p2, p3] = algorithm.params();
+            cmd.arg(p1).arg(p2).arg(p3);
+        }
+    }
 }
 
 fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, StoreError> {

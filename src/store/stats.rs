@@ -93,6 +93,7 @@ impl Store {
             .as_ref()
             .ok_or_else(|| StoreError::Reply("this store has no check queue".into()))?;
         let super::Prepared { keys, rules } = self.prepare(policy, entries);
+        let context = super::CheckContext::new(&rules, Now::Redis);
         let labels = entries
             .iter()
             .map(|e| label(policy.as_str(), &e.identifier.to_string()))
@@ -104,10 +105,12 @@ impl Store {
                 labels,
                 self.keys.stats_rate(policy.as_str()),
                 cost,
+                context,
             )
             .await?;
         let mut decision = self.decision_of(entries, outcomes);
         decision.at_us = at_us;
+        super::with_leases(policy, entries, &mut decision, &context, cost, |_| at_us);
         Ok(decision)
     }
 

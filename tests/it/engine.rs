@@ -73,6 +73,17 @@ fn hundred_without_refill() -> Vec<Algorithm> {
             window_ms: LONG_MS,
             bucket_ms: LONG_MS / 400,
         },
+        Algorithm::Concurrency {
+            limit: 100,
+            lease_ms: spillway::domain::rule::MAX_LEASE_MS,
+        },
+        Algorithm::Quota {
+            limit: 100,
+            period: spillway::domain::calendar::Period::Year,
+            time_zone: spillway::domain::calendar::ZoneName::new("Europe/Berlin").unwrap(),
+            start_day: 0,
+            start_month: 0,
+        },
     ]
 }
 
@@ -117,7 +128,36 @@ fn algorithm_strategy() -> impl Strategy<Value = Algorithm> {
                 bucket_ms,
             }
         }),
+        (1u64..=12, prop_oneof![Just(1u64), 1u64..=3000])
+            .prop_map(|(limit, lease_ms)| Algorithm::Concurrency { limit, lease_ms }),
+        quota(1u64..=12),
     ]
+}
+
+/// A quota of a limit from `limit`: any period, in UTC or a zone with daylight saving or an
+/// odd offset, from the 1st or an anniversary.
+fn quota(limit: impl Strategy<Value = u64>) -> impl Strategy<Value = Algorithm> {
+    use spillway::domain::calendar::{Period, ZoneName};
+    (
+        limit,
+        prop::sample::select(Period::ALL.to_vec()),
+        prop::sample::select(vec![
+            "UTC",
+            "America/New_York",
+            "Europe/Berlin",
+            "Asia/Kathmandu",
+            "Australia/Lord_Howe",
+        ]),
+        0u8..=7,
+        0u8..=12,
+    )
+        .prop_map(|(limit, period, zone, day, month)| Algorithm::Quota {
+            limit,
+            period,
+            time_zone: ZoneName::new(zone).unwrap(),
+            start_day: if period == Period::Day { 0 } else { day },
+            start_month: if period == Period::Year { month } else { 0 },
+        })
 }
 
 /// A request: microseconds since the previous one, and its cost.
@@ -735,6 +775,17 @@ async fn every_key_has_a_ttl_after_100k_identifiers() {
             window_ms: LONG_MS,
             bucket_ms: LONG_MS / 400,
         },
+        Algorithm::Concurrency {
+            limit: 10,
+            lease_ms: spillway::domain::rule::MAX_LEASE_MS,
+        },
+        Algorithm::Quota {
+            limit: 10,
+            period: spillway::domain::calendar::Period::Year,
+            time_zone: spillway::domain::calendar::ZoneName::new("America/New_York").unwrap(),
+            start_day: 0,
+            start_month: 0,
+        },
     ]
     .into_iter()
     .enumerate()
@@ -844,7 +895,9 @@ async fn tricky_values_get_their_own_keys_in_their_own_slot() {
 
 /// Parameters at the edges of what `Rule::new` accepts, for every algorithm.
 fn edge_algorithm_strategy() -> impl Strategy<Value = Algorithm> {
-    use spillway::domain::rule::{MAX_AMOUNT, MAX_BUCKETS, MAX_PERIOD_MS};
+    use spillway::domain::rule::{
+        MAX_AMOUNT, MAX_BUCKETS, MAX_LEASE_MS, MAX_LEASES, MAX_PERIOD_MS,
+    };
     let amount = || prop_oneof![Just(1u64), Just(MAX_AMOUNT), 1u64..=MAX_AMOUNT];
     let period = || prop_oneof![Just(1u64), Just(MAX_PERIOD_MS), 1u64..=MAX_PERIOD_MS];
     let log_limit = prop_oneof![Just(1u64), Just(100_000u64), Just(8_000u64), 1u64..=100_000];
@@ -893,6 +946,12 @@ fn edge_algorithm_strategy() -> impl Strategy<Value = Algorithm> {
                 window_ms: buckets * bucket_ms,
                 bucket_ms,
             }),
+        (
+            prop_oneof![Just(1u64), Just(MAX_LEASES), 1u64..=MAX_LEASES],
+            prop_oneof![Just(1u64), Just(MAX_LEASE_MS), 1u64..=MAX_LEASE_MS],
+        )
+            .prop_map(|(limit, lease_ms)| Algorithm::Concurrency { limit, lease_ms }),
+        quota(amount()),
     ]
 }
 
@@ -988,10 +1047,30 @@ async fn coalesced_checks_at_the_edges_never_fail() {
             window_ms: MAX_PERIOD_MS,
             bucket_ms: MAX_PERIOD_MS / 3600,
         },
+        Algorithm::Quota {
+            limit: MAX_AMOUNT,
+            period: spillway::domain::calendar::Period::Year,
+            time_zone: spillway::domain::calendar::ZoneName::new("Pacific/Apia").unwrap(),
+            start_day: 31,
+            start_month: 12,
+        },
     ]
     .into_iter()
     .enumerate()
     .map(|(i, a)| Rule::new(i, &format!("r{i}"), a, None, true).unwrap())
+    .chain(std::iter::once(
+        Rule::new(
+            9,
+            "leases",
+            Algorithm::Concurrency {
+                limit: spillway::domain::rule::MAX_LEASES,
+                lease_ms: spillway::domain::rule::MAX_LEASE_MS,
+            },
+            None,
+            false,
+        )
+        .unwrap(),
+    ))
     .collect();
     let rules = std::sync::Arc::new(rules);
     let mut tasks = tokio::task::JoinSet::new();
@@ -1209,4 +1288,182 @@ fn a_batch_that_does_not_add_up_writes_nothing() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(written, 0, "a check of the refused batch wrote state");
+}
+
+// ---------------------------------------------------------------------------------------
+// Calendar quotas at their boundaries.
+
+/// A quota's period ends where the calendar says, in UTC and across daylight-saving
+/// changes: one µs before the boundary the count stands and `reset_ms` is what is left of
+/// the period; at the boundary it starts again with the whole next period to run. The
+/// boundaries are worked out by hand (US Eastern DST 2026-03-08 and 2026-11-01, Berlin
+/// 2026-03-29), not by the code under test.
+#[tokio::test]
+async fn quota_periods_turn_over_where_the_calendar_says() {
+    use spillway::domain::calendar::{Period, ZoneName};
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let us = |t: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .unwrap()
+            .timestamp_micros()
+    };
+    // (period, zone, start of a period, its end, the end of the next one)
+    let cases = [
+        (
+            Period::Day,
+            "UTC",
+            "2026-02-28T00:00:00Z",
+            "2026-03-01T00:00:00Z",
+            "2026-03-02T00:00:00Z",
+        ),
+        (
+            Period::Month,
+            "UTC",
+            "2026-01-01T00:00:00Z",
+            "2026-02-01T00:00:00Z",
+            "2026-03-01T00:00:00Z",
+        ),
+        (
+            Period::Month,
+            "UTC",
+            "2028-02-01T00:00:00Z",
+            "2028-03-01T00:00:00Z",
+            "2028-04-01T00:00:00Z",
+        ),
+        (
+            Period::Month,
+            "UTC",
+            "2027-02-01T00:00:00Z",
+            "2027-03-01T00:00:00Z",
+            "2027-04-01T00:00:00Z",
+        ),
+        (
+            Period::Year,
+            "UTC",
+            "2027-01-01T00:00:00Z",
+            "2028-01-01T00:00:00Z",
+            "2029-01-01T00:00:00Z",
+        ),
+        (
+            Period::Day,
+            "America/New_York",
+            "2026-03-07T05:00:00Z",
+            "2026-03-08T05:00:00Z",
+            "2026-03-09T04:00:00Z",
+        ),
+        (
+            Period::Day,
+            "America/New_York",
+            "2026-10-31T04:00:00Z",
+            "2026-11-01T04:00:00Z",
+            "2026-11-02T05:00:00Z",
+        ),
+        (
+            Period::Month,
+            "Europe/Berlin",
+            "2026-02-28T23:00:00Z",
+            "2026-03-31T22:00:00Z",
+            "2026-04-30T22:00:00Z",
+        ),
+        (
+            Period::Year,
+            "Europe/Berlin",
+            "2025-12-31T23:00:00Z",
+            "2026-12-31T23:00:00Z",
+            "2027-12-31T23:00:00Z",
+        ),
+    ];
+    for (i, (period, zone, start, end, next)) in cases.into_iter().enumerate() {
+        let algorithm = Algorithm::Quota {
+            limit: 3,
+            period,
+            time_zone: ZoneName::new(zone).unwrap(),
+            start_day: 0,
+            start_month: 0,
+        };
+        let keys = vec![format!("quota:{{case{i}}}")];
+        let rules = [(algorithm, false)];
+        let (start, end, next) = (us(start), us(end), us(next));
+        let at = |t: i64, cost: u64| {
+            let (keys, store) = (keys.clone(), store.clone());
+            async move {
+                store
+                    .run_check(&keys, &rules, cost, Now::At(t))
+                    .await
+                    .unwrap()
+            }
+        };
+        let what = format!("{period:?} in {zone} from {start}");
+        // The first µs of the period and the last: the same period, counted on.
+        let first = at(start, 2).await;
+        assert!(first.allowed, "{what}");
+        assert_eq!(first.outcomes[0].remaining, 1, "{what}");
+        assert_eq!(
+            first.outcomes[0].reset_ms as i64,
+            (end - start) / 1000,
+            "{what}"
+        );
+        let last = at(end - 1, 1).await;
+        assert_eq!(
+            (last.allowed, last.outcomes[0].remaining),
+            (true, 0),
+            "{what}"
+        );
+        assert_eq!(
+            last.outcomes[0].reset_ms, 1,
+            "{what}: 1 µs left, rounded up"
+        );
+        let over = at(end - 1, 1).await;
+        assert!(!over.allowed, "{what}");
+        assert_eq!(over.outcomes[0].retry_after_ms, Some(1), "{what}");
+        // The boundary: a new period, as long as the calendar says.
+        let turned = at(end, 1).await;
+        assert!(turned.allowed, "{what}");
+        assert_eq!(turned.outcomes[0].remaining, 2, "{what}");
+        assert_eq!(
+            turned.outcomes[0].reset_ms as i64,
+            (next - end) / 1000,
+            "{what}"
+        );
+    }
+}
+
+/// A monthly quota from the 31st starts on the last day of shorter months (Feb 28, then
+/// Mar 31), and a check's `reset_ms` is the real time to that boundary.
+#[tokio::test]
+async fn an_anniversary_quota_follows_short_months() {
+    use spillway::domain::calendar::{Period, ZoneName};
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let us = |t: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .unwrap()
+            .timestamp_micros()
+    };
+    let algorithm = Algorithm::Quota {
+        limit: 10,
+        period: Period::Month,
+        time_zone: ZoneName::new("UTC").unwrap(),
+        start_day: 31,
+        start_month: 0,
+    };
+    let keys = vec!["anniversary:{a}".to_owned()];
+    let rules = [(algorithm, false)];
+    for (at, reset_to) in [
+        ("2026-02-01T00:00:00Z", "2026-02-28T00:00:00Z"),
+        ("2026-02-28T00:00:00Z", "2026-03-31T00:00:00Z"),
+        ("2026-04-15T12:00:00Z", "2026-04-30T00:00:00Z"),
+    ] {
+        let reply = store
+            .run_check(&keys, &rules, 10, Now::At(us(at)))
+            .await
+            .unwrap();
+        assert!(reply.allowed, "{at}: a new period, the whole limit");
+        assert_eq!(
+            reply.outcomes[0].reset_ms as i64,
+            (us(reset_to) - us(at)) / 1000,
+            "{at}"
+        );
+    }
 }

@@ -16,6 +16,7 @@ mod fuzz;
 mod hardening;
 mod health;
 mod history;
+mod leases;
 mod live;
 mod memory;
 mod openapi;

@@ -93,6 +93,18 @@ async fn memory_per_identifier() {
             limit: 1000,
             window_ms: LONG_MS,
         },
+        // One lease held per identifier (a day long).
+        Algorithm::Concurrency {
+            limit: 100,
+            lease_ms: spillway::domain::rule::MAX_LEASE_MS,
+        },
+        Algorithm::Quota {
+            limit: 100,
+            period: spillway::domain::calendar::Period::Month,
+            time_zone: spillway::domain::calendar::ZoneName::new("Europe/Berlin").unwrap(),
+            start_day: 0,
+            start_month: 0,
+        },
     ];
     println!("\n| algorithm | bytes per identifier ({n} identifiers, 1 check each) |\n|---|---|");
     for algorithm in algorithms {

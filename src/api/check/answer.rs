@@ -54,6 +54,9 @@ pub struct ResultBody {
     /// Leaky bucket only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+    /// Concurrency rules of an allowed check: the lease it holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
 }
 
 impl IntoResponse for CheckAnswer {
@@ -104,6 +107,7 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
             binding: r.binding,
             delay_ms: matches!(r.algorithm, Some(Algorithm::LeakyBucket { .. }))
                 .then_some(r.outcome.delay_ms),
+            lease: r.lease.clone(),
         })
         .collect();
     let body = CheckBody {
@@ -158,11 +162,17 @@ pub fn rate_limit_headers(decision: &Decision) -> HeaderMap {
         if !list.is_empty() {
             list.push_str(", ");
         }
-        sf_item(
-            &mut list,
-            r.rule.as_str(),
-            [('q', r.outcome.limit), ('w', algorithm.window_seconds())],
-        );
+        if matches!(algorithm, Algorithm::Concurrency { .. }) {
+            // The draft's quota unit for requests in flight: no window.
+            sf_item(&mut list, r.rule.as_str(), [('q', r.outcome.limit)]);
+            list.push_str(";qu=\"concurrent-requests\"");
+        } else {
+            sf_item(
+                &mut list,
+                r.rule.as_str(),
+                [('q', r.outcome.limit), ('w', algorithm.window_seconds())],
+            );
+        }
     }
     if let Ok(value) = HeaderValue::from_str(&list)
         && !list.is_empty()

@@ -1,0 +1,108 @@
+//! Leases of concurrency rules: the holder of a lease that a check handed out releases it
+//! when its work is done, or renews it while the work goes on (service keys, as for checks).
+
+use axum::{Json, Router, extract::State, http::HeaderMap, routing::post};
+use serde_json::{Value, json};
+
+use super::{ApiError, JsonBody, require_key};
+use crate::{
+    auth::KeyRole, domain::lease::LeaseId, service::leases::MAX_LEASES_PER_CALL, state::AppState,
+};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/leases/release", post(release))
+        .route("/api/v1/leases/renew", post(renew))
+}
+
+/// The lease ids of a body: `{"leases": [id, ...]}` or `{"lease": id}`.
+fn lease_ids(body: &Value) -> Result<(Vec<LeaseId>, Vec<String>), ApiError> {
+    let (field, raw): (&str, Vec<&Value>) = match (body.get("leases"), body.get("lease")) {
+        (Some(Value::Array(items)), None) => ("leases", items.iter().collect()),
+        (None, Some(one)) => ("lease", vec![one]),
+        (Some(_), None) => return Err(ApiError::bad("leases", "must be an array of lease ids")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad("lease", "give lease or leases, not both"));
+        }
+        (None, None) => {
+            return Err(ApiError::bad(
+                "leases",
+                "is required: the lease ids a check answered with",
+            ));
+        }
+    };
+    if raw.is_empty() || raw.len() > MAX_LEASES_PER_CALL {
+        return Err(ApiError::bad(
+            field,
+            format!("must name 1 to {MAX_LEASES_PER_CALL} leases"),
+        ));
+    }
+    let mut ids = Vec::with_capacity(raw.len());
+    let mut texts = Vec::with_capacity(raw.len());
+    for (i, v) in raw.into_iter().enumerate() {
+        let at = if field == "lease" {
+            "lease".to_owned()
+        } else {
+            format!("leases[{i}]")
+        };
+        let text = v
+            .as_str()
+            .ok_or_else(|| ApiError::bad(at.clone(), "must be a string"))?;
+        ids.push(text.parse().map_err(|m: String| ApiError::bad(at, m))?);
+        texts.push(text.to_owned());
+    }
+    Ok((ids, texts))
+}
+
+/// Releases leases (one or many); releasing one twice, or one that ran out, is harmless.
+#[utoipa::path(post, path = "/api/v1/leases/release", tag = "checks", operation_id = "release_leases",
+    request_body = crate::api::openapi::LeaseRequest,
+    responses((status = 200, description = "For each lease, whether it was held until now", body = crate::api::openapi::LeaseRelease),
+        (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unreachable", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn release(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Service)?;
+    let (ids, texts) = lease_ids(&body.0)?;
+    let released = state
+        .release_leases(&ids)
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    let results: Vec<Value> = texts
+        .iter()
+        .zip(released)
+        .map(|(id, released)| json!({ "lease": id, "released": released }))
+        .collect();
+    Ok(Json(json!({ "results": results })))
+}
+
+/// Renews leases by their rule's `lease_ms` from now. A lease no longer held (released, or
+/// run out and possibly given to another caller) is not renewed: its holder must check again.
+#[utoipa::path(post, path = "/api/v1/leases/renew", tag = "checks", operation_id = "renew_leases",
+    request_body = crate::api::openapi::LeaseRequest,
+    responses((status = 200, description = "For each lease, whether it was renewed and until when", body = crate::api::openapi::LeaseRenewal),
+        (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unreachable", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn renew(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    require_key(&state, &headers, KeyRole::Service)?;
+    let (ids, texts) = lease_ids(&body.0)?;
+    let renewed = state
+        .renew_leases(&ids)
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
+    let results: Vec<Value> = texts
+        .iter()
+        .zip(renewed)
+        .map(|(id, until)| {
+            json!({ "lease": id, "renewed": until.is_some(), "expires_in_ms": until })
+        })
+        .collect();
+    Ok(Json(json!({ "results": results })))
+}
