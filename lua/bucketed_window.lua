@@ -9,6 +9,7 @@
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest counted bucket
 --   leaves), retry_ms (until enough old buckets leave; -1 when cost > limit or allowed), 0
 -- Refund (cluster): gives `cost` back to the bucket of `now`, if it is still counted.
+-- Give back (a negative usage report): takes `cost` off the newest counted buckets first.
 ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_denied)
   local window = window_ms * 1000
   local bucket = bucket_ms * 1000
@@ -83,5 +84,25 @@ REFUNDS.bw = function(key, now, cost, limit, window_ms, bucket_ms)
     local field = int(a % n)
     local left = math.max(tonumber(redis.call('HGET', key, field) or '0') - cost, 0)
     redis.call('HSET', key, field, int(left))
+  end
+end
+
+GIVEBACKS.bw = function(key, now, cost, limit, window_ms, bucket_ms)
+  local n = window_ms / bucket_ms
+  local cur = math.floor(now / (bucket_ms * 1000))
+  local last = tonumber(redis.call('HGET', key, 't'))
+  if not last then return end
+  -- Slot a % n holds bucket a for every a in (last - n, last]; those after cur - n count.
+  local left = cost
+  local a = math.min(cur, last)
+  while left > 0 and a > cur - n and a > last - n do
+    local field = int(a % n)
+    local count = tonumber(redis.call('HGET', key, field) or '0')
+    if count > 0 then
+      local take = math.min(count, left)
+      redis.call('HSET', key, field, int(count - take))
+      left = left - take
+    end
+    a = a - 1
   end
 end

@@ -11,7 +11,11 @@
 --             same check denied: act as if an entry here had denied), 'refund' (give back
 --             what a 'check' at now = ARGV[1] consumed; replies as a peek), or 'probe'
 --             (writes nothing: each entry's state as a peek, with retry_ms saying when a
---             request of `cost` would pass it; the inspector's "next request in");
+--             request of `cost` would pass it; the inspector's "next request in"),
+--             'report' (usage known after the fact: each entry counts `cost` as a counted
+--             denial would, even past its limit, so the next check is denied) or 'giveback'
+--             (a negative report: each entry gives `cost` back, never below nothing; see
+--             GIVEBACKS in prelude.lua); both reply as a peek and leave leases alone;
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lg", "sw", "tb", "lb",
 --         "gc", "bw", "cc", "qt"), count_denied ("1"|"0"), and the algorithm's three
 --         parameters (see its file; numbers, but for a quota's boundaries).
@@ -92,6 +96,18 @@ local function run(k, a, n, cost, mode)
     if mode == 'refund' then
       e.refund(key, now, cost, e.p1, e.p2, e.p3)
       e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
+    elseif mode == 'report' or mode == 'giveback' then
+      -- Usage known after the fact; leases are released, not reported.
+      local code = ARGV[base + 1]
+      if code ~= 'cc' and cost > 0 then
+        if mode == 'report' then
+          local _, commit = e.step(key, now, cost, e.p1, e.p2, e.p3, true)
+          if commit then commit() end
+        else
+          (GIVEBACKS[code] or e.refund)(key, now, cost, e.p1, e.p2, e.p3)
+        end
+      end
+      e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
     elseif mode == 'probe' then
       local at_cost = e.step(key, now, cost, e.p1, e.p2, e.p3, false)
       e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
@@ -106,8 +122,8 @@ local function run(k, a, n, cost, mode)
   local results = {}
   for i = 1, n do
     local e = entries[i]
-    if mode == 'refund' or mode == 'probe' then
-      -- already given back, or only looked at; the result is a peek
+    if mode ~= 'check' and mode ~= 'denied' then
+      -- given back, reported, or only looked at: the result is a peek
     elseif all_allowed or e.count_denied then
       if e.commit then e.commit() end
     elseif e.result[1] == 1 then
@@ -121,8 +137,8 @@ end
 if mode ~= 'batch' then
   local n = #KEYS
   assert(n > 0 and #ARGV == 3 + 5 * n, 'check.lua: expected 3 + 5 ARGV per key')
-  assert(mode == 'check' or mode == 'denied' or mode == 'refund' or mode == 'probe',
-    'check.lua: bad mode')
+  assert(mode == 'check' or mode == 'denied' or mode == 'refund' or mode == 'probe'
+    or mode == 'report' or mode == 'giveback', 'check.lua: bad mode')
   local allowed, results = run(0, 3, n, tonumber(ARGV[2]), mode)
   local reply = { allowed and 1 or 0, now }
   for i = 1, n do

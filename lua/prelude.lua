@@ -9,10 +9,14 @@
 -- (with a TTL) as if the request were counted. Nothing is written until check.lua decides.
 -- Each also adds REFUNDS[code](key, now, cost, p1, p2, p3), which gives back what a commit
 -- at `now` consumed (Redis Cluster: a later slot denied); the key's TTL is kept.
+-- A usage report with a negative cost gives back what a check consumed earlier:
+-- GIVEBACKS[code] where the algorithm has one (the newest entries of a log, the newest
+-- buckets), otherwise its REFUNDS at the time of the report; never below nothing.
 -- Numbers are doubles; src/domain/algorithm.rs mirrors every operation in the same order.
 
 local ALGORITHMS = {}
 local REFUNDS = {}
+local GIVEBACKS = {}
 
 -- How many windows (or quota periods) a stored fixed-window count tells apart, and where
 -- its count saturates so that count * FW_SLOTS stays an exact double (fixed_window.lua).

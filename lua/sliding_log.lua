@@ -10,6 +10,8 @@
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest element leaves),
 --   retry_ms (until enough old elements leave; -1 when cost > limit or allowed), 0
 -- Refund (cluster): removes up to `cost` elements admitted at `now` or later from the tail.
+-- Give back (a negative usage report): removes up to `cost` of the newest elements still in
+--   the window.
 
 -- Elements one RPUSH appends at most.
 local LOG_PUSH_CHUNK = 4096
@@ -88,4 +90,10 @@ REFUNDS.lg = function(key, now, cost)
     if tonumber(tail[i]) >= now then mine = mine + 1 else break end
   end
   if mine > 0 then redis.call('RPOP', key, mine) end
+end
+
+GIVEBACKS.lg = function(key, now, cost, limit, window_ms)
+  local stale, len = log_stale(key, now - window_ms * 1000)
+  local take = math.min(cost, len - stale)
+  if take > 0 then redis.call('RPOP', key, take) end
 end

@@ -148,3 +148,12 @@ pub fn deny_cache_hit() {
 pub fn leases_released(n: u64) {
     metrics::counter!("spillway_leases_released_total").increment(n);
 }
+
+/// Counts a usage report, and the cost it added or gave back.
+pub fn reported(policy: &str, cost: i64) {
+    let direction = if cost < 0 { "given_back" } else { "added" };
+    metrics::counter!("spillway_reports_total", "policy" => policy.to_owned(), "direction" => direction)
+        .increment(1);
+    metrics::counter!("spillway_reported_cost_total", "policy" => policy.to_owned(), "direction" => direction)
+        .increment(cost.unsigned_abs());
+}

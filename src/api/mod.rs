@@ -11,6 +11,7 @@ mod leases;
 pub mod openapi;
 pub(crate) mod policies;
 mod problem;
+mod report;
 
 pub use problem::ApiError;
 
@@ -41,6 +42,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/check", post(check::check_handler))
         .route("/api/v1/check/batch", post(check::batch_handler))
         .route("/api/v1/forward-auth", get(check::forward_auth_handler))
+        .route("/api/v1/report", post(report::report))
         .route("/api/v1/audit", get(audit::list))
         .route("/api/v1/history", get(history::read))
         .merge(alerts::router())

@@ -274,6 +274,38 @@ pub struct LeaseRenewal {
     results: Vec<LeaseRenewed>,
 }
 
+/// Usage known after the fact.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReportRequest {
+    #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
+    policy: String,
+    /// `{dimension: value}`, 1 to 16.
+    identifiers: std::collections::BTreeMap<String, IdentifierValue>,
+    /// What to add, counted even past the limit; negative gives back (never below nothing).
+    #[schema(minimum = -1_000_000_000, maximum = 1_000_000_000)]
+    cost: i64,
+}
+
+/// A rule's state after a report.
+#[derive(Serialize, ToSchema)]
+pub struct ReportedRule {
+    rule: String,
+    identifier: String,
+    algorithm: String,
+    limit: u64,
+    remaining: u64,
+    reset_ms: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReportResponse {
+    policy: String,
+    policy_version: u64,
+    cost: i64,
+    results: Vec<ReportedRule>,
+}
+
 /// What a reset did.
 #[derive(Serialize, ToSchema)]
 pub struct ResetResult {
@@ -521,6 +553,7 @@ pub struct HistoryRanked {
         super::check::check_handler,
         super::check::batch_handler,
         super::check::forward_auth_handler,
+        super::report::report,
         super::leases::release,
         super::leases::renew,
         super::policies::list,
@@ -547,7 +580,8 @@ pub struct HistoryRanked {
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,
-        LeaseRequest, LeaseReleased, LeaseRelease, LeaseRenewed, LeaseRenewal)),
+        LeaseRequest, LeaseReleased, LeaseRelease, LeaseRenewed, LeaseRenewal,
+        ReportRequest, ReportedRule, ReportResponse)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(

@@ -87,6 +87,39 @@ pub async fn reset_identifier(
     }
 }
 
+/// Releases one lease of a concurrency rule (its holder crashed, say), with a reason for
+/// the audit log. Whether it was still held.
+#[server(prefix = "/fn", endpoint = "release_lease")]
+pub async fn release_lease(
+    #[server(default)] csrf: String,
+    #[server(default)] lease: String,
+    #[server(default)] reason: String,
+) -> Result<bool, AppError> {
+    let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let state = expect_context::<crate::state::AppState>();
+    let lease: crate::domain::lease::LeaseId = lease
+        .trim()
+        .parse()
+        .map_err(|m: String| AppError::bad_input("lease", m))?;
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(AppError::bad_input(
+            "reason",
+            "is required: say why (it goes to the audit log)",
+        ));
+    }
+    if reason.chars().count() > 500 {
+        return Err(AppError::bad_input(
+            "reason",
+            "must be at most 500 characters",
+        ));
+    }
+    state
+        .release_lease_by(&caller.actor(), &lease, reason)
+        .await
+        .map_err(|e| AppError::unavailable("release", e))
+}
+
 fn seconds(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms} ms")
@@ -122,9 +155,10 @@ pub fn InspectorPage() -> impl IntoView {
     let query = use_query_map();
     let id = move || query.with(|q| q.get("id").unwrap_or_default());
     let reset = ServerAction::<ResetIdentifier>::new();
+    let release = ServerAction::<ReleaseLease>::new();
     let data = Resource::new(
-        move || (id(), reset.version().get()),
-        |(id, _)| async move {
+        move || (id(), reset.version().get(), release.version().get()),
+        |(id, _, _)| async move {
             if id.trim().is_empty() {
                 Ok(None)
             } else {
@@ -154,9 +188,10 @@ pub fn InspectorPage() -> impl IntoView {
             follow_identifier(id, live, history);
         }
     });
-    // After a reset, show the fresh read at once rather than the last sample.
+    // After a reset or a release, show the fresh read at once rather than the last sample.
     Effect::new(move |_| {
         reset.version().track();
+        release.version().track();
         live.set(None);
     });
 
@@ -173,6 +208,11 @@ pub fn InspectorPage() -> impl IntoView {
             Ok(n) => view! { <p class="notice" role="status">{format!("Reset: {n} keys deleted.")}</p> }.into_any(),
             Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
         })}
+        {move || release.value().get().map(|r| match r {
+            Ok(true) => view! { <p class="notice" role="status">"Lease released."</p> }.into_any(),
+            Ok(false) => view! { <p class="notice" role="status">"That lease was no longer held."</p> }.into_any(),
+            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+        })}
         <Suspense fallback=|| view! { <p>"Reading counters…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -182,10 +222,12 @@ pub fn InspectorPage() -> impl IntoView {
                     Ok(Some(first)) => {
                         let can_reset = s.may(Action::ResetIdentifier);
                         let csrf = s.csrf.clone();
+                        let leases = view! { <Leases inspection=first.clone() can_release=can_reset csrf=csrf.clone() action=release/> };
                         let current = Signal::derive(move || live.get().unwrap_or_else(|| first.clone()));
                         view! {
                             {move || current.get().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
                             {move || view! { <Policies inspection=current.get()/> }}
+                            {leases}
                             <Suspense fallback=|| ()>
                                 {move || Suspend::new(async move {
                                     match denials.await {
@@ -393,6 +435,64 @@ fn History(history: RwSignal<Vec<Inspection>>) -> impl IntoView {
             }}
         </section>
     }
+}
+
+/// The leases concurrency rules hold for the identifier, as read when the page loaded (or
+/// after the last release): each with its age, and a form to release it with a reason.
+#[component]
+fn Leases(
+    inspection: Inspection,
+    can_release: bool,
+    csrf: String,
+    action: ServerAction<ReleaseLease>,
+) -> impl IntoView {
+    let rows: Vec<_> = inspection
+        .policies
+        .iter()
+        .flat_map(|p| {
+            p.rules.iter().flat_map(move |r| {
+                r.leases
+                    .iter()
+                    .map(move |l| (p.policy.clone(), r.rule.clone(), l.clone()))
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return ().into_any();
+    }
+    let rows = rows
+        .into_iter()
+        .map(|(policy, rule, lease)| {
+            let csrf = csrf.clone();
+            view! {
+                <tr data-testid="lease">
+                    <td data-label="Policy">{policy}</td>
+                    <td data-label="Rule">{rule}</td>
+                    <td data-label="Holds" class="num">{lease.cost}</td>
+                    <td data-label="Held for">{seconds(lease.age_ms)}</td>
+                    <td data-label="Runs out in">{seconds(lease.expires_in_ms)}</td>
+                    <td data-label="">{can_release.then(|| view! {
+                        <ActionForm action=action attr:class="row">
+                            <CsrfField csrf=csrf/>
+                            <input type="hidden" name="lease" value=lease.id.clone()/>
+                            <label>"Reason"<input name="reason" required maxlength="500" placeholder="worker crashed…"/></label>
+                            <button type="submit" class="small danger">"Release"</button>
+                        </ActionForm>
+                    })}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    view! {
+        <section class="card" aria-labelledby="leases-heading">
+            <h2 id="leases-heading">"Leases held"</h2>
+            <table class="cards-on-phone">
+                <thead><tr><th>"Policy"</th><th>"Rule"</th><th>"Holds"</th><th>"Held for"</th><th>"Runs out in"</th><th></th></tr></thead>
+                <tbody>{rows}</tbody>
+            </table>
+        </section>
+    }
+    .into_any()
 }
 
 #[component]

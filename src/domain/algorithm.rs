@@ -204,6 +204,135 @@ pub fn step(
     }
 }
 
+/// Usage reported after the fact (`POST /api/v1/report`): the state once `cost` is added, as
+/// a counted denial would add it (even past the limit: the next check is then denied), or,
+/// for a negative cost, once it is given back (never below nothing; see [`give_back`]).
+/// Concurrency rules are left alone: their leases are released instead.
+pub fn report(
+    state: Option<&State>,
+    now_us: i64,
+    cost: i64,
+    algorithm: &Algorithm,
+) -> Option<State> {
+    if cost == 0 || matches!(algorithm, Algorithm::Concurrency { .. }) {
+        return state.cloned();
+    }
+    if cost > 0 {
+        let (after, _) = step(state, now_us, cost as u64, algorithm, true);
+        after.or_else(|| state.cloned())
+    } else {
+        give_back(state, now_us, cost.unsigned_abs(), algorithm)
+    }
+}
+
+/// `cost` given back at `now_us` (`lua/*.lua`: GIVEBACKS, else REFUNDS): windows and quotas
+/// from the current window or period, a log its newest entries in the window, buckets of
+/// tokens or water and GCRA's debt as far as they go, a bucketed window from its newest
+/// counted buckets. Never below nothing.
+pub fn give_back(
+    state: Option<&State>,
+    now_us: i64,
+    cost: u64,
+    algorithm: &Algorithm,
+) -> Option<State> {
+    let cost = cost as i64;
+    let state = state?;
+    let given = match (state, *algorithm) {
+        (State::FixedWindow { window, count }, Algorithm::FixedWindow { window_ms, .. }) => {
+            let w = floor_div(now_us, window_ms as i64 * 1000);
+            (window.rem_euclid(FIXED_WINDOW_SLOTS) == w.rem_euclid(FIXED_WINDOW_SLOTS)).then(|| {
+                State::FixedWindow {
+                    window: w,
+                    count: (count - cost).max(0),
+                }
+            })
+        }
+        (State::Quota { period, count }, Algorithm::Quota { .. }) => {
+            let calendar = algorithm.calendar().expect("a quota has a calendar");
+            let (start, _) = calendar::period_at(&calendar, now_us);
+            let minute = floor_div(start, 60_000_000);
+            (period.rem_euclid(FIXED_WINDOW_SLOTS) == minute.rem_euclid(FIXED_WINDOW_SLOTS)).then(
+                || State::Quota {
+                    period: minute,
+                    count: (count - cost).max(0),
+                },
+            )
+        }
+        (
+            State::SlidingWindow {
+                window,
+                current,
+                previous,
+            },
+            Algorithm::SlidingWindow { window_ms, .. },
+        ) => {
+            (*window == floor_div(now_us, window_ms as i64 * 1000)).then(|| State::SlidingWindow {
+                window: *window,
+                current: (current - cost).max(0),
+                previous: *previous,
+            })
+        }
+        (State::SlidingLog { entries }, Algorithm::SlidingLog { window_ms, .. }) => {
+            let horizon = now_us - window_ms as i64 * 1000;
+            let live = entries.iter().filter(|t| **t > horizon).count() as i64;
+            let keep = entries.len() - cost.min(live) as usize;
+            Some(State::SlidingLog {
+                entries: entries[..keep].to_vec(),
+            })
+        }
+        (State::TokenBucket { tokens, last_us }, Algorithm::TokenBucket { capacity, .. }) => {
+            Some(State::TokenBucket {
+                tokens: (capacity as f64).min(tokens + cost as f64),
+                last_us: *last_us,
+            })
+        }
+        (State::LeakyBucket { level, last_us }, Algorithm::LeakyBucket { .. }) => {
+            Some(State::LeakyBucket {
+                level: (level - cost as f64).max(0.0),
+                last_us: *last_us,
+            })
+        }
+        (
+            State::Gcra { debt, at_us },
+            Algorithm::Gcra {
+                rate, period_ms, ..
+            },
+        ) => {
+            let drained = (debt
+                - (now_us - at_us).max(0) as f64 * rate as f64 / (period_ms as f64 * 1000.0))
+                .max(0.0);
+            Some(State::Gcra {
+                debt: (drained - cost as f64).max(0.0),
+                at_us: now_us.max(*at_us),
+            })
+        }
+        (
+            State::BucketedWindow { last, slots },
+            Algorithm::BucketedWindow {
+                window_ms,
+                bucket_ms,
+                ..
+            },
+        ) => {
+            let n = window_ms as i64 / bucket_ms as i64;
+            let cur = floor_div(now_us, bucket_ms as i64 * 1000);
+            let mut slots = slots.clone();
+            let mut left = cost;
+            let mut a = cur.min(*last);
+            while left > 0 && a > cur - n && a > last - n {
+                let slot = &mut slots[a.rem_euclid(n) as usize];
+                let take = (*slot).min(left);
+                *slot -= take;
+                left -= take;
+                a -= 1;
+            }
+            Some(State::BucketedWindow { last: *last, slots })
+        }
+        _ => None,
+    };
+    given.or_else(|| Some(state.clone()))
+}
+
 fn outcome(
     allowed: bool,
     limit: i64,

@@ -16,6 +16,21 @@ pub struct RuleState {
     pub ttl_ms: Option<i64>,
     pub binding: bool,
     pub retry_after_ms: Option<u64>,
+    /// A concurrency rule: the leases held now, soonest to run out first.
+    #[serde(default)]
+    pub leases: Vec<LeaseView>,
+}
+
+/// A lease held by a concurrency rule, as the inspector lists it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    /// Its id, to release it.
+    pub id: String,
+    pub cost: u64,
+    /// Since it was taken.
+    pub age_ms: u64,
+    /// Until it runs out unless renewed.
+    pub expires_in_ms: u64,
 }
 
 /// One policy's view of the identifier.

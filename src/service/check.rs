@@ -65,15 +65,7 @@ impl Service {
     /// else is one round trip to Redis. When Redis fails, the policy's failure mode decides.
     pub async fn check(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
         let started = std::time::Instant::now();
-        let found = self.policies.get(&request.policy);
-        crate::metrics::policy_lookup(found.is_some());
-        let policy = match found {
-            Some(p) => p,
-            None if self.policies.is_loaded() => {
-                return Err(CheckError::UnknownPolicy(request.policy.clone()));
-            }
-            None => return Err(CheckError::PoliciesNotLoaded),
-        };
+        let policy = self.policy_named(&request.policy)?;
         let now_ms = super::now_ms();
         let mut entries = Vec::new();
         let mut blocked = Vec::new();
@@ -154,6 +146,17 @@ impl Service {
 }
 
 impl Service {
+    /// The policy a check or report names, from memory.
+    pub(super) fn policy_named(&self, name: &str) -> Result<Arc<Policy>, CheckError> {
+        let found = self.policies.get(name);
+        crate::metrics::policy_lookup(found.is_some());
+        match found {
+            Some(p) => Ok(p),
+            None if self.policies.is_loaded() => Err(CheckError::UnknownPolicy(name.to_owned())),
+            None => Err(CheckError::PoliciesNotLoaded),
+        }
+    }
+
     /// Decides `entries` of `policy` at `cost`, all or nothing: from the over-limit cache
     /// when a denial there covers them, otherwise in one round trip to Redis (which also
     /// keeps the overview's counters). The caller applies the failure mode to an error.

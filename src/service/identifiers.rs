@@ -7,7 +7,8 @@ use crate::{
     audit::{Actor, Change},
     domain::{
         Identifier, Name, RulesFor,
-        inspection::{Inspection, PolicyState, RuleState},
+        inspection::{Inspection, LeaseView, PolicyState, RuleState},
+        lease::LeaseId,
     },
     store::{CheckEntry, StoreError},
 };
@@ -79,11 +80,20 @@ impl Service {
                     // support staff are asked ("when can they try again?").
                     let decision = self.store.probe(&policy.name, &entries, 1).await?;
                     let ttls = self.store.rule_ttls(&policy.name, &entries).await?;
+                    let mut leases = Vec::with_capacity(entries.len());
+                    for entry in &entries {
+                        leases.push(if entry.takes_lease() {
+                            self.leases_view(&policy.name, entry).await?
+                        } else {
+                            Vec::new()
+                        });
+                    }
                     ps.rules = decision
                         .results
                         .into_iter()
                         .zip(ttls)
-                        .map(|(r, ttl)| RuleState {
+                        .zip(leases)
+                        .map(|((r, ttl), leases)| RuleState {
                             rule: r.rule.to_string(),
                             algorithm: r.algorithm_name().to_owned(),
                             identifier: r.identifier.to_string(),
@@ -93,6 +103,7 @@ impl Service {
                             ttl_ms: (ttl >= 0).then_some(ttl),
                             binding: r.binding,
                             retry_after_ms: r.outcome.retry_after_ms,
+                            leases,
                         })
                         .collect();
                 }
@@ -100,6 +111,35 @@ impl Service {
             out.policies.push(ps);
         }
         Ok(out)
+    }
+
+    /// The leases a concurrency entry holds now, with their ids.
+    async fn leases_view(
+        &self,
+        policy: &Name,
+        entry: &CheckEntry<'_>,
+    ) -> Result<Vec<LeaseView>, StoreError> {
+        let (now_us, held) = self
+            .store
+            .leases_of(policy, entry.identifier, &entry.rule.name)
+            .await?;
+        Ok(held
+            .into_iter()
+            .map(|l| LeaseView {
+                id: LeaseId {
+                    policy: policy.clone(),
+                    rule: entry.rule.name.clone(),
+                    identifier: entry.identifier.clone(),
+                    token: l.token,
+                    cost: l.cost,
+                    taken_us: l.taken_us,
+                }
+                .to_string(),
+                cost: l.cost,
+                age_ms: ((now_us - l.taken_us).max(0) / 1000) as u64,
+                expires_in_ms: ((l.expires_us - now_us).max(0) as u64).div_ceil(1000),
+            })
+            .collect())
     }
 
     /// As [`Service::inspect`] for what a person typed (`user=42`): a malformed identifier

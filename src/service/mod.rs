@@ -20,6 +20,7 @@ pub mod leases;
 pub mod live;
 pub mod policies;
 pub mod policy_cache;
+pub mod report;
 pub mod signin;
 
 pub use check::{CheckError, CheckRequest, Checked};

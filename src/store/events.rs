@@ -89,6 +89,17 @@ impl Store {
                 .collect::<Vec<_>>()
                 .join(",")
         };
+        self.forget_denials(&scope, identifier).await?;
+        Ok(deleted)
+    }
+
+    /// Tells every instance to forget its cached denials of `identifier` under `scope`
+    /// (`*`, or policy names joined by `,`): its state changed other than by a check.
+    pub async fn forget_denials(
+        &self,
+        scope: &str,
+        identifier: &Identifier,
+    ) -> Result<(), StoreError> {
         let _: i64 = self
             .query(
                 redis::cmd("PUBLISH")
@@ -96,7 +107,7 @@ impl Store {
                     .arg(format!("{scope}\n{identifier}")),
             )
             .await?;
-        Ok(deleted)
+        Ok(())
     }
 }
 

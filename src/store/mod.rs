@@ -263,6 +263,10 @@ enum Mode {
     Refund,
     /// Write nothing: each entry's state, and when a request of the cost would pass it.
     Probe,
+    /// Usage after the fact: count the cost even past the limit.
+    Report,
+    /// A negative report: give the cost back.
+    GiveBack,
 }
 
 impl Mode {
@@ -272,6 +276,8 @@ impl Mode {
             Mode::Denied => "denied",
             Mode::Refund => "refund",
             Mode::Probe => "probe",
+            Mode::Report => "report",
+            Mode::GiveBack => "giveback",
         }
     }
 }
@@ -586,6 +592,51 @@ impl Store {
             .await?;
         }
         Ok(())
+    }
+
+    /// Usage known after the fact: adds `cost` to every entry (counted even past its limit,
+    /// so the next check is denied) or, when negative, gives it back (never below nothing).
+    /// Concurrency entries are left alone. The decision holds each entry's state afterwards
+    /// (a peek); one call per identifier's slot.
+    pub async fn report(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: i64,
+        now: Now,
+    ) -> Result<Decision, StoreError> {
+        let prepared = self.prepare(policy, entries);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        let mut at_us = 0;
+        for group in prepared.slot_groups(entries) {
+            let reply = self
+                .run_report(&group.keys, &group.rules, cost, now)
+                .await?;
+            at_us = reply.now_us;
+            group.place(reply.outcomes, &mut outcomes);
+        }
+        let mut decision = self.decision_of(entries, placed(outcomes));
+        decision.at_us = at_us;
+        Ok(decision)
+    }
+
+    /// The report of [`Store::report`] on explicit keys (the tests drive it against the
+    /// model).
+    pub async fn run_report(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, bool)],
+        cost: i64,
+        now: Now,
+    ) -> Result<ScriptReply, StoreError> {
+        let mode = if cost < 0 {
+            Mode::GiveBack
+        } else {
+            Mode::Report
+        };
+        let context = CheckContext::new(&[], now);
+        self.run_script(keys, rules, cost.unsigned_abs(), now, mode, &context)
+            .await
     }
 
     /// Runs the check script on explicit keys. The building block of `check_and_consume`,

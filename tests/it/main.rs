@@ -20,5 +20,6 @@ mod leases;
 mod live;
 mod memory;
 mod openapi;
+mod report;
 mod service;
 mod tls;

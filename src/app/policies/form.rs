@@ -16,6 +16,7 @@ impl RuleForm {
             "period_ms" => &self.period_ms,
             "rate" => &self.rate,
             "burst" => &self.burst,
+            "lease_ms" => &self.lease_ms,
             _ => "",
         }
     }
@@ -30,6 +31,7 @@ impl RuleForm {
             "period_ms" => &mut self.period_ms,
             "rate" => &mut self.rate,
             "burst" => &mut self.burst,
+            "lease_ms" => &mut self.lease_ms,
             other => unreachable!("the algorithm table names no input {other:?}"),
         }
     }
@@ -57,6 +59,24 @@ pub fn document_of(
             if let Some(kind) = AlgorithmKind::named(&r.algorithm) {
                 for p in kind.params {
                     doc[p.field] = num(r.input(p.input));
+                }
+            }
+            if r.algorithm == "quota" {
+                // The calendar fields; empty ones take their defaults (UTC, the 1st).
+                doc["period"] = json!(r.period.trim());
+                for (field, raw) in [
+                    ("time_zone", &r.time_zone),
+                    ("start_day", &r.start_day),
+                    ("start_month", &r.start_month),
+                ] {
+                    let raw = raw.trim();
+                    if !raw.is_empty() {
+                        doc[field] = if field == "time_zone" {
+                            json!(raw)
+                        } else {
+                            num(raw)
+                        };
+                    }
                 }
             }
             let dims: Vec<&str> = r
@@ -98,6 +118,12 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
         for p in kind.params {
             *form.input_mut(p.input) = s(p.field);
         }
+    }
+    if form.algorithm == "quota" {
+        form.period = s("period");
+        form.time_zone = s("time_zone");
+        form.start_day = s("start_day");
+        form.start_month = s("start_month");
     }
     RuleForm {
         dimensions: rule

@@ -51,6 +51,21 @@ pub struct RuleForm {
     pub rate: String,
     #[serde(default)]
     pub burst: String,
+    /// Concurrency: how long a lease is held unless released or renewed.
+    #[serde(default)]
+    pub lease_ms: String,
+    /// Quota: day, week, month or year.
+    #[serde(default)]
+    pub period: String,
+    /// Quota: an IANA time zone name; empty for UTC.
+    #[serde(default)]
+    pub time_zone: String,
+    /// Quota: the anniversary (weekday 1–7 of a week, day of the month); empty for the 1st.
+    #[serde(default)]
+    pub start_day: String,
+    /// Yearly quota: the month it starts in; empty for January.
+    #[serde(default)]
+    pub start_month: String,
     /// Comma-separated; empty for every dimension.
     #[serde(default)]
     pub dimensions: String,

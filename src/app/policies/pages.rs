@@ -16,6 +16,7 @@ use super::{
 use crate::{
     app::session::{CsrfField, error_message, use_session},
     domain::{
+        calendar::Period,
         people::Action,
         preview::{BurstPreview, burst},
         rule::ALGORITHMS,
@@ -170,6 +171,15 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label class="f-period">"Period (ms)"<input name=f("period_ms") value=r.period_ms inputmode="numeric"/>{e("refill_period_ms")}{e("leak_period_ms")}{e("period_ms")}</label>
                                     <label class="f-rate">"Rate"<input name=f("rate") value=r.rate inputmode="numeric"/>{e("rate")}</label>
                                     <label class="f-burst">"Burst"<input name=f("burst") value=r.burst inputmode="numeric"/>{e("burst")}</label>
+                                    <label class="f-lease">"Lease (ms)"<input name=f("lease_ms") value=r.lease_ms inputmode="numeric" placeholder="30000"/>{e("lease_ms")}</label>
+                                    <label class="f-calendar">"Period"
+                                        <select name=f("period")>
+                                            {Period::ALL.iter().map(|p| view! { <option value=p.name() selected=r.period == p.name()>{p.name()}</option> }).collect_view()}
+                                        </select>{e("period")}
+                                    </label>
+                                    <label class="f-calendar">"Time zone"<input name=f("time_zone") value=r.time_zone placeholder="UTC"/>{e("time_zone")}</label>
+                                    <label class="f-calendar">"Starts on day"<input name=f("start_day") value=r.start_day inputmode="numeric" placeholder="1"/>{e("start_day")}</label>
+                                    <label class="f-calendar">"Starts in month"<input name=f("start_month") value=r.start_month inputmode="numeric" placeholder="1"/>{e("start_month")}</label>
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                 </fieldset>
