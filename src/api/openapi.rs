@@ -115,14 +115,15 @@ pub struct Problem {
 /// A rule. Parameters depend on `algorithm`: `fixed_window`, `sliding_log`,
 /// `sliding_window`: limit, window_ms; `token_bucket`: capacity, refill_tokens,
 /// refill_period_ms; `leaky_bucket`: capacity, leak_tokens, leak_period_ms; `gcra`: rate,
-/// period_ms, burst; `bucketed_window`: limit, window_ms, bucket_ms.
+/// period_ms, burst; `bucketed_window`: limit, window_ms, bucket_ms; `concurrency`: limit,
+/// lease_ms; `quota`: limit, period, and optionally time_zone, start_day, start_month.
 #[derive(Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RuleDocument {
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     name: String,
     #[schema(
-        pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window)$"
+        pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window|concurrency|quota)$"
     )]
     algorithm: String,
     dimensions: Option<Vec<String>>,
@@ -138,6 +139,17 @@ pub struct RuleDocument {
     period_ms: Option<u64>,
     burst: Option<u64>,
     bucket_ms: Option<u64>,
+    /// Concurrency: how long a lease is held unless released or renewed (≤ a day).
+    lease_ms: Option<u64>,
+    /// Quota: the calendar period.
+    #[schema(pattern = "^(day|week|month|year)$")]
+    period: Option<String>,
+    /// Quota: an IANA time zone name (default UTC).
+    time_zone: Option<String>,
+    /// Quota: the anniversary: ISO weekday 1-7 for a week, day 1-31 for a month or year.
+    start_day: Option<u8>,
+    /// Yearly quota: the month it starts in, 1-12.
+    start_month: Option<u8>,
 }
 
 /// An override: `match` is `dimension=value`, `dimension=prefix-*` or `ip=10.0.0.0/8`.
@@ -217,6 +229,20 @@ pub struct InspectedRule {
     binding: bool,
     /// When a request of cost 1 would next pass; null when it would pass now.
     retry_after_ms: Option<u64>,
+    /// Concurrency rules: the leases held now, soonest to run out first.
+    leases: Vec<InspectedLease>,
+}
+
+/// A lease a concurrency rule holds for the identifier.
+#[derive(Serialize, ToSchema)]
+pub struct InspectedLease {
+    /// Its id, to release it.
+    id: String,
+    cost: u64,
+    /// Since it was taken.
+    age_ms: u64,
+    /// Until it runs out unless renewed.
+    expires_in_ms: u64,
 }
 
 /// One policy's view of an inspected identifier.
@@ -576,7 +602,7 @@ pub struct HistoryRanked {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, ResetResult, AuditRecord, AuditPage,
+        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,

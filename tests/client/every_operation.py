@@ -11,7 +11,14 @@ import os
 
 from spillway_client import AuthenticatedClient, Client
 from spillway_client.api.audit import list_audit_records
-from spillway_client.api.checks import check, check_batch, forward_auth
+from spillway_client.api.checks import (
+    check,
+    check_batch,
+    forward_auth,
+    release_leases,
+    renew_leases,
+    report_usage,
+)
 from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
 from spillway_client.api.alerts import delete_alert, list_alerts, put_alert
 from spillway_client.api.history import read_history
@@ -31,6 +38,12 @@ from spillway_client.models import (
     AlertsDocument,
     AuditPage,
     HistoryDocument,
+    LeaseRelease,
+    LeaseRenewal,
+    LeaseRequest,
+    ReportRequest,
+    ReportRequestIdentifiers,
+    ReportResponse,
     BatchRequest,
     BatchResponse,
     CheckRequest,
@@ -253,6 +266,38 @@ bad = put_alert.sync_detailed(
     ),
 )
 assert bad.status_code == 400 and isinstance(bad.parsed, Problem) and bad.parsed.detail.startswith("webhook_url"), bad
+
+# A concurrency rule and a monthly quota: a check holds a lease, renewed then released;
+# usage reported afterwards moves the quota's remaining exactly.
+jobs = [
+    RuleDocument(name="running", algorithm="concurrency", limit=1, lease_ms=60_000),
+    RuleDocument(name="monthly", algorithm="quota", limit=100, period="month", time_zone="Europe/Berlin"),
+]
+called(
+    "put_policy",
+    put_policy.sync_detailed("client-jobs", client=admin, body=PolicyDocument(rules=jobs)),
+    201,
+    PolicyView,
+)
+held = check.sync_detailed(client=service, body=CheckRequest(policy="client-jobs", identifiers=ids(team="a"))).parsed
+lease = held.results[0].lease
+assert held.allowed and lease, held
+renewed = called("renew_leases", renew_leases.sync_detailed(client=service, body=LeaseRequest(lease=lease)), 200, LeaseRenewal)
+assert renewed.results[0].renewed and renewed.results[0].expires_in_ms > 59_000, renewed
+released = called(
+    "release_leases", release_leases.sync_detailed(client=service, body=LeaseRequest(leases=[lease, lease])), 200, LeaseRelease
+)
+assert [r.released for r in released.results] == [True, False], released
+usage = ReportRequestIdentifiers()
+usage["team"] = "a"
+reported = called(
+    "report_usage",
+    report_usage.sync_detailed(client=service, body=ReportRequest(policy="client-jobs", identifiers=usage, cost=40)),
+    200,
+    ReportResponse,
+)
+assert [r.remaining for r in reported.results] == [1, 59], reported
+called("delete_policy", delete_policy.sync_detailed("client-jobs", client=admin), 204)
 
 # Delete; reading it then is a typed 404.
 called("delete_policy", delete_policy.sync_detailed("client-test", client=admin), 204)
