@@ -63,3 +63,46 @@ end
 local function result(allowed, limit, remaining, reset_us, retry_ms, delay_ms)
   return { allowed and 1 or 0, limit, math.max(0, remaining), ceil_ms(reset_us), retry_ms, delay_ms }
 end
+
+-- A count kept as fixed_window.lua keeps it (count * FW_SLOTS + its window's id, the window
+-- index or quota period mod FW_SLOTS) that starts again where its window ends, `to_end` µs
+-- from now: the result and the commit for `cost` (fixed windows and quotas). `refresh`
+-- sets the TTL on every write, not only the window's first: a quota whose calendar changed
+-- (day to month on the 1st) can find a count of the same start minute, whose TTL ends with
+-- the old period.
+local function counted(key, id, to_end, cost, limit, count_denied, refresh)
+  local count = 0
+  local raw = tonumber(redis.call('GET', key))
+  local current = raw and raw % FW_SLOTS == id
+  if current then count = math.floor(raw / FW_SLOTS) end
+  local allowed = count + cost <= limit
+  local consume = cost > 0 and (allowed or count_denied)
+  local after = count
+  if consume then after = math.min(count + cost, FW_MAX_COUNT) end
+  local reset = 0
+  if after > 0 then reset = to_end end
+  local retry = -1
+  if not allowed and cost <= limit then retry = ceil_ms(to_end) end
+  local commit = nil
+  if consume then
+    commit = function()
+      if current then
+        -- The window's key, with its TTL at the window's end already: add to it.
+        redis.call('INCRBY', key, int((after - count) * FW_SLOTS))
+        if refresh then redis.call('PEXPIRE', key, ttl_ms(to_end)) end
+      else
+        redis.call('SET', key, int(after * FW_SLOTS + id), 'PX', ttl_ms(to_end))
+      end
+    end
+  end
+  return result(allowed, limit, limit - after, reset, retry, 0), commit
+end
+
+-- Gives `cost` back to such a count if it is still the window `id`'s; its TTL is kept.
+local function counted_refund(key, id, cost)
+  local raw = tonumber(redis.call('GET', key))
+  if raw and raw % FW_SLOTS == id then
+    local count = math.max(math.floor(raw / FW_SLOTS) - cost, 0)
+    redis.call('SET', key, int(count * FW_SLOTS + id), 'KEEPTTL')
+  end
+end

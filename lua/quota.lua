@@ -5,7 +5,9 @@
 -- them, so instances whose clocks differ by less than a period still agree on the period.
 -- KEYS (per entry): one integer, as fixed_window.lua keeps it: count * 2^20 + (the period's
 --   start in whole minutes since the epoch, mod 2^20). Consecutive periods start at least
---   23 hours apart, so the remainder tells them apart. TTL: the end of the period.
+--   23 hours apart, so the remainder tells them apart. TTL: the end of the period, set on
+--   every write (a calendar edited to another period that starts on the same minute keeps
+--   the count, and must not keep the old period's end).
 -- ARGV (per entry): code "qt", count_denied, limit, '<previous start>:<start>:<end>:<next
 --   end>' (µs), 0
 -- Reply (per entry): allowed, limit, remaining, reset_ms (to the end of the period, 0 when
@@ -28,37 +30,9 @@ end
 
 ALGORITHMS.qt = function(key, now, cost, limit, bounds, _, count_denied)
   local period, finish = qt_period(now, bounds)
-  local count = 0
-  local raw = tonumber(redis.call('GET', key))
-  local current = raw and raw % FW_SLOTS == period
-  if current then count = math.floor(raw / FW_SLOTS) end
-  local to_end = finish - now
-  local allowed = count + cost <= limit
-  local consume = cost > 0 and (allowed or count_denied)
-  local after = count
-  if consume then after = math.min(count + cost, FW_MAX_COUNT) end
-  local reset = 0
-  if after > 0 then reset = to_end end
-  local retry = -1
-  if not allowed and cost <= limit then retry = ceil_ms(to_end) end
-  local commit = nil
-  if consume then
-    commit = function()
-      if current then
-        redis.call('INCRBY', key, int((after - count) * FW_SLOTS))
-      else
-        redis.call('SET', key, int(after * FW_SLOTS + period), 'PX', ttl_ms(to_end))
-      end
-    end
-  end
-  return result(allowed, limit, limit - after, reset, retry, 0), commit
+  return counted(key, period, finish - now, cost, limit, count_denied, true)
 end
 
 REFUNDS.qt = function(key, now, cost, limit, bounds)
-  local period = qt_period(now, bounds)
-  local raw = tonumber(redis.call('GET', key))
-  if raw and raw % FW_SLOTS == period then
-    local count = math.max(math.floor(raw / FW_SLOTS) - cost, 0)
-    redis.call('SET', key, int(count * FW_SLOTS + period), 'KEEPTTL')
-  end
+  counted_refund(key, qt_period(now, bounds), cost)
 end

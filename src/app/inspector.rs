@@ -46,18 +46,10 @@ pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials
     })
 }
 
-/// Resets the identifier: `scope` is empty (every policy), `<policy>` or `<policy>/<rule>`.
-#[server(prefix = "/fn", endpoint = "reset")]
-pub async fn reset_identifier(
-    #[server(default)] csrf: String,
-    #[server(default)] id: String,
-    #[server(default)] scope: String,
-    #[server(default)] reason: String,
-) -> Result<u64, AppError> {
-    use crate::{domain::Identifier, service::identifiers::ResetError};
-    let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
-    let state = expect_context::<crate::state::AppState>();
-    let id = Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
+/// The reason a person gave for a change to an identifier, trimmed: required, at most 500
+/// characters (it goes to the audit log).
+#[cfg(feature = "ssr")]
+fn reason_given(reason: &str) -> Result<&str, AppError> {
     let reason = reason.trim();
     if reason.is_empty() {
         return Err(AppError::bad_input(
@@ -71,6 +63,22 @@ pub async fn reset_identifier(
             "must be at most 500 characters",
         ));
     }
+    Ok(reason)
+}
+
+/// Resets the identifier: `scope` is empty (every policy), `<policy>` or `<policy>/<rule>`.
+#[server(prefix = "/fn", endpoint = "reset")]
+pub async fn reset_identifier(
+    #[server(default)] csrf: String,
+    #[server(default)] id: String,
+    #[server(default)] scope: String,
+    #[server(default)] reason: String,
+) -> Result<u64, AppError> {
+    use crate::{domain::Identifier, service::identifiers::ResetError};
+    let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let state = expect_context::<crate::state::AppState>();
+    let id = Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
+    let reason = reason_given(&reason)?;
     let (policy, rule) = match scope.split_once('/') {
         Some((p, r)) => (Some(p), Some(r)),
         None if scope.is_empty() => (None, None),
@@ -101,19 +109,7 @@ pub async fn release_lease(
         .trim()
         .parse()
         .map_err(|m: String| AppError::bad_input("lease", m))?;
-    let reason = reason.trim();
-    if reason.is_empty() {
-        return Err(AppError::bad_input(
-            "reason",
-            "is required: say why (it goes to the audit log)",
-        ));
-    }
-    if reason.chars().count() > 500 {
-        return Err(AppError::bad_input(
-            "reason",
-            "must be at most 500 characters",
-        ));
-    }
+    let reason = reason_given(&reason)?;
     state
         .release_lease_by(&caller.actor(), &lease, reason)
         .await

@@ -367,7 +367,22 @@ fn fixed_window(
         }
         _ => 0,
     };
-    let end = (w + 1) * window - now;
+    let (after, out) = counted(count, (w + 1) * window - now, cost, limit, count_denied);
+    (
+        after.map(|count| State::FixedWindow { window: w, count }),
+        out,
+    )
+}
+
+/// A count that starts again where its window (or period) ends, `to_end` µs from now: the
+/// count after `cost` when it is written, and the outcome (fixed windows and quotas).
+fn counted(
+    count: i64,
+    to_end: i64,
+    cost: i64,
+    limit: i64,
+    count_denied: bool,
+) -> (Option<i64>, Outcome) {
     let allowed = count + cost <= limit;
     let consume = cost > 0 && (allowed || count_denied);
     let after = if consume {
@@ -375,14 +390,10 @@ fn fixed_window(
     } else {
         count
     };
-    let new_state = consume.then_some(State::FixedWindow {
-        window: w,
-        count: after,
-    });
-    let reset = if after > 0 { end as f64 } else { 0.0 };
-    let retry = (!allowed && cost <= limit).then_some(end as f64);
+    let reset = if after > 0 { to_end as f64 } else { 0.0 };
+    let retry = (!allowed && cost <= limit).then_some(to_end as f64);
     (
-        new_state,
+        consume.then_some(after),
         outcome(allowed, limit, limit - after, reset, retry),
     )
 }
@@ -407,23 +418,13 @@ fn quota(
         }
         _ => 0,
     };
-    let end = end - now;
-    let allowed = count + cost <= limit;
-    let consume = cost > 0 && (allowed || count_denied);
-    let after = if consume {
-        (count + cost).min(FIXED_WINDOW_MAX_COUNT)
-    } else {
-        count
-    };
-    let new_state = consume.then_some(State::Quota {
-        period: minute,
-        count: after,
-    });
-    let reset = if after > 0 { end as f64 } else { 0.0 };
-    let retry = (!allowed && cost <= limit).then_some(end as f64);
+    let (after, out) = counted(count, end - now, cost, limit, count_denied);
     (
-        new_state,
-        outcome(allowed, limit, limit - after, reset, retry),
+        after.map(|count| State::Quota {
+            period: minute,
+            count,
+        }),
+        out,
     )
 }
 

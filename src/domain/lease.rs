@@ -5,7 +5,9 @@
 //! the check that took it, its cost, and when it was taken). Written as
 //! `<token hex>.<cost>.<taken µs>.<policy>.<rule>.<dimension>.<value>`, the value
 //! percent-encoded, so the id is plain ASCII that needs no escaping in JSON, a header or a
-//! form. The token is 53 random bits: an id cannot be guessed from what the dashboard shows.
+//! form. The token is 53 random bits: an id cannot be guessed from the policy and the
+//! identifier. Releasing by id takes a service key; the dashboard shows ids to people
+//! signed in (the inspector), and support staff release there with a reason.
 
 use std::{fmt, str::FromStr};
 

@@ -5,7 +5,7 @@
 use super::Service;
 use crate::{
     audit::{Actor, Change},
-    domain::{Algorithm, lease::LeaseId},
+    domain::{Algorithm, RulesFor, lease::LeaseId},
     store::StoreError,
 };
 
@@ -20,20 +20,25 @@ impl Service {
         Ok(released)
     }
 
-    /// Renews each lease by its rule's `lease_ms` as the policy has it now: the milliseconds
-    /// until each runs out, or `None` for one not held any more (released, run out, or its
-    /// rule is gone or no longer a concurrency rule).
+    /// Renews each lease by its rule's `lease_ms` as it applies to the identifier now (an
+    /// override's rule of the same name wins): the milliseconds until each runs out, or
+    /// `None` for one not held any more (released, run out, or its rule is gone, no longer a
+    /// concurrency rule, or the identifier is now unlimited or blocked).
     pub async fn renew_leases(&self, leases: &[LeaseId]) -> Result<Vec<Option<u64>>, StoreError> {
         let mut known = Vec::with_capacity(leases.len());
         let mut places = Vec::with_capacity(leases.len());
         for (i, lease) in leases.iter().enumerate() {
+            // The rule as it applies to the identifier now: an override's own, if it has one.
             let lease_ms = self.policies.get(lease.policy.as_str()).and_then(|p| {
-                p.all_rules().find_map(|r| match r.algorithm {
-                    Algorithm::Concurrency { lease_ms, .. } if r.name == lease.rule => {
-                        Some(lease_ms)
-                    }
-                    _ => None,
-                })
+                match p.rules_for(&lease.identifier, super::now_ms()) {
+                    RulesFor::Rules(rules) => rules.iter().find_map(|r| match r.algorithm {
+                        Algorithm::Concurrency { lease_ms, .. } if r.name == lease.rule => {
+                            Some(lease_ms)
+                        }
+                        _ => None,
+                    }),
+                    RulesFor::Unlimited | RulesFor::Blocked => None,
+                }
             });
             if let Some(ms) = lease_ms {
                 known.push((lease.clone(), ms));

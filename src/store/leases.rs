@@ -17,6 +17,10 @@ pub(super) fn script() -> Script {
     )
 }
 
+/// Most leases the inspector lists per rule (a rule may hold up to 100,000): those that
+/// ran out but were not reclaimed yet come first in the set, so a few more are read.
+pub const LISTED: usize = 50;
+
 /// A lease as its rule's set holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldLease {
@@ -84,8 +88,8 @@ impl Store {
         Ok(out)
     }
 
-    /// The leases `rule` of `policy` holds for `identifier` that have not run out, soonest
-    /// to run out first, and Redis's time (µs) they were read at.
+    /// The leases `rule` of `policy` holds for `identifier` that have not run out, the
+    /// [`LISTED`] soonest to run out, and Redis's time (µs) they were read at.
     pub async fn leases_of(
         &self,
         policy: &Name,
@@ -101,6 +105,9 @@ impl Store {
                 .arg("(0")
                 .arg("+inf")
                 .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(LISTED)
                 .arg("WITHSCORES");
             self.query_pipe(&pipe).await?
         };

@@ -571,7 +571,8 @@ impl Store {
 
     /// Gives back what a `check_and_consume` of the same entries and cost consumed; `at_us`
     /// is its decision's `at_us`. Used where an attempt is charged first and forgiven when it
-    /// turns out well (a successful login).
+    /// turns out well (a successful login). Not for checks that took leases: those are
+    /// released by their ids.
     pub async fn refund(
         &self,
         policy: &Name,

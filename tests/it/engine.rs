@@ -1523,3 +1523,49 @@ fn reports_and_give_backs_match_the_model() {
         }
     });
 }
+
+/// A denial of a concurrency rule holding many leases finds its retry time past the first
+/// page of leases the script reads (64 at a time), as the model does, and leases that ran
+/// out are passed over.
+#[tokio::test]
+async fn a_concurrency_retry_walks_past_the_first_page() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let algorithm = Algorithm::Concurrency {
+        limit: 300,
+        lease_ms: 60_000,
+    };
+    let rules = [(algorithm, false)];
+    let entry = [Entry {
+        algorithm: &algorithm,
+        count_denied: false,
+    }];
+    let keys = vec!["leases:{many}".to_owned()];
+    let mut state = vec![None];
+    let t0 = T0;
+    // 300 leases a millisecond apart; the first 20 run out before the last checks.
+    for i in 0..300 {
+        let now = t0 + i * 1000;
+        let reply = store
+            .run_check(&keys, &rules, 1, Now::At(now))
+            .await
+            .unwrap();
+        let (after, expected) = evaluate(&state, now, 1, &entry);
+        state = after;
+        assert_eq!(reply.outcomes, expected, "lease {i}");
+    }
+    let later = t0 + 60_000_000 + 20_500;
+    for cost in [1, 64, 65, 150, 280, 281] {
+        let reply = store
+            .run_check(&keys, &rules, cost, Now::At(later))
+            .await
+            .unwrap();
+        let (after, expected) = evaluate(&state, later, cost, &entry);
+        state = after;
+        assert_eq!(reply.outcomes, expected, "cost {cost}");
+        assert!(
+            reply.outcomes[0].retry_after_ms.is_some() || reply.allowed,
+            "cost {cost}"
+        );
+    }
+}

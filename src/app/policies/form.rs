@@ -144,3 +144,79 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
         ..form
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{
+        Algorithm, Policy,
+        calendar::{Period, ZoneName},
+    };
+
+    /// The editor's fields of a concurrency rule and of an anniversary quota make a document
+    /// that parses to those rules, and read back into the same fields; empty calendar fields
+    /// take their defaults.
+    #[test]
+    fn concurrency_and_quota_fields_round_trip() {
+        let lease = RuleForm {
+            name: "running".into(),
+            algorithm: "concurrency".into(),
+            limit: "10".into(),
+            lease_ms: "30000".into(),
+            ..RuleForm::default()
+        };
+        let quota = RuleForm {
+            name: "monthly".into(),
+            algorithm: "quota".into(),
+            limit: "10000".into(),
+            period: "month".into(),
+            time_zone: "America/New_York".into(),
+            start_day: "15".into(),
+            ..RuleForm::default()
+        };
+        let daily = RuleForm {
+            name: "daily".into(),
+            algorithm: "quota".into(),
+            limit: "5".into(),
+            period: "day".into(),
+            ..RuleForm::default()
+        };
+        let forms = [lease, quota, daily];
+        let doc = document_of("", false, false, &forms);
+        let policy = Policy::from_document("jobs", &doc).unwrap();
+        assert_eq!(
+            policy.rules.iter().map(|r| r.algorithm).collect::<Vec<_>>(),
+            [
+                Algorithm::Concurrency {
+                    limit: 10,
+                    lease_ms: 30_000
+                },
+                Algorithm::Quota {
+                    limit: 10_000,
+                    period: Period::Month,
+                    time_zone: ZoneName::new("America/New_York").unwrap(),
+                    start_day: 15,
+                    start_month: 0,
+                },
+                Algorithm::Quota {
+                    limit: 5,
+                    period: Period::Day,
+                    time_zone: ZoneName::UTC,
+                    start_day: 0,
+                    start_month: 0,
+                },
+            ]
+        );
+        for (form, rule) in forms.iter().zip(doc["rules"].as_array().unwrap()) {
+            assert_eq!(&rule_form(rule), form);
+        }
+        // A zone the server does not know is named.
+        let bad = RuleForm {
+            time_zone: "Mars/Olympus".into(),
+            ..forms[1].clone()
+        };
+        let err =
+            Policy::from_document("jobs", &document_of("", false, false, &[bad])).unwrap_err();
+        assert_eq!(err.field, "rules[0].time_zone");
+    }
+}
