@@ -15,8 +15,14 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/leases/renew", post(renew))
 }
 
-/// The lease ids of a body: `{"leases": [id, ...]}` or `{"lease": id}`.
-fn lease_ids(body: &Value) -> Result<(Vec<LeaseId>, Vec<String>), ApiError> {
+/// The caller's key checked, then the lease ids of the body: `{"leases": [id, ...]}` or
+/// `{"lease": id}`, parsed and as given.
+fn lease_ids(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &Value,
+) -> Result<(Vec<LeaseId>, Vec<String>), ApiError> {
+    require_key(state, headers, KeyRole::Service)?;
     let (field, raw): (&str, Vec<&Value>) = match (body.get("leases"), body.get("lease")) {
         (Some(Value::Array(items)), None) => ("leases", items.iter().collect()),
         (None, Some(one)) => ("lease", vec![one]),
@@ -65,18 +71,30 @@ pub(super) async fn release(
     headers: HeaderMap,
     body: JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Service)?;
-    let (ids, texts) = lease_ids(&body.0)?;
+    let (ids, texts) = lease_ids(&state, &headers, &body.0)?;
     let released = state
         .release_leases(&ids)
         .await
         .map_err(ApiError::RedisUnavailable)?;
+    Ok(results(
+        texts,
+        released,
+        |released| json!({ "released": released }),
+    ))
+}
+
+/// `{"results": [...]}`: each lease as given, with what `each` says of it.
+fn results<T>(texts: Vec<String>, answers: Vec<T>, each: impl Fn(T) -> Value) -> Json<Value> {
     let results: Vec<Value> = texts
-        .iter()
-        .zip(released)
-        .map(|(id, released)| json!({ "lease": id, "released": released }))
+        .into_iter()
+        .zip(answers)
+        .map(|(lease, answer)| {
+            let mut item = each(answer);
+            item["lease"] = json!(lease);
+            item
+        })
         .collect();
-    Ok(Json(json!({ "results": results })))
+    Json(json!({ "results": results }))
 }
 
 /// Renews leases by their rule's `lease_ms` from now. A lease no longer held (released, or
@@ -91,18 +109,14 @@ pub(super) async fn renew(
     headers: HeaderMap,
     body: JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Service)?;
-    let (ids, texts) = lease_ids(&body.0)?;
+    let (ids, texts) = lease_ids(&state, &headers, &body.0)?;
     let renewed = state
         .renew_leases(&ids)
         .await
         .map_err(ApiError::RedisUnavailable)?;
-    let results: Vec<Value> = texts
-        .iter()
-        .zip(renewed)
-        .map(|(id, until)| {
-            json!({ "lease": id, "renewed": until.is_some(), "expires_in_ms": until })
-        })
-        .collect();
-    Ok(Json(json!({ "results": results })))
+    Ok(results(
+        texts,
+        renewed,
+        |until| json!({ "renewed": until.is_some(), "expires_in_ms": until }),
+    ))
 }

@@ -36,21 +36,26 @@ async fn still_signed_in(state: &AppState, digest: &str) -> bool {
     )
 }
 
-fn ticks<T, F, Fut>(
+/// One event a second while the session lasts: `step` makes each from the state and what
+/// the previous step kept (`seed` at first), and keeps something for the next. Ends when the
+/// server drains, or when the session is gone (checked every 5 events).
+fn ticks<S, T, F, Fut>(
     state: AppState,
     session: CurrentSession,
-    make: F,
+    seed: S,
+    step: F,
 ) -> impl Stream<Item = Result<Event, Infallible>>
 where
+    S: Send + 'static,
     T: serde::Serialize,
-    F: Fn(AppState) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = T> + Send,
+    F: Fn(AppState, S) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = (T, S)> + Send,
 {
     let digest = session.0.map(|s| s.digest).unwrap_or_default();
-    futures_util::stream::unfold(0u64, move |n| {
+    futures_util::stream::unfold((0u64, seed), move |(n, kept)| {
         let state = state.clone();
         let digest = digest.clone();
-        let fut = make(state.clone());
+        let fut = step(state.clone(), kept);
         async move {
             if n > 0 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -63,11 +68,11 @@ where
             if n % 5 == 0 && !still_signed_in(&state, &digest).await {
                 return None;
             }
-            let data = fut.await;
+            let (data, kept) = fut.await;
             let event = Event::default()
                 .json_data(&data)
                 .unwrap_or_else(|_| Event::default().comment("unserializable"));
-            Some((Ok(event), n + 1))
+            Some((Ok(event), (n + 1, kept)))
         }
     })
 }
@@ -78,29 +83,14 @@ async fn overview_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let digest = session.0.map(|s| s.digest).unwrap_or_default();
-    let stream = futures_util::stream::unfold(
-        (0u64, None::<super::overview::OverviewData>),
-        move |(n, last)| {
-            let state = state.clone();
-            let digest = digest.clone();
-            async move {
-                if n > 0 {
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                if state.shutdown.is_draining() {
-                    return None;
-                }
-                if n % 5 == 0 && !still_signed_in(&state, &digest).await {
-                    return None;
-                }
-                let data = super::overview::gather(&state).await;
-                let delta = super::overview::OverviewDelta::between(last.as_ref(), &data);
-                let event = Event::default()
-                    .json_data(&delta)
-                    .unwrap_or_else(|_| Event::default().comment("unserializable"));
-                Some((Ok(event), (n + 1, Some(data))))
-            }
+    let stream = ticks(
+        state,
+        session,
+        None::<super::overview::OverviewData>,
+        |state, last| async move {
+            let data = super::overview::gather(&state).await;
+            let delta = super::overview::OverviewDelta::between(last.as_ref(), &data);
+            (delta, Some(data))
         },
     );
     Sse::new(stream).keep_alive(KeepAlive::default())
@@ -117,9 +107,9 @@ async fn identifier_events(
     Query(q): Query<IdentifierQuery>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let id = q.id;
-    Sse::new(ticks(state.clone(), session, move |s| {
+    Sse::new(ticks(state, session, (), move |s, ()| {
         let id = id.clone();
-        async move { s.inspect_typed(&id).await }
+        async move { (s.inspect_typed(&id).await, ()) }
     }))
     .keep_alive(KeepAlive::default())
 }

@@ -30,18 +30,6 @@ pub struct LeaseId {
 /// The largest token: Lua's numbers are doubles, exact up to 2^53.
 pub const MAX_TOKEN: u64 = (1 << 53) - 1;
 
-impl LeaseId {
-    /// Its member in the rule's sorted set (see `lua/concurrency.lua`).
-    pub fn member(&self) -> String {
-        member(self.token, self.cost, self.taken_us)
-    }
-}
-
-/// The member a lease of `cost` taken at `taken_us` by the check with `token` has.
-pub fn member(token: u64, cost: u64, taken_us: i64) -> String {
-    format!("{token}:{cost}:{taken_us}")
-}
-
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -30,6 +30,23 @@ pub struct HeldLease {
     pub expires_us: i64,
 }
 
+/// A lease's member in its rule's sorted set, `<token>:<cost>:<taken µs>` (as
+/// `lua/concurrency.lua` writes it).
+fn member(lease: &LeaseId) -> String {
+    format!("{}:{}:{}", lease.token, lease.cost, lease.taken_us)
+}
+
+/// A member read back, with its score (when it runs out).
+fn held(member: &str, expires_us: i64) -> Option<HeldLease> {
+    let mut parts = member.splitn(3, ':');
+    Some(HeldLease {
+        token: parts.next()?.parse().ok()?,
+        cost: parts.next()?.parse().ok()?,
+        taken_us: parts.next()?.parse().ok()?,
+        expires_us,
+    })
+}
+
 impl Store {
     /// Releases each lease; whether each was held (releasing twice is harmless).
     pub async fn release_leases(&self, leases: &[LeaseId]) -> Result<Vec<bool>, StoreError> {
@@ -77,7 +94,7 @@ impl Store {
             }
             cmd.arg(mode).arg("");
             for (lease, ms) in chunk {
-                cmd.arg(lease.member()).arg(lease.cost);
+                cmd.arg(member(lease)).arg(lease.cost);
                 if let Some(ms) = ms {
                     cmd.arg(*ms);
                 }
@@ -115,15 +132,7 @@ impl Store {
         let leases = members
             .into_iter()
             .filter(|(_, expires)| *expires as i64 > now)
-            .filter_map(|(member, expires)| {
-                let mut parts = member.splitn(3, ':');
-                Some(HeldLease {
-                    token: parts.next()?.parse().ok()?,
-                    cost: parts.next()?.parse().ok()?,
-                    taken_us: parts.next()?.parse().ok()?,
-                    expires_us: expires as i64,
-                })
-            })
+            .filter_map(|(member, expires)| held(&member, expires as i64))
             .collect();
         Ok((now, leases))
     }

@@ -180,10 +180,18 @@ impl CheckContext {
         } else {
             0
         };
-        let around_us = match now {
-            Now::At(us) => us,
-            Now::Redis => stats::now_ms() * 1000,
-            Now::RedisPlus(offset) => stats::now_ms() * 1000 + offset,
+        // The clock is read only for a check that has a quota (0 otherwise: unused).
+        let around_us = if rules
+            .iter()
+            .any(|(a, _)| matches!(a, Algorithm::Quota { .. }))
+        {
+            match now {
+                Now::At(us) => us,
+                Now::Redis => stats::now_ms() * 1000,
+                Now::RedisPlus(offset) => stats::now_ms() * 1000 + offset,
+            }
+        } else {
+            0
         };
         Self { token, around_us }
     }
@@ -545,7 +553,7 @@ impl Store {
                     cost,
                     Now::Redis,
                     Mode::Probe,
-                    &CheckContext::new(&[], Now::Redis),
+                    &CheckContext::new(&group.rules, Now::Redis),
                 )
                 .await?;
             group.place(reply.outcomes, &mut outcomes);
@@ -588,7 +596,7 @@ impl Store {
                 cost,
                 Now::At(at_us),
                 Mode::Refund,
-                &CheckContext::new(&[], Now::At(at_us)),
+                &CheckContext::new(&group.rules, Now::At(at_us)),
             )
             .await?;
         }
@@ -635,7 +643,7 @@ impl Store {
         } else {
             Mode::Report
         };
-        let context = CheckContext::new(&[], now);
+        let context = CheckContext::new(rules, now);
         self.run_script(keys, rules, cost.unsigned_abs(), now, mode, &context)
             .await
     }

@@ -1569,3 +1569,44 @@ async fn a_concurrency_retry_walks_past_the_first_page() {
         );
     }
 }
+
+/// A quota edited to another period that starts on the same minute (a day to a month, on
+/// the 1st) keeps its count, and the key then lives to the new period's end, not the old.
+#[tokio::test]
+async fn a_quota_edited_to_a_longer_period_keeps_its_key_to_the_new_end() {
+    use spillway::domain::calendar::{Period, ZoneName};
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let quota = |period| Algorithm::Quota {
+        limit: 10,
+        period,
+        time_zone: ZoneName::UTC,
+        start_day: 0,
+        start_month: 0,
+    };
+    let first = chrono::DateTime::parse_from_rfc3339("2026-11-01T00:00:00Z")
+        .unwrap()
+        .timestamp_micros();
+    let keys = vec!["edited:{quota}".to_owned()];
+    let day = store
+        .run_check(&keys, &[(quota(Period::Day), false)], 3, Now::At(first))
+        .await
+        .unwrap();
+    assert_eq!(day.outcomes[0].remaining, 7);
+    let month = store
+        .run_check(&keys, &[(quota(Period::Month), false)], 1, Now::At(first))
+        .await
+        .unwrap();
+    assert_eq!(
+        month.outcomes[0].remaining, 6,
+        "the same start minute: the count carries"
+    );
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        ttl > 29 * 86_400_000,
+        "the key ends with the day, not the month: {ttl} ms"
+    );
+}

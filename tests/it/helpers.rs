@@ -158,6 +158,23 @@ impl TestApp {
             .unwrap()
     }
 
+    /// A POST of `body` to `path` with the service key: the status and the JSON answer.
+    pub async fn post_as_service(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let r = self
+            .client
+            .post(self.url(path))
+            .bearer_auth(SERVICE_KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap())
+    }
+
     /// `PUT /api/v1/policies/{name}` with the admin key; panics unless it is stored.
     pub async fn put_policy(&self, name: &str, doc: serde_json::Value) -> serde_json::Value {
         let response = self

@@ -12,38 +12,28 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::helpers::{AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app};
+use crate::helpers::{AppProcess, RedisServer, TestApp, spawn_app};
 
 fn concurrency(limit: u64, lease_ms: u64) -> Value {
     json!({"rules": [{"name": "running", "algorithm": "concurrency", "limit": limit, "lease_ms": lease_ms}]})
 }
 
-async fn post(app: &TestApp, path: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .client
-        .post(app.url(path))
-        .bearer_auth(SERVICE_KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
-}
-
 /// A check of `customer`; its lease id when allowed.
 async fn acquire(app: &TestApp, policy: &str, customer: &str) -> (u16, Value, Option<String>) {
-    let (status, body) = post(
-        app,
-        "/api/v1/check",
-        json!({"policy": policy, "identifiers": {"customer": customer}}),
-    )
-    .await;
+    let (status, body) = app
+        .post_as_service(
+            "/api/v1/check",
+            json!({"policy": policy, "identifiers": {"customer": customer}}),
+        )
+        .await;
     let lease = body["results"][0]["lease"].as_str().map(str::to_owned);
     (status, body, lease)
 }
 
 async fn release(app: &TestApp, leases: &[&str]) -> Vec<bool> {
-    let (status, body) = post(app, "/api/v1/leases/release", json!({"leases": leases})).await;
+    let (status, body) = app
+        .post_as_service("/api/v1/leases/release", json!({"leases": leases}))
+        .await;
     assert_eq!(status, 200, "{body}");
     body["results"]
         .as_array()
@@ -238,7 +228,9 @@ async fn release_twice_is_harmless_and_renew_extends() {
 
     // Renew the second lease at 500 ms: it holds past its first deadline (800 ms).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (status, body) = post(&app, "/api/v1/leases/renew", json!({"lease": second})).await;
+    let (status, body) = app
+        .post_as_service("/api/v1/leases/renew", json!({"lease": second}))
+        .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["results"][0]["renewed"], true);
     let left = body["results"][0]["expires_in_ms"].as_u64().unwrap();
@@ -256,12 +248,12 @@ async fn release_twice_is_harmless_and_renew_extends() {
         release(&app, &[&second, &fourth.unwrap()]).await,
         vec![true, true]
     );
-    let (_, body) = post(
-        &app,
-        "/api/v1/leases/renew",
-        json!({"leases": [second, third.unwrap()]}),
-    )
-    .await;
+    let (_, body) = app
+        .post_as_service(
+            "/api/v1/leases/renew",
+            json!({"leases": [second, third.unwrap()]}),
+        )
+        .await;
     assert_eq!(body["results"][0]["renewed"], false, "{body}");
     assert_eq!(body["results"][1]["renewed"], false, "{body}");
     assert_eq!(body["results"][0]["expires_in_ms"], Value::Null);
@@ -278,7 +270,9 @@ async fn a_lease_that_ran_out_is_neither_released_nor_renewed() {
     let (_, _, second) = acquire(&app, "jobs", "slow").await;
     let (first, second) = (first.unwrap(), second.unwrap());
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let (_, body) = post(&app, "/api/v1/leases/renew", json!({"lease": first})).await;
+    let (_, body) = app
+        .post_as_service("/api/v1/leases/renew", json!({"lease": first}))
+        .await;
     assert_eq!(body["results"][0]["renewed"], false, "{body}");
     assert_eq!(release(&app, &[&first]).await, vec![false]);
     // The other ran out too: both slots are free, one reclaimed by this check.
@@ -350,7 +344,7 @@ async fn bad_lease_requests_name_the_field() {
     ];
     for path in ["/api/v1/leases/release", "/api/v1/leases/renew"] {
         for (body, field) in &cases {
-            let (status, problem) = post(&app, path, body.clone()).await;
+            let (status, problem) = app.post_as_service(path, body.clone()).await;
             assert_eq!(status, 400, "{path} {body}: {problem}");
             assert_eq!(problem["field"], *field, "{path} {body}: {problem}");
         }

@@ -241,3 +241,50 @@ async fn history_memory_per_policy_per_day() {
         keys.len()
     );
 }
+
+/// What the largest concurrency rule costs Redis: 100,000 leases of one identifier, then
+/// denied checks whose retry walks every lease (cost = limit, the most a walk can pass) and
+/// allowed-size peeks. Prints the median of each (a measurement, run on demand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run on demand"]
+async fn a_full_concurrency_rule_of_100k_leases() {
+    use spillway::domain::rule::{MAX_LEASE_MS, MAX_LEASES};
+    let redis = RedisServer::start();
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(30), Keys::default())
+        .await
+        .unwrap();
+    let algorithm = Algorithm::Concurrency {
+        limit: MAX_LEASES,
+        lease_ms: MAX_LEASE_MS,
+    };
+    fill(&store, algorithm, 1, MAX_LEASES as usize).await;
+    let policy = Name::parse("api").unwrap();
+    let rule = Rule::new(0, "per-minute", algorithm, None, false).unwrap();
+    let id = Identifier::new("user", "100000000").unwrap();
+    let entry = [CheckEntry {
+        rule: &rule,
+        identifier: &id,
+    }];
+    let mut timings = |cost: u64| {
+        let (store, policy, entry) = (&store, &policy, &entry);
+        async move {
+            let mut us = Vec::new();
+            for _ in 0..21 {
+                let started = std::time::Instant::now();
+                let d = store
+                    .check_and_consume(policy, entry, cost, Now::Redis)
+                    .await
+                    .unwrap();
+                us.push(started.elapsed().as_micros());
+                assert!(!d.allowed);
+            }
+            us.sort();
+            us[us.len() / 2]
+        }
+    };
+    let one = timings(1).await;
+    let all = timings(MAX_LEASES).await;
+    println!(
+        "\n100,000 leases held: a denied check of cost 1 {one} µs, of cost 100,000 (its retry walks every lease) {all} µs (medians of 21, round trip included)"
+    );
+}

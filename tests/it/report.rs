@@ -4,18 +4,10 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{RedisServer, SERVICE_KEY, TestApp, spawn_app};
+use crate::helpers::{RedisServer, TestApp, spawn_app};
 
 async fn report(app: &TestApp, body: Value) -> (u16, Value) {
-    let r = app
-        .client
-        .post(app.url("/api/v1/report"))
-        .bearer_auth(SERVICE_KEY)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+    app.post_as_service("/api/v1/report", body).await
 }
 
 fn remaining(body: &Value, rule: &str) -> u64 {
