@@ -265,7 +265,7 @@ async fn a_full_concurrency_rule_of_100k_leases() {
         rule: &rule,
         identifier: &id,
     }];
-    let mut timings = |cost: u64| {
+    let timings = |cost: u64| {
         let (store, policy, entry) = (&store, &policy, &entry);
         async move {
             let mut us = Vec::new();
