@@ -163,24 +163,7 @@ pub async fn run(
         .keep_alive_timeout(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(connection) => connection,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait rather than spin.
-                    tracing::warn!(%error, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        // Answers go out as soon as they are written: no Nagle delay behind an
-        // unacknowledged segment (a client that pipelines, or a response split in writes).
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
+    while let Some((stream, peer)) = crate::shutdown::accept(&listener, &mut shutdown).await {
         let activity = Arc::new(Activity::new());
         let app = app.clone();
         let state = state.clone();

@@ -69,3 +69,30 @@ impl Shutdown {
         self.tasks.wait().await;
     }
 }
+
+/// The next connection `listener` accepts, with `TCP_NODELAY` set (an answer goes out as
+/// soon as it is written, not behind an unacknowledged segment), or `None` once `shutdown`
+/// resolves. An accept that fails (out of file descriptors and the like) waits 50 ms rather
+/// than spin.
+pub async fn accept<F: Future<Output = ()>>(
+    listener: &tokio::net::TcpListener,
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+                    }
+                    return Some((stream, peer));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            () = shutdown.as_mut() => return None,
+        }
+    }
+}

@@ -1248,3 +1248,174 @@ async fn caller_limits_and_hits_at_the_edges_are_answered_or_refused_by_name() {
     let e = c.should_rate_limit(with_key(r)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
 }
+
+/// One `ShouldRateLimit` call over raw HTTP/2 (the `h2` crate), so a test can send what a
+/// tonic client never would: `body` is the whole request body, frames and all. Answers
+/// the gRPC status (from the trailers, or the headers of a trailers-only answer), how long
+/// it took, and the message.
+async fn raw_call(
+    app: &TestApp,
+    headers: &[(&str, &str)],
+    body: bytes::Bytes,
+) -> (String, std::time::Duration, Vec<u8>) {
+    let tcp = tokio::net::TcpStream::connect(app.grpc.unwrap())
+        .await
+        .unwrap();
+    let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::post(format!(
+        "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        app.grpc.unwrap()
+    ))
+    .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let started = std::time::Instant::now();
+    let mut sender = sender.ready().await.unwrap();
+    let (response, mut stream) = sender
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    stream.reserve_capacity(body.len());
+    stream.send_data(body, true).unwrap();
+    let response = response.await.unwrap();
+    let status = |h: &http::HeaderMap| h.get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
+    if let Some(code) = status(response.headers()) {
+        return (code, started.elapsed(), Vec::new());
+    }
+    let mut body = response.into_body();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.unwrap().unwrap_or_default();
+    (
+        status(&trailers).unwrap_or_default(),
+        started.elapsed(),
+        data,
+    )
+}
+
+/// A message in gRPC's framing: the compression flag, the length, the bytes.
+fn framed(compressed: u8, declared: usize, message: &[u8]) -> bytes::Bytes {
+    let mut out = vec![compressed];
+    out.extend_from_slice(&(declared as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    out.into()
+}
+
+/// `ShouldRateLimit` is answered without tonic's server stack; these are the cases that
+/// stack handled and the short way must too: gRPC's framing, a compressed message, a
+/// message too large, a missing key, and the caller's `grpc-timeout`.
+#[tokio::test]
+async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
+    use prost::Message;
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "3000")]).await;
+    load(&app, "edge_proxy_per_ip", PER_IP).await;
+    let message = request(
+        "edge_proxy_per_ip",
+        vec![descriptor(&[("remote_address", "10.9.9.9")])],
+    )
+    .encode_to_vec();
+    let bearer = format!("Bearer {SERVICE_KEY}");
+    let grpc = [
+        ("content-type", "application/grpc"),
+        ("authorization", bearer.as_str()),
+    ];
+
+    // The plain call: a message, then `grpc-status: 0` in the trailers.
+    let (code, _, answer) = raw_call(&app, &grpc, framed(0, message.len(), &message)).await;
+    assert_eq!(code, "0");
+    assert_eq!(answer[0], 0, "an uncompressed answer");
+    assert_eq!(
+        u32::from_be_bytes(answer[1..5].try_into().unwrap()) as usize,
+        answer.len() - 5
+    );
+    let decoded = RateLimitResponse::decode(&answer[5..]).unwrap();
+    assert_eq!(decoded.overall_code, OK);
+    assert_eq!(decoded.statuses[0].limit_remaining, 2);
+    // The same with `application/grpc+proto`.
+    let proto = [grpc[1], ("content-type", "application/grpc+proto")];
+    assert_eq!(
+        raw_call(&app, &proto, framed(0, message.len(), &message))
+            .await
+            .0,
+        "0"
+    );
+
+    // Refused, each with gRPC's code, as trailers-only answers; none of them counted.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bytes::Bytes);
+    let cases: [Case; 7] = [
+        ("16", &grpc[..1], framed(0, message.len(), &message)),
+        ("12", &grpc, framed(1, message.len(), &message)),
+        ("13", &grpc, framed(0, message.len() + 10, &message)),
+        ("13", &grpc, bytes::Bytes::from_static(&[0, 0, 0])),
+        (
+            "13",
+            &grpc,
+            // more bytes than declared (they would decode: a message twice is one message)
+            [&framed(0, message.len(), &message)[..], &message[..]]
+                .concat()
+                .into(),
+        ),
+        ("13", &grpc, framed(0, 3, &[0xff, 0xff, 0xff])),
+        (
+            "11",
+            &grpc,
+            framed(0, 4 * 1024 * 1024 + 1, &vec![0; 4 * 1024 * 1024 + 1]),
+        ),
+    ];
+    for (expected, headers, body) in cases {
+        let (code, _, answer) = raw_call(&app, headers, body).await;
+        assert_eq!(code, expected, "{headers:?}");
+        assert!(answer.is_empty());
+    }
+    // A compressed call goes to tonic's service, which has no compression either.
+    let gzip = [grpc[0], grpc[1], ("grpc-encoding", "gzip")];
+    assert_eq!(raw_call(&app, &gzip, framed(1, 3, b"abc")).await.0, "12");
+    let (code, _, answer) = raw_call(&app, &grpc, framed(0, message.len(), &message)).await;
+    assert_eq!(code, "0");
+    let decoded = RateLimitResponse::decode(&answer[5..]).unwrap();
+    assert_eq!(
+        decoded.statuses[0].limit_remaining, 0,
+        "only the good calls counted"
+    );
+
+    // The caller's deadline: with Redis paused, a call given 100 ms ends at 100 ms with
+    // DEADLINE_EXCEEDED, not at the Redis timeout (3 s); a bad deadline is named.
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let timed = [grpc[0], grpc[1], ("grpc-timeout", "100m")];
+    let other = request(
+        "edge_proxy_per_ip",
+        vec![descriptor(&[("remote_address", "10.9.9.8")])],
+    )
+    .encode_to_vec();
+    let (code, took, _) = raw_call(&app, &timed, framed(0, other.len(), &other)).await;
+    assert_eq!(code, "4");
+    assert!(
+        took >= std::time::Duration::from_millis(100)
+            && took < std::time::Duration::from_millis(1000),
+        "{took:?}"
+    );
+    let bad = [grpc[0], grpc[1], ("grpc-timeout", "soon")];
+    assert_eq!(
+        raw_call(&app, &bad, framed(0, message.len(), &message))
+            .await
+            .0,
+        "3"
+    );
+}
