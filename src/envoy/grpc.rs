@@ -107,7 +107,7 @@ const PREFIX: usize = 5;
 /// A response body: the answer's message then its trailers (`grpc-status: 0`), or nothing
 /// for an error, whose status goes in the headers (a "trailers-only" response).
 #[derive(Default)]
-pub struct Unary {
+struct Unary {
     message: Option<Bytes>,
     trailers: Option<HeaderMap>,
 }
@@ -213,8 +213,9 @@ async fn read_message(body: Incoming) -> Result<RateLimitRequest, Status> {
     let compressed = bytes.get_u8();
     let length = bytes.get_u32() as usize;
     if compressed != 0 {
-        return Err(Status::unimplemented(
-            "compressed messages need `grpc-encoding`, and none is enabled",
+        // gRPC: a compressed flag without `grpc-encoding` is an INTERNAL error.
+        return Err(Status::internal(
+            "the message is marked compressed, and the call names no `grpc-encoding`",
         ));
     }
     if bytes.len() != length {
@@ -320,6 +321,8 @@ pub async fn serve(
             }
         });
     }
+    // New connections are refused at once, not left to hang while the calls in flight end.
+    drop(listener);
     graceful.shutdown().await;
     Ok(())
 }

@@ -4,14 +4,16 @@
 //! `lua/check.lua`).
 //!
 //! Nothing waits on a timer: while fewer calls are out, a check goes at once, with the
-//! checks waiting beside it. Only under load do checks share a call, and then Redis runs the
-//! script's fixed part (the call, `TIME`, the counters of the overview) once for all of them; each check is still its own
-//! all-or-nothing decision, evaluated in arrival order inside one atomic script, so the
-//! answers are the ones the checks would have had one by one.
+//! checks waiting beside it. Only under load do checks share a call, and then Redis runs
+//! the script's fixed part (the call, `TIME`, the counters of the overview) once for all of
+//! them; each check is still its own all-or-nothing decision, evaluated in arrival order
+//! inside one atomic script, so the answers are the ones the checks would have had one by
+//! one. Calls reach Redis in the order they were made (see [`drive`]).
 
-use std::{sync::Arc, time::Instant};
+use std::{future::Future, task::Poll, time::Instant};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use futures_util::{StreamExt, stream::FuturesUnordered};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Store, StoreError};
 use crate::domain::{Algorithm, Outcome};
@@ -106,14 +108,22 @@ fn stopped() -> StoreError {
     StoreError::Reply("the check queue has stopped".into())
 }
 
+/// Collects waiting checks into calls and keeps up to [`IN_FLIGHT`] calls out. The calls are
+/// polled here, not spawned: each is polled once as soon as it is made, which puts its
+/// command in the connection's queue (unconstrained by tokio's budget, so that first poll
+/// cannot stop short of it), so calls reach Redis in the order they were made and a check
+/// is decided after every check queued before it (`Service::check_all` relies on it).
 async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(first) = waiting.recv().await {
-        let permit = in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
+    let mut out = FuturesUnordered::new();
+    loop {
+        let first = tokio::select! {
+            biased;
+            Some(()) = out.next(), if !out.is_empty() => continue,
+            job = waiting.recv(), if out.len() < IN_FLIGHT => match job {
+                Some(job) => job,
+                None => break,
+            },
+        };
         // Let the tasks already waiting to run go first: checks come in clumps (an HTTP/2
         // read of 16 requests spawns 16 stream tasks; a Redis reply wakes the callers that
         // send the next ones), and the first check's push wakes this task ahead of the rest
@@ -143,12 +153,13 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
         if batch.is_empty() {
             continue;
         }
-        let store = store.clone();
-        tokio::spawn(async move {
-            store.run_batch(batch).await;
-            drop(permit);
-        });
+        let mut call = Box::pin(tokio::task::unconstrained(store.run_batch(batch)));
+        let first_poll = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+        if first_poll.is_pending() {
+            out.push(call);
+        }
     }
+    while out.next().await.is_some() {}
 }
 
 impl Store {

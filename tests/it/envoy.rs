@@ -1252,7 +1252,8 @@ async fn caller_limits_and_hits_at_the_edges_are_answered_or_refused_by_name() {
 /// One `ShouldRateLimit` call over raw HTTP/2 (the `h2` crate), so a test can send what a
 /// tonic client never would: `body` is the whole request body, frames and all. Answers
 /// the gRPC status (from the trailers, or the headers of a trailers-only answer), how long
-/// it took, and the message.
+/// it took, and the message. Every answer is a 200 of `application/grpc`; an error is a
+/// trailers-only answer (its status in the headers, no body).
 async fn raw_call(
     app: &TestApp,
     headers: &[(&str, &str)],
@@ -1280,7 +1281,14 @@ async fn raw_call(
     stream.send_data(body, true).unwrap();
     let response = response.await.unwrap();
     let status = |h: &http::HeaderMap| h.get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(response.status(), http::StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "application/grpc");
     if let Some(code) = status(response.headers()) {
+        // A trailers-only answer: the status in the headers, and nothing after them.
+        assert!(
+            response.body().is_end_stream(),
+            "a trailers-only answer has no body"
+        );
         return (code, started.elapsed(), Vec::new());
     }
     let mut body = response.into_body();
@@ -1350,7 +1358,7 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bytes::Bytes);
     let cases: [Case; 7] = [
         ("16", &grpc[..1], framed(0, message.len(), &message)),
-        ("12", &grpc, framed(1, message.len(), &message)),
+        ("13", &grpc, framed(1, message.len(), &message)),
         ("13", &grpc, framed(0, message.len() + 10, &message)),
         ("13", &grpc, bytes::Bytes::from_static(&[0, 0, 0])),
         (
@@ -1379,10 +1387,10 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
     let (code, _, answer) = raw_call(&app, &grpc, framed(0, message.len(), &message)).await;
     assert_eq!(code, "0");
     let decoded = RateLimitResponse::decode(&answer[5..]).unwrap();
-    assert_eq!(
-        decoded.statuses[0].limit_remaining, 0,
-        "only the good calls counted"
-    );
+    // The limit is 3 and this is the third good call: had a refused one counted, it
+    // would be over the limit.
+    assert_eq!(decoded.overall_code, OK, "only the good calls counted");
+    assert_eq!(decoded.statuses[0].limit_remaining, 0);
 
     // The caller's deadline: with Redis paused, a call given 100 ms ends at 100 ms with
     // DEADLINE_EXCEEDED, not at the Redis timeout (3 s); a bad deadline is named.

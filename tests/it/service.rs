@@ -393,3 +393,57 @@ async fn the_admin_api_reads_the_audit_log_and_removes_overrides() {
         .unwrap();
     assert_eq!(no_key.status(), 401);
 }
+
+/// A batch larger than one script call (100 checks of 8 entries: 4 calls of at most 256
+/// entries, all out at once) is still decided in its order on a runtime of several
+/// threads, where the calls' tasks could otherwise overtake each other: checks of one
+/// identity count down without a gap or a swap, round after round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_out_together_reach_redis_in_order() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = |name: &str| json!({"name": name, "algorithm": "fixed_window", "limit": 60, "window_ms": 3_600_000});
+    app.put_policy(
+        "wide",
+        json!({"rules": [rule("a"), rule("b"), rule("c"), rule("d")]}),
+    )
+    .await;
+    for round in 0..10 {
+        let checks: Vec<Value> = (0..100)
+            .map(|_| {
+                json!({"policy": "wide", "identifiers": {"user": format!("r{round}"), "ip": format!("10.0.0.{round}")}})
+            })
+            .collect();
+        let before = redis.script_calls();
+        let answer: Value = app
+            .client
+            .post(app.url("/api/v1/check/batch"))
+            .bearer_auth(crate::helpers::SERVICE_KEY)
+            .json(&json!({"checks": checks}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(
+            redis.script_calls() - before >= 4,
+            "the batch took several calls"
+        );
+        let got: Vec<(u64, u64)> = answer["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["status"].as_u64().unwrap(),
+                    r["body"]["remaining"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        let expected: Vec<(u64, u64)> = (0..100)
+            .map(|i| if i < 60 { (200, 59 - i) } else { (429, 0) })
+            .collect();
+        assert_eq!(got, expected, "round {round}");
+    }
+}
