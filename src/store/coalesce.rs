@@ -1,32 +1,30 @@
 //! Coalescing counted checks on a single Redis: a check that arrives while Redis is busy with
-//! earlier ones ([`IN_FLIGHT`] calls out) waits for the next call and goes in it with every
-//! other check that arrived meanwhile, as one call of the check script in mode `batch` (see
-//! `lua/check.lua`).
+//! earlier ones waits for the next call and goes in it with every other check that arrived
+//! meanwhile, as one call of the check script in mode `batch` (see `lua/check.lua`).
 //!
-//! Nothing waits on a timer: while fewer calls are out, a check goes at once, with the
-//! checks waiting beside it. Only under load do checks share a call, and then Redis runs
-//! the script's fixed part (the call, `TIME`, the counters of the overview) once for all of
-//! them; each check is still its own all-or-nothing decision, evaluated in arrival order
-//! inside one atomic script, so the answers are the ones the checks would have had one by
-//! one. Calls reach Redis in the order they were made (see [`drive`]).
+//! Nothing waits on a timer: when no call is out, a check goes at once, with the checks
+//! waiting beside it. Only under load do checks share a call, and then Redis runs the
+//! script's fixed part (the call, `TIME`, the counters of the overview) once for all of them; each check is still its own
+//! all-or-nothing decision, evaluated in arrival order inside one atomic script, so the
+//! answers are the ones the checks would have had one by one.
 
-use std::{future::Future, task::Poll, time::Instant};
+use std::{sync::Arc, time::Instant};
 
-use futures_util::{StreamExt, stream::FuturesUnordered};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::{Store, StoreError};
 use crate::domain::{Algorithm, Outcome};
 
-/// Calls of the batch script out at once. A check that arrives while fewer are out goes at
-/// once (with whatever else is waiting); only when all are out does it wait for one to come
-/// back. Redis runs them one after another, in the order sent, each atomic, so a check
-/// still sees what every check sent before it consumed. Measured on 2 cores (server on
-/// one, Redis and the load generator on the other), builds alternating: 4 against 1 gave
-/// 47k against 40k HTTP checks/s at 32 connections, 50k against 40k gRPC checks/s at 32
-/// streams and 65-69k against 45-51k at 128; 2 lay between; 8 and 32 were slower than 4
-/// (batches too small: more Redis time per check).
-const IN_FLIGHT: usize = 4;
+/// Calls of the batch script out at once: one. Every check that arrives during a call waits
+/// for its answer and goes in the next, so calls reach Redis in the order they were made
+/// and a check is decided after every check queued before it (`Service::check_all` relies
+/// on it). Four out was faster (47k against 40k HTTP checks/s at 32 connections, 50k
+/// against 40k gRPC at 32 streams, measured side by side), but calls made one after
+/// another from separate tasks could reach Redis out of order on a runtime of several
+/// threads, and even polling each once as it was made did not keep them in order every
+/// time (service::a_batch_split_over_calls_keeps_its_order_on_several_threads failed in
+/// about half its runs).
+const IN_FLIGHT: usize = 1;
 
 /// Rule × identifier entries in one call at most, so no one script holds Redis (which runs
 /// one script at a time) for long: about 2 µs an entry.
@@ -108,22 +106,14 @@ fn stopped() -> StoreError {
     StoreError::Reply("the check queue has stopped".into())
 }
 
-/// Collects waiting checks into calls and keeps up to [`IN_FLIGHT`] calls out. The calls are
-/// polled here, not spawned: each is polled once as soon as it is made, which puts its
-/// command in the connection's queue (unconstrained by tokio's budget, so that first poll
-/// cannot stop short of it), so calls reach Redis in the order they were made and a check
-/// is decided after every check queued before it (`Service::check_all` relies on it).
 async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
-    let mut out = FuturesUnordered::new();
-    loop {
-        let first = tokio::select! {
-            biased;
-            Some(()) = out.next(), if !out.is_empty() => continue,
-            job = waiting.recv(), if out.len() < IN_FLIGHT => match job {
-                Some(job) => job,
-                None => break,
-            },
-        };
+    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
+    while let Some(first) = waiting.recv().await {
+        let permit = in_flight
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         // Let the tasks already waiting to run go first: checks come in clumps (an HTTP/2
         // read of 16 requests spawns 16 stream tasks; a Redis reply wakes the callers that
         // send the next ones), and the first check's push wakes this task ahead of the rest
@@ -153,13 +143,12 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
         if batch.is_empty() {
             continue;
         }
-        let mut call = Box::pin(tokio::task::unconstrained(store.run_batch(batch)));
-        let first_poll = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-        if first_poll.is_pending() {
-            out.push(call);
-        }
+        let store = store.clone();
+        tokio::spawn(async move {
+            store.run_batch(batch).await;
+            drop(permit);
+        });
     }
-    while out.next().await.is_some() {}
 }
 
 impl Store {

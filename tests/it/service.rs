@@ -167,17 +167,10 @@ async fn a_batch_shares_calls_and_keeps_its_order() {
         checks.push(json!({"policy": "batch", "identifiers": {"user": "same"}}));
     }
     let before = redis.script_calls();
-    let answer: Value = app
-        .client
-        .post(app.url("/api/v1/check/batch"))
-        .bearer_auth(crate::helpers::SERVICE_KEY)
-        .json(&json!({"checks": checks}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, answer) = app
+        .post_as_service("/api/v1/check/batch", json!({"checks": checks}))
+        .await;
+    assert_eq!(status, 200);
     let calls = redis.script_calls() - before;
     assert!(
         calls < 50,
@@ -395,11 +388,11 @@ async fn the_admin_api_reads_the_audit_log_and_removes_overrides() {
 }
 
 /// A batch larger than one script call (100 checks of 8 entries: 4 calls of at most 256
-/// entries, all out at once) is still decided in its order on a runtime of several
-/// threads, where the calls' tasks could otherwise overtake each other: checks of one
-/// identity count down without a gap or a swap, round after round.
+/// entries) is still decided in its order on a runtime of several threads, where calls out
+/// at once could overtake each other: checks of one identity count down without a gap or
+/// a swap, round after round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_out_together_reach_redis_in_order() {
+async fn a_batch_split_over_calls_keeps_its_order_on_several_threads() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     let rule = |name: &str| json!({"name": name, "algorithm": "fixed_window", "limit": 60, "window_ms": 3_600_000});
@@ -415,17 +408,10 @@ async fn calls_out_together_reach_redis_in_order() {
             })
             .collect();
         let before = redis.script_calls();
-        let answer: Value = app
-            .client
-            .post(app.url("/api/v1/check/batch"))
-            .bearer_auth(crate::helpers::SERVICE_KEY)
-            .json(&json!({"checks": checks}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let (status, answer) = app
+            .post_as_service("/api/v1/check/batch", json!({"checks": checks}))
+            .await;
+        assert_eq!(status, 200);
         assert!(
             redis.script_calls() - before >= 4,
             "the batch took several calls"
