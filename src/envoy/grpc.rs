@@ -220,8 +220,8 @@ async fn read_message(body: Incoming) -> Result<RateLimitRequest, Status> {
     }
     if bytes.len() != length {
         return Err(Status::internal(format!(
-            "a unary call sends one message of {length} bytes; the request held {} after it",
-            bytes.len() as i64 - length as i64
+            "the message declares {length} bytes and {} follow (a unary call sends one message)",
+            bytes.len()
         )));
     }
     RateLimitRequest::decode(bytes)
