@@ -68,6 +68,7 @@ fn spawn_caller(client: reqwest::Client, url: String, key: String, c: Caller, ta
 
 /// Drives the traffic; prints a line every 5 seconds.
 pub async fn run(options: DemoOptions, service_key: String) -> anyhow::Result<()> {
+    crate::install_tls_provider();
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .pool_max_idle_per_host(64)

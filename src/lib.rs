@@ -44,6 +44,16 @@ pub mod store;
 #[cfg(feature = "ssr")]
 pub mod webhooks;
 
+/// Installs rustls's process-wide crypto provider (ring), which both `rediss://`
+/// connections and the outgoing HTTP clients (webhooks, the demo) need; anything that builds
+/// either calls it first. Installing twice is harmless. Without it an HTTP client panicked
+/// with "No provider set" when nothing had connected to a single Redis before (a cluster,
+/// the demo).
+#[cfg(feature = "ssr")]
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Entry point of the browser bundle: attaches the dashboard to the server-rendered page.
 #[cfg(feature = "hydrate")]
 #[wasm_bindgen::prelude::wasm_bindgen]

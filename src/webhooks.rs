@@ -24,6 +24,7 @@ impl Default for Webhooks {
 
 impl Webhooks {
     pub fn new() -> Self {
+        crate::install_tls_provider();
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(5))

@@ -327,8 +327,7 @@ impl Store {
         timeout: Duration,
         keys: Keys,
     ) -> Result<Self, StoreError> {
-        // rustls needs one process-wide crypto provider; a second install is a no-op error.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        crate::install_tls_provider();
         let client = match ca_pem {
             Some(root_cert) => redis::Client::build_with_tls(
                 url,
@@ -364,6 +363,7 @@ impl Store {
         timeout: Duration,
         keys: Keys,
     ) -> Result<Self, StoreError> {
+        crate::install_tls_provider();
         let client = redis::cluster::ClusterClient::builder(urls.to_vec())
             .response_timeout(timeout)
             .connection_timeout(Duration::from_secs(2))

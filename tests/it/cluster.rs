@@ -118,6 +118,7 @@ async fn the_dashboard_works_on_a_cluster() {
         json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 10, "window_ms": 60000}]}),
     )
     .await;
+    crate::helpers::clear_of_window_turn(Duration::from_secs(60)).await;
     for _ in 0..15 {
         app.check(json!({"policy": "clu", "identifiers": {"user": "9"}}))
             .await;

@@ -2,6 +2,8 @@
 //! `ShouldRateLimit` over gRPC (a tonic client with the official messages) against real
 //! Redis, on the same engine as the JSON check.
 
+use std::time::Duration;
+
 use envoy_types::pb::{
     envoy::{
         extensions::common::ratelimit::v3::{
@@ -20,12 +22,17 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{
+    ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, clear_of_window_turn, spawn_app, spawn_app_with,
+};
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
 
+/// A client of `app`'s gRPC port, made when a minute's turn is not near: most domains here
+/// count per minute, and a test's requests must not straddle a turn.
 async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
+    clear_of_window_turn(Duration::from_secs(60)).await;
     RateLimitServiceClient::connect(format!("http://{}", app.grpc.unwrap()))
         .await
         .unwrap()
@@ -283,6 +290,7 @@ descriptors:
         ("source_cluster", "proxy"),
         ("destination_cluster", "bank_service"),
     ];
+    clear_of_window_turn(Duration::from_secs(1)).await;
     assert_eq!(one(&mut c, "rl", &bank).await.code, OK);
     assert_eq!(one(&mut c, "rl", &bank).await.code, OVER);
     // requests_per_unit 0 always denies; unlimited always allows, remaining u32::MAX.
@@ -871,6 +879,7 @@ async fn the_json_endpoint_speaks_proto3_json() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     load(&app, "edge_proxy_per_ip", PER_IP).await;
+    clear_of_window_turn(Duration::from_secs(60)).await;
     let post = |body: Value, key: Option<&str>| {
         let mut r = app.client.post(app.url("/json")).json(&body);
         if let Some(k) = key {
@@ -1323,6 +1332,7 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
     let redis = RedisServer::start();
     let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "3000")]).await;
     load(&app, "edge_proxy_per_ip", PER_IP).await;
+    clear_of_window_turn(Duration::from_secs(60)).await;
     let message = request(
         "edge_proxy_per_ip",
         vec![descriptor(&[("remote_address", "10.9.9.9")])],

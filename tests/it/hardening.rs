@@ -342,6 +342,7 @@ async fn the_check_endpoints_answer_with_the_apis_headers() {
             .body(body)
             .send()
     };
+    crate::helpers::clear_of_window_turn(std::time::Duration::from_secs(60)).await;
     let good = r#"{"policy":"headers","identifiers":{"user":"h"}}"#.to_owned();
     let mut answers = vec![
         (200, check(good.clone(), SERVICE_KEY, "application/json").await.unwrap()),

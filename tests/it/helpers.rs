@@ -411,3 +411,20 @@ impl Drop for AppProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Waits, when the next turn of a clock-aligned window of `window` (fixed windows, Envoy's
+/// units) is near, until it has passed: a test that counts in such a window then has at
+/// least half the window, or 10 s, before the count starts again. Without it a test that
+/// expects its second request to be denied fails whenever the two straddle a turn.
+pub async fn clear_of_window_turn(window: Duration) {
+    let margin = (window / 2).min(Duration::from_secs(10));
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is past 1970");
+    let into = Duration::from_nanos((since_epoch.as_nanos() % window.as_nanos()) as u64);
+    let left = window - into;
+    if left < margin {
+        // Past the turn by a little: Redis's clock is this machine's.
+        tokio::time::sleep(left + Duration::from_millis(20)).await;
+    }
+}

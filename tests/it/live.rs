@@ -17,6 +17,7 @@ async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
         json!({"rules": [{"name": "per-second", "algorithm": "fixed_window", "limit": 5, "window_ms": 10000}]}),
     )
     .await;
+    crate::helpers::clear_of_window_turn(Duration::from_secs(10)).await;
     for _ in 0..8 {
         app.check(json!({"policy": "live", "identifiers": {"user": "1"}}))
             .await;
