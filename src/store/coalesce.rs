@@ -8,23 +8,30 @@
 //! all-or-nothing decision, evaluated in arrival order inside one atomic script, so the
 //! answers are the ones the checks would have had one by one.
 
-use std::{sync::Arc, time::Instant};
+use std::time::Instant;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use futures_util::{StreamExt, stream::FuturesOrdered};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Store, StoreError};
 use crate::domain::{Algorithm, Outcome};
 
-/// Calls of the batch script out at once: one. Every check that arrives during a call waits
-/// for its answer and goes in the next, so calls reach Redis in the order they were made
-/// and a check is decided after every check queued before it (`Service::check_all` relies
-/// on it). Four out was faster (47k against 40k HTTP checks/s at 32 connections, 50k
-/// against 40k gRPC at 32 streams, measured side by side), but calls made one after
-/// another from separate tasks could reach Redis out of order on a runtime of several
-/// threads, and even polling each once as it was made did not keep them in order every
-/// time (service::a_batch_split_over_calls_keeps_its_order_on_several_threads failed in
-/// about half its runs).
-const IN_FLIGHT: usize = 1;
+/// Calls of the batch script out at once. They reach Redis in the order they were made,
+/// so a check is decided after every check queued before it (`Service::check_all` relies
+/// on it): one task makes them and polls each first in that order (a `FuturesOrdered`),
+/// and a call's first poll puts its command on the connection's queue. Spawned, they
+/// could overtake one another on a runtime of several threads. A call Redis answers
+/// NOSCRIPT (a restart, SCRIPT FLUSH) is not sent again at once: the calls after it were
+/// sent before anything loaded the script, so they find it missing too; once every call
+/// out is back the task loads the scripts and sends the missing ones again in their
+/// order, before any new call. Measured side by side (2 cores): four out against one,
+/// 47k against 40k HTTP checks/s at 32 connections, 50k against 40k gRPC at 32 streams.
+const IN_FLIGHT: usize = 4;
+
+/// Times a call is sent again after Redis answered NOSCRIPT, before its checks fail: the
+/// script was loaded before each, so only a client flushing scripts over and over gets
+/// this far.
+const RESENDS: u32 = 2;
 
 /// Rule × identifier entries in one call at most, so no one script holds Redis (which runs
 /// one script at a time) for long: about 2 µs an entry.
@@ -106,56 +113,139 @@ fn stopped() -> StoreError {
     StoreError::Reply("the check queue has stopped".into())
 }
 
+/// One batch call as it came back: its checks, how many times it was sent, and Redis's
+/// answer (`None`: Redis did not have the script).
+struct Call {
+    batch: Vec<Counted>,
+    sent: u32,
+    reply: Result<Option<String>, StoreError>,
+}
+
 async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(first) = waiting.recv().await {
-        let permit = in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        // Let the tasks already waiting to run go first: checks come in clumps (an HTTP/2
-        // read of 16 requests spawns 16 stream tasks; a Redis reply wakes the callers that
-        // send the next ones), and the first check's push wakes this task ahead of the rest
-        // of its clump (tokio runs a task woken by the running one next). Without this turn
-        // a clump went out as a call of one and a call of the rest. Measured with one call
-        // out (2 cores, 5 s runs, not one run side by side): gRPC at 32 streams 33-36k ->
-        // 40k checks/s; HTTP/1.1 at 32 connections no change beyond the noise (36-40k).
-        tokio::task::yield_now().await;
-        let mut batch = Vec::new();
-        let mut entries = 0;
-        let mut next = Some(first);
-        while let Some(job) = next {
-            // A check whose caller stopped waiting (its timeout passed while Redis stalled)
-            // is not sent late: it would consume for an answer nobody reads.
-            if job.reply.is_closed() || job.queued.elapsed() >= store.timeout {
-                let _ = job.reply.send(Err(StoreError::Timeout(store.timeout)));
-            } else {
-                entries += job.keys.len();
-                batch.push(job);
+    let mut out = FuturesOrdered::new();
+    // Calls Redis answered NOSCRIPT, in the order they were made, with their sends so far.
+    let mut missing: Vec<(Vec<Counted>, u32)> = Vec::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            Some(call) = out.next() => {
+                let Call { batch, sent, reply } = call;
+                match reply {
+                    Ok(Some(text)) => {
+                        let answers = parse_batch_text(&text, &sizes(&batch));
+                        answer(batch, answers);
+                    }
+                    Ok(None) if sent <= RESENDS => missing.push((batch, sent)),
+                    Ok(None) => answer(batch, Err(StoreError::Reply(
+                        "Redis lost the check script each time it was loaded".into(),
+                    ))),
+                    Err(error) => answer(batch, Err(error)),
+                }
+                if out.is_empty() && !missing.is_empty() {
+                    let lost = std::mem::take(&mut missing);
+                    match store.load_batch_scripts(lost.iter().map(|(b, _)| b)).await {
+                        Ok(()) => {
+                            for (batch, sent) in lost {
+                                let batch = still_awaited(batch, store.timeout);
+                                if !batch.is_empty() {
+                                    out.push_back(store.clone().send_batch(batch, sent + 1));
+                                }
+                            }
+                        }
+                        Err(error) => {
+                            for (batch, _) in lost {
+                                answer(batch, Err(error.clone()));
+                            }
+                        }
+                    }
+                }
             }
-            next = if entries < MAX_ENTRIES {
-                waiting.try_recv().ok()
-            } else {
+            first = waiting.recv(), if open && missing.is_empty() && out.len() < IN_FLIGHT => {
+                let Some(first) = first else {
+                    open = false;
+                    continue;
+                };
+                // Let the tasks already waiting to run go first: checks come in clumps (an
+                // HTTP/2 read of 16 requests spawns 16 stream tasks; a Redis reply wakes the
+                // callers that send the next ones), and the first check's push wakes this
+                // task ahead of the rest of its clump (tokio runs a task woken by the
+                // running one next). Without this turn a clump went out as a call of one
+                // and a call of the rest. Measured with one call out (2 cores, 5 s runs,
+                // not side by side): gRPC at 32 streams 33-36k -> 40k checks/s; HTTP/1.1
+                // at 32 connections no change beyond the noise (36-40k).
+                tokio::task::yield_now().await;
+                let mut batch = Vec::new();
+                let mut entries = 0;
+                let mut next = Some(first);
+                while let Some(job) = next {
+                    entries += job.keys.len();
+                    batch.push(job);
+                    next = if entries < MAX_ENTRIES {
+                        waiting.try_recv().ok()
+                    } else {
+                        None
+                    };
+                }
+                let batch = still_awaited(batch, store.timeout);
+                if !batch.is_empty() {
+                    out.push_back(store.clone().send_batch(batch, 1));
+                }
+            }
+            else => break,
+        }
+    }
+}
+
+/// The checks of `batch` someone still waits for; the others are answered with the
+/// timeout. A check whose caller stopped waiting (its timeout passed while Redis stalled)
+/// is not sent late: it would consume for an answer nobody reads.
+fn still_awaited(batch: Vec<Counted>, timeout: std::time::Duration) -> Vec<Counted> {
+    batch
+        .into_iter()
+        .filter_map(|job| {
+            if job.reply.is_closed() || job.queued.elapsed() >= timeout {
+                let _ = job.reply.send(Err(StoreError::Timeout(timeout)));
                 None
-            };
+            } else {
+                Some(job)
+            }
+        })
+        .collect()
+}
+
+fn sizes(batch: &[Counted]) -> Vec<usize> {
+    batch.iter().map(|c| c.keys.len()).collect()
+}
+
+/// Gives every check of `batch` its outcomes, or the error.
+fn answer(batch: Vec<Counted>, answers: Result<(i64, Vec<CheckOutcomes>), StoreError>) {
+    match answers {
+        Ok((now_us, outcomes)) => {
+            for (check, outcomes) in batch.into_iter().zip(outcomes) {
+                let _ = check.reply.send(outcomes.map(|o| (now_us, o)));
+            }
         }
-        if batch.is_empty() {
-            continue;
+        Err(error) => {
+            for check in batch {
+                let _ = check.reply.send(Err(error.clone()));
+            }
         }
-        let store = store.clone();
-        tokio::spawn(async move {
-            store.run_batch(batch).await;
-            drop(permit);
-        });
     }
 }
 
 impl Store {
-    /// One call of the batch script for `batch`; every check gets its answer or the error.
-    async fn run_batch(&self, batch: Vec<Counted>) {
+    /// The script that runs `batch`: one made for the algorithms it uses.
+    fn batch_script(&self, batch: &[Counted]) -> &redis::Script {
         let algorithms = batch.iter().flat_map(|c| c.rules.iter().map(|(a, _)| a));
-        let script = self.scripts.checks.for_algorithms(algorithms);
+        self.scripts.checks.for_algorithms(algorithms)
+    }
+
+    /// One call of the batch script for `batch`, its `sent`th. Everything up to putting the
+    /// command on the connection's queue happens in the first poll (the order of calls
+    /// rests on it); a NOSCRIPT comes back as `None`, not as Redis failing.
+    async fn send_batch(self, batch: Vec<Counted>, sent: u32) -> Call {
+        let script = self.batch_script(&batch);
         let minute = super::stats::minute_of(super::stats::now_ms());
         // EVALSHA written straight into one command buffer (a ScriptInvocation would hold
         // each key and argument in an allocation of its own first).
@@ -180,23 +270,40 @@ impl Store {
                 cmd.arg(label);
             }
         }
-        let sizes: Vec<usize> = batch.iter().map(|c| c.keys.len()).collect();
-        let answers = match self.evalsha::<String>(script, &cmd).await {
-            Ok(text) => parse_batch_text(&text, &sizes),
-            Err(error) => Err(error),
-        };
-        match answers {
-            Ok((now_us, outcomes)) => {
-                for (check, outcomes) in batch.into_iter().zip(outcomes) {
-                    let _ = check.reply.send(outcomes.map(|o| (now_us, o)));
+        let mut conn = self.backend.clone();
+        let reply = self
+            .with_timeout(async move {
+                match cmd.query_async::<String>(&mut conn).await {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
+                        Ok(None)
+                    }
+                    other => other.map(Some),
                 }
-            }
-            Err(error) => {
-                for check in batch {
-                    let _ = check.reply.send(Err(error.clone()));
-                }
+            })
+            .await;
+        Call { batch, sent, reply }
+    }
+
+    /// Loads the scripts of the calls in `batches` (each once).
+    async fn load_batch_scripts<'a>(
+        &self,
+        batches: impl Iterator<Item = &'a Vec<Counted>>,
+    ) -> Result<(), StoreError> {
+        let mut scripts: Vec<&redis::Script> = Vec::new();
+        for batch in batches {
+            let script = self.batch_script(batch);
+            if !scripts.iter().any(|s| s.get_hash() == script.get_hash()) {
+                scripts.push(script);
             }
         }
+        for script in scripts {
+            let mut conn = self.backend.clone();
+            self.with_timeout(script.load_async(&mut conn)).await?;
+        }
+        Ok(())
     }
 }
 
