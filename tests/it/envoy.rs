@@ -1268,6 +1268,15 @@ async fn raw_call(
     headers: &[(&str, &str)],
     body: bytes::Bytes,
 ) -> (String, std::time::Duration, Vec<u8>) {
+    raw_call_in_frames(app, headers, vec![body]).await
+}
+
+/// `raw_call` with the request's body sent as one DATA frame per chunk.
+async fn raw_call_in_frames(
+    app: &TestApp,
+    headers: &[(&str, &str)],
+    chunks: Vec<bytes::Bytes>,
+) -> (String, std::time::Duration, Vec<u8>) {
     let tcp = tokio::net::TcpStream::connect(app.grpc.unwrap())
         .await
         .unwrap();
@@ -1286,8 +1295,11 @@ async fn raw_call(
     let (response, mut stream) = sender
         .send_request(request.body(()).unwrap(), false)
         .unwrap();
-    stream.reserve_capacity(body.len());
-    stream.send_data(body, true).unwrap();
+    let last = chunks.len() - 1;
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        stream.reserve_capacity(chunk.len());
+        stream.send_data(chunk, i == last).unwrap();
+    }
     let response = response.await.unwrap();
     let status = |h: &http::HeaderMap| h.get("grpc-status").map(|v| v.to_str().unwrap().to_owned());
     assert_eq!(response.status(), http::StatusCode::OK);
@@ -1364,9 +1376,40 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
         "0"
     );
 
+    // A message in DATA frames of one byte each (the prefix too is split) is read whole.
+    let split = request(
+        "edge_proxy_per_ip",
+        vec![descriptor(&[("remote_address", "10.9.9.7")])],
+    )
+    .encode_to_vec();
+    for left in [2, 1] {
+        let bytes = framed(0, split.len(), &split);
+        let chunks = (0..bytes.len()).map(|i| bytes.slice(i..i + 1)).collect();
+        let (code, _, answer) = raw_call_in_frames(&app, &grpc, chunks).await;
+        assert_eq!(code, "0");
+        let decoded = RateLimitResponse::decode(&answer[5..]).unwrap();
+        assert_eq!(decoded.statuses[0].limit_remaining, left);
+    }
+    // A message of exactly 4 MiB is read and decoded: its 4 MiB value is what is refused,
+    // by name (INVALID_ARGUMENT), not its size.
+    let of_length = |n: usize| {
+        request(
+            "edge_proxy_per_ip",
+            vec![descriptor(&[("remote_address", &"x".repeat(n))])],
+        )
+        .encode_to_vec()
+    };
+    // The fields around the value take the same bytes for any value of about 4 MiB.
+    let around = of_length(4_000_000).len() - 4_000_000;
+    let largest = of_length(4 * 1024 * 1024 - around);
+    assert_eq!(largest.len(), 4 * 1024 * 1024);
+
     // Refused, each with gRPC's code, as trailers-only answers; none of them counted.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bytes::Bytes);
-    let cases: [Case; 7] = [
+    let cases: [Case; 9] = [
+        // a message of no bytes is an empty request: its domain is missing
+        ("3", &grpc, framed(0, 0, &[])),
+        ("3", &grpc, framed(0, largest.len(), &largest)),
         ("16", &grpc[..1], framed(0, message.len(), &message)),
         ("13", &grpc, framed(1, message.len(), &message)),
         ("13", &grpc, framed(0, message.len() + 10, &message)),
