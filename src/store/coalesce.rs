@@ -1,37 +1,32 @@
-//! Coalescing counted checks on a single Redis: a check that arrives while Redis is busy with
-//! earlier ones waits for the next call and goes in it with every other check that arrived
-//! meanwhile, as one call of the check script in mode `batch` (see `lua/check.lua`).
+//! Coalescing counted checks on a single Redis: checks that arrive while Redis is busy with
+//! earlier ones go together in one call of the check script in mode `batch` (see
+//! `lua/check.lua`), each still its own all-or-nothing decision, evaluated in arrival order
+//! inside the one atomic script, so the answers are the ones the checks would have had one
+//! by one. Redis then runs the script's fixed part (the call, `TIME`, the counters of the
+//! overview) once for all of them.
 //!
-//! Nothing waits on a timer: when no call is out, a check goes at once, with the checks
-//! waiting beside it. Only under load do checks share a call, and then Redis runs the
-//! script's fixed part (the call, `TIME`, the counters of the overview) once for all of them; each check is still its own
-//! all-or-nothing decision, evaluated in arrival order inside one atomic script, so the
-//! answers are the ones the checks would have had one by one.
+//! Nothing waits on a timer: a check that finds a call free goes at once, with the checks
+//! waiting beside it. Up to four calls are out at once, and calls out together never share
+//! a state key: a check that would share one with a call out waits for that call (and the
+//! checks of its keys queued after it wait behind it). So every key sees its checks in the
+//! order they were queued whatever order the calls reach Redis in, including a call sent
+//! again after NOSCRIPT, after a reconnect, or behind a full connection queue; checks that
+//! share no key commute (their live counters only add up).
 
 use std::time::Instant;
 
-use futures_util::{StreamExt, stream::FuturesOrdered};
+use std::collections::{HashSet, VecDeque};
+
+use futures_util::{StreamExt, stream::FuturesUnordered};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{Store, StoreError};
 use crate::domain::{Algorithm, Outcome};
 
-/// Calls of the batch script out at once. They reach Redis in the order they were made,
-/// so a check is decided after every check queued before it (`Service::check_all` relies
-/// on it): one task makes them and polls each first in that order (a `FuturesOrdered`),
-/// and a call's first poll puts its command on the connection's queue. Spawned, they
-/// could overtake one another on a runtime of several threads. A call Redis answers
-/// NOSCRIPT (a restart, SCRIPT FLUSH) is not sent again at once: the calls after it were
-/// sent before anything loaded the script, so they find it missing too; once every call
-/// out is back the task loads the scripts and sends the missing ones again in their
-/// order, before any new call. Measured side by side (2 cores): four out against one,
-/// 47k against 40k HTTP checks/s at 32 connections, 50k against 40k gRPC at 32 streams.
+/// Calls of the batch script out at once. Measured side by side (`make bench`, 2 cores):
+/// four out against one, 42.6k against 35.9k HTTP checks/s at 32 connections (1.19×),
+/// gRPC 47.5k at 32 streams (2.40× Limitador; one out was 1.90-1.93×).
 const IN_FLIGHT: usize = 4;
-
-/// Times a call is sent again after Redis answered NOSCRIPT, before its checks fail: the
-/// script was loaded before each, so only a client flushing scripts over and over gets
-/// this far.
-const RESENDS: u32 = 2;
 
 /// Rule × identifier entries in one call at most, so no one script holds Redis (which runs
 /// one script at a time) for long: about 2 µs an entry.
@@ -47,6 +42,8 @@ pub(super) type Answer = (i64, Vec<Outcome>);
 /// One counted check, waiting for a call.
 pub(super) struct Counted {
     pub keys: Vec<String>,
+    /// The keys' hashes (`key_hash`), worked out once by the caller's task.
+    hashes: Vec<u64>,
     pub rules: Vec<(Algorithm, bool)>,
     /// One per entry: `<policy>|<dimension>=<value>`.
     pub labels: Vec<String>,
@@ -86,6 +83,7 @@ impl Coalescer {
     ) -> Result<Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
         let job = Counted {
+            hashes: keys.iter().map(|k| key_hash(k)).collect(),
             keys,
             rules,
             labels,
@@ -113,55 +111,114 @@ fn stopped() -> StoreError {
     StoreError::Reply("the check queue has stopped".into())
 }
 
-/// One batch call as it came back: its checks, how many times it was sent, and Redis's
-/// answer (`None`: Redis did not have the script).
+/// One batch call as it came back: its checks, the hashes of the state keys it held, and
+/// Redis's answer.
 struct Call {
     batch: Vec<Counted>,
-    sent: u32,
-    reply: Result<Option<String>, StoreError>,
+    held: Vec<u64>,
+    reply: Result<String, StoreError>,
 }
 
+/// The checks received and not yet sent, and the state keys of the calls out.
+struct Calls {
+    /// Oldest first: checks that share a key with a call out, and the checks behind them
+    /// that share a key with those.
+    pending: VecDeque<Counted>,
+    /// Hashes of the state keys of every call out (a collision only makes a check wait).
+    busy: HashSet<u64>,
+    /// The Redis timeout: the longest a check waits, queue and call together.
+    timeout: std::time::Duration,
+}
+
+impl Calls {
+    /// The next call's checks: the pending ones, then `first` and the queue, in order, up to
+    /// MAX_ENTRIES entries, leaving a check that shares a key with a call out (or with a
+    /// check left for that reason) for later.
+    fn next_batch(
+        &mut self,
+        first: Option<Counted>,
+        waiting: &mut mpsc::Receiver<Counted>,
+    ) -> (Vec<Counted>, Vec<u64>) {
+        if let Some(first) = first {
+            self.pending.push_back(first);
+        }
+        let mut batch = Vec::new();
+        let mut held = HashSet::new();
+        let mut entries = 0;
+        let mut blocked = HashSet::new();
+        let mut left = VecDeque::new();
+        loop {
+            let job = match self.pending.pop_front() {
+                Some(job) => job,
+                None if entries < MAX_ENTRIES => match waiting.try_recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+                None => break,
+            };
+            if entries >= MAX_ENTRIES {
+                left.push_back(job);
+                continue;
+            }
+            if job
+                .hashes
+                .iter()
+                .any(|h| self.busy.contains(h) || blocked.contains(h))
+            {
+                blocked.extend(job.hashes.iter().copied());
+                left.push_back(job);
+            } else {
+                entries += job.keys.len();
+                held.extend(job.hashes.iter().copied());
+                batch.push(job);
+            }
+        }
+        self.pending = left;
+        let batch = still_awaited(batch, self.timeout);
+        let held: Vec<u64> = held.into_iter().collect();
+        self.busy.extend(held.iter().copied());
+        (batch, held)
+    }
+}
+
+fn key_hash(key: &str) -> u64 {
+    use std::hash::BuildHasher;
+    KEY_HASHER.hash_one(key)
+}
+
+/// One hasher for the process: a key's hash is the same for every call.
+static KEY_HASHER: std::sync::LazyLock<std::collections::hash_map::RandomState> =
+    std::sync::LazyLock::new(std::collections::hash_map::RandomState::new);
+
 async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
-    let mut out = FuturesOrdered::new();
-    // Calls Redis answered NOSCRIPT, in the order they were made, with their sends so far.
-    let mut missing: Vec<(Vec<Counted>, u32)> = Vec::new();
+    let mut out = FuturesUnordered::new();
+    let mut calls = Calls {
+        pending: VecDeque::new(),
+        busy: HashSet::new(),
+        timeout: store.timeout,
+    };
     let mut open = true;
     loop {
         tokio::select! {
             biased;
             Some(call) = out.next() => {
-                let Call { batch, sent, reply } = call;
-                match reply {
-                    Ok(Some(text)) => {
-                        let answers = parse_batch_text(&text, &sizes(&batch));
-                        answer(batch, answers);
-                    }
-                    Ok(None) if sent <= RESENDS => missing.push((batch, sent)),
-                    Ok(None) => answer(batch, Err(StoreError::Reply(
-                        "Redis lost the check script each time it was loaded".into(),
-                    ))),
-                    Err(error) => answer(batch, Err(error)),
+                let Call { batch, held, reply } = call;
+                for hash in held {
+                    calls.busy.remove(&hash);
                 }
-                if out.is_empty() && !missing.is_empty() {
-                    let lost = std::mem::take(&mut missing);
-                    match store.load_batch_scripts(lost.iter().map(|(b, _)| b)).await {
-                        Ok(()) => {
-                            for (batch, sent) in lost {
-                                let batch = still_awaited(batch, store.timeout);
-                                if !batch.is_empty() {
-                                    out.push_back(store.clone().send_batch(batch, sent + 1));
-                                }
-                            }
-                        }
-                        Err(error) => {
-                            for (batch, _) in lost {
-                                answer(batch, Err(error.clone()));
-                            }
-                        }
+                let answers = reply.and_then(|text| parse_batch_text(&text, &sizes(&batch)));
+                answer(batch, answers);
+                // The keys it held are free: checks left for them may go now.
+                while out.len() < IN_FLIGHT && !calls.pending.is_empty() {
+                    let (batch, held) = calls.next_batch(None, &mut waiting);
+                    if batch.is_empty() {
+                        release(&mut calls.busy, held);
+                        break;
                     }
+                    out.push(store.clone().send_batch(batch, held));
                 }
             }
-            first = waiting.recv(), if open && missing.is_empty() && out.len() < IN_FLIGHT => {
+            first = waiting.recv(), if open && out.len() < IN_FLIGHT => {
                 let Some(first) = first else {
                     open = false;
                     continue;
@@ -175,25 +232,22 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
                 // not side by side): gRPC at 32 streams 33-36k -> 40k checks/s; HTTP/1.1
                 // at 32 connections no change beyond the noise (36-40k).
                 tokio::task::yield_now().await;
-                let mut batch = Vec::new();
-                let mut entries = 0;
-                let mut next = Some(first);
-                while let Some(job) = next {
-                    entries += job.keys.len();
-                    batch.push(job);
-                    next = if entries < MAX_ENTRIES {
-                        waiting.try_recv().ok()
-                    } else {
-                        None
-                    };
-                }
-                let batch = still_awaited(batch, store.timeout);
-                if !batch.is_empty() {
-                    out.push_back(store.clone().send_batch(batch, 1));
+                let (batch, held) = calls.next_batch(Some(first), &mut waiting);
+                if batch.is_empty() {
+                    release(&mut calls.busy, held);
+                } else {
+                    out.push(store.clone().send_batch(batch, held));
                 }
             }
             else => break,
         }
+    }
+}
+
+/// Frees the keys of a call that was not made after all (every check of it had timed out).
+fn release(busy: &mut HashSet<u64>, held: Vec<u64>) {
+    for hash in held {
+        busy.remove(&hash);
     }
 }
 
@@ -235,17 +289,10 @@ fn answer(batch: Vec<Counted>, answers: Result<(i64, Vec<CheckOutcomes>), StoreE
 }
 
 impl Store {
-    /// The script that runs `batch`: one made for the algorithms it uses.
-    fn batch_script(&self, batch: &[Counted]) -> &redis::Script {
+    /// One call of the batch script for `batch`, which holds the keys `held` while out.
+    async fn send_batch(self, batch: Vec<Counted>, held: Vec<u64>) -> Call {
         let algorithms = batch.iter().flat_map(|c| c.rules.iter().map(|(a, _)| a));
-        self.scripts.checks.for_algorithms(algorithms)
-    }
-
-    /// One call of the batch script for `batch`, its `sent`th. Everything up to putting the
-    /// command on the connection's queue happens in the first poll (the order of calls
-    /// rests on it); a NOSCRIPT comes back as `None`, not as Redis failing.
-    async fn send_batch(self, batch: Vec<Counted>, sent: u32) -> Call {
-        let script = self.batch_script(&batch);
+        let script = self.scripts.checks.for_algorithms(algorithms);
         let minute = super::stats::minute_of(super::stats::now_ms());
         // EVALSHA written straight into one command buffer (a ScriptInvocation would hold
         // each key and argument in an allocation of its own first).
@@ -270,40 +317,8 @@ impl Store {
                 cmd.arg(label);
             }
         }
-        let mut conn = self.backend.clone();
-        let reply = self
-            .with_timeout(async move {
-                match cmd.query_async::<String>(&mut conn).await {
-                    Err(e)
-                        if e.kind()
-                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
-                    {
-                        Ok(None)
-                    }
-                    other => other.map(Some),
-                }
-            })
-            .await;
-        Call { batch, sent, reply }
-    }
-
-    /// Loads the scripts of the calls in `batches` (each once).
-    async fn load_batch_scripts<'a>(
-        &self,
-        batches: impl Iterator<Item = &'a Vec<Counted>>,
-    ) -> Result<(), StoreError> {
-        let mut scripts: Vec<&redis::Script> = Vec::new();
-        for batch in batches {
-            let script = self.batch_script(batch);
-            if !scripts.iter().any(|s| s.get_hash() == script.get_hash()) {
-                scripts.push(script);
-            }
-        }
-        for script in scripts {
-            let mut conn = self.backend.clone();
-            self.with_timeout(script.load_async(&mut conn)).await?;
-        }
-        Ok(())
+        let reply = self.evalsha::<String>(script, &cmd).await;
+        Call { batch, held, reply }
     }
 }
 
@@ -400,6 +415,126 @@ fn parse_batch(raw: &[i64], sizes: &[usize]) -> Result<Vec<Option<Vec<Outcome>>>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A check of the state keys `keys`, and the receiver its answer would reach.
+    fn job(keys: &[&str]) -> (Counted, oneshot::Receiver<Result<Answer, StoreError>>) {
+        let (reply, answer) = oneshot::channel();
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let check = Counted {
+            hashes: keys.iter().map(|k| key_hash(k)).collect(),
+            rules: Vec::new(),
+            labels: Vec::new(),
+            rate_key: String::new(),
+            cost: 1,
+            context: crate::store::CheckContext::new(&[], crate::store::Now::Redis),
+            queued: Instant::now(),
+            reply,
+            keys,
+        };
+        (check, answer)
+    }
+
+    fn calls() -> Calls {
+        Calls {
+            pending: VecDeque::new(),
+            busy: HashSet::new(),
+            timeout: std::time::Duration::from_secs(60),
+        }
+    }
+
+    fn keys_of(batch: &[Counted]) -> Vec<String> {
+        batch.iter().map(|c| c.keys.join("+")).collect()
+    }
+
+    #[test]
+    fn a_check_sharing_a_key_with_a_call_out_waits_and_so_do_those_behind_it_on_its_keys() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut calls = calls();
+        let mut answers = Vec::new();
+        let (first, a) = job(&["x"]);
+        answers.push(a);
+        let (batch, held) = calls.next_batch(Some(first), &mut rx);
+        assert_eq!(keys_of(&batch), ["x"]);
+        // x is out now; queue: x, y, x+z, z, w.
+        for keys in [&["x"][..], &["y"], &["x", "z"], &["z"], &["w"]] {
+            let (check, a) = job(keys);
+            answers.push(a);
+            tx.try_send(check).ok().unwrap();
+        }
+        let (second, held2) = calls.next_batch(None, &mut rx);
+        assert_eq!(keys_of(&second), ["y", "w"]);
+        assert_eq!(keys_of(calls.pending.make_contiguous()), ["x", "x+z", "z"]);
+        // Nothing else may go while x is out, not even z (behind x+z).
+        let (none, held3) = calls.next_batch(None, &mut rx);
+        assert!(none.is_empty() && held3.is_empty());
+        // The first call is back: the rest go, in their order, in one call.
+        release(&mut calls.busy, held);
+        let (third, _) = calls.next_batch(None, &mut rx);
+        assert_eq!(keys_of(&third), ["x", "x+z", "z"]);
+        assert!(calls.pending.is_empty());
+        release(&mut calls.busy, held2);
+    }
+
+    #[test]
+    fn a_call_stops_at_max_entries_and_keeps_the_rest_in_order() {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let mut calls = calls();
+        let mut answers = Vec::new();
+        for i in 0..MAX_ENTRIES + 44 {
+            let (check, a) = job(&[&format!("k{i}")]);
+            answers.push(a);
+            tx.try_send(check).ok().unwrap();
+        }
+        let (batch, _) = calls.next_batch(None, &mut rx);
+        assert_eq!(batch.len(), MAX_ENTRIES);
+        let (rest, _) = calls.next_batch(None, &mut rx);
+        assert_eq!(rest.len(), 44);
+        assert_eq!(rest[0].keys[0], format!("k{MAX_ENTRIES}"));
+    }
+
+    proptest! {
+        /// Whatever the checks and the keys out: no check goes out beside a call that holds
+        /// one of its keys, and of two checks that share a key the later never goes before
+        /// the earlier; nothing is lost or reordered.
+        #[test]
+        fn calls_out_together_share_no_key_and_each_key_keeps_its_order(
+            checks in prop::collection::vec(prop::collection::vec(0u8..6, 1..3), 1..40),
+            out in prop::collection::vec(0u8..6, 0..3),
+        ) {
+            let (tx, mut rx) = mpsc::channel(64);
+            let mut calls = calls();
+            let name = |k: &u8| format!("k{k}");
+            calls.busy.extend(out.iter().map(|k| key_hash(&name(k))));
+            let mut answers = Vec::new();
+            for (i, keys) in checks.iter().enumerate() {
+                let mut keys: Vec<String> = keys.iter().map(name).collect();
+                keys.push(format!("own{i}"));
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let (check, a) = job(&refs);
+                answers.push(a);
+                tx.try_send(check).ok().unwrap();
+            }
+            let (batch, _) = calls.next_batch(None, &mut rx);
+            let index = |c: &Counted| c.keys.last().unwrap()[3..].parse::<usize>().unwrap();
+            let sent: Vec<usize> = batch.iter().map(index).collect();
+            let left: Vec<usize> = calls.pending.iter().map(index).collect();
+            // nothing lost, each part in order
+            let mut all = [sent.clone(), left.clone()].concat();
+            prop_assert!(sent.windows(2).all(|w| w[0] < w[1]));
+            prop_assert!(left.windows(2).all(|w| w[0] < w[1]));
+            all.sort();
+            prop_assert_eq!(all, (0..checks.len()).collect::<Vec<_>>());
+            for &s in &sent {
+                // not beside a call out
+                prop_assert!(!checks[s].iter().any(|k| out.contains(k)));
+                // not ahead of an earlier check of one of its keys that was left
+                for &l in &left {
+                    prop_assert!(!(l < s && checks[l].iter().any(|k| checks[s].contains(k))));
+                }
+            }
+        }
+    }
 
     #[test]
     fn a_batch_reply_is_split_per_check() {

@@ -721,6 +721,7 @@ impl Store {
         if !self.breaker.allow() {
             return Err(StoreError::CircuitOpen);
         }
+        let started = self.breaker.started();
         let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError::Redis(e)),
@@ -731,7 +732,7 @@ impl Store {
             // A script error is Redis answering: the connection is fine.
             Err(StoreError::Redis(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {}
-            Err(_) => self.breaker.failure(),
+            Err(_) => self.breaker.failure(started),
         }
         result
     }
