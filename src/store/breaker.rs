@@ -70,7 +70,13 @@ impl Breaker {
                 .is_ok()
     }
 
-    pub fn success(&self) {
+    /// A call that began at `started` succeeded. A call begun before the last counted
+    /// failure says nothing of Redis since: it neither resets the count nor closes the
+    /// circuit (with several calls out, an older call's late success would).
+    pub fn success(&self, started: u64) {
+        if started < self.last_failure_us.load(Ordering::Acquire) {
+            return;
+        }
         if self.failures.swap(0, Ordering::AcqRel) != 0 {
             self.open_until_ms.store(0, Ordering::Release);
         }
@@ -79,14 +85,12 @@ impl Breaker {
     /// A call that began at `started` (from `started`) failed. It counts unless a failure
     /// was counted after it began: then it failed in the same incident.
     pub fn failure(&self, started: u64) {
-        let now = self.started();
-        let last = self.last_failure_us.load(Ordering::Acquire);
-        if started < last
-            || self
-                .last_failure_us
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
+        let counted =
+            self.last_failure_us
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |last| {
+                    (started >= last).then(|| self.started().max(last))
+                });
+        if counted.is_err() {
             return;
         }
         let failures = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
@@ -114,12 +118,19 @@ mod tests {
         b.failure(b.started());
         b.failure(b.started());
         assert!(b.allow(), "two failures do not open it");
+        let older = b.started();
+        std::thread::sleep(Duration::from_micros(10));
         b.failure(b.started());
         assert!(!b.allow(), "three do");
         std::thread::sleep(Duration::from_millis(40));
         assert!(b.allow(), "one probe after the cool-down");
         assert!(!b.allow(), "only one");
-        b.success();
+        b.success(older);
+        assert!(
+            b.is_open(),
+            "a call begun before the last failure does not close it"
+        );
+        b.success(b.started());
         assert!(b.allow() && !b.is_open());
     }
 

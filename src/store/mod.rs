@@ -728,7 +728,7 @@ impl Store {
             Err(_) => Err(StoreError::Timeout(self.timeout)),
         };
         match &result {
-            Ok(_) => self.breaker.success(),
+            Ok(_) => self.breaker.success(started),
             // A script error is Redis answering: the connection is fine.
             Err(StoreError::Redis(e))
                 if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError) => {}

@@ -387,17 +387,18 @@ async fn the_admin_api_reads_the_audit_log_and_removes_overrides() {
     assert_eq!(no_key.status(), 401);
 }
 
-/// A batch larger than one script call (100 checks of 8 entries: 4 calls of at most 256
-/// entries) is still decided in its order on a runtime of several threads, where calls out
-/// at once could overtake each other: checks of one identity count down without a gap or
-/// a swap, round after round. Every other round starts with Redis's scripts flushed, so
-/// every call out finds its script missing and is sent again: the second sends keep the
-/// order too.
+/// A batch larger than one script call (100 checks of 8 entries: at least 4 calls of at most
+/// 256 entries) is still decided in its order on a runtime of several threads, where calls
+/// out at once could overtake each other: the checks of four identities, interleaved, each
+/// count down without a gap or a swap, round after round. The identities share no key, so
+/// calls of different ones are out together; checks of one identity wait for each other.
+/// Every other round starts with Redis's scripts flushed, so the first calls find their
+/// script missing and are sent again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_split_over_calls_keeps_its_order_on_several_threads() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
-    let rule = |name: &str| json!({"name": name, "algorithm": "fixed_window", "limit": 60, "window_ms": 3_600_000});
+    let rule = |name: &str| json!({"name": name, "algorithm": "fixed_window", "limit": 20, "window_ms": 3_600_000});
     app.put_policy(
         "wide",
         json!({"rules": [rule("a"), rule("b"), rule("c"), rule("d")]}),
@@ -405,8 +406,9 @@ async fn a_batch_split_over_calls_keeps_its_order_on_several_threads() {
     .await;
     for round in 0..10 {
         let checks: Vec<Value> = (0..100)
-            .map(|_| {
-                json!({"policy": "wide", "identifiers": {"user": format!("r{round}"), "ip": format!("10.0.0.{round}")}})
+            .map(|i| {
+                let who = i % 4;
+                json!({"policy": "wide", "identifiers": {"user": format!("r{round}u{who}"), "ip": format!("10.0.{round}.{who}")}})
             })
             .collect();
         if round % 2 == 1 {
@@ -435,8 +437,12 @@ async fn a_batch_split_over_calls_keeps_its_order_on_several_threads() {
                 )
             })
             .collect();
+        // The i-th check is its identity's (i / 4)-th: 20 pass, counting down, then 429.
         let expected: Vec<(u64, u64)> = (0..100)
-            .map(|i| if i < 60 { (200, 59 - i) } else { (429, 0) })
+            .map(|i| {
+                let nth = i / 4;
+                if nth < 20 { (200, 19 - nth) } else { (429, 0) }
+            })
             .collect();
         assert_eq!(got, expected, "round {round}");
     }
