@@ -417,3 +417,33 @@ async fn sigterm_ends_open_event_streams() {
         signalled.elapsed()
     );
 }
+
+/// The circuit breaker opens after three attempts failed one after another, and calls out
+/// at the same time that fail together (one stall) count once: four calls timing out
+/// together leave it closed, and so does one more; the next opens it.
+#[tokio::test]
+async fn calls_that_time_out_together_are_one_failure_for_the_breaker() {
+    use spillway::store::{Store, keys::Keys};
+    let redis = RedisServer::start();
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_millis(100), Keys::default())
+        .await
+        .unwrap();
+    store.health().await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .arg("ALL")
+        .query(&mut redis.connection())
+        .unwrap();
+    let together = futures_util::future::join_all((0..4).map(|_| store.health())).await;
+    assert!(together.iter().all(|r| r.is_err()), "all four time out");
+    assert!(!store.circuit_open(), "one incident is one failure");
+    for failure in 2..=3 {
+        assert!(store.health().await.is_err());
+        assert_eq!(
+            store.circuit_open(),
+            failure == 3,
+            "after failure {failure}"
+        );
+    }
+}
