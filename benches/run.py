@@ -493,7 +493,7 @@ def main():
               "the 3-rule row, Redis spends seconds expiring that row's short-lived keys (per-second windows, gcra keys of",
               "a huge rate) in cycles of up to 25 ms, which would be measured instead (Redis's `hz` bounds those cycles",
               "to a quarter of 1000/hz ms: `hz 100` caps them at 2.5 ms). Script calls per check are below 1 because checks that arrive while",
-              "a call is out share the next one (src/store/coalesce.rs), each still its own all-or-nothing decision. Memory per",
+              "calls are out share the next one (src/store/coalesce.rs), each still its own all-or-nothing decision. Memory per",
               "identifier: `cargo test --features ssr --test it -- --ignored --nocapture memory` (100k identifiers",
               "per algorithm)."]
     report = "\n".join(lines) + "\n"

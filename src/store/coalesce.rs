@@ -116,11 +116,9 @@ fn stopped() -> StoreError {
     StoreError::Reply("the check queue has stopped".into())
 }
 
-/// One batch call as it came back: its checks, the hashes of the state keys it held, and
-/// Redis's answer.
+/// One batch call as it came back: its checks (whose keys it held) and Redis's answer.
 struct Call {
     batch: Vec<Counted>,
-    held: Vec<u64>,
     reply: Result<String, StoreError>,
 }
 
@@ -142,16 +140,15 @@ impl Calls {
     /// The next call's checks, in order, up to MAX_ENTRIES entries: with `rescan` (a call
     /// came back, so keys are free) the pending checks first; then `first` and the queue.
     /// A check that shares a key with a call out or with a pending check is left pending;
-    /// a check nobody waits for any more is answered with the timeout and dropped. Returns
-    /// the checks and the hashes of their keys, which are busy from now on.
+    /// a check nobody waits for any more is answered with the timeout and dropped. The keys
+    /// of the checks returned are busy from now on, until `returned`.
     fn next_batch(
         &mut self,
         rescan: bool,
         first: Option<Counted>,
         waiting: &mut mpsc::Receiver<Counted>,
-    ) -> (Vec<Counted>, Vec<u64>) {
+    ) -> Vec<Counted> {
         let mut batch = Vec::new();
-        let mut held = HashSet::new();
         let mut entries = 0;
         let mut earlier = VecDeque::new();
         if rescan {
@@ -188,13 +185,20 @@ impl Calls {
                 self.pending.push_back(job);
             } else {
                 entries += job.keys.len();
-                held.extend(job.hashes.iter().copied());
                 batch.push(job);
             }
         }
-        let held: Vec<u64> = held.into_iter().collect();
-        self.busy.extend(held.iter().copied());
-        (batch, held)
+        // Busy once the call is made, not before: checks of one key go in one call together.
+        self.busy
+            .extend(batch.iter().flat_map(|c| c.hashes.iter().copied()));
+        batch
+    }
+
+    /// The keys of `batch`, a call that came back, are free again.
+    fn returned(&mut self, batch: &[Counted]) {
+        for hash in batch.iter().flat_map(|c| &c.hashes) {
+            self.busy.remove(hash);
+        }
     }
 }
 
@@ -220,21 +224,19 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
         tokio::select! {
             biased;
             Some(call) = out.next() => {
-                let Call { batch, held, reply } = call;
-                for hash in held {
-                    calls.busy.remove(&hash);
-                }
+                let Call { batch, reply } = call;
+                calls.returned(&batch);
                 let answers = reply.and_then(|text| parse_batch_text(&text, &sizes(&batch)));
                 answer(batch, answers);
                 // The keys it held are free: checks left for them may go now. (A pending
                 // check always waits for a call out: it shares a key with one, or with a
                 // pending check that does, or the call that cut it off is out.)
                 while out.len() < IN_FLIGHT && !calls.pending.is_empty() {
-                    let (batch, held) = calls.next_batch(true, None, &mut waiting);
+                    let batch = calls.next_batch(true, None, &mut waiting);
                     if batch.is_empty() {
                         break;
                     }
-                    out.push(store.clone().send_batch(batch, held));
+                    out.push(store.clone().send_batch(batch));
                 }
             }
             first = waiting.recv(), if open && out.len() < IN_FLIGHT && calls.pending.len() < QUEUE => {
@@ -253,9 +255,9 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
                 tokio::task::yield_now().await;
                 // No key was freed since the last call was made: the pending checks still
                 // wait, and a new one only needs to know their keys.
-                let (batch, held) = calls.next_batch(false, Some(first), &mut waiting);
+                let batch = calls.next_batch(false, Some(first), &mut waiting);
                 if !batch.is_empty() {
-                    out.push(store.clone().send_batch(batch, held));
+                    out.push(store.clone().send_batch(batch));
                 }
             }
             else => break,
@@ -284,8 +286,8 @@ fn answer(batch: Vec<Counted>, answers: Result<(i64, Vec<CheckOutcomes>), StoreE
 }
 
 impl Store {
-    /// One call of the batch script for `batch`, which holds the keys `held` while out.
-    async fn send_batch(self, batch: Vec<Counted>, held: Vec<u64>) -> Call {
+    /// One call of the batch script for `batch`.
+    async fn send_batch(self, batch: Vec<Counted>) -> Call {
         let algorithms = batch.iter().flat_map(|c| c.rules.iter().map(|(a, _)| a));
         let script = self.scripts.checks.for_algorithms(algorithms);
         let minute = super::stats::minute_of(super::stats::now_ms());
@@ -313,7 +315,7 @@ impl Store {
             }
         }
         let reply = self.evalsha::<String>(script, &cmd).await;
-        Call { batch, held, reply }
+        Call { batch, reply }
     }
 }
 
@@ -443,13 +445,6 @@ mod tests {
         batch.iter().map(|c| c.keys.join("+")).collect()
     }
 
-    /// Frees the keys of a call, as its return does.
-    fn returned(calls: &mut Calls, held: Vec<u64>) {
-        for hash in held {
-            calls.busy.remove(&hash);
-        }
-    }
-
     #[test]
     fn a_check_sharing_a_key_with_a_call_out_waits_and_so_do_those_behind_it_on_its_keys() {
         let (tx, mut rx) = mpsc::channel(16);
@@ -457,7 +452,7 @@ mod tests {
         let mut answers = Vec::new();
         let (first, a) = job(&["x"]);
         answers.push(a);
-        let (batch, held) = calls.next_batch(false, Some(first), &mut rx);
+        let batch = calls.next_batch(false, Some(first), &mut rx);
         assert_eq!(keys_of(&batch), ["x"]);
         // x is out now; queue: x, y, x+z, z, w.
         for keys in [&["x"][..], &["y"], &["x", "z"], &["z"], &["w"]] {
@@ -465,7 +460,7 @@ mod tests {
             answers.push(a);
             tx.try_send(check).ok().unwrap();
         }
-        let (second, held2) = calls.next_batch(false, None, &mut rx);
+        let second = calls.next_batch(false, None, &mut rx);
         assert_eq!(keys_of(&second), ["y", "w"]);
         assert_eq!(keys_of(calls.pending.make_contiguous()), ["x", "x+z", "z"]);
         // Nothing else may go while x is out, not z (behind x+z), not a new z or x.
@@ -474,19 +469,21 @@ mod tests {
             answers.push(a);
             tx.try_send(check).ok().unwrap();
         }
-        let (third, held3) = calls.next_batch(true, None, &mut rx);
+        let third = calls.next_batch(true, None, &mut rx);
         assert_eq!(keys_of(&third), ["v"]);
         assert_eq!(
             keys_of(calls.pending.make_contiguous()),
             ["x", "x+z", "z", "z", "x"]
         );
         // The first call is back: the rest go, in their order, in one call.
-        returned(&mut calls, held);
-        let (fourth, _) = calls.next_batch(true, None, &mut rx);
+        calls.returned(&batch);
+        let fourth = calls.next_batch(true, None, &mut rx);
         assert_eq!(keys_of(&fourth), ["x", "x+z", "z", "z", "x"]);
         assert!(calls.pending.is_empty() && calls.pending_keys.is_empty());
-        returned(&mut calls, held2);
-        returned(&mut calls, held3);
+        calls.returned(&second);
+        calls.returned(&third);
+        calls.returned(&fourth);
+        assert!(calls.busy.is_empty());
     }
 
     #[test]
@@ -499,9 +496,9 @@ mod tests {
             answers.push(a);
             tx.try_send(check).ok().unwrap();
         }
-        let (batch, _) = calls.next_batch(false, None, &mut rx);
+        let batch = calls.next_batch(false, None, &mut rx);
         assert_eq!(batch.len(), MAX_ENTRIES);
-        let (rest, _) = calls.next_batch(true, None, &mut rx);
+        let rest = calls.next_batch(true, None, &mut rx);
         assert_eq!(rest.len(), 44);
         assert_eq!(rest[0].keys[0], format!("k{MAX_ENTRIES}"));
     }
@@ -513,7 +510,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let mut calls = calls();
         let (first, _kept) = job(&["hot"]);
-        let (_, held) = calls.next_batch(false, Some(first), &mut rx);
+        let out = calls.next_batch(false, Some(first), &mut rx);
         let mut dead = Vec::new();
         for _ in 0..MAX_ENTRIES {
             let (check, answer) = job(&["hot"]);
@@ -522,13 +519,13 @@ mod tests {
         }
         let (live, mut live_answer) = job(&["hot"]);
         tx.try_send(live).ok().unwrap();
-        let (none, _) = calls.next_batch(false, None, &mut rx);
+        let none = calls.next_batch(false, None, &mut rx);
         assert!(none.is_empty());
         assert_eq!(calls.pending.len(), MAX_ENTRIES + 1);
         // The first 256 callers give up (their timeout passed: they dropped their answer).
         drop(dead);
-        returned(&mut calls, held);
-        let (batch, _) = calls.next_batch(true, None, &mut rx);
+        calls.returned(&out);
+        let batch = calls.next_batch(true, None, &mut rx);
         assert_eq!(batch.len(), 1, "the live check goes");
         assert!(calls.pending.is_empty());
         assert!(
@@ -559,7 +556,7 @@ mod tests {
                 answers.push(a);
                 tx.try_send(check).ok().unwrap();
             }
-            let (batch, _) = calls.next_batch(false, None, &mut rx);
+            let batch = calls.next_batch(false, None, &mut rx);
             let index = |c: &Counted| c.keys.last().unwrap()[3..].parse::<usize>().unwrap();
             let sent: Vec<usize> = batch.iter().map(index).collect();
             let left: Vec<usize> = calls.pending.iter().map(index).collect();

@@ -428,3 +428,23 @@ pub async fn clear_of_window_turn(window: Duration) {
         tokio::time::sleep(left + Duration::from_millis(20)).await;
     }
 }
+
+/// The helper leaves at least its margin before the next turn, wherever in the window it
+/// is called (10 calls spread over 2.3 windows of 200 ms: some land near a turn), give or
+/// take 20 ms for a busy machine.
+#[tokio::test]
+async fn clear_of_window_turn_leaves_the_margin() {
+    let window = Duration::from_millis(200);
+    for _ in 0..10 {
+        clear_of_window_turn(window).await;
+        let since_epoch = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let left = window.as_nanos() - since_epoch.as_nanos() % window.as_nanos();
+        assert!(
+            left >= (window / 2).as_nanos() - 20_000_000,
+            "{left} ns left"
+        );
+        tokio::time::sleep(Duration::from_millis(45)).await;
+    }
+}
