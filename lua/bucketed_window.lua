@@ -10,6 +10,15 @@
 --   leaves), retry_ms (until enough old buckets leave; -1 when cost > limit or allowed), 0
 -- Refund (cluster): gives `cost` back to the bucket of `now`, if it is still counted.
 -- Give back (a negative usage report): takes `cost` off the newest counted buckets first.
+-- The write: drops the `stale` slots, adds `cost` to bucket `cur` (of `n` on the circle),
+-- marks it the newest and keeps the hash `ttl_us` from now.
+local function bw_write(key, stale, cur, n, cost, ttl_us)
+  if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
+  redis.call('HINCRBY', key, int(cur % n), cost)
+  redis.call('HSET', key, 't', int(cur))
+  redis.call('PEXPIRE', key, ttl_ms(ttl_us))
+end
+
 ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_denied)
   local window = window_ms * 1000
   local bucket = bucket_ms * 1000
@@ -64,16 +73,9 @@ ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_deni
       break
     end
   end
-  local commit = nil
-  if consume then
-    commit = function()
-      if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-      redis.call('HINCRBY', key, int(cur % n), cost)
-      redis.call('HSET', key, 't', int(cur))
-      redis.call('PEXPIRE', key, ttl_ms(reset))
-    end
-  end
-  return result(allowed, limit, limit - after, reset, retry, 0), commit
+  local outcome = result(allowed, limit, limit - after, reset, retry, 0)
+  if consume then return outcome, bw_write, stale, cur, n, cost, reset end
+  return outcome
 end
 
 REFUNDS.bw = function(key, now, cost, limit, window_ms, bucket_ms)

@@ -70,66 +70,68 @@ assert(now, 'check.lua: bad now')
 local function run(k, a, n, cost, mode)
   assert(cost and cost >= 0 and cost == math.floor(cost), 'check.lua: bad cost')
   if n == 1 and mode == 'check' then
-    -- One entry (most checks): the same steps without the bookkeeping of several.
+    -- One entry (most checks): the same steps without the bookkeeping of several. A step
+    -- returns a write only when the request is counted (allowed, or count_denied).
     local step = ALGORITHMS[ARGV[a + 1]]
     assert(step, 'check.lua: unknown algorithm ' .. tostring(ARGV[a + 1]))
-    local count_denied = ARGV[a + 2] == '1'
-    local result, commit = step(KEYS[k + 1], now, cost, tonumber(ARGV[a + 3]),
-      param(ARGV[a + 4]), tonumber(ARGV[a + 5]), count_denied)
-    local allowed = result[1] == 1
-    if commit and (allowed or count_denied) then commit() end
-    return allowed, { result }
+    local key = KEYS[k + 1]
+    local result, write, w1, w2, w3, w4, w5 = step(key, now, cost, param(ARGV[a + 3]),
+      param(ARGV[a + 4]), param(ARGV[a + 5]), ARGV[a + 2] == '1')
+    if write then write(key, w1, w2, w3, w4, w5) end
+    return result[1] == 1, { result }
   end
-  local entries = {}
+  -- Each entry's result, and its write (the function, then its five arguments) in `writes`.
+  local results, writes = {}, {}
   local all_allowed = true
   for i = 1, n do
     local base = a + (i - 1) * 5
     local key = KEYS[k + i]
-    local e = {
-      key = key,
-      step = ALGORITHMS[ARGV[base + 1]],
-      refund = REFUNDS[ARGV[base + 1]],
-      count_denied = ARGV[base + 2] == '1',
-      p1 = tonumber(ARGV[base + 3]), p2 = param(ARGV[base + 4]), p3 = tonumber(ARGV[base + 5]),
-    }
-    assert(e.step, 'check.lua: unknown algorithm ' .. tostring(ARGV[base + 1]))
+    local code = ARGV[base + 1]
+    local step = ALGORITHMS[code]
+    assert(step, 'check.lua: unknown algorithm ' .. tostring(code))
+    local p1, p2, p3 = param(ARGV[base + 3]), param(ARGV[base + 4]), param(ARGV[base + 5])
+    local result
     if mode == 'refund' then
-      e.refund(key, now, cost, e.p1, e.p2, e.p3)
-      e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
+      REFUNDS[code](key, now, cost, p1, p2, p3)
+      result = step(key, now, 0, p1, p2, p3, false)
     elseif mode == 'report' or mode == 'giveback' then
       -- Usage known after the fact; leases are released, not reported.
-      local code = ARGV[base + 1]
       if code ~= 'cc' and cost > 0 then
         if mode == 'report' then
-          local _, commit = e.step(key, now, cost, e.p1, e.p2, e.p3, true)
-          if commit then commit() end
+          local _, write, w1, w2, w3, w4, w5 = step(key, now, cost, p1, p2, p3, true)
+          if write then write(key, w1, w2, w3, w4, w5) end
         else
-          (GIVEBACKS[code] or e.refund)(key, now, cost, e.p1, e.p2, e.p3)
+          (GIVEBACKS[code] or REFUNDS[code])(key, now, cost, p1, p2, p3)
         end
       end
-      e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
+      result = step(key, now, 0, p1, p2, p3, false)
     elseif mode == 'probe' then
-      local at_cost = e.step(key, now, cost, e.p1, e.p2, e.p3, false)
-      e.result = e.step(key, now, 0, e.p1, e.p2, e.p3, false)
-      e.result[5] = at_cost[5]
+      local at_cost = step(key, now, cost, p1, p2, p3, false)
+      result = step(key, now, 0, p1, p2, p3, false)
+      result[5] = at_cost[5]
     else
-      e.result, e.commit = e.step(key, now, cost, e.p1, e.p2, e.p3, e.count_denied)
+      local w = 6 * i
+      result, writes[w - 5], writes[w - 4], writes[w - 3], writes[w - 2], writes[w - 1],
+        writes[w] = step(key, now, cost, p1, p2, p3, ARGV[base + 2] == '1')
     end
-    if e.result[1] == 0 then all_allowed = false end
-    entries[i] = e
+    if result[1] == 0 then all_allowed = false end
+    results[i] = result
   end
   if mode ~= 'check' then all_allowed = false end
-  local results = {}
-  for i = 1, n do
-    local e = entries[i]
-    if mode ~= 'check' and mode ~= 'denied' then
-      -- given back, reported, or only looked at: the result is a peek
-    elseif all_allowed or e.count_denied then
-      if e.commit then e.commit() end
-    elseif e.result[1] == 1 then
-      e.result = e.step(e.key, now, 0, e.p1, e.p2, e.p3, false)
+  if mode == 'check' or mode == 'denied' then
+    for i = 1, n do
+      local base = a + (i - 1) * 5
+      local w = 6 * i
+      if all_allowed or ARGV[base + 2] == '1' then
+        local write = writes[w - 5]
+        if write then
+          write(KEYS[k + i], writes[w - 4], writes[w - 3], writes[w - 2], writes[w - 1], writes[w])
+        end
+      elseif results[i][1] == 1 then
+        results[i] = ALGORITHMS[ARGV[base + 1]](KEYS[k + i], now, 0, param(ARGV[base + 3]),
+          param(ARGV[base + 4]), param(ARGV[base + 5]), false)
+      end
     end
-    results[i] = e.result
   end
   return all_allowed, results
 end
@@ -157,7 +159,7 @@ do
   for c = 1, m do
     local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     assert(n and n > 0, 'check.lua: bad number of entries')
-    layout[c] = { k, a + 2, n, cost }
+    layout[4 * c - 3], layout[4 * c - 2], layout[4 * c - 1], layout[4 * c] = k, a + 2, n, cost
     k = k + n + 1
     a = a + 2 + 6 * n
   end
@@ -175,7 +177,12 @@ local texts = {}
 local function text(x)
   local t = texts[x]
   if t == nil then
-    t = tostring(x)
+    if x == math.floor(x) and x > -1e14 and x < 1e14 then
+      -- A whole number of up to 14 digits: the same text, without sprintf's float path.
+      t = string.format('%d', x)
+    else
+      t = tostring(x)
+    end
     if x == x then texts[x] = t end -- NaN cannot be a key (and the client rejects it)
   end
   return t
@@ -184,7 +191,7 @@ end
 local failures = {}
 local r = 1
 for c = 1, m do
-  local k, a, n, cost = layout[c][1], layout[c][2], layout[c][3], layout[c][4]
+  local k, a, n, cost = layout[4 * c - 3], layout[4 * c - 2], layout[4 * c - 1], layout[4 * c]
   -- One check failing (a key of the wrong type, say) fails that check alone: the others
   -- of the batch never depend on it, so they are still answered.
   local ok, allowed, results = pcall(run, k, a, n, cost, 'check')

@@ -25,6 +25,16 @@ local function cc_expired(key, now)
   return freed, gone
 end
 
+-- The write: reclaims the leases that ran out by `prune_to` (false: none did), adds the
+-- lease `member` until `lease_end`, sets what is held to `held` and keeps the set `ttl_us`
+-- from now (until its latest lease runs out).
+local function cc_write(key, prune_to, member, lease_end, held, ttl_us)
+  if prune_to then redis.call('ZREMRANGEBYSCORE', key, '(0', int(prune_to)) end
+  redis.call('ZADD', key, int(lease_end), member)
+  redis.call('ZADD', key, int(-held), '#')
+  redis.call('PEXPIRE', key, ttl_ms(ttl_us))
+end
+
 ALGORITHMS.cc = function(key, now, cost, limit, lease_ms, token, _)
   local freed = cc_expired(key, now)
   local total = -(tonumber(redis.call('ZSCORE', key, '#')) or 0)
@@ -57,16 +67,12 @@ ALGORITHMS.cc = function(key, now, cost, limit, lease_ms, token, _)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if #top == 2 then latest = math.max(latest, tonumber(top[2])) end
   if consume then latest = math.max(latest, now + lease_ms * 1000) end
-  local commit = nil
+  local outcome = result(allowed, limit, limit - after, latest - now, retry, 0)
   if consume then
-    commit = function()
-      if freed > 0 then redis.call('ZREMRANGEBYSCORE', key, '(0', int(now)) end
-      redis.call('ZADD', key, int(now + lease_ms * 1000), int(token) .. ':' .. int(cost) .. ':' .. int(now))
-      redis.call('ZADD', key, int(-(held + cost)), '#')
-      redis.call('PEXPIRE', key, ttl_ms(latest - now))
-    end
+    return outcome, cc_write, freed > 0 and now, int(token) .. ':' .. int(cost) .. ':' .. int(now),
+      now + lease_ms * 1000, after, latest - now
   end
-  return result(allowed, limit, limit - after, latest - now, retry, 0), commit
+  return outcome
 end
 
 REFUNDS.cc = function(key, now, cost, limit, lease_ms, token)

@@ -41,13 +41,9 @@ ALGORITHMS.gc = function(key, now, cost, rate, period_ms, burst, count_denied)
     end
   end
   local ttl = after * period / rate
-  local commit = nil
-  if write then
-    commit = function()
-      redis.call('SET', key, real(after) .. ':' .. int(now), 'PX', ttl_ms(ttl))
-    end
-  end
-  return result(allowed, capacity, math.floor(capacity - after), ttl, retry, 0), commit
+  local outcome = result(allowed, capacity, math.floor(capacity - after), ttl, retry, 0)
+  if write then return outcome, write_real_at, after, now, ttl end
+  return outcome
 end
 
 REFUNDS.gc = function(key, now, cost, rate, period_ms)

@@ -25,13 +25,9 @@ ALGORITHMS.lb = function(key, now, cost, capacity, leak_tokens, leak_period_ms, 
   local consume = cost > 0 and (allowed or count_denied)
   if consume then level = math.min(capacity, level + cost) end
   local reset = level / rate
-  local commit = nil
-  if consume then
-    commit = function()
-      redis.call('SET', key, real(level) .. ':' .. int(now), 'PX', ttl_ms(reset))
-    end
-  end
-  return result(allowed, capacity, math.floor(capacity - level), reset, retry, ceil_ms(delay)), commit
+  local outcome = result(allowed, capacity, math.floor(capacity - level), reset, retry, ceil_ms(delay))
+  if consume then return outcome, write_real_at, level, now, reset end
+  return outcome
 end
 
 REFUNDS.lb = function(key, now, cost)

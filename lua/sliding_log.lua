@@ -34,6 +34,26 @@ local function log_stale(key, horizon)
   return len, len
 end
 
+-- The write: trims the `stale` head, appends `added` elements admitted at `at`, and keeps
+-- the list `ttl_us` from now (false: the list is empty, nothing to keep).
+local function lg_write(key, stale, added, at, ttl_us)
+  if stale > 0 then redis.call('LTRIM', key, stale, -1) end
+  if added > 0 then
+    -- Lua unpacks at most about 8000 values into one call (LUAI_MAXCSTACK); a cost up
+    -- to the largest limit (100,000) goes in chunks.
+    local value = int(at)
+    local args = {}
+    for i = 1, math.min(added, LOG_PUSH_CHUNK) do args[i] = value end
+    local left = added
+    while left >= LOG_PUSH_CHUNK do
+      redis.call('RPUSH', key, unpack(args))
+      left = left - LOG_PUSH_CHUNK
+    end
+    if left > 0 then redis.call('RPUSH', key, unpack(args, 1, left)) end
+  end
+  if ttl_us then redis.call('PEXPIRE', key, ttl_ms(ttl_us)) end
+end
+
 ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local horizon = now - window
@@ -60,27 +80,9 @@ ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
   elseif newest then
     reset = newest + window - now
   end
-  local commit = nil
-  if consume then
-    commit = function()
-      if stale > 0 then redis.call('LTRIM', key, stale, -1) end
-      if added > 0 then
-        -- Lua unpacks at most about 8000 values into one call (LUAI_MAXCSTACK); a cost up
-        -- to the largest limit (100,000) goes in chunks.
-        local value = int(at)
-        local args = {}
-        for i = 1, math.min(added, LOG_PUSH_CHUNK) do args[i] = value end
-        local left = added
-        while left >= LOG_PUSH_CHUNK do
-          redis.call('RPUSH', key, unpack(args))
-          left = left - LOG_PUSH_CHUNK
-        end
-        if left > 0 then redis.call('RPUSH', key, unpack(args, 1, left)) end
-      end
-      if after > 0 then redis.call('PEXPIRE', key, ttl_ms(reset)) end
-    end
-  end
-  return result(allowed, limit, limit - after, reset, retry, 0), commit
+  local outcome = result(allowed, limit, limit - after, reset, retry, 0)
+  if consume then return outcome, lg_write, stale, added, at, after > 0 and reset end
+  return outcome
 end
 
 REFUNDS.lg = function(key, now, cost)

@@ -8,6 +8,11 @@
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until nothing counts any more),
 --   retry_ms (earliest time the estimate admits the cost; -1 when cost > limit or allowed), 0
 -- Refund (cluster): gives `cost` back to the window of `now`, if it is still current.
+-- The write: window `w`'s count and the previous one's, kept until `ttl_us` from now.
+local function sw_write(key, w, current, previous, ttl_us)
+  redis.call('SET', key, int(w) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ttl_ms(ttl_us))
+end
+
 ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local w = math.floor(now / window)
@@ -46,14 +51,9 @@ ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
       retry = ceil_ms(to_end + math.max(math.floor(x) + 1, 0))
     end
   end
-  local commit = nil
-  if consume then
-    commit = function()
-      redis.call('SET', key, int(w) .. ':' .. int(current_after) .. ':' .. int(previous),
-        'PX', ttl_ms(to_end + window))
-    end
-  end
-  return result(allowed, limit, limit - weighted - current_after, reset, retry, 0), commit
+  local outcome = result(allowed, limit, limit - weighted - current_after, reset, retry, 0)
+  if consume then return outcome, sw_write, w, current_after, previous, to_end + window end
+  return outcome
 end
 
 REFUNDS.sw = function(key, now, cost, limit, window_ms)

@@ -22,13 +22,9 @@ ALGORITHMS.tb = function(key, now, cost, capacity, refill_tokens, refill_period_
   local consume = cost > 0 and (allowed or count_denied)
   if consume then tokens = math.max(tokens - cost, 0) end
   local reset = (capacity - tokens) / rate
-  local commit = nil
-  if consume then
-    commit = function()
-      redis.call('SET', key, real(tokens) .. ':' .. int(now), 'PX', ttl_ms(reset))
-    end
-  end
-  return result(allowed, capacity, math.floor(tokens), reset, retry, 0), commit
+  local outcome = result(allowed, capacity, math.floor(tokens), reset, retry, 0)
+  if consume then return outcome, write_real_at, tokens, now, reset end
+  return outcome
 end
 
 REFUNDS.tb = function(key, now, cost, capacity)
