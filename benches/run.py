@@ -8,6 +8,7 @@ BENCH_RUNS times (default 3), interleaved, BENCH_SECONDS each (default 5); the r
 the median and the min-max. Writes bench-results/REPORT.md and copies it to benches/REPORT.md.
 """
 
+import atexit
 import contextlib
 import glob
 import gzip
@@ -76,10 +77,17 @@ def wait_port(port, timeout=30):
     sys.exit(f"nothing listens on {port}")
 
 
+# Every process start() made: whatever is still running at exit is stopped, however the run
+# ends (a failed assertion once left Redis running on its port).
+STARTED = []
+
+
 def start(cmd, cpu, env=None, cwd=ROOT):
     full_env = dict(os.environ, **(env or {}))
-    return subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, cwd=cwd, env=full_env,
+    proc = subprocess.Popen(["taskset", "-c", str(cpu)] + cmd, cwd=cwd, env=full_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    STARTED.append(proc)
+    return proc
 
 
 def stop(proc):
@@ -88,6 +96,13 @@ def stop(proc):
         proc.wait(5)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@atexit.register
+def stop_the_rest():
+    for proc in STARTED:
+        if proc.poll() is None:
+            stop(proc)
 
 
 def http(method, url, body=None, key=ADMIN_KEY):
