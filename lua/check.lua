@@ -52,7 +52,7 @@
 --   the batch first, so m checks of one policy are one HINCRBY.
 --
 -- Each entry is evaluated first without writing. Only when every entry of its check allows
--- does each commit its new state; when any denies, only entries with count_denied write, and
+-- does each write its new state; when any denies, only entries with count_denied write, and
 -- entries that would have allowed report their state unchanged (a peek at cost 0).
 local mode = ARGV[3]
 
@@ -70,15 +70,16 @@ assert(now, 'check.lua: bad now')
 local function run(k, a, n, cost, mode)
   assert(cost and cost >= 0 and cost == math.floor(cost), 'check.lua: bad cost')
   if n == 1 and mode == 'check' then
-    -- One entry (most checks): the same steps without the bookkeeping of several. A step
-    -- returns a write only when the request is counted (allowed, or count_denied).
+    -- One entry (most checks): the same steps without the bookkeeping of several.
     local step = ALGORITHMS[ARGV[a + 1]]
     assert(step, 'check.lua: unknown algorithm ' .. tostring(ARGV[a + 1]))
     local key = KEYS[k + 1]
+    local count_denied = ARGV[a + 2] == '1'
     local result, write, w1, w2, w3, w4, w5 = step(key, now, cost, param(ARGV[a + 3]),
-      param(ARGV[a + 4]), param(ARGV[a + 5]), ARGV[a + 2] == '1')
-    if write then write(key, w1, w2, w3, w4, w5) end
-    return result[1] == 1, { result }
+      param(ARGV[a + 4]), param(ARGV[a + 5]), count_denied)
+    local allowed = result[1] == 1
+    if write and (allowed or count_denied) then write(key, w1, w2, w3, w4, w5) end
+    return allowed, { result }
   end
   -- Each entry's result, and its write (the function, then its five arguments) in `writes`.
   local results, writes = {}, {}
@@ -173,7 +174,9 @@ local denials, denial_order = {}, {}
 local near, near_order = {}, {}
 local reply = { now }
 local texts = {}
--- `x` as tostring (and table.concat) would write it; the same text, formatted once.
+-- `x` as tostring (and table.concat) would write it, formatted once; but -0 is written 0
+-- (both read as 0; -0 and 0 are one key of `texts`, so tostring's '-0' would have stood
+-- for every later 0 of the reply).
 local function text(x)
   local t = texts[x]
   if t == nil then

@@ -7,9 +7,10 @@
 -- `result` is { allowed (1|0), limit, remaining, reset_ms, retry_ms (-1 = none), delay_ms }
 -- and reads nothing but `key`; `write` is nil or a function that, called as
 -- write(key, w1, w2, w3, w4, w5), writes the new state (with a TTL) as if the request were
--- counted. Nothing is written until check.lua decides. A function of the file's own and its
--- arguments rather than a closure over the step's locals: making that closure (one upvalue
--- object per local it captures) was 5 % of a fixed-window check in a batch.
+-- counted; a step returns one only when it would count the request (cost > 0, and allowed
+-- or count_denied). Nothing is written until check.lua decides. A function of the file's
+-- own and its arguments rather than a closure over the step's locals: making that closure
+-- (one upvalue object per local it captures) was 5 % of a fixed-window check in a batch.
 -- Each also adds REFUNDS[code](key, now, cost, p1, p2, p3), which gives back what the write
 -- of a check at `now` consumed (Redis Cluster: a later slot denied); the key's TTL is kept.
 -- A usage report with a negative cost gives back what a check consumed earlier:

@@ -8,6 +8,7 @@
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until nothing counts any more),
 --   retry_ms (earliest time the estimate admits the cost; -1 when cost > limit or allowed), 0
 -- Refund (cluster): gives `cost` back to the window of `now`, if it is still current.
+
 -- The write: window `w`'s count and the previous one's, kept until `ttl_us` from now.
 local function sw_write(key, w, current, previous, ttl_us)
   redis.call('SET', key, int(w) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ttl_ms(ttl_us))
