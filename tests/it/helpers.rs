@@ -417,7 +417,12 @@ impl Drop for AppProcess {
 /// least half the window, or 10 s, before the count starts again. Without it a test that
 /// expects its second request to be denied fails whenever the two straddle a turn.
 pub async fn clear_of_window_turn(window: Duration) {
-    let margin = (window / 2).min(Duration::from_secs(10));
+    at_least_before_window_turn(window, (window / 2).min(Duration::from_secs(10))).await;
+}
+
+/// Waits, when fewer than `margin` are left before the next turn of a clock-aligned
+/// window of `window`, until that turn has passed.
+pub async fn at_least_before_window_turn(window: Duration, margin: Duration) {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("the clock is past 1970");
