@@ -23,7 +23,7 @@ ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_deni
   local window = window_ms * 1000
   local bucket = bucket_ms * 1000
   local n = window / bucket
-  local cur = math.floor(now / bucket)
+  local cur = floor(now / bucket)
   local slots = {}
   for i = 0, n - 1 do slots[i] = 0 end
   local stale = {}
@@ -80,28 +80,28 @@ end
 
 REFUNDS.bw = function(key, now, cost, limit, window_ms, bucket_ms)
   local n = window_ms / bucket_ms
-  local a = math.floor(now / (bucket_ms * 1000))
+  local a = floor(now / (bucket_ms * 1000))
   local last = tonumber(redis.call('HGET', key, 't'))
   if last and a > last - n then
     local field = int(a % n)
-    local left = math.max(tonumber(redis.call('HGET', key, field) or '0') - cost, 0)
+    local left = max(tonumber(redis.call('HGET', key, field) or '0') - cost, 0)
     redis.call('HSET', key, field, int(left))
   end
 end
 
 GIVEBACKS.bw = function(key, now, cost, limit, window_ms, bucket_ms)
   local n = window_ms / bucket_ms
-  local cur = math.floor(now / (bucket_ms * 1000))
+  local cur = floor(now / (bucket_ms * 1000))
   local last = tonumber(redis.call('HGET', key, 't'))
   if not last then return end
   -- Slot a % n holds bucket a for every a in (last - n, last]; those after cur - n count.
   local left = cost
-  local a = math.min(cur, last)
+  local a = min(cur, last)
   while left > 0 and a > cur - n and a > last - n do
     local field = int(a % n)
     local count = tonumber(redis.call('HGET', key, field) or '0')
     if count > 0 then
-      local take = math.min(count, left)
+      local take = min(count, left)
       redis.call('HSET', key, field, int(count - take))
       left = left - take
     end

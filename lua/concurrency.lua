@@ -20,7 +20,7 @@ local function cc_expired(key, now)
   local gone = redis.call('ZRANGEBYSCORE', key, '(0', int(now))
   local freed = 0
   for i = 1, #gone do
-    freed = freed + tonumber(string.match(gone[i], '^[^:]+:(%d+):'))
+    freed = freed + tonumber(match(gone[i], '^[^:]+:(%d+):'))
   end
   return freed, gone
 end
@@ -51,7 +51,7 @@ ALGORITHMS.cc = function(key, now, cost, limit, lease_ms, token, _)
       local page = redis.call('ZRANGE', key, rank, rank + 63, 'WITHSCORES')
       if #page == 0 then break end
       for i = 1, #page, 2 do
-        got = got + tonumber(string.match(page[i], '^[^:]+:(%d+):'))
+        got = got + tonumber(match(page[i], '^[^:]+:(%d+):'))
         if got >= need then
           retry = ceil_ms(tonumber(page[i + 1]) - now)
           break
@@ -65,8 +65,8 @@ ALGORITHMS.cc = function(key, now, cost, limit, lease_ms, token, _)
   if consume then after = held + cost end
   local latest = now
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #top == 2 then latest = math.max(latest, tonumber(top[2])) end
-  if consume then latest = math.max(latest, now + lease_ms * 1000) end
+  if #top == 2 then latest = max(latest, tonumber(top[2])) end
+  if consume then latest = max(latest, now + lease_ms * 1000) end
   local outcome = result(allowed, limit, limit - after, latest - now, retry, 0)
   if consume then
     return outcome, cc_write, freed > 0 and now, int(token) .. ':' .. int(cost) .. ':' .. int(now),

@@ -15,10 +15,10 @@
 -- The counting itself is `counted` in prelude.lua, which quota.lua shares.
 ALGORITHMS.fw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
-  local w = math.floor(now / window)
+  local w = floor(now / window)
   return counted(key, w % FW_SLOTS, (w + 1) * window - now, cost, limit, count_denied, false)
 end
 
 REFUNDS.fw = function(key, now, cost, limit, window_ms)
-  counted_refund(key, math.floor(now / (window_ms * 1000)) % FW_SLOTS, cost)
+  counted_refund(key, floor(now / (window_ms * 1000)) % FW_SLOTS, cost)
 end

@@ -14,12 +14,12 @@
 
 -- The debt in requests at `now`, and the key's state as read.
 local function gcra_debt(raw, now, rate, period)
-  local sd, sa = string.match(raw, '^([^:]+):(-?%d+)$')
+  local sd, sa = match(raw, '^([^:]+):(-?%d+)$')
   if not sd then
     -- older layout: the TAT in µs
-    return math.max(tonumber(raw) - now, 0) * rate / period
+    return max(tonumber(raw) - now, 0) * rate / period
   end
-  return math.max(tonumber(sd) - math.max(now - tonumber(sa), 0) * rate / period, 0)
+  return max(tonumber(sd) - max(now - tonumber(sa), 0) * rate / period, 0)
 end
 
 ALGORITHMS.gc = function(key, now, cost, rate, period_ms, burst, count_denied)
@@ -41,7 +41,7 @@ ALGORITHMS.gc = function(key, now, cost, rate, period_ms, burst, count_denied)
     end
   end
   local ttl = after * period / rate
-  local outcome = result(allowed, capacity, math.floor(capacity - after), ttl, retry, 0)
+  local outcome = result(allowed, capacity, floor(capacity - after), ttl, retry, 0)
   if write then return outcome, write_real_at, after, now, ttl end
   return outcome
 end
@@ -53,7 +53,7 @@ REFUNDS.gc = function(key, now, cost, rate, period_ms)
   -- The debt is as of the later of `now` and the stored time (a check after the refunded
   -- one may have written since); stamping it earlier would drain that gap twice.
   local at = now
-  local sa = tonumber(string.match(raw, ':(-?%d+)$'))
+  local sa = tonumber(match(raw, ':(-?%d+)$'))
   if sa and sa > now then at = sa end
-  redis.call('SET', key, real(math.max(debt - cost, 0)) .. ':' .. int(at), 'KEEPTTL')
+  redis.call('SET', key, real(max(debt - cost, 0)) .. ':' .. int(at), 'KEEPTTL')
 end

@@ -13,9 +13,9 @@ ALGORITHMS.lb = function(key, now, cost, capacity, leak_tokens, leak_period_ms, 
   local level = 0
   local raw = redis.call('GET', key)
   if raw then
-    local sv, sl = string.match(raw, '^([^:]+):(-?%d+)$')
-    local elapsed = math.max(now - tonumber(sl), 0)
-    level = math.max(tonumber(sv) - elapsed * rate, 0)
+    local sv, sl = match(raw, '^([^:]+):(-?%d+)$')
+    local elapsed = max(now - tonumber(sl), 0)
+    level = max(tonumber(sv) - elapsed * rate, 0)
   end
   local allowed = level + cost <= capacity
   local delay = 0
@@ -23,9 +23,9 @@ ALGORITHMS.lb = function(key, now, cost, capacity, leak_tokens, leak_period_ms, 
   local retry = -1
   if not allowed and cost <= capacity then retry = ceil_ms((level + cost - capacity) / rate) end
   local consume = cost > 0 and (allowed or count_denied)
-  if consume then level = math.min(capacity, level + cost) end
+  if consume then level = min(capacity, level + cost) end
   local reset = level / rate
-  local outcome = result(allowed, capacity, math.floor(capacity - level), reset, retry, ceil_ms(delay))
+  local outcome = result(allowed, capacity, floor(capacity - level), reset, retry, ceil_ms(delay))
   if consume then return outcome, write_real_at, level, now, reset end
   return outcome
 end
@@ -33,6 +33,6 @@ end
 REFUNDS.lb = function(key, now, cost)
   local raw = redis.call('GET', key)
   if not raw then return end
-  local sv, sl = string.match(raw, '^([^:]+):(-?%d+)$')
-  redis.call('SET', key, real(math.max(tonumber(sv) - cost, 0)) .. ':' .. sl, 'KEEPTTL')
+  local sv, sl = match(raw, '^([^:]+):(-?%d+)$')
+  redis.call('SET', key, real(max(tonumber(sv) - cost, 0)) .. ':' .. sl, 'KEEPTTL')
 end

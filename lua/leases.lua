@@ -40,7 +40,7 @@ for i = 1, #KEYS do
     reply[i] = held
   else
     if expiry and expiry > now then
-      local until_us = math.max(expiry, now + tonumber(ARGV[base + 3]) * 1000)
+      local until_us = max(expiry, now + tonumber(ARGV[base + 3]) * 1000)
       redis.call('ZADD', key, 'XX', int(until_us), member)
       local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
       redis.call('PEXPIRE', key, ttl_ms(tonumber(top[2]) - now))

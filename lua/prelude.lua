@@ -18,6 +18,13 @@
 -- buckets), otherwise its REFUNDS at the time of the report; never below nothing.
 -- Numbers are doubles; src/domain/algorithm.rs mirrors every operation in the same order.
 
+-- The library functions a check calls most, as locals: an upvalue is read without the two
+-- table lookups of `math.floor` (a global, then its field). 1-4 % of a check in Redis
+-- (batches of 8 replayed, 8 interleaved runs: 1 rule 6.17 -> 6.08 µs, 3 rules x 2
+-- identifiers 33.9 -> 32.7). The files appended after this one use these names.
+local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
+local format, match, tonumber = string.format, string.match, tonumber
+
 local ALGORITHMS = {}
 local REFUNDS = {}
 local GIVEBACKS = {}
@@ -50,7 +57,7 @@ local MAX_MS = 10000000000000
 -- Milliseconds, rounded up, of a duration in microseconds (0 for none), at most MAX_MS.
 local function ceil_ms(us)
   if us <= 0 then return 0 end
-  return math.min(math.ceil(us / 1000), MAX_MS)
+  return min(ceil(us / 1000), MAX_MS)
 end
 
 -- A TTL in milliseconds: rounded up, plus one. Redis counts expiry in whole milliseconds
@@ -63,16 +70,16 @@ end
 
 -- Integers as exact decimal text (tostring would round past 14 digits).
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- Doubles as text that reads back to the same double.
 local function real(x)
-  return string.format('%.17g', x)
+  return format('%.17g', x)
 end
 
 local function result(allowed, limit, remaining, reset_us, retry_ms, delay_ms)
-  return { allowed and 1 or 0, limit, math.max(0, remaining), ceil_ms(reset_us), retry_ms, delay_ms }
+  return { allowed and 1 or 0, limit, max(0, remaining), ceil_ms(reset_us), retry_ms, delay_ms }
 end
 
 -- A write: the string '<x as an exact double>:<at µs>' with a TTL of `ttl_us` (the state of
@@ -102,11 +109,11 @@ local function counted(key, id, to_end, cost, limit, count_denied, refresh)
   local count = 0
   local raw = tonumber(redis.call('GET', key))
   local current = raw and raw % FW_SLOTS == id
-  if current then count = math.floor(raw / FW_SLOTS) end
+  if current then count = floor(raw / FW_SLOTS) end
   local allowed = count + cost <= limit
   local consume = cost > 0 and (allowed or count_denied)
   local after = count
-  if consume then after = math.min(count + cost, FW_MAX_COUNT) end
+  if consume then after = min(count + cost, FW_MAX_COUNT) end
   local reset = 0
   if after > 0 then reset = to_end end
   local retry = -1
@@ -123,7 +130,7 @@ end
 local function counted_refund(key, id, cost)
   local raw = tonumber(redis.call('GET', key))
   if raw and raw % FW_SLOTS == id then
-    local count = math.max(math.floor(raw / FW_SLOTS) - cost, 0)
+    local count = max(floor(raw / FW_SLOTS) - cost, 0)
     redis.call('SET', key, int(count * FW_SLOTS + id), 'KEEPTTL')
   end
 end

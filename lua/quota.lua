@@ -16,7 +16,7 @@
 
 -- The period around `now`: its start minute (mod 2^20) and its end (µs).
 local function qt_period(now, bounds)
-  local p, s, e, n = string.match(bounds, '^(-?%d+):(-?%d+):(-?%d+):(-?%d+)$')
+  local p, s, e, n = match(bounds, '^(-?%d+):(-?%d+):(-?%d+):(-?%d+)$')
   assert(n, 'quota.lua: bad boundaries')
   p, s, e, n = tonumber(p), tonumber(s), tonumber(e), tonumber(n)
   local start, finish = e, n
@@ -25,7 +25,7 @@ local function qt_period(now, bounds)
   elseif now < e then
     start, finish = s, e
   end
-  return math.floor(start / 60000000) % FW_SLOTS, finish
+  return floor(start / 60000000) % FW_SLOTS, finish
 end
 
 ALGORITHMS.qt = function(key, now, cost, limit, bounds, _, count_denied)

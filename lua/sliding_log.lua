@@ -43,7 +43,7 @@ local function lg_write(key, stale, added, at, ttl_us)
     -- to the largest limit (100,000) goes in chunks.
     local value = int(at)
     local args = {}
-    for i = 1, math.min(added, LOG_PUSH_CHUNK) do args[i] = value end
+    for i = 1, min(added, LOG_PUSH_CHUNK) do args[i] = value end
     local left = added
     while left >= LOG_PUSH_CHUNK do
       redis.call('RPUSH', key, unpack(args))
@@ -70,7 +70,7 @@ ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
   end
   local consume = cost > 0 and (allowed or count_denied)
   local added = 0
-  if consume then added = math.max(0, math.min(cost, limit - count)) end
+  if consume then added = max(0, min(cost, limit - count)) end
   local at = now
   if newest and newest > now then at = newest end
   local after = count + added
@@ -96,6 +96,6 @@ end
 
 GIVEBACKS.lg = function(key, now, cost, limit, window_ms)
   local stale, len = log_stale(key, now - window_ms * 1000)
-  local take = math.min(cost, len - stale)
+  local take = min(cost, len - stale)
   if take > 0 then redis.call('RPOP', key, take) end
 end

@@ -16,11 +16,11 @@ end
 
 ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
-  local w = math.floor(now / window)
+  local w = floor(now / window)
   local current, previous = 0, 0
   local raw = redis.call('GET', key)
   if raw then
-    local sw, sc, sp = string.match(raw, '^(-?%d+):(%d+):(%d+)$')
+    local sw, sc, sp = match(raw, '^(-?%d+):(%d+):(%d+)$')
     sw = tonumber(sw)
     if sw == w then
       current, previous = tonumber(sc), tonumber(sp)
@@ -29,7 +29,7 @@ ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
     end
   end
   local elapsed = now - w * window
-  local weighted = math.floor(previous * (window - elapsed) / window)
+  local weighted = floor(previous * (window - elapsed) / window)
   local allowed = weighted + current + cost <= limit
   local consume = cost > 0 and (allowed or count_denied)
   local current_after = current
@@ -46,10 +46,10 @@ ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
     local spare = limit - current - cost
     if spare >= 0 then
       local x = window - (spare + 1) * window / previous
-      retry = ceil_ms((math.floor(x) + 1) - elapsed)
+      retry = ceil_ms((floor(x) + 1) - elapsed)
     else
       local x = window - (limit - cost + 1) * window / current
-      retry = ceil_ms(to_end + math.max(math.floor(x) + 1, 0))
+      retry = ceil_ms(to_end + max(floor(x) + 1, 0))
     end
   end
   local outcome = result(allowed, limit, limit - weighted - current_after, reset, retry, 0)
@@ -60,9 +60,9 @@ end
 REFUNDS.sw = function(key, now, cost, limit, window_ms)
   local raw = redis.call('GET', key)
   if not raw then return end
-  local sw, sc, sp = string.match(raw, '^(-?%d+):(%d+):(%d+)$')
-  local w = math.floor(now / (window_ms * 1000))
+  local sw, sc, sp = match(raw, '^(-?%d+):(%d+):(%d+)$')
+  local w = floor(now / (window_ms * 1000))
   if tonumber(sw) == w then
-    redis.call('SET', key, sw .. ':' .. int(math.max(tonumber(sc) - cost, 0)) .. ':' .. sp, 'KEEPTTL')
+    redis.call('SET', key, sw .. ':' .. int(max(tonumber(sc) - cost, 0)) .. ':' .. sp, 'KEEPTTL')
   end
 end

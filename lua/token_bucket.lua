@@ -12,17 +12,17 @@ ALGORITHMS.tb = function(key, now, cost, capacity, refill_tokens, refill_period_
   local tokens = capacity
   local raw = redis.call('GET', key)
   if raw then
-    local st, sl = string.match(raw, '^([^:]+):(-?%d+)$')
-    local elapsed = math.max(now - tonumber(sl), 0)
-    tokens = math.min(capacity, tonumber(st) + elapsed * rate)
+    local st, sl = match(raw, '^([^:]+):(-?%d+)$')
+    local elapsed = max(now - tonumber(sl), 0)
+    tokens = min(capacity, tonumber(st) + elapsed * rate)
   end
   local allowed = cost <= tokens
   local retry = -1
   if not allowed and cost <= capacity then retry = ceil_ms((cost - tokens) / rate) end
   local consume = cost > 0 and (allowed or count_denied)
-  if consume then tokens = math.max(tokens - cost, 0) end
+  if consume then tokens = max(tokens - cost, 0) end
   local reset = (capacity - tokens) / rate
-  local outcome = result(allowed, capacity, math.floor(tokens), reset, retry, 0)
+  local outcome = result(allowed, capacity, floor(tokens), reset, retry, 0)
   if consume then return outcome, write_real_at, tokens, now, reset end
   return outcome
 end
@@ -30,6 +30,6 @@ end
 REFUNDS.tb = function(key, now, cost, capacity)
   local raw = redis.call('GET', key)
   if not raw then return end
-  local st, sl = string.match(raw, '^([^:]+):(-?%d+)$')
-  redis.call('SET', key, real(math.min(capacity, tonumber(st) + cost)) .. ':' .. sl, 'KEEPTTL')
+  local st, sl = match(raw, '^([^:]+):(-?%d+)$')
+  redis.call('SET', key, real(min(capacity, tonumber(st) + cost)) .. ':' .. sl, 'KEEPTTL')
 end
