@@ -12,7 +12,8 @@ use serde::{Deserialize, Serialize};
 use super::{Algorithm, Identifier, Name, PolicyError, Rule, identifier::MAX_VALUE_BYTES};
 
 /// The identifier dimension an Envoy descriptor is counted under: its value is the
-/// descriptor's entries, `key=value` joined by ` · ` (`remote_address=10.0.0.1 · path=/api`).
+/// descriptor's entries, `key=value` joined by ` · ` (`remote_address=10.0.0.1 · path=/api`),
+/// each escaped so the entries read back exactly (see [`RequestDescriptor::identifier`]).
 pub const DIMENSION: &str = "envoy";
 /// `limit_remaining` of an unlimited descriptor, as envoyproxy/ratelimit answers it.
 pub const UNLIMITED_REMAINING: u32 = u32::MAX;
@@ -213,35 +214,72 @@ pub struct RequestDescriptor {
 
 impl RequestDescriptor {
     /// The identifier this descriptor is counted under: its entries as `key=value` joined
-    /// by ` · `. Control characters become `?`; a text longer than an identifier may be is
-    /// cut and ends in a digest of the whole, so distinct descriptors stay distinct.
+    /// by ` · `, one to one: in keys and values `%`, the separator's `·` and control
+    /// characters, and in keys `=`, are written `%XX` (each byte of their UTF-8), so two
+    /// distinct descriptors never share a counter however their values are made (a value
+    /// `v · method=b` is not two entries). Everything else is written as it is. A text
+    /// longer than an identifier may be is cut and ends in a SHA-256 digest of the whole.
     pub fn identifier(&self) -> Identifier {
         let mut text = String::new();
         for (i, (k, v)) in self.entries.iter().enumerate() {
             if i > 0 {
-                text.push_str(" · ");
+                text.push_str(SEPARATOR);
             }
-            text.push_str(k);
+            escape_into(&mut text, k, true);
             text.push('=');
-            text.push_str(v);
+            escape_into(&mut text, v, false);
         }
-        let mut text: String = text
-            .chars()
-            .map(|c| if c.is_control() { '?' } else { c })
-            .collect();
         if text.is_empty() {
             text.push('-');
         }
         if text.len() > MAX_VALUE_BYTES {
-            let digest = fnv64(text.as_bytes());
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(text.as_bytes());
             let mut cut = MAX_VALUE_BYTES - 20;
             while !text.is_char_boundary(cut) {
                 cut -= 1;
             }
             text.truncate(cut);
-            text.push_str(&format!(" #{digest:016x}"));
+            text.push_str(" #");
+            for b in &digest[..8] {
+                text.push_str(&format!("{b:02x}"));
+            }
         }
         Identifier::new(DIMENSION, &text).expect("built within an identifier's limits")
+    }
+
+    /// The entries of an identifier [`Self::identifier`] made (cut ones read as cut).
+    fn entries_of(value: &str) -> Vec<(String, String)> {
+        let unescape = |t: &str| {
+            percent_encoding::percent_decode_str(t)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        value
+            .split(SEPARATOR)
+            .map(|e| {
+                let (k, v) = e.split_once('=').unwrap_or((e, ""));
+                (unescape(k), unescape(v))
+            })
+            .collect()
+    }
+}
+
+/// Between the entries of a descriptor's identifier.
+const SEPARATOR: &str = " · ";
+
+/// `text` into `out` as an identifier's key (`is_key`) or value: see
+/// [`RequestDescriptor::identifier`].
+fn escape_into(out: &mut String, text: &str, is_key: bool) {
+    for c in text.chars() {
+        if c == '%' || c == '·' || (is_key && c == '=') || c.is_control() {
+            let mut utf8 = [0u8; 4];
+            for b in c.encode_utf8(&mut utf8).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
     }
 }
 
@@ -252,14 +290,7 @@ impl EnvoyDomain {
         if identifier.dimension().as_str() != DIMENSION {
             return None;
         }
-        let entries: Vec<(String, String)> = identifier
-            .value()
-            .split(" · ")
-            .map(|e| {
-                let (k, v) = e.split_once('=').unwrap_or((e, ""));
-                (k.to_owned(), v.to_owned())
-            })
-            .collect();
+        let entries = RequestDescriptor::entries_of(identifier.value());
         match self.find(&entries)?.allowance {
             Allowance::Count { rule, .. } => rule,
             Allowance::Unlimited => None,
@@ -274,13 +305,6 @@ pub fn readable(identifier: &str) -> &str {
         .strip_prefix(DIMENSION)
         .and_then(|rest| rest.strip_prefix('='))
         .unwrap_or(identifier)
-}
-
-/// FNV-1a, 64 bits: a stable digest for cut identifiers (not a security boundary).
-fn fnv64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// The policy name a domain is kept under: lower case, other characters than `a-z0-9_-`
@@ -857,7 +881,7 @@ mod tests {
         let odd = RequestDescriptor {
             entries: vec![("k".into(), "a\nb".into()), ("é".into(), "ü".repeat(200))],
         };
-        assert!(odd.identifier().value().starts_with("k=a?b · é="));
+        assert!(odd.identifier().value().starts_with("k=a%0Ab · é="));
         assert_eq!(
             RequestDescriptor {
                 entries: vec![
@@ -869,6 +893,71 @@ mod tests {
             .to_string(),
             "envoy=remote_address=10.0.0.1 · path=/api"
         );
+    }
+
+    /// The collision a probe found: a value holding the separator made two descriptors
+    /// one counter.
+    #[test]
+    fn a_value_holding_the_separator_is_not_two_entries() {
+        let victim = RequestDescriptor {
+            entries: vec![
+                ("user".into(), "v".into()),
+                ("method".into(), "b · method=c".into()),
+            ],
+        };
+        let attacker = RequestDescriptor {
+            entries: vec![
+                ("user".into(), "v · method=b".into()),
+                ("method".into(), "c".into()),
+            ],
+        };
+        assert_ne!(victim.identifier(), attacker.identifier());
+        assert_eq!(
+            victim.identifier().value(),
+            "user=v · method=b %C2%B7 method=c"
+        );
+        // A key's `=`, a `%`, and a control character against what it once became.
+        for (a, b) in [
+            (("a=b", "c"), ("a", "b=c")),
+            (("k", "50%25"), ("k", "50%")),
+            (("k", "a\tb"), ("k", "a?b")),
+        ] {
+            let one = |(k, v): (&str, &str)| {
+                RequestDescriptor {
+                    entries: vec![(k.into(), v.into())],
+                }
+                .identifier()
+            };
+            assert_ne!(one(a), one(b), "{a:?} / {b:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Every descriptor that fits an identifier reads back from it exactly, so no two
+        /// share one; longer ones still get distinct valid identifiers. The characters are
+        /// those that matter to the encoding, with plain ones between them.
+        #[test]
+        fn a_descriptor_reads_back_from_its_identifier(
+            entries in proptest::collection::vec(
+                ("[a= %·\t\x00é:]{0,12}", "[a= %·\t\x00é:]{0,40}"),
+                1..6,
+            ),
+            other in proptest::collection::vec(
+                ("[a= %·\t\x00é:]{0,12}", "[a= %·\t\x00é:]{0,300}"),
+                1..6,
+            ),
+        ) {
+            let id = RequestDescriptor { entries: entries.clone() }.identifier();
+            proptest::prop_assert!(id.value().len() <= MAX_VALUE_BYTES);
+            if id.value().len() < MAX_VALUE_BYTES - 20 {
+                proptest::prop_assert_eq!(RequestDescriptor::entries_of(id.value()), entries.clone());
+            }
+            let id2 = RequestDescriptor { entries: other.clone() }.identifier();
+            proptest::prop_assert!(id2.value().len() <= MAX_VALUE_BYTES);
+            if other != entries {
+                proptest::prop_assert_ne!(id, id2);
+            }
+        }
     }
 
     #[test]

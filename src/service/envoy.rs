@@ -9,7 +9,9 @@
 //!   nothing; an `unlimited` limit is OK without asking Redis;
 //! - `requests_per_unit: 0` denies without asking Redis;
 //! - all counted descriptors are decided together: when one is over its limit, none is
-//!   consumed;
+//!   consumed, and each over its limit answers `limit_remaining` 0;
+//! - a descriptor repeated in one request counts once (envoyproxy/ratelimit counts each
+//!   repeat);
 //! - a `shadow_mode` limit is counted after the others allowed (its own check): over it
 //!   answers OK, and the denial is counted and shown;
 //! - `replaces`: a limit named in the `replaces` of another limit that applies to the same
@@ -263,12 +265,6 @@ impl Service {
             }
         }
 
-        let rule_of = |r: RuleRef| -> &Rule {
-            match r {
-                RuleRef::Policy(i) => &policy.rules[i],
-                RuleRef::Caller(i) => &caller_rules[i],
-            }
-        };
         let mut statuses: Vec<DescriptorAnswer> = targets
             .iter()
             .map(|t| match t {
@@ -316,6 +312,36 @@ impl Service {
                     enforced.push(i);
                 }
             }
+        }
+        let rule_of = |r: RuleRef| -> &Rule {
+            match r {
+                RuleRef::Policy(i) => &policy.rules[i],
+                RuleRef::Caller(i) => &caller_rules[i],
+            }
+        };
+        // A descriptor repeated in one request (the same limit, entries and hits) is counted
+        // once, and each repeat answers as the first does. envoyproxy/ratelimit increments
+        // once per repeat; here the counted descriptors are one all-or-nothing check of one
+        // cost, where two entries of one key would each read the state before either wrote
+        // (a fixed window then counted them once when new, twice when not).
+        let same_limit = |i: usize, j: usize| match (&targets[i], &targets[j]) {
+            (Target::Count { rule: a, .. }, Target::Count { rule: b, .. }) => {
+                rule_of(*a).name == rule_of(*b).name
+                    && identifiers[i] == identifiers[j]
+                    && costs[i] == costs[j]
+            }
+            _ => false,
+        };
+        let mut repeats: Vec<(usize, usize)> = Vec::new();
+        for group in [&mut enforced, &mut shadows, &mut peeks] {
+            let mut kept: Vec<usize> = Vec::with_capacity(group.len());
+            for &i in group.iter() {
+                match kept.iter().find(|&&j| same_limit(i, j)) {
+                    Some(&j) => repeats.push((i, j)),
+                    None => kept.push(i),
+                }
+            }
+            *group = kept;
         }
         if let Some(&first) = enforced.first()
             && let Some(&other) = enforced.iter().find(|&&i| costs[i] != costs[first])
@@ -388,6 +414,9 @@ impl Service {
                 Ok(decision) => fill(&mut statuses, &peeks, &targets, &decision, Group::Peek),
                 Err(e) => failed = Some(e),
             }
+        }
+        for (repeat, first) in repeats {
+            statuses[repeat] = statuses[first].clone();
         }
 
         let answer = match failed {
@@ -494,7 +523,13 @@ fn fill(
         s.remaining = u32::try_from(result.outcome.remaining).unwrap_or(u32::MAX);
         s.reset_ms = Some(until_window_end(current.unit, now_ms));
         match group {
-            Group::Enforced => s.ok = result.outcome.allowed,
+            Group::Enforced => {
+                s.ok = result.outcome.allowed;
+                if !s.ok {
+                    // As envoyproxy/ratelimit answers an OVER_LIMIT descriptor.
+                    s.remaining = 0;
+                }
+            }
             Group::Shadow => s.shadow_denied = !result.outcome.allowed,
             Group::Peek => {}
         }

@@ -445,6 +445,61 @@ async fn a_request_over_any_limit_consumes_none() {
     assert_eq!(b_alone.limit_remaining, 8);
 }
 
+/// Found by a probe: a value holding the identifier's separator (` · `) shared a counter
+/// with another descriptor; a repeated descriptor counted once while its key was new and
+/// twice after; a descriptor over its limit answered what was left instead of 0.
+#[tokio::test]
+async fn descriptors_keep_their_own_counters_and_a_repeat_counts_once() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(
+        &app,
+        "pairs",
+        "domain: pairs\ndescriptors:\n  - key: user\n    descriptors:\n      - key: method\n        rate_limit: {unit: hour, requests_per_unit: 3}\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
+    )
+    .await;
+    let mut c = client(&app).await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    let victim = [("user", "v"), ("method", "b · method=c")];
+    let attacker = [("user", "v · method=b"), ("method", "c")];
+    assert_eq!(one(&mut c, "pairs", &victim).await.limit_remaining, 2);
+    for left in [2, 1, 0] {
+        let s = one(&mut c, "pairs", &attacker).await;
+        assert_eq!((s.code, s.limit_remaining), (OK, left));
+    }
+    let over = one(&mut c, "pairs", &attacker).await;
+    assert_eq!((over.code, over.limit_remaining), (OVER, 0));
+    // The victim's counter is its own.
+    assert_eq!(one(&mut c, "pairs", &victim).await.limit_remaining, 1);
+
+    // The same descriptor twice: counted once, new key or not; both answer alike.
+    let twice = |ip: &str| {
+        request(
+            "pairs",
+            vec![descriptor(&[("ip", ip)]), descriptor(&[("ip", ip)])],
+        )
+    };
+    for left in [2, 1, 0] {
+        let r = ask(&mut c, twice("1")).await;
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(r.statuses[0], r.statuses[1]);
+        assert_eq!(r.statuses[0].limit_remaining, left);
+    }
+    let r = ask(&mut c, twice("1")).await;
+    assert_eq!(r.overall_code, OVER);
+    assert_eq!(r.statuses[0], r.statuses[1]);
+    assert_eq!(r.statuses[1].limit_remaining, 0);
+
+    // Over by a part of the hits: 0 remaining, as envoyproxy/ratelimit says.
+    let double = || RateLimitRequest {
+        hits_addend: 2,
+        ..request("pairs", vec![descriptor(&[("ip", "2")])])
+    };
+    assert_eq!(ask(&mut c, double()).await.statuses[0].limit_remaining, 1);
+    let r = ask(&mut c, double()).await;
+    assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OVER, 0));
+}
+
 #[tokio::test]
 async fn shadow_mode_counts_and_answers_ok_and_replaces_drops_a_limit() {
     let redis = RedisServer::start();
