@@ -48,6 +48,19 @@ impl Service {
         reason: &str,
     ) -> Result<Policy, ChangeError> {
         let before = self.store.get_policy(&policy.name).await?;
+        // An Envoy domain is changed through its file: a plain policy saved over it would
+        // drop its descriptors, and Envoy's requests would pass unlimited.
+        if policy.envoy.is_none()
+            && let Some(tree) = before.as_ref().and_then(|p| p.envoy.as_ref())
+        {
+            return Err(ChangeError::Taken {
+                field: "name".into(),
+                message: format!(
+                    "{} is the Envoy domain {:?}; change it through /api/v1/envoy/domains/{}",
+                    policy.name, tree.doc.domain, tree.doc.domain
+                ),
+            });
+        }
         match self.store.save_policy(&policy, expected).await? {
             Saved::Version(version) => {
                 let saved = Policy { version, ..policy };

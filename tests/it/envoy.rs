@@ -762,6 +762,32 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
     assert_eq!(policy["rules"][0]["name"], "per-ip");
     assert_eq!(policy["rules"][0]["window_ms"], 60_000);
     assert_eq!(policy["envoy"]["domain"], "edge_proxy_per_ip");
+    // A plain policy is not saved over it (that dropped the domain: Envoy's requests then
+    // passed unlimited); the domain is left as it was.
+    let over = app
+        .client
+        .put(app.url("/api/v1/policies/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 100, "window_ms": 1000}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(over.status(), StatusCode::CONFLICT);
+    let problem: Value = over.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("/api/v1/envoy/domains/edge_proxy_per_ip")),
+        "{problem}"
+    );
+    let kept = app
+        .client
+        .get(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), StatusCode::OK);
     // The inspector reads the descriptor; a reset frees it (and the cached denial).
     let id = "remote_address=10.0.0.1";
     let seen: Value = app
