@@ -51,6 +51,8 @@ pub fn router() -> Router<AppState> {
         .merge(leases::router())
         .merge(envoy::router())
         .route("/api/{*rest}", axum::routing::any(unknown_path))
+        // Last, so every route above has it; axum still adds `Allow`.
+        .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
@@ -80,6 +82,12 @@ pub fn check_endpoint(
 /// Any other path under `/api/`: a problem document, not the dashboard's page.
 async fn unknown_path(uri: axum::http::Uri) -> ApiError {
     ApiError::NotFound(format!("path: nothing is served at {}", uri.path()))
+}
+
+/// A served path called with a method it does not take: a problem document, not an
+/// empty 405.
+async fn wrong_method(method: axum::http::Method) -> ApiError {
+    ApiError::MethodNotAllowed(method.to_string())
 }
 
 /// Liveness: the process is up and serving. Never touches Redis.
@@ -131,7 +139,9 @@ pub fn require_key(
         )
         .ok_or(ApiError::Unauthorized)?;
     match (needed, caller.role) {
-        (KeyRole::Admin, KeyRole::Service) => Err(ApiError::Forbidden),
+        (KeyRole::Admin, KeyRole::Service) => Err(ApiError::Forbidden(
+            "Authorization: this API key may only call the check endpoints",
+        )),
         _ => Ok(caller),
     }
 }
@@ -160,7 +170,9 @@ pub async fn require_admin(
         .ok_or(ApiError::Unauthorized)?;
     let (user, role) = session.user().ok_or(ApiError::Unauthorized)?;
     if !role.may(action) {
-        return Err(ApiError::Forbidden);
+        return Err(ApiError::Forbidden(
+            "session: the signed-in user's role may not do this",
+        ));
     }
     let reads = matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD);
     if !reads {
@@ -171,7 +183,9 @@ pub async fn require_admin(
         if !session.csrf_matches(token)
             || !crate::auth::session::from_this_site(state, peer.ip(), headers)
         {
-            return Err(ApiError::Forbidden);
+            return Err(ApiError::Forbidden(
+                "X-CSRF-Token: a signed-in browser's change needs its session's CSRF token, sent from this site",
+            ));
         }
     }
     Ok(crate::audit::Actor {

@@ -391,8 +391,8 @@ pub struct EnvoyDescriptor {
 pub struct EnvoyRateLimit {
     /// second, minute, hour, day, week, month (30 days) or year (365 days), any case.
     unit: Option<String>,
-    /// 0 always denies.
-    #[schema(minimum = 0, maximum = 4_294_967_295_u64)]
+    /// 0 always denies; at most 10^9, as every limit (the protocol's uint32 would allow more).
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
     requests_per_unit: Option<u64>,
     /// Always allowed (then neither unit nor requests_per_unit).
     unlimited: Option<bool>,

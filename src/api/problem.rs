@@ -22,13 +22,17 @@ pub enum ApiError {
     BadRequest { field: String, detail: String },
     #[error("missing or unknown API key")]
     Unauthorized,
-    #[error("this key may not do that")]
-    Forbidden,
+    /// Known, but not allowed this: the detail says why (field first).
+    #[error("{0}")]
+    Forbidden(&'static str),
     #[error("no policy named {0}")]
     UnknownPolicy(String),
     #[error("not found")]
     NotFound(String),
-    #[error("version conflict")]
+    /// The path is served, but not for this method (`Allow` lists those it takes).
+    #[error("method not allowed")]
+    MethodNotAllowed(String),
+    #[error("conflict")]
     Conflict(String),
     #[error("body too large")]
     PayloadTooLarge,
@@ -86,6 +90,7 @@ impl From<ChangeError> for ApiError {
             ChangeError::Taken { field, message } => {
                 ApiError::Conflict(format!("{field}: {message}"))
             }
+            ChangeError::Invalid { field, message } => ApiError::bad(field, message),
             ChangeError::Unavailable(error) => ApiError::RedisUnavailable(error),
         }
     }
@@ -136,11 +141,11 @@ impl ApiError {
                 "Unauthorized",
                 "Authorization: send 'Bearer <api key>' with a key this instance knows".into(),
             ),
-            ApiError::Forbidden => (
+            ApiError::Forbidden(why) => (
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 "Forbidden",
-                "Authorization: this API key may only call the check endpoints".into(),
+                (*why).into(),
             ),
             ApiError::UnknownPolicy(name) => (
                 StatusCode::NOT_FOUND,
@@ -154,12 +159,15 @@ impl ApiError {
                 "Not found",
                 what.clone(),
             ),
-            ApiError::Conflict(what) => (
-                StatusCode::CONFLICT,
-                "conflict",
-                "Version conflict",
-                what.clone(),
+            ApiError::MethodNotAllowed(method) => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                format!("method: this path does not take {method} (see Allow)"),
             ),
+            ApiError::Conflict(what) => {
+                (StatusCode::CONFLICT, "conflict", "Conflict", what.clone())
+            }
             ApiError::PayloadTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",

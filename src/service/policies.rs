@@ -23,6 +23,9 @@ pub enum ChangeError {
     /// The name is held by a policy the change may not replace.
     #[error("{field}: {message}")]
     Taken { field: String, message: String },
+    /// The change itself is not valid (a reserved name).
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
     #[error("redis is unavailable: {0}")]
     Unavailable(#[from] StoreError),
 }
@@ -182,7 +185,7 @@ impl Service {
     ) -> Result<Policy, ChangeError> {
         let wanted = domain.doc.domain.clone();
         let policy = Policy::from_envoy(domain, failure_mode.unwrap_or_default()).map_err(|e| {
-            ChangeError::Taken {
+            ChangeError::Invalid {
                 field: e.field,
                 message: e.message,
             }

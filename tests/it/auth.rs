@@ -897,6 +897,14 @@ async fn the_admin_api_takes_a_session_with_its_csrf_token() {
     .await
     .unwrap();
     assert_eq!(elsewhere.status(), 403);
+    // The answer says what was missing (it once spoke of an API key nobody sent).
+    let problem: serde_json::Value = elsewhere.json().await.unwrap();
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("X-CSRF-Token:")),
+        "{problem}"
+    );
     assert_eq!(
         call(&root, put.clone(), path, Some(&token), Some(&origin))
             .await

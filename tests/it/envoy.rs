@@ -667,6 +667,16 @@ async fn invalid_files_name_the_field_and_leave_the_domain_as_it_was() {
         let problem: Value = r.json().await.unwrap();
         assert_eq!(problem["field"], field, "{yaml}: {problem}");
     }
+    // A reserved name is invalid (400 naming the domain), not a conflict.
+    let r = put_domain(
+        &app,
+        "spillway-x",
+        "domain: spillway-x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "domain", "{problem}");
     // A JSON body of the same document works too; a text/plain one is refused.
     let r = app
         .client

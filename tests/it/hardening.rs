@@ -271,6 +271,31 @@ async fn every_response_carries_the_security_headers() {
         r.headers()[header::CONTENT_TYPE],
         "application/problem+json"
     );
+    // A served path with a method it does not take: 405 as a problem, with `Allow`.
+    for (method, path, allow) in [
+        (reqwest::Method::PATCH, "/api/v1/check", "POST"),
+        (reqwest::Method::GET, "/api/v1/check", "POST"),
+        (reqwest::Method::PATCH, "/api/v1/policies/x", "GET"),
+    ] {
+        let r = client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "application/problem+json",
+            "{method} {path}"
+        );
+        let allowed = r.headers()[header::ALLOW].to_str().unwrap().to_owned();
+        assert!(allowed.contains(allow), "{method} {path}: Allow {allowed}");
+        let problem: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(
+            problem["detail"],
+            format!("method: this path does not take {method} (see Allow)")
+        );
+    }
     let r = client.get(app.url("/pkg/missing.js")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert!(

@@ -31,7 +31,9 @@ fn change_refused(e: crate::service::policies::ChangeError) -> AppError {
             "someone else changed this policy since you opened it; reload and try again",
         ),
         ChangeError::UnknownPolicy(_) => AppError::bad_input("name", "no such policy"),
-        ChangeError::Taken { field, message } => AppError::bad_input(&field, message),
+        ChangeError::Taken { field, message } | ChangeError::Invalid { field, message } => {
+            AppError::bad_input(&field, message)
+        }
         ChangeError::Unavailable(e) => unavailable(e),
     }
 }
