@@ -318,9 +318,21 @@ fn envoy_documents(text: &str) -> Result<Option<Vec<Policy>>, PolicyError> {
 pub async fn import(store: &Store, text: &str) -> anyhow::Result<usize> {
     let mut policies =
         parse_document(text).map_err(|e| anyhow::anyhow!("nothing imported: {e}"))?;
-    // An Envoy domain replaces only its own policy, keeping its failure mode and overrides.
-    for policy in policies.iter_mut().filter(|p| p.envoy.is_some()) {
-        match store.get_policy(&policy.name).await? {
+    // An Envoy domain replaces only its own policy, keeping its failure mode and overrides;
+    // a plain policy never replaces a domain (Envoy's requests would pass unlimited).
+    for policy in policies.iter_mut() {
+        let old = store.get_policy(&policy.name).await?;
+        if policy.envoy.is_none() {
+            if let Some(tree) = old.as_ref().and_then(|p| p.envoy.as_ref()) {
+                anyhow::bail!(
+                    "nothing imported: policy {} is the Envoy domain {:?}; import its domain file instead",
+                    policy.name,
+                    tree.doc.domain
+                );
+            }
+            continue;
+        }
+        match old {
             Some(old) if old.envoy.is_none() => anyhow::bail!(
                 "nothing imported: domain: a policy named {} exists and is not an Envoy domain",
                 policy.name

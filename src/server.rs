@@ -35,6 +35,9 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::envoy::json::router())
         .merge(auth::login::router())
         .merge(crate::app::events::router())
+        // The routes above answer a method they do not take with a problem document (the
+        // dashboard's, added below, keep axum's empty 405).
+        .method_not_allowed_fallback(api::wrong_method)
         .leptos_routes_with_context(
             &state,
             routes,

@@ -86,7 +86,7 @@ async fn unknown_path(uri: axum::http::Uri) -> ApiError {
 
 /// A served path called with a method it does not take: a problem document, not an
 /// empty 405.
-async fn wrong_method(method: axum::http::Method) -> ApiError {
+pub async fn wrong_method(method: axum::http::Method) -> ApiError {
     ApiError::MethodNotAllowed(method.to_string())
 }
 

@@ -218,7 +218,8 @@ impl RequestDescriptor {
     /// characters, and in keys `=`, are written `%XX` (each byte of their UTF-8), so two
     /// distinct descriptors never share a counter however their values are made (a value
     /// `v · method=b` is not two entries). Everything else is written as it is. A text
-    /// longer than an identifier may be is cut and ends in a SHA-256 digest of the whole.
+    /// longer than an identifier may be is cut and ends in ` · #` and a SHA-256 digest of
+    /// the whole (64 bits).
     pub fn identifier(&self) -> Identifier {
         let mut text = String::new();
         for (i, (k, v)) in self.entries.iter().enumerate() {
@@ -233,14 +234,17 @@ impl RequestDescriptor {
             text.push('-');
         }
         if text.len() > MAX_VALUE_BYTES {
+            // Cut, then a last "entry" `#<digest>`: it holds no `=`, which every entry of an
+            // uncut identifier does, so no descriptor's own text can spell a cut one.
             use sha2::Digest;
             let digest = sha2::Sha256::digest(text.as_bytes());
-            let mut cut = MAX_VALUE_BYTES - 20;
+            let mut cut = MAX_VALUE_BYTES - (SEPARATOR.len() + 1 + 16);
             while !text.is_char_boundary(cut) {
                 cut -= 1;
             }
             text.truncate(cut);
-            text.push_str(" #");
+            text.push_str(SEPARATOR);
+            text.push('#');
             for b in &digest[..8] {
                 text.push_str(&format!("{b:02x}"));
             }
@@ -916,6 +920,20 @@ mod tests {
             victim.identifier().value(),
             "user=v · method=b %C2%B7 method=c"
         );
+        // A cut identifier against a short descriptor that spells it out (a reviewer's
+        // pair: the cut one used to end in ` #<digest>`, which a value could hold).
+        let long = RequestDescriptor {
+            entries: vec![("path".into(), format!("/{}", "a".repeat(300)))],
+        };
+        let cut = long.identifier();
+        let spelled = RequestDescriptor {
+            entries: vec![(
+                "path".into(),
+                cut.value().strip_prefix("path=").unwrap().to_owned(),
+            )],
+        };
+        assert_ne!(spelled.identifier(), cut);
+        assert!(cut.value().len() <= MAX_VALUE_BYTES);
         // A key's `=`, a `%`, and a control character against what it once became.
         for (a, b) in [
             (("a=b", "c"), ("a", "b=c")),

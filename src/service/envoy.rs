@@ -319,28 +319,40 @@ impl Service {
                 RuleRef::Caller(i) => &caller_rules[i],
             }
         };
-        // A descriptor repeated in one request (the same limit, entries and hits) is counted
-        // once, and each repeat answers as the first does. envoyproxy/ratelimit increments
-        // once per repeat; here the counted descriptors are one all-or-nothing check of one
-        // cost, where two entries of one key would each read the state before either wrote
-        // (a fixed window then counted them once when new, twice when not).
-        let same_limit = |i: usize, j: usize| match (&targets[i], &targets[j]) {
-            (Target::Count { rule: a, .. }, Target::Count { rule: b, .. }) => {
-                rule_of(*a).name == rule_of(*b).name
-                    && identifiers[i] == identifiers[j]
-                    && costs[i] == costs[j]
-            }
-            _ => false,
+        // A descriptor repeated in one request is counted once. Its copies share a counter
+        // (the same entries, hits and rule name: a caller's own limits of one unit are all
+        // `caller-<unit>`); they are checked once, under the strictest of their limits, and
+        // each answers as that check did, under its own limit. envoyproxy/ratelimit
+        // increments once per copy; here the counted descriptors are one all-or-nothing
+        // check of one cost, where two entries of one key would each read the state before
+        // either wrote (a fixed window then counted them once when new, twice when not).
+        let counter = |i: usize| match &targets[i] {
+            Target::Count { rule, .. } => Some((&rule_of(*rule).name, &identifiers[i], costs[i])),
+            _ => None,
+        };
+        let limit_of = |i: usize| match &targets[i] {
+            Target::Count { rule, .. } => match rule_of(*rule).algorithm {
+                Algorithm::FixedWindow { limit, .. } => limit,
+                _ => u64::MAX,
+            },
+            _ => u64::MAX,
         };
         let mut repeats: Vec<(usize, usize)> = Vec::new();
         for group in [&mut enforced, &mut shadows, &mut peeks] {
             let mut kept: Vec<usize> = Vec::with_capacity(group.len());
+            // (a copy, the position in `kept` of the one checked for it)
+            let mut copies: Vec<(usize, usize)> = Vec::new();
             for &i in group.iter() {
-                match kept.iter().find(|&&j| same_limit(i, j)) {
-                    Some(&j) => repeats.push((i, j)),
+                match kept.iter().position(|&j| counter(j) == counter(i)) {
+                    Some(at) if limit_of(i) < limit_of(kept[at]) => {
+                        copies.push((kept[at], at));
+                        kept[at] = i;
+                    }
+                    Some(at) => copies.push((i, at)),
                     None => kept.push(i),
                 }
             }
+            repeats.extend(copies.into_iter().map(|(copy, at)| (copy, kept[at])));
             *group = kept;
         }
         if let Some(&first) = enforced.first()
@@ -415,8 +427,11 @@ impl Service {
                 Err(e) => failed = Some(e),
             }
         }
-        for (repeat, first) in repeats {
-            statuses[repeat] = statuses[first].clone();
+        for (copy, checked) in repeats {
+            statuses[copy] = DescriptorAnswer {
+                limit: statuses[copy].limit.take(),
+                ..statuses[checked].clone()
+            };
         }
 
         let answer = match failed {

@@ -51,16 +51,30 @@ impl Service {
         reason: &str,
     ) -> Result<Policy, ChangeError> {
         let before = self.store.get_policy(&policy.name).await?;
-        // An Envoy domain is changed through its file: a plain policy saved over it would
-        // drop its descriptors, and Envoy's requests would pass unlimited.
-        if policy.envoy.is_none()
-            && let Some(tree) = before.as_ref().and_then(|p| p.envoy.as_ref())
+        // An Envoy domain is changed through its file: a plain policy (or another domain's)
+        // saved over it would drop its descriptors, and Envoy's requests would pass
+        // unlimited. And a domain lives under the policy name it maps to, or no request
+        // finds it.
+        let domain_of = |p: &Policy| p.envoy.as_ref().map(|t| t.doc.domain.clone());
+        if let Some(domain) = before.as_ref().and_then(domain_of)
+            && domain_of(&policy).as_ref() != Some(&domain)
         {
             return Err(ChangeError::Taken {
                 field: "name".into(),
                 message: format!(
-                    "{} is the Envoy domain {:?}; change it through /api/v1/envoy/domains/{}",
-                    policy.name, tree.doc.domain, tree.doc.domain
+                    "{} is the Envoy domain {domain:?}; change it through /api/v1/envoy/domains/{domain}",
+                    policy.name
+                ),
+            });
+        }
+        if let Some(domain) = domain_of(&policy)
+            && crate::domain::envoy::policy_name(&domain).ok().as_ref() != Some(&policy.name)
+        {
+            return Err(ChangeError::Invalid {
+                field: "envoy.domain".into(),
+                message: format!(
+                    "{domain:?} is not the domain of a policy named {}",
+                    policy.name
                 ),
             });
         }

@@ -284,4 +284,19 @@ async fn import_loads_envoy_domain_files_all_or_nothing() {
             .unwrap();
         assert_eq!(r.status() == 404, missing, "{domain}");
     }
+    // A plain policy in an export does not replace a domain: nothing imported.
+    let plain = dir.join("plain.json");
+    std::fs::write(&plain, r#"{"policies": {"edge": {"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 9, "window_ms": 1000}]}}}"#).unwrap();
+    let out = spillway(&redis, &["policy", "import", plain.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is the Envoy domain \"edge\""), "{err}");
+    let r = app
+        .client
+        .get(app.url("/api/v1/envoy/domains/edge"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }

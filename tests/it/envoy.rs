@@ -490,6 +490,31 @@ async fn descriptors_keep_their_own_counters_and_a_repeat_counts_once() {
     assert_eq!(r.statuses[0], r.statuses[1]);
     assert_eq!(r.statuses[1].limit_remaining, 0);
 
+    // Copies with callers' own limits of one unit share a counter: checked under the
+    // strictest (2 an hour, not 10), each answering under its own limit.
+    let own = |rpu: u32| {
+        let mut d = descriptor(&[("ip", "3")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: rpu,
+            unit: 3, // hour
+        });
+        d
+    };
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = ask(&mut c, request("pairs", vec![own(10), own(2)])).await;
+        let limits: Vec<u32> = r
+            .statuses
+            .iter()
+            .map(|s| s.current_limit.clone().unwrap().requests_per_unit)
+            .collect();
+        assert_eq!(limits, [10, 2]);
+        assert_eq!(r.statuses[0].code, r.statuses[1].code);
+        assert_eq!(r.statuses[0].limit_remaining, r.statuses[1].limit_remaining);
+        codes.push(r.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER]);
+
     // Over by a part of the hits: 0 remaining, as envoyproxy/ratelimit says.
     let double = || RateLimitRequest {
         hits_addend: 2,
@@ -790,6 +815,32 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
             .is_some_and(|d| d.contains("/api/v1/envoy/domains/edge_proxy_per_ip")),
         "{problem}"
     );
+    // Nor another domain's document under its name (a reviewer's way past the first check),
+    // and a domain's document names the policy it lives under.
+    let envoy_doc = |domain: &str| json!({"envoy": {"domain": domain, "descriptors": [{"key": "k", "rate_limit": {"unit": "second", "requests_per_unit": 1}}]}});
+    for (path, domain, status, field) in [
+        ("edge_proxy_per_ip", "other", StatusCode::CONFLICT, None),
+        (
+            "elsewhere",
+            "other",
+            StatusCode::BAD_REQUEST,
+            Some("envoy.domain"),
+        ),
+    ] {
+        let r = app
+            .client
+            .put(app.url(&format!("/api/v1/policies/{path}")))
+            .bearer_auth(ADMIN_KEY)
+            .json(&envoy_doc(domain))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        if let Some(field) = field {
+            let problem: Value = r.json().await.unwrap();
+            assert_eq!(problem["field"], field, "{problem}");
+        }
+    }
     let kept = app
         .client
         .get(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))

@@ -276,6 +276,7 @@ async fn every_response_carries_the_security_headers() {
         (reqwest::Method::PATCH, "/api/v1/check", "POST"),
         (reqwest::Method::GET, "/api/v1/check", "POST"),
         (reqwest::Method::PATCH, "/api/v1/policies/x", "GET"),
+        (reqwest::Method::GET, "/json", "POST"),
     ] {
         let r = client
             .request(method.clone(), app.url(path))
