@@ -7,7 +7,7 @@ use leptos::prelude::*;
 
 use crate::app::error::AppError;
 use leptos_meta::Title;
-use leptos_router::{components::Form, hooks::use_query_map};
+use leptos_router::components::Form;
 
 use super::session::{CsrfField, error_message, use_session};
 use crate::domain::people::Action;
@@ -146,10 +146,29 @@ fn follow_identifier(
     });
 }
 
+/// The `id` of a query string (with or without its `?`), decoded once. leptos_router's
+/// query map decodes again what the URL parser decoded: `%25` in an identifier came out as
+/// `%`, and an Envoy descriptor's escapes (`%C2%B7`) as the characters they stand for.
+fn id_of(search: &str) -> String {
+    search
+        .trim_start_matches('?')
+        .split('&')
+        .find_map(|pair| {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (key == "id").then(|| {
+                let value = value.replace('+', " ");
+                percent_encoding::percent_decode_str(&value)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+        })
+        .unwrap_or_default()
+}
+
 #[component]
 pub fn InspectorPage() -> impl IntoView {
-    let query = use_query_map();
-    let id = move || query.with(|q| q.get("id").unwrap_or_default());
+    let location = leptos_router::hooks::use_location();
+    let id = move || location.search.with(|search| id_of(search));
     let reset = ServerAction::<ResetIdentifier>::new();
     let release = ServerAction::<ReleaseLease>::new();
     let data = Resource::new(
@@ -524,5 +543,26 @@ fn ResetForm(
                 <button type="submit" class="danger">"Reset counters"</button>
             </ActionForm>
         </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_of;
+
+    #[test]
+    fn the_id_is_decoded_once() {
+        for (search, id) in [
+            ("?id=user%3D42", "user=42"),
+            ("id=user%3Da%2525b&x=1", "user=a%25b"),
+            (
+                "?x=1&id=envoy%3Dk%3Dv+%C2%B7+p%3D%25C2%25B7",
+                "envoy=k=v · p=%C2%B7",
+            ),
+            ("?id=user%3Da%2Bb", "user=a+b"),
+            ("?x=1", ""),
+        ] {
+            assert_eq!(id_of(search), id, "{search}");
+        }
     }
 }
