@@ -23,7 +23,8 @@ pub enum ChangeError {
     /// The name is held by a policy the change may not replace.
     #[error("{field}: {message}")]
     Taken { field: String, message: String },
-    /// The change itself is not valid (a reserved name).
+    /// The change itself is not valid: a reserved name, or an Envoy domain under a policy
+    /// name it does not map to.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
     #[error("redis is unavailable: {0}")]
