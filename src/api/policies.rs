@@ -187,12 +187,20 @@ pub(super) async fn add_override(
 ) -> Result<impl IntoResponse, ApiError> {
     let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let added = Override::from_document(&body.0, "body")?;
+    added.refuse_unmatchable("body")?;
+    added.refuse_past_expiry("body", crate::auth::keys::now_ms())?;
     let saved = state
         .change_policy(&actor, &name(&raw)?, "override.add", "", |current| {
             if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
                 return Err(ApiError::bad(
                     "body",
                     "this policy has the most overrides allowed",
+                ));
+            }
+            if let Some(j) = current.overrides.iter().position(|e| added.shadowed_by(e)) {
+                return Err(ApiError::bad(
+                    "body.match",
+                    crate::domain::policy::shadowed(j),
                 ));
             }
             let mut next = current.clone();

@@ -8,7 +8,9 @@ use ipnet::IpNet;
 use serde::{Serialize, Serializer, ser::SerializeMap};
 use serde_json::Value;
 
-use super::{Identifier, Name, PolicyError, Rule, policy::parse_rules};
+use super::{
+    Identifier, Name, PolicyError, Rule, identifier::MAX_VALUE_BYTES, policy::parse_rules,
+};
 
 /// Most overrides one policy may have.
 pub const MAX_OVERRIDES: usize = 1000;
@@ -183,6 +185,79 @@ impl Override {
         })
     }
 
+    /// Refuses an override added now whose expiry is already past: it would never apply.
+    /// Only where one override is added (the overrides resource, the dashboard's form): a
+    /// policy document saved whole (a file applied again, an export imported) keeps what it
+    /// holds, and an expiry passing never makes it invalid.
+    pub fn refuse_past_expiry(&self, path: &str, now_ms: i64) -> Result<(), PolicyError> {
+        match self.expires_at_ms {
+            Some(t) if t <= now_ms => Err(PolicyError::field(
+                format!("{path}.expires_at_ms"),
+                format!(
+                    "{t} is not in the future (now is {now_ms}): the override would never apply"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses an override whose match could never apply: a value longer than any
+    /// identifier's or with a control character, or what is plainly meant as a CIDR but is
+    /// not one (`10.0.0.0/33` would otherwise be kept as an exact value no address equals).
+    /// `path` is where the override was found (`body`, `overrides[2]`).
+    pub fn refuse_unmatchable(&self, path: &str) -> Result<(), PolicyError> {
+        let at = |f: &str| format!("{path}.{f}");
+        let (text, literal) = match &self.pattern {
+            Pattern::Exact(s) => (s, s.len()),
+            Pattern::Wildcard(s) => (s, s.bytes().filter(|b| *b != b'*').count()),
+            Pattern::Cidr(_) => return Ok(()),
+        };
+        if literal > MAX_VALUE_BYTES {
+            return Err(PolicyError::field(
+                at("match"),
+                format!(
+                    "the value is {literal} bytes; identifier values are at most {MAX_VALUE_BYTES}, so it could never match"
+                ),
+            ));
+        }
+        if text.chars().any(char::is_control) {
+            return Err(PolicyError::field(
+                at("match"),
+                "the value has a control character, which no identifier value may have",
+            ));
+        }
+        if let Pattern::Exact(s) = &self.pattern
+            && let Some((address, bits)) = s.rsplit_once('/')
+            && address.parse::<IpAddr>().is_ok()
+            && !bits.is_empty()
+            && bits.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(PolicyError::field(
+                at("match"),
+                format!(
+                    "{text} is not a CIDR: its prefix is at most 32 bits for IPv4 and 128 for IPv6"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether `self` and `other` match the same identifiers by the same pattern.
+    pub fn same_match(&self, other: &Override) -> bool {
+        self.dimension == other.dimension && self.pattern == other.pattern
+    }
+
+    /// Whether this override, listed after `earlier`, could never apply: ties go to the first
+    /// listed, so it is shadowed while `earlier` lasts, and `earlier` lasts as long or longer.
+    pub fn shadowed_by(&self, earlier: &Override) -> bool {
+        self.same_match(earlier)
+            && match (earlier.expires_at_ms, self.expires_at_ms) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(e), Some(s)) => e >= s,
+            }
+    }
+
     /// Whether this override applies to `identifier` at `now_ms`.
     pub fn applies(&self, identifier: &Identifier, now_ms: i64) -> bool {
         self.expires_at_ms.is_none_or(|t| now_ms < t)
@@ -299,6 +374,125 @@ mod tests {
         );
         let back = Override::from_document(&serde_json::to_value(&o).unwrap(), "x").unwrap();
         assert_eq!(back, o);
+    }
+
+    /// An identifier `o` applies to, when there is one: its value with each `*` matching
+    /// nothing (or one `x` when nothing would be left), or its network's first address.
+    fn witness(o: &Override) -> Option<Identifier> {
+        let value = match &o.pattern {
+            Pattern::Exact(s) => s.clone(),
+            Pattern::Wildcard(s) => match s.replace('*', "") {
+                v if v.is_empty() => "x".to_owned(),
+                v => v,
+            },
+            Pattern::Cidr(net) => net.network().to_string(),
+        };
+        Identifier::new(o.dimension.as_str(), &value).ok()
+    }
+
+    #[test]
+    fn overrides_that_could_never_apply_are_refused_at_the_field() {
+        let now = 1_700_000_000_000;
+        let long = "v".repeat(MAX_VALUE_BYTES);
+        for (doc, refused) in [
+            (
+                json!({"match": "user=1", "action": "block", "expires_at_ms": now}),
+                Some("expires_at_ms"),
+            ),
+            (
+                json!({"match": "user=1", "action": "block", "expires_at_ms": now + 1}),
+                None,
+            ),
+            (
+                json!({"match": "ip=10.0.0.0/33", "action": "block"}),
+                Some("match"),
+            ),
+            (
+                json!({"match": "ip=2001:db8::/129", "action": "block"}),
+                Some("match"),
+            ),
+            (json!({"match": "ip=10.0.0.0/32", "action": "block"}), None),
+            (json!({"match": "path=/v1/33", "action": "block"}), None),
+            (json!({"match": "ip=10.0.0.0/8x", "action": "block"}), None),
+            (
+                json!({"match": format!("user={long}"), "action": "block"}),
+                None,
+            ),
+            (
+                json!({"match": format!("user={long}x"), "action": "block"}),
+                Some("match"),
+            ),
+            (
+                json!({"match": format!("user=*{long}*"), "action": "block"}),
+                None,
+            ),
+            (
+                json!({"match": format!("user=*{long}x*"), "action": "block"}),
+                Some("match"),
+            ),
+            (json!({"match": "user=a\\tb", "action": "block"}), None),
+            (
+                json!({"match": "user=a\tb", "action": "block"}),
+                Some("match"),
+            ),
+        ] {
+            let o = parse(doc.clone());
+            let got = o
+                .refuse_unmatchable("body")
+                .and_then(|()| o.refuse_past_expiry("body", now));
+            match refused {
+                Some(field) => assert_eq!(got.unwrap_err().field, format!("body.{field}"), "{doc}"),
+                None => {
+                    got.unwrap_or_else(|e| panic!("{doc}: {e:?}"));
+                    assert!(o.applies(&witness(&o).unwrap(), now), "{doc}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Every override the check lets through applies to some identifier now: matches of
+        /// 250-265 bytes (the limit is 256) and short ones of the characters CIDRs,
+        /// wildcards and paths use, expiries either side of now.
+        #[test]
+        fn an_override_that_passes_applies_to_someone(
+            dimension in proptest::sample::select(vec!["ip", "user"]),
+            value in "[0-9a-f:./*x\t]{1,8}|[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}/[0-9]{1,3}|[a-f0-9:]{2,20}/[0-9]{1,3}|[vx]{250,262}|\\*?[vx]{250,262}\\*[vx]{0,3}",
+            expiry in proptest::option::of(-2i64..3),
+        ) {
+            let now = 1_700_000_000_000;
+            let mut doc = json!({"match": format!("{dimension}={value}"), "action": "block"});
+            if let Some(e) = expiry {
+                doc["expires_at_ms"] = json!(now + e);
+            }
+            let Ok(o) = Override::from_document(&doc, "body") else { return Ok(()) };
+            if o.refuse_unmatchable("body").and_then(|()| o.refuse_past_expiry("body", now)).is_ok() {
+                let id = witness(&o);
+                proptest::prop_assert!(id.as_ref().is_some_and(|id| o.applies(id, now)), "{doc} {id:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_later_override_of_the_same_match_is_dead_while_an_earlier_one_lasts() {
+        let o = |expiry: Option<i64>| {
+            let mut doc = json!({"match": "user=bob", "action": "block"});
+            if let Some(t) = expiry {
+                doc["expires_at_ms"] = json!(t);
+            }
+            parse(doc)
+        };
+        assert!(o(Some(5)).shadowed_by(&o(None)));
+        assert!(o(None).shadowed_by(&o(None)));
+        assert!(o(Some(5)).shadowed_by(&o(Some(5))));
+        assert!(o(Some(5)).shadowed_by(&o(Some(6))));
+        assert!(
+            !o(Some(6)).shadowed_by(&o(Some(5))),
+            "applies once the earlier expires"
+        );
+        assert!(!o(None).shadowed_by(&o(Some(5))));
+        let other = parse(json!({"match": "user=bo*", "action": "block"}));
+        assert!(!other.shadowed_by(&o(None)), "another pattern");
     }
 
     #[test]

@@ -62,6 +62,13 @@ pub const RESERVED_PREFIX: &str = "spillway-";
 /// Refuses a name Spillway keeps for itself. Checked where policies are created (the API,
 /// the editor, an import), not where they are read: a policy stored under such a name
 /// before the prefix was reserved still loads, and can be read and deleted.
+/// Why an override listed after `overrides[earlier]` would never apply.
+pub fn shadowed(earlier: usize) -> String {
+    format!(
+        "would never apply: overrides[{earlier}] has the same match and lasts as long or longer (remove it first)"
+    )
+}
+
 pub fn refuse_reserved(name: &Name) -> Result<(), PolicyError> {
     if name.as_str().starts_with(RESERVED_PREFIX) {
         return Err(PolicyError::field(
@@ -188,6 +195,27 @@ impl Policy {
                 super::overrides::Action::Rules(rules) => rules.as_slice(),
                 _ => &[],
             }))
+    }
+
+    /// Refuses overrides this version adds (those `before` lacks) that could never apply:
+    /// see [`Override::refuse_unmatchable`], or one listed after another of the same match
+    /// that lasts as long or longer (ties go to the first listed). Overrides kept from
+    /// `before` pass as they are, so a policy read and saved back is never refused for what
+    /// it already held. Expiries are not compared with the clock here (see
+    /// [`Override::refuse_past_expiry`]).
+    pub fn refuse_dead_overrides(&self, before: Option<&Policy>) -> Result<(), PolicyError> {
+        let kept = |o: &Override| before.is_some_and(|b| b.overrides.contains(o));
+        for (i, o) in self.overrides.iter().enumerate() {
+            if kept(o) {
+                continue;
+            }
+            let path = format!("overrides[{i}]");
+            o.refuse_unmatchable(&path)?;
+            if let Some(j) = self.overrides[..i].iter().position(|e| o.shadowed_by(e)) {
+                return Err(PolicyError::field(format!("{path}.match"), shadowed(j)));
+            }
+        }
+        Ok(())
     }
 
     /// The rules that apply to `identifier` at `now_ms`: the policy's, or the ones of the
@@ -531,5 +559,44 @@ mod tests {
         assert!(err.message.contains("reserved"), "{}", err.message);
         assert!(reserved("spillway").is_ok());
         assert!(reserved("my-spillway-x").is_ok());
+    }
+
+    #[test]
+    fn overrides_a_version_adds_that_could_never_apply_are_refused_kept_ones_are_not() {
+        let with = |overrides: Value| {
+            Policy::from_document(
+                "api",
+                &json!({"rules": [{"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}],
+                    "overrides": overrides}),
+            )
+            .unwrap()
+        };
+        let bob = |expiry: Value| json!({"match": "user=bob", "action": "block", "expires_at_ms": expiry});
+        let refused = |p: &Policy, before: Option<&Policy>| {
+            p.refuse_dead_overrides(before).unwrap_err().field
+        };
+
+        // The second of two with the same match never applies while the first lasts.
+        let shadowed = with(json!([bob(json!(null)), bob(json!(5))]));
+        assert_eq!(refused(&shadowed, None), "overrides[1].match");
+        // One that takes over when the first expires does.
+        assert!(
+            with(json!([bob(json!(5)), bob(json!(null))]))
+                .refuse_dead_overrides(None)
+                .is_ok()
+        );
+        // What a stored version already held is saved back as it was: expired, shadowed, all.
+        assert!(shadowed.refuse_dead_overrides(Some(&shadowed)).is_ok());
+        let mut more = shadowed.clone();
+        more.overrides.push(
+            with(json!([{"match": "ip=10.0.0.0/33", "action": "block"}])).overrides[0].clone(),
+        );
+        assert_eq!(refused(&more, Some(&shadowed)), "overrides[2].match");
+        // An expiry in the past is not this check's business (a file applied again keeps it).
+        assert!(
+            with(json!([bob(json!(1))]))
+                .refuse_dead_overrides(None)
+                .is_ok()
+        );
     }
 }

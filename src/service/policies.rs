@@ -23,8 +23,8 @@ pub enum ChangeError {
     /// The name is held by a policy the change may not replace.
     #[error("{field}: {message}")]
     Taken { field: String, message: String },
-    /// The change itself is not valid: a reserved name, or an Envoy domain under a policy
-    /// name it does not map to.
+    /// The change itself is not valid: a reserved name, an Envoy domain under a policy name
+    /// it does not map to, or an override it adds that could never apply.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
     #[error("redis is unavailable: {0}")]
@@ -79,6 +79,12 @@ impl Service {
                 ),
             });
         }
+        policy
+            .refuse_dead_overrides(before.as_ref())
+            .map_err(|e| ChangeError::Invalid {
+                field: e.field,
+                message: e.message,
+            })?;
         match self.store.save_policy(&policy, expected).await? {
             Saved::Version(version) => {
                 let saved = Policy { version, ..policy };

@@ -631,6 +631,101 @@ async fn overrides_block_unlimit_and_relimit_by_exact_wildcard_and_cidr() {
     assert_eq!(status(json!({"user": "bad"})).await, 429);
 }
 
+/// An override that could never apply is refused at its field, where a support person would
+/// otherwise believe an identifier blocked or freed: an expiry already past, a CIDR that is
+/// not one, a value no identifier can have, a second override of a match an earlier one
+/// holds for as long. A policy read back and saved whole keeps what it held.
+#[tokio::test]
+async fn overrides_that_could_never_apply_are_refused_naming_the_field() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut doc = one_rule(1);
+    doc["overrides"] = json!([
+        {"match": "user=bob", "action": "unlimited"},
+        {"match": "user=old", "action": "unlimited", "expires_at_ms": 1000},
+    ]);
+    app.put_policy("ov", doc).await;
+    let add = |body: Value| {
+        let app = &app;
+        async move {
+            app.client
+                .post(app.url("/api/v1/policies/ov/overrides"))
+                .bearer_auth(ADMIN_KEY)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for (body, field) in [
+        (
+            json!({"match": "user=x", "action": "block", "expires_at_ms": now_ms - 1}),
+            "body.expires_at_ms",
+        ),
+        (
+            json!({"match": "ip=10.0.0.0/33", "action": "block"}),
+            "body.match",
+        ),
+        (
+            json!({"match": format!("user={}", "v".repeat(257)), "action": "block"}),
+            "body.match",
+        ),
+        (
+            json!({"match": "user=bob", "action": "block"}),
+            "body.match",
+        ),
+    ] {
+        let body = problem(add(body.clone()).await, 400).await;
+        assert_eq!(body["field"], field, "{body}");
+    }
+    // The refusals wrote nothing; an override that can apply is added.
+    let added =
+        add(json!({"match": "user=x", "action": "block", "expires_at_ms": now_ms + 60_000})).await;
+    assert_eq!(added.status(), 201);
+    assert_eq!(added.json::<Value>().await.unwrap()["version"], 2);
+    assert_eq!(
+        app.check(json!({"policy": "ov", "identifiers": {"user": "x"}}))
+            .await
+            .status(),
+        429
+    );
+
+    // Saved whole: the expired override it already held passes; a shadowed one it adds does not.
+    let mut policy: Value = app
+        .client
+        .get(app.url("/api/v1/policies/ov"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let put = |doc: Value| {
+        let app = &app;
+        async move {
+            app.client
+                .put(app.url("/api/v1/policies/ov"))
+                .bearer_auth(ADMIN_KEY)
+                .json(&doc)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(put(policy.clone()).await.status(), 200);
+    policy["overrides"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"match": "user=bob", "action": "block"}));
+    let body = problem(put(policy).await, 400).await;
+    assert_eq!(body["field"], "overrides[3].match", "{body}");
+}
+
 /// Two app processes on one Redis (this test's, and the real binary in a process of its
 /// own): 2,000 concurrent checks against a limit of 100 admit exactly 100, and a policy
 /// change through A is enforced by B within 1 s.

@@ -313,12 +313,19 @@ pub async fn add_override(
             serde_json::json!(crate::auth::keys::now_ms() + (minutes as i64) * 60_000);
     }
     let added = Override::from_document(&doc, "override")
+        .and_then(|o| o.refuse_unmatchable("override").map(|()| o))
         .map_err(|e| AppError::bad_input(&e.field, e.message))?;
     change_policy(&caller, &name, "override.add", reason.trim(), |current| {
         if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
             return Err(AppError::bad_input(
                 "matcher",
                 "this policy has the most overrides allowed",
+            ));
+        }
+        if let Some(j) = current.overrides.iter().position(|e| added.shadowed_by(e)) {
+            return Err(AppError::bad_input(
+                "override.match",
+                crate::domain::policy::shadowed(j),
             ));
         }
         let mut next = current.clone();
