@@ -13,7 +13,7 @@ use axum::Router;
 use leptos::prelude::{provide_context, use_context};
 use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
-use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
+use tower_http::trace::TraceLayer;
 
 use crate::{
     api,
@@ -49,9 +49,9 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::session::middleware,
         ))
-        .layer(TimeoutLayer::with_status_code(
-            axum::http::StatusCode::GATEWAY_TIMEOUT,
+        .layer(axum::middleware::from_fn_with_state(
             state.request_timeout,
+            within_request_timeout,
         ))
         .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::from_fn_with_state(
@@ -84,6 +84,20 @@ fn provide_server_context(state: &AppState) {
     }
 }
 
+/// A request not received and answered within `limit` gets a 504 problem document (an empty
+/// 504 told a client whose body stalled nothing).
+async fn within_request_timeout(
+    axum::extract::State(limit): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => api::ApiError::Timeout(limit).into_response(),
+    }
+}
+
 /// While the server drains, every answer tells the client to close its connection.
 async fn close_while_draining(
     axum::extract::State(shutdown): axum::extract::State<Shutdown>,
@@ -105,7 +119,7 @@ fn closing_if_draining(shutdown: &Shutdown, response: &mut axum::response::Respo
 }
 
 /// A check endpoint's answer, served before the router (`api::check_endpoint`), with what
-/// the router's middleware gives every API answer: 504 past the request timeout, the API's
+/// the router's middleware gives every API answer: a 504 problem past the request timeout, the API's
 /// security headers and `Cache-Control`, `Connection: close` while draining. (Not the
 /// tracing span of each request, which only `RUST_LOG=tower_http=debug` would show.)
 async fn check_answer(
@@ -115,7 +129,7 @@ async fn check_answer(
     use axum::response::IntoResponse;
     let response = match tokio::time::timeout(state.request_timeout, check).await {
         Ok(response) => response,
-        Err(_) => axum::http::StatusCode::GATEWAY_TIMEOUT.into_response(),
+        Err(_) => api::ApiError::Timeout(state.request_timeout).into_response(),
     };
     let mut response = auth::session::secure_api_response(response);
     closing_if_draining(&state.shutdown, &mut response);

@@ -42,6 +42,10 @@ pub enum ApiError {
     PoliciesNotLoaded,
     #[error("shutting down")]
     ShuttingDown,
+    /// The request took longer than `SPILLWAY_REQUEST_TIMEOUT_MS` to arrive and be answered
+    /// (a body that stalled, or an answer that could not be made in time).
+    #[error("request timed out")]
+    Timeout(std::time::Duration),
 }
 
 impl From<PolicyError> for ApiError {
@@ -168,6 +172,15 @@ impl ApiError {
             ApiError::Conflict(what) => {
                 (StatusCode::CONFLICT, "conflict", "Conflict", what.clone())
             }
+            ApiError::Timeout(limit) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout",
+                "Request timed out",
+                format!(
+                    "the request was not received and answered within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
+                    limit.as_millis()
+                ),
+            ),
             ApiError::PayloadTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",

@@ -14,7 +14,7 @@ use spillway::domain::people::Role;
 
 use crate::{
     auth::{PASSWORD, Visitor, add_user, store},
-    helpers::{RedisServer, spawn_app, spawn_app_with},
+    helpers::{self, RedisServer, spawn_app, spawn_app_with},
 };
 
 /// Reads until the server closes the connection; returns what came and how long it took.
@@ -128,6 +128,56 @@ async fn slow_and_idle_connections_are_closed() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// A request whose body stalls is answered at the request timeout with a 504 problem
+/// document naming the setting, on the check path and on the admin API alike (it was an
+/// empty 504).
+#[tokio::test]
+async fn a_stalled_body_is_a_504_problem_at_the_request_timeout() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REQUEST_TIMEOUT_MS", "700")]).await;
+    let addr = app.addr;
+    tokio::task::spawn_blocking(move || {
+        for (method, path) in [("POST", "/api/v1/check"), ("PUT", "/api/v1/policies/stalled")] {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            let started = Instant::now();
+            stream
+                .write_all(
+                    format!(
+                        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+                         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"policy\":",
+                        if method == "POST" { helpers::SERVICE_KEY } else { helpers::ADMIN_KEY }
+                    )
+                    .as_bytes(),
+                )
+                .unwrap();
+            stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&got).contains("SPILLWAY_REQUEST_TIMEOUT_MS") {
+                match stream.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) => panic!("{path}: no answer: {e}"),
+                }
+            }
+            let answer = String::from_utf8_lossy(&got);
+            let took = started.elapsed();
+            assert!(answer.starts_with("HTTP/1.1 504"), "{path}: {answer}");
+            assert!(
+                answer.to_ascii_lowercase().contains("content-type: application/problem+json"),
+                "{path}: {answer}"
+            );
+            assert!(answer.contains("\"status\":504"), "{path}: {answer}");
+            assert!(
+                took >= Duration::from_millis(650) && took < Duration::from_secs(3),
+                "{path}: {took:?}"
+            );
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// After signing in, `next` goes only to a path of this site: a tab or a newline that the
