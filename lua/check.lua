@@ -158,15 +158,13 @@ end
 
 local m = tonumber(ARGV[2])
 assert(m and m > 0, 'check.lua: bad number of checks')
--- Where each check's keys and arguments start, all of them worked out (and the totals
--- checked) before anything is written.
-local layout = {}
+-- The totals checked before anything is written (the loop below works out where each
+-- check's keys and arguments start as it goes; a table of them cost 3 % of a 1-rule check).
 do
   local k, a = 0, 3
   for c = 1, m do
-    local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local n = tonumber(ARGV[a + 1])
     assert(n and n > 0, 'check.lua: bad number of entries')
-    layout[4 * c - 3], layout[4 * c - 2], layout[4 * c - 1], layout[4 * c] = k, a + 2, n, cost
     k = k + n + 1
     a = a + 2 + 6 * n
   end
@@ -174,10 +172,11 @@ do
 end
 local denied_key, near_key = KEYS[#KEYS - 1], KEYS[#KEYS]
 -- Live counters summed over the batch, in first-seen order: per rate hash, allowed and
--- denied; per label, denials; per label, the last near-limit percentage.
+-- denied; per label, denials; per label, the last near-limit percentage. The last two (and
+-- `failures`) are made on first use: most batches have no denial and no check near its limit.
 local rates, rate_order = {}, {}
-local denials, denial_order = {}, {}
-local near, near_order = {}, {}
+local denials, denial_order
+local near, near_order
 local reply = { now }
 local texts = {}
 -- `x` as tostring (and table.concat) would write it, formatted once; but -0 is written 0
@@ -197,10 +196,12 @@ local function text(x)
   return t
 end
 -- Checks whose script failed: each answers '-1' and its message follows the reply.
-local failures = {}
+local failures
 local r = 1
+local k, a = 0, 3
 for c = 1, m do
-  local k, a, n, cost = layout[4 * c - 3], layout[4 * c - 2], layout[4 * c - 1], layout[4 * c]
+  local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 2
   -- One check failing (a key of the wrong type, say) fails that check alone: the others
   -- of the batch never depend on it, so they are still answered.
   local ok, allowed, results = pcall(run, k, a, n, cost, 'check')
@@ -208,6 +209,7 @@ for c = 1, m do
     local message = allowed
     if type(message) == 'table' then message = message.err end
     message = string.gsub(tostring(message), '[\r\n]', ' ')
+    failures = failures or {}
     failures[#failures + 1] = (c - 1) .. ':' .. message
     r = r + 1
     reply[r] = '-1'
@@ -218,7 +220,11 @@ for c = 1, m do
     reply[r] = allowed and '1' or '0'
     for i = 1, n do
       local result = results[i]
-      for j = 1, 6 do reply[r + j] = text(result[j]) end
+      for j = 1, 6 do
+        -- the memo read here, `text` called only for a number not seen yet this call
+        local x = result[j]
+        reply[r + j] = texts[x] or text(x)
+      end
       r = r + 6
     end
 
@@ -236,13 +242,15 @@ for c = 1, m do
       local best, best_pct = nil, -1
       for i = 1, n do
         local r = results[i]
-        if r[2] > 0 then
+        -- 80 % used or more leaves a fifth at most: the division only for those
+        if r[2] > 0 and r[3] * 5 <= r[2] then
           local pct = floor((r[2] - r[3]) * 100 / r[2])
           if pct > best_pct then best, best_pct = i, pct end
         end
       end
       if best and best_pct >= 80 then
         local label = ARGV[labels + best]
+        if not near then near, near_order = {}, {} end
         if not near[label] then near_order[#near_order + 1] = label end
         near[label] = best_pct
       end
@@ -259,6 +267,7 @@ for c = 1, m do
       end
       if bind then
         local label = ARGV[labels + bind]
+        if not denials then denials, denial_order = {}, {} end
         if not denials[label] then
           denials[label] = 0
           denial_order[#denial_order + 1] = label
@@ -267,19 +276,21 @@ for c = 1, m do
       end
     end
   end
+  k = k + n + 1
+  a = a + 6 * n
 end
 
 local sec = floor(now / 1000000)
 for _, rate in ipairs(rate_order) do
   stats_count(rate, sec, rates[rate][1], rates[rate][2])
 end
-for _, label in ipairs(denial_order) do
+for _, label in ipairs(denial_order or {}) do
   stats_denied(denied_key, label, denials[label])
 end
-for _, label in ipairs(near_order) do
+for _, label in ipairs(near_order or {}) do
   stats_near(near_key, label, near[label])
 end
 reply[1] = format('%d', now)
 local answer = table.concat(reply, ',')
-if #failures > 0 then answer = answer .. '\n' .. table.concat(failures, '\n') end
+if failures then answer = answer .. '\n' .. table.concat(failures, '\n') end
 return answer
