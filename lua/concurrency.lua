@@ -69,14 +69,14 @@ ALGORITHMS.cc = function(key, now, cost, limit, lease_ms, token, _)
   if consume then latest = max(latest, now + lease_ms * 1000) end
   local outcome = result(allowed, limit, limit - after, latest - now, retry, 0)
   if consume then
-    return outcome, cc_write, freed > 0 and now, int(token) .. ':' .. int(cost) .. ':' .. int(now),
+    return outcome, cc_write, freed > 0 and now, format('%d:%d:%d', token, cost, now),
       now + lease_ms * 1000, after, latest - now
   end
   return outcome
 end
 
 REFUNDS.cc = function(key, now, cost, limit, lease_ms, token)
-  local member = int(token) .. ':' .. int(cost) .. ':' .. int(now)
+  local member = format('%d:%d:%d', token, cost, now)
   if redis.call('ZREM', key, member) == 1 then
     redis.call('ZINCRBY', key, int(cost), '#')
   end

@@ -9,9 +9,10 @@
 --   retry_ms (earliest time the estimate admits the cost; -1 when cost > limit or allowed), 0
 -- Refund (cluster): gives `cost` back to the window of `now`, if it is still current.
 
--- The write: window `w`'s count and the previous one's, kept until `ttl_us` from now.
+-- The write: window `w`'s count and the previous one's, kept until `ttl_us` from now (one
+-- format for the three: int(..) .. ':' .. three times cost 3 % more of a 1-rule check).
 local function sw_write(key, w, current, previous, ttl_us)
-  redis.call('SET', key, int(w) .. ':' .. int(current) .. ':' .. int(previous), 'PX', ttl_ms(ttl_us))
+  redis.call('SET', key, format('%d:%d:%d', w, current, previous), 'PX', ttl_ms(ttl_us))
 end
 
 ALGORITHMS.sw = function(key, now, cost, limit, window_ms, _, count_denied)
