@@ -322,15 +322,6 @@ pub async fn import(store: &Store, text: &str) -> anyhow::Result<usize> {
     // a plain policy never replaces a domain (Envoy's requests would pass unlimited).
     for policy in policies.iter_mut() {
         let old = store.get_policy(&policy.name).await?;
-        // Overrides that could never match are refused as the API refuses them.
-        policy.refuse_dead_overrides(old.as_ref()).map_err(|e| {
-            anyhow::anyhow!(
-                "nothing imported: policies.{}.{}: {}",
-                policy.name,
-                e.field,
-                e.message
-            )
-        })?;
         if policy.envoy.is_none() {
             if let Some(tree) = old.as_ref().and_then(|p| p.envoy.as_ref()) {
                 anyhow::bail!(

@@ -94,7 +94,8 @@ async fn within_request_timeout(
     use axum::response::IntoResponse;
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => api::ApiError::Timeout(limit).into_response(),
+        // With the API's headers: the session middleware that adds them is inside this one.
+        Err(_) => auth::session::secure_api_response(api::ApiError::Timeout(limit).into_response()),
     }
 }
 
@@ -119,8 +120,8 @@ fn closing_if_draining(shutdown: &Shutdown, response: &mut axum::response::Respo
 }
 
 /// A check endpoint's answer, served before the router (`api::check_endpoint`), with what
-/// the router's middleware gives every API answer: a 504 problem past the request timeout, the API's
-/// security headers and `Cache-Control`, `Connection: close` while draining. (Not the
+/// the router's middleware gives every API answer: a 504 problem past the request timeout,
+/// the API's security headers and `Cache-Control`, `Connection: close` while draining. (Not the
 /// tracing span of each request, which only `RUST_LOG=tower_http=debug` would show.)
 async fn check_answer(
     check: futures_util::future::BoxFuture<'static, axum::response::Response>,

@@ -107,13 +107,7 @@ pub(super) async fn put(
     let policy = Policy::from_document(&raw, &body.0)?;
     crate::domain::policy::refuse_reserved(&policy.name)?;
     let saved = state
-        .save_policy(
-            &actor,
-            policy,
-            expected_version(&headers)?,
-            "policy.save",
-            "",
-        )
+        .save_policy_document(&actor, policy, expected_version(&headers)?)
         .await?;
     let status = if saved.version == 1 {
         StatusCode::CREATED

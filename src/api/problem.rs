@@ -215,7 +215,9 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        // A timeout is the client's as often as ours (a body that stalled): not worth a
+        // warning per connection that anyone may open.
+        if status.is_server_error() && !matches!(self, ApiError::Timeout(_)) {
             tracing::warn!(error = ?self, "request failed");
         }
         let mut response = (status, self.body().to_string()).into_response();

@@ -186,9 +186,9 @@ impl Override {
     }
 
     /// Refuses an override added now whose expiry is already past: it would never apply.
-    /// Only where one override is added (the overrides resource, the dashboard's form): a
-    /// policy document saved whole (a file applied again, an export imported) keeps what it
-    /// holds, and an expiry passing never makes it invalid.
+    /// Only where one override is added (the overrides resource; the dashboard's form sets
+    /// expiries from now on): a policy document saved whole (a file applied again, an export
+    /// imported) keeps what it holds, and an expiry passing never makes it invalid.
     pub fn refuse_past_expiry(&self, path: &str, now_ms: i64) -> Result<(), PolicyError> {
         match self.expires_at_ms {
             Some(t) if t <= now_ms => Err(PolicyError::field(
@@ -466,9 +466,13 @@ mod tests {
                 doc["expires_at_ms"] = json!(now + e);
             }
             let Ok(o) = Override::from_document(&doc, "body") else { return Ok(()) };
-            if o.refuse_unmatchable("body").and_then(|()| o.refuse_past_expiry("body", now)).is_ok() {
+            let passes = o
+                .refuse_unmatchable("body")
+                .and_then(|()| o.refuse_past_expiry("body", now));
+            if passes.is_ok() {
                 let id = witness(&o);
-                proptest::prop_assert!(id.as_ref().is_some_and(|id| o.applies(id, now)), "{doc} {id:?}");
+                let applies = id.as_ref().is_some_and(|id| o.applies(id, now));
+                proptest::prop_assert!(applies, "{doc} {id:?}");
             }
         }
     }

@@ -59,9 +59,6 @@ pub struct Policy {
 /// counters under `spillway-login`): no new policy may take one.
 pub const RESERVED_PREFIX: &str = "spillway-";
 
-/// Refuses a name Spillway keeps for itself. Checked where policies are created (the API,
-/// the editor, an import), not where they are read: a policy stored under such a name
-/// before the prefix was reserved still loads, and can be read and deleted.
 /// Why an override listed after `overrides[earlier]` would never apply.
 pub fn shadowed(earlier: usize) -> String {
     format!(
@@ -69,6 +66,9 @@ pub fn shadowed(earlier: usize) -> String {
     )
 }
 
+/// Refuses a name Spillway keeps for itself. Checked where policies are created (the API,
+/// the editor, an import), not where they are read: a policy stored under such a name
+/// before the prefix was reserved still loads, and can be read and deleted.
 pub fn refuse_reserved(name: &Name) -> Result<(), PolicyError> {
     if name.as_str().starts_with(RESERVED_PREFIX) {
         return Err(PolicyError::field(
@@ -197,21 +197,35 @@ impl Policy {
             }))
     }
 
-    /// Refuses overrides this version adds (those `before` lacks) that could never apply:
-    /// see [`Override::refuse_unmatchable`], or one listed after another of the same match
-    /// that lasts as long or longer (ties go to the first listed). Overrides kept from
-    /// `before` pass as they are, so a policy read and saved back is never refused for what
-    /// it already held. Expiries are not compared with the clock here (see
+    /// Refuses overrides this version adds (those `before` lacks, each of its overrides
+    /// standing for one equal override here) that could never apply: see
+    /// [`Override::refuse_unmatchable`], or one listed after another of the same match that
+    /// lasts as long or longer (ties go to the first listed), where either of the two is
+    /// added. A pair `before` already held passes as it is, so a policy read and saved back
+    /// is never refused for what it held. Expiries are not compared with the clock here (see
     /// [`Override::refuse_past_expiry`]).
     pub fn refuse_dead_overrides(&self, before: Option<&Policy>) -> Result<(), PolicyError> {
-        let kept = |o: &Override| before.is_some_and(|b| b.overrides.contains(o));
+        let mut unclaimed: Vec<&Override> =
+            before.map_or_else(Vec::new, |b| b.overrides.iter().collect());
+        let added: Vec<bool> = self
+            .overrides
+            .iter()
+            .map(|o| match unclaimed.iter().position(|b| *b == o) {
+                Some(at) => {
+                    unclaimed.swap_remove(at);
+                    false
+                }
+                None => true,
+            })
+            .collect();
         for (i, o) in self.overrides.iter().enumerate() {
-            if kept(o) {
-                continue;
-            }
             let path = format!("overrides[{i}]");
-            o.refuse_unmatchable(&path)?;
-            if let Some(j) = self.overrides[..i].iter().position(|e| o.shadowed_by(e)) {
+            if added[i] {
+                o.refuse_unmatchable(&path)?;
+            }
+            if let Some(j) =
+                (0..i).find(|&j| (added[i] || added[j]) && o.shadowed_by(&self.overrides[j]))
+            {
                 return Err(PolicyError::field(format!("{path}.match"), shadowed(j)));
             }
         }
@@ -592,6 +606,13 @@ mod tests {
             with(json!([{"match": "ip=10.0.0.0/33", "action": "block"}])).overrides[0].clone(),
         );
         assert_eq!(refused(&more, Some(&shadowed)), "overrides[2].match");
+        // An override put ahead of one the version held, which it would shadow, is refused
+        // at the one that stops applying; so is a second copy of one it held.
+        let held = with(json!([bob(json!(5))]));
+        let ahead = with(json!([bob(json!(null)), bob(json!(5))]));
+        assert_eq!(refused(&ahead, Some(&held)), "overrides[1].match");
+        let twice = with(json!([bob(json!(5)), bob(json!(5))]));
+        assert_eq!(refused(&twice, Some(&held)), "overrides[1].match");
         // An expiry in the past is not this check's business (a file applied again keeps it).
         assert!(
             with(json!([bob(json!(1))]))

@@ -24,7 +24,7 @@ pub enum ChangeError {
     #[error("{field}: {message}")]
     Taken { field: String, message: String },
     /// The change itself is not valid: a reserved name, an Envoy domain under a policy name
-    /// it does not map to, or an override it adds that could never apply.
+    /// it does not map to, or an override a document adds that could never apply.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
     #[error("redis is unavailable: {0}")]
@@ -79,12 +79,6 @@ impl Service {
                 ),
             });
         }
-        policy
-            .refuse_dead_overrides(before.as_ref())
-            .map_err(|e| ChangeError::Invalid {
-                field: e.field,
-                message: e.message,
-            })?;
         match self.store.save_policy(&policy, expected).await? {
             Saved::Version(version) => {
                 let saved = Policy { version, ..policy };
@@ -110,6 +104,28 @@ impl Service {
                 expected: expected.unwrap_or_default(),
             }),
         }
+    }
+
+    /// Saves a policy document its editor wrote whole (the admin API's PUT) as `save_policy`
+    /// does, first refusing overrides it adds that could never apply
+    /// ([`Policy::refuse_dead_overrides`]). Not for what restores a document that was stored
+    /// (a rollback, an import) or keeps the stored overrides (the dashboard's editor, an
+    /// Envoy file): those save what they held.
+    pub async fn save_policy_document(
+        &self,
+        actor: &Actor,
+        policy: Policy,
+        expected: Option<u64>,
+    ) -> Result<Policy, ChangeError> {
+        let before = self.store.get_policy(&policy.name).await?;
+        policy
+            .refuse_dead_overrides(before.as_ref())
+            .map_err(|e| ChangeError::Invalid {
+                field: e.field,
+                message: e.message,
+            })?;
+        self.save_policy(actor, policy, expected, "policy.save", "")
+            .await
     }
 
     /// Reads `name`, applies `edit`, and saves the result as the next version (refused if

@@ -171,6 +171,10 @@ async fn a_stalled_body_is_a_504_problem_at_the_request_timeout() {
             );
             assert!(answer.contains("\"status\":504"), "{path}: {answer}");
             assert!(
+                answer.to_ascii_lowercase().contains("x-content-type-options: nosniff"),
+                "{path}: {answer}"
+            );
+            assert!(
                 took >= Duration::from_millis(650) && took < Duration::from_secs(3),
                 "{path}: {took:?}"
             );
