@@ -238,17 +238,17 @@ for c = 1, m do
     end
     if allowed then
       tally[1] = tally[1] + 1
-      -- the tightest entry: highest share of its limit used
+      -- the tightest entry at 80 % of its limit used or more (which leaves a fifth at most:
+      -- only those are divided), highest share first
       local best, best_pct = nil, -1
       for i = 1, n do
         local r = results[i]
-        -- 80 % used or more leaves a fifth at most: the division only for those
         if r[2] > 0 and r[3] * 5 <= r[2] then
           local pct = floor((r[2] - r[3]) * 100 / r[2])
           if pct > best_pct then best, best_pct = i, pct end
         end
       end
-      if best and best_pct >= 80 then
+      if best then
         local label = ARGV[labels + best]
         if not near then near, near_order = {}, {} end
         if not near[label] then near_order[#near_order + 1] = label end
@@ -284,11 +284,15 @@ local sec = floor(now / 1000000)
 for _, rate in ipairs(rate_order) do
   stats_count(rate, sec, rates[rate][1], rates[rate][2])
 end
-for _, label in ipairs(denial_order or {}) do
-  stats_denied(denied_key, label, denials[label])
+if denial_order then
+  for _, label in ipairs(denial_order) do
+    stats_denied(denied_key, label, denials[label])
+  end
 end
-for _, label in ipairs(near_order or {}) do
-  stats_near(near_key, label, near[label])
+if near_order then
+  for _, label in ipairs(near_order) do
+    stats_near(near_key, label, near[label])
+  end
 end
 reply[1] = format('%d', now)
 local answer = table.concat(reply, ',')

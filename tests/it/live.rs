@@ -63,6 +63,51 @@ async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
     }
 }
 
+/// An identifier is near its limit from exactly 80 % used, at the smallest limit and at the
+/// largest validation accepts (10^9, reached with one check's cost): one unit less is not.
+#[tokio::test]
+async fn the_near_list_starts_at_exactly_80_percent_of_a_limit() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    for (policy, limit) in [("small", 5u64), ("large", 1_000_000_000)] {
+        app.put_policy(
+            policy,
+            json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": limit, "window_ms": 3_600_000}]}),
+        )
+        .await;
+    }
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    for (policy, user, cost) in [
+        ("small", "at", 4u64),
+        ("small", "under", 3),
+        ("large", "at", 800_000_000),
+        ("large", "under", 799_999_999),
+    ] {
+        let r = app
+            .check(json!({"policy": policy, "identifiers": {"user": user}, "cost": cost}))
+            .await;
+        assert_eq!(r.status(), 200, "{policy} {user}");
+    }
+    let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
+        .await
+        .unwrap();
+    let mut near: Vec<(String, String, u64)> = store
+        .near_limit(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.policy, r.identifier, r.value))
+        .collect();
+    near.sort();
+    assert_eq!(
+        near,
+        [
+            ("large".to_owned(), "user=at".to_owned(), 80),
+            ("small".to_owned(), "user=at".to_owned(), 80)
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_quiet_spell_does_not_bring_back_old_counts() {
     let redis = RedisServer::start();
