@@ -191,12 +191,7 @@ pub(super) async fn add_override(
                     "this policy has the most overrides allowed",
                 ));
             }
-            if let Some(j) = current.overrides.iter().position(|e| added.shadowed_by(e)) {
-                return Err(ApiError::bad(
-                    "body.match",
-                    crate::domain::policy::shadowed(j),
-                ));
-            }
+            current.refuse_shadowed(&added, "body")?;
             let mut next = current.clone();
             next.overrides.push(added);
             Ok(next)

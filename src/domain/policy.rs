@@ -60,7 +60,7 @@ pub struct Policy {
 pub const RESERVED_PREFIX: &str = "spillway-";
 
 /// Why an override listed after `overrides[earlier]` would never apply.
-pub fn shadowed(earlier: usize) -> String {
+fn shadowed(earlier: usize) -> String {
     format!(
         "would never apply: overrides[{earlier}] has the same match and lasts as long or longer (remove it first)"
     )
@@ -230,6 +230,16 @@ impl Policy {
             }
         }
         Ok(())
+    }
+
+    /// Refuses `added`, found at `path`, as the next override of this policy when one of
+    /// the same match already here lasts as long or longer: it would never apply. The
+    /// overrides resource and the dashboard's form add one override at a time this way.
+    pub fn refuse_shadowed(&self, added: &Override, path: &str) -> Result<(), PolicyError> {
+        match self.overrides.iter().position(|e| added.shadowed_by(e)) {
+            Some(j) => Err(PolicyError::field(format!("{path}.match"), shadowed(j))),
+            None => Ok(()),
+        }
     }
 
     /// The rules that apply to `identifier` at `now_ms`: the policy's, or the ones of the

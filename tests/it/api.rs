@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::helpers::{
@@ -648,13 +649,8 @@ async fn overrides_that_could_never_apply_are_refused_naming_the_field() {
     let add = |body: Value| {
         let app = &app;
         async move {
-            app.client
-                .post(app.url("/api/v1/policies/ov/overrides"))
-                .bearer_auth(ADMIN_KEY)
-                .json(&body)
-                .send()
+            app.as_admin(Method::POST, "/api/v1/policies/ov/overrides", Some(&body))
                 .await
-                .unwrap()
         }
     };
     let now_ms = std::time::SystemTime::now()
@@ -696,25 +692,16 @@ async fn overrides_that_could_never_apply_are_refused_naming_the_field() {
 
     // Saved whole: the expired override it already held passes; a shadowed one it adds does not.
     let mut policy: Value = app
-        .client
-        .get(app.url("/api/v1/policies/ov"))
-        .bearer_auth(ADMIN_KEY)
-        .send()
+        .as_admin(Method::GET, "/api/v1/policies/ov", None)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
     let put = |doc: Value| {
         let app = &app;
         async move {
-            app.client
-                .put(app.url("/api/v1/policies/ov"))
-                .bearer_auth(ADMIN_KEY)
-                .json(&doc)
-                .send()
+            app.as_admin(Method::PUT, "/api/v1/policies/ov", Some(&doc))
                 .await
-                .unwrap()
         }
     };
     assert_eq!(put(policy.clone()).await.status(), 200);

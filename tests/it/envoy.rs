@@ -18,7 +18,7 @@ use envoy_types::pb::{
     },
     google::protobuf::UInt64Value,
 };
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -785,12 +785,8 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
     );
     // The policy: its rules are the file's limits.
     let policy: Value = app
-        .client
-        .get(app.url("/api/v1/policies/edge_proxy_per_ip"))
-        .bearer_auth(ADMIN_KEY)
-        .send()
+        .as_admin(Method::GET, "/api/v1/policies/edge_proxy_per_ip", None)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
@@ -799,14 +795,14 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
     assert_eq!(policy["envoy"]["domain"], "edge_proxy_per_ip");
     // A plain policy is not saved over it (that dropped the domain: Envoy's requests then
     // passed unlimited); the domain is left as it was.
+    let plain = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 100, "window_ms": 1000}]});
     let over = app
-        .client
-        .put(app.url("/api/v1/policies/edge_proxy_per_ip"))
-        .bearer_auth(ADMIN_KEY)
-        .json(&json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 100, "window_ms": 1000}]}))
-        .send()
-        .await
-        .unwrap();
+        .as_admin(
+            Method::PUT,
+            "/api/v1/policies/edge_proxy_per_ip",
+            Some(&plain),
+        )
+        .await;
     assert_eq!(over.status(), StatusCode::CONFLICT);
     let problem: Value = over.json().await.unwrap();
     assert!(
@@ -828,13 +824,12 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
         ),
     ] {
         let r = app
-            .client
-            .put(app.url(&format!("/api/v1/policies/{path}")))
-            .bearer_auth(ADMIN_KEY)
-            .json(&envoy_doc(domain))
-            .send()
-            .await
-            .unwrap();
+            .as_admin(
+                Method::PUT,
+                &format!("/api/v1/policies/{path}"),
+                Some(&envoy_doc(domain)),
+            )
+            .await;
         assert_eq!(r.status(), status, "{path}");
         if let Some(field) = field {
             let problem: Value = r.json().await.unwrap();
@@ -842,12 +837,8 @@ async fn a_domain_is_a_versioned_audited_policy_and_its_descriptors_can_be_reset
         }
     }
     let kept = app
-        .client
-        .get(app.url("/api/v1/envoy/domains/edge_proxy_per_ip"))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
+        .as_admin(Method::GET, "/api/v1/envoy/domains/edge_proxy_per_ip", None)
+        .await;
     assert_eq!(kept.status(), StatusCode::OK);
     // The inspector reads the descriptor; a reset frees it (and the cached denial).
     let id = "remote_address=10.0.0.1";

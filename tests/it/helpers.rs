@@ -175,16 +175,30 @@ impl TestApp {
         (r.status().as_u16(), r.json().await.unwrap())
     }
 
+    /// `method` on `path` with the admin key, with `body` as JSON when there is one.
+    pub async fn as_admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> reqwest::Response {
+        let request = self
+            .client
+            .request(method, self.url(path))
+            .bearer_auth(ADMIN_KEY);
+        match body {
+            Some(body) => request.json(body),
+            None => request,
+        }
+        .send()
+        .await
+        .unwrap()
+    }
+
     /// `PUT /api/v1/policies/{name}` with the admin key; panics unless it is stored.
     pub async fn put_policy(&self, name: &str, doc: serde_json::Value) -> serde_json::Value {
-        let response = self
-            .client
-            .put(self.url(&format!("/api/v1/policies/{name}")))
-            .bearer_auth(ADMIN_KEY)
-            .json(&doc)
-            .send()
-            .await
-            .unwrap();
+        let path = format!("/api/v1/policies/{name}");
+        let response = self.as_admin(reqwest::Method::PUT, &path, Some(&doc)).await;
         let status = response.status();
         let body: serde_json::Value = response.json().await.unwrap();
         assert!(status.is_success(), "{status}: {body}");

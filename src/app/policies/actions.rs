@@ -322,12 +322,9 @@ pub async fn add_override(
                 "this policy has the most overrides allowed",
             ));
         }
-        if let Some(j) = current.overrides.iter().position(|e| added.shadowed_by(e)) {
-            return Err(AppError::bad_input(
-                "override.match",
-                crate::domain::policy::shadowed(j),
-            ));
-        }
+        current
+            .refuse_shadowed(&added, "override")
+            .map_err(|e| AppError::bad_input(&e.field, e.message))?;
         let mut next = current.clone();
         next.overrides.push(added);
         Ok(next)
