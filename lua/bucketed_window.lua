@@ -8,6 +8,9 @@
 -- ARGV (per entry): code "bw", count_denied, limit, window_ms, bucket_ms
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest counted bucket
 --   leaves), retry_ms (until enough old buckets leave; -1 when cost > limit or allowed), 0
+-- Worst case, per entry: one HGETALL and a sort of the buckets the hash holds, at most n
+--   (window / bucket, at most 3,600); the check queue sends such a check in a call of its
+--   own (src/store/coalesce.rs).
 -- Refund (cluster): gives `cost` back to the bucket of `now`, if it is still counted.
 -- Give back (a negative usage report): takes `cost` off the newest counted buckets first.
 -- The write: drops the `stale` slots, adds `cost` to bucket `cur` (of `n` on the circle),
@@ -24,36 +27,40 @@ ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_deni
   local bucket = bucket_ms * 1000
   local n = window / bucket
   local cur = floor(now / bucket)
-  local slots = {}
-  for i = 0, n - 1 do slots[i] = 0 end
-  local stale = {}
+  -- The counted buckets the hash holds (absolute index -> count), and their indexes: only
+  -- the fields there are, never a pass over all n slots.
+  local counts, held, stale = {}, {}, {}
   local raw = redis.call('HGETALL', key)
   local last = nil
   for i = 1, #raw, 2 do
     if raw[i] == 't' then last = tonumber(raw[i + 1]) end
   end
+  local count = 0
   if last then
     for i = 1, #raw, 2 do
       if raw[i] ~= 't' then
         local slot = tonumber(raw[i])
         local a = last - ((last - slot) % n)
         if a > cur - n and a <= cur then
-          slots[slot] = tonumber(raw[i + 1])
+          local c = tonumber(raw[i + 1])
+          counts[a] = c
+          held[#held + 1] = a
+          count = count + c
         else
           stale[#stale + 1] = raw[i]
         end
       end
     end
   end
-  local count = 0
-  for i = 0, n - 1 do count = count + slots[i] end
+  table.sort(held)
   local allowed = count + cost <= limit
   local retry = -1
   if not allowed and cost <= limit then
     local need = count + cost - limit
     local freed = 0
-    for a = cur - n + 1, cur do
-      freed = freed + slots[a % n]
+    for i = 1, #held do
+      local a = held[i]
+      freed = freed + counts[a]
       if freed >= need then
         retry = ceil_ms((a + n) * bucket - now)
         break
@@ -63,12 +70,14 @@ ALGORITHMS.bw = function(key, now, cost, limit, window_ms, bucket_ms, count_deni
   local consume = cost > 0 and (allowed or count_denied)
   local after = count
   if consume then
-    slots[cur % n] = slots[cur % n] + cost
+    if not counts[cur] then held[#held + 1] = cur end
+    counts[cur] = (counts[cur] or 0) + cost
     after = count + cost
   end
   local reset = 0
-  for a = cur, cur - n + 1, -1 do
-    if slots[a % n] > 0 then
+  for i = #held, 1, -1 do
+    local a = held[i]
+    if counts[a] > 0 then
       reset = (a + n) * bucket - now
       break
     end

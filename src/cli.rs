@@ -280,7 +280,12 @@ fn envoy_documents(text: &str) -> Result<Option<Vec<Policy>>, PolicyError> {
     use serde::Deserialize;
     let mut docs = Vec::new();
     for document in serde_yaml::Deserializer::from_str(text) {
-        match Value::deserialize(document) {
+        // Read as YAML's own value first: a key repeated in one mapping is refused there.
+        let read = serde_yaml::Value::deserialize(document).map_err(|e| PolicyError {
+            field: "file".into(),
+            message: format!("is not valid YAML: {e}"),
+        })?;
+        match serde_json::to_value(read) {
             Ok(Value::Null) => {}
             Ok(v) if v.get("domain").is_some() && v.get("policies").is_none() => docs.push(v),
             _ => return Ok(None),

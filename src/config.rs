@@ -24,6 +24,10 @@ pub struct Config {
     /// Longest a connection may take to send a request's header, or sit idle between
     /// requests (`SPILLWAY_HEADER_READ_TIMEOUT_MS`, default 10 s).
     pub header_read_timeout: Duration,
+    /// Connections each listener (HTTP, gRPC) holds open at most
+    /// (`SPILLWAY_MAX_CONNECTIONS`, default 10000); past it a new one waits in the kernel's
+    /// backlog until one closes.
+    pub max_connections: usize,
     /// The reverse proxies whose `X-Forwarded-*` headers are believed
     /// (`SPILLWAY_TRUSTED_PROXIES`, addresses and CIDR blocks; default none).
     pub trusted_proxies: crate::forwarded::TrustedProxies,
@@ -60,6 +64,9 @@ pub struct Config {
     /// The dashboard's address as alert receivers reach it (`SPILLWAY_PUBLIC_URL`, default
     /// `http://<LEPTOS_SITE_ADDR>`), for the links in webhook payloads.
     pub public_url: String,
+    /// Internal hosts and networks alert webhooks may reach
+    /// (`SPILLWAY_WEBHOOK_ALLOWED_TARGETS`; default none: public addresses only).
+    pub webhook_targets: crate::webhooks::Targets,
 }
 
 /// Envoy's rate limit protocol (`SPILLWAY_GRPC_ADDR`, `SPILLWAY_GRPC_AUTH`,
@@ -275,9 +282,28 @@ impl Config {
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
+            max_connections: match lookup("SPILLWAY_MAX_CONNECTIONS") {
+                None => 10_000,
+                Some(raw) => match raw.trim().parse::<usize>() {
+                    Ok(n) if n > 0 => n,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            name: "SPILLWAY_MAX_CONNECTIONS",
+                            problem: format!("expected a whole number above 0, got {raw:?}"),
+                        });
+                    }
+                },
+            },
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,
+            webhook_targets: crate::webhooks::Targets::parse(
+                &lookup("SPILLWAY_WEBHOOK_ALLOWED_TARGETS").unwrap_or_default(),
+            )
+            .map_err(|problem| ConfigError::Invalid {
+                name: "SPILLWAY_WEBHOOK_ALLOWED_TARGETS",
+                problem,
+            })?,
             trusted_proxies: crate::forwarded::TrustedProxies::parse(
                 &lookup("SPILLWAY_TRUSTED_PROXIES").unwrap_or_default(),
             )

@@ -24,6 +24,8 @@ pub mod cli;
 #[cfg(feature = "ssr")]
 pub mod config;
 #[cfg(feature = "ssr")]
+pub mod connection;
+#[cfg(feature = "ssr")]
 pub mod demo;
 #[cfg(feature = "ssr")]
 pub mod envoy;

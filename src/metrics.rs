@@ -111,6 +111,14 @@ macro_rules! cached {
     }};
 }
 
+/// Counts one check that timed out waiting for Redis: `sent` when its call had gone out,
+/// so Redis may still apply it (a fail-open answer then counted after all), or still
+/// queued, so it was never applied.
+pub fn check_timed_out(sent: bool) {
+    let stage = if sent { "sent" } else { "queued" };
+    metrics::counter!("spillway_check_timeouts_total", "stage" => stage).increment(1);
+}
+
 /// Counts one Redis call of the check path and its latency; `ok` false for errors.
 pub fn redis_call(seconds: f64, ok: bool) {
     cached!(

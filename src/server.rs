@@ -2,12 +2,11 @@
 
 use std::{
     future::Future,
-    sync::{
-        Arc, OnceLock,
-        atomic::{AtomicU64, Ordering},
-    },
+    sync::{Arc, OnceLock},
     time::Duration,
 };
+
+use crate::connection::{Activity, InFlight, WATCH_TICKS, Watch, Watched};
 
 use axum::Router;
 use leptos::prelude::{provide_context, use_context};
@@ -180,8 +179,11 @@ pub async fn run(
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let limit = crate::connection::Limit::new(state.max_connections);
     tokio::pin!(shutdown);
-    while let Some((stream, peer)) = crate::shutdown::accept(&listener, &mut shutdown).await {
+    while let Some((stream, peer, permit)) =
+        crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
+    {
         let activity = Arc::new(Activity::new());
         let app = app.clone();
         let state = state.clone();
@@ -221,6 +223,7 @@ pub async fn run(
             .into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
+            let _permit = permit;
             tokio::pin!(connection);
             let mut tick = tokio::time::interval(header_read_timeout / WATCH_TICKS);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -250,175 +253,6 @@ pub async fn run(
     server_shutdown.stop();
     server_shutdown.finished().await;
     Ok(())
-}
-
-/// What one connection has been doing, for its watch: a count of its reads and writes,
-/// whether bytes of a request's header are waiting (and which header that is), and how many
-/// requests are being answered. Counters rather than times: the socket updates them on
-/// every read and write, and reading a clock there cost the check path a visible share of
-/// its CPU; the watch compares them from one tick to the next instead.
-struct Activity {
-    /// Reads and writes so far (the connection's task and, over HTTP/2, its streams' tasks
-    /// count them).
-    io: AtomicU64,
-    /// Headers begun so far: bumped by the first byte read while no request was being
-    /// answered and none was pending.
-    heads: AtomicU64,
-    /// Whether the latest header begun has not become a request yet.
-    head_pending: std::sync::atomic::AtomicBool,
-    in_flight: AtomicU64,
-}
-
-/// Ticks of the watch per timeout: a connection is closed between one timeout and a
-/// quarter more after it went idle or its header began.
-const WATCH_TICKS: u32 = 4;
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            io: AtomicU64::new(0),
-            heads: AtomicU64::new(0),
-            head_pending: std::sync::atomic::AtomicBool::new(false),
-            in_flight: AtomicU64::new(0),
-        }
-    }
-
-    fn io(&self) {
-        self.io.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn read(&self) {
-        self.io();
-        // Bytes while no request is being answered are the start of the next one's header
-        // (a request's body, read while it is answered, is not).
-        if self.in_flight.load(Ordering::Relaxed) == 0 && !self.head_pending.load(Ordering::Relaxed)
-        {
-            self.heads.fetch_add(1, Ordering::Relaxed);
-            self.head_pending.store(true, Ordering::Relaxed);
-        }
-    }
-
-    fn wrote(&self) {
-        self.io();
-    }
-}
-
-/// The watch's memory of a connection between its ticks.
-#[derive(Default)]
-struct Watch {
-    io: u64,
-    idle_ticks: u32,
-    head: u64,
-    head_ticks: u32,
-}
-
-impl Watch {
-    /// One tick (a quarter of the timeout after the last): whether the connection has taken
-    /// longer than the timeout to send a request's header, or sat idle (nothing read or
-    /// written, no request being answered) that long.
-    fn overdue(&mut self, activity: &Activity) -> bool {
-        let io = activity.io.load(Ordering::Relaxed);
-        let quiet = io == self.io && activity.in_flight.load(Ordering::Relaxed) == 0;
-        self.idle_ticks = if quiet { self.idle_ticks + 1 } else { 0 };
-        self.io = io;
-        let head = activity.heads.load(Ordering::Relaxed);
-        self.head_ticks = if !activity.head_pending.load(Ordering::Relaxed) {
-            0
-        } else if head == self.head {
-            self.head_ticks + 1
-        } else {
-            1
-        };
-        self.head = head;
-        // Idle for WATCH_TICKS whole intervals; a header seen pending at WATCH_TICKS + 1
-        // ticks began more than WATCH_TICKS intervals ago.
-        self.idle_ticks >= WATCH_TICKS || self.head_ticks > WATCH_TICKS
-    }
-}
-
-/// One request being answered on a connection: from the moment its header is complete
-/// (hyper calls the service) until its answer's head is out or it is given up (a streamed
-/// body goes on writing, which counts as activity).
-struct InFlight(Arc<Activity>);
-
-impl InFlight {
-    fn start(activity: &Arc<Activity>) -> Self {
-        activity.head_pending.store(false, Ordering::Relaxed);
-        activity.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(activity.clone())
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.wrote();
-    }
-}
-
-/// A connection's socket that tells its [`Activity`] what it reads and writes.
-struct Watched {
-    io: tokio::net::TcpStream,
-    activity: Arc<Activity>,
-}
-
-impl tokio::io::AsyncRead for Watched {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
-        if matches!(polled, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.read();
-        }
-        polled
-    }
-}
-
-impl tokio::io::AsyncWrite for Watched {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let polled = std::pin::Pin::new(&mut self.io).poll_write(cx, data);
-        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.wrote();
-        }
-        polled
-    }
-
-    fn poll_write_vectored(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let polled = std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if matches!(polled, std::task::Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.wrote();
-        }
-        polled
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

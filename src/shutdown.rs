@@ -19,6 +19,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 #[derive(Clone, Debug, Default)]
 pub struct Shutdown {
     draining: Arc<AtomicBool>,
+    drain: CancellationToken,
     stop: CancellationToken,
     tasks: TaskTracker,
 }
@@ -27,6 +28,12 @@ impl Shutdown {
     /// A signal arrived: answer on, but tell clients to go elsewhere.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
+        self.drain.cancel();
+    }
+
+    /// Resolves once this server starts draining.
+    pub async fn draining(&self) {
+        self.drain.cancelled().await;
     }
 
     /// Whether this server is shutting down (draining or stopped).
@@ -95,4 +102,23 @@ pub async fn accept<F: Future<Output = ()>>(
             () = shutdown.as_mut() => return None,
         }
     }
+}
+
+/// As [`accept`], once `limit` has room for one more connection: with the permit the
+/// connection holds until it closes.
+pub async fn accept_within<F: Future<Output = ()>>(
+    listener: &tokio::net::TcpListener,
+    limit: &crate::connection::Limit,
+    shutdown: &mut std::pin::Pin<&mut F>,
+) -> Option<(
+    tokio::net::TcpStream,
+    std::net::SocketAddr,
+    tokio::sync::OwnedSemaphorePermit,
+)> {
+    let permit = tokio::select! {
+        permit = limit.acquire() => permit,
+        () = shutdown.as_mut() => return None,
+    };
+    let (stream, peer) = accept(listener, shutdown).await?;
+    Some((stream, peer, permit))
 }

@@ -51,10 +51,14 @@ pub struct Shared {
     /// Longest a connection may take to send a request's header, and may sit idle between
     /// requests.
     pub header_read_timeout: std::time::Duration,
+    /// Connections each listener holds open at most.
+    pub max_connections: usize,
     /// The reverse proxies whose forwarded headers are believed.
     pub trusted_proxies: crate::forwarded::TrustedProxies,
     /// Envoy's rate limit protocol: the gRPC address, key requirement and headers.
     pub envoy: crate::config::EnvoySettings,
+    /// The dashboard's live streams each session holds open here.
+    pub streams: Arc<crate::app::events::StreamSlots>,
 }
 
 impl std::ops::Deref for Shared {
@@ -113,6 +117,7 @@ impl AppState {
             live,
             history,
             outage: Default::default(),
+            webhook_targets: config.webhook_targets.clone(),
         };
         service.spawn_alerts(
             crate::service::alerts::AlertSettings {
@@ -129,8 +134,10 @@ impl AppState {
             shutdown,
             request_timeout: config.request_timeout,
             header_read_timeout: config.header_read_timeout,
+            max_connections: config.max_connections,
             trusted_proxies: config.trusted_proxies.clone(),
             envoy: config.envoy.clone(),
+            streams: Default::default(),
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,

@@ -78,8 +78,12 @@ pub(super) async fn list(
     method: Method,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
-    let view = state.alerts().await.map_err(ApiError::RedisUnavailable)?;
+    let actor = require_admin(&state, &headers, &method, addr, Action::View).await?;
+    // Webhook URLs and delivery details are for admins (the URLs are often credentials).
+    let view = state
+        .alerts(actor.role == "admin")
+        .await
+        .map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!(view)))
 }
 

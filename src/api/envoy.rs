@@ -51,8 +51,7 @@ fn format_of(value: Option<&str>) -> Option<Format> {
 /// A domain's file, YAML or JSON, as a JSON value; the error names `body`.
 pub fn parse_file(bytes: &[u8], format_yaml: bool) -> Result<Value, ApiError> {
     if format_yaml {
-        serde_yaml::from_slice::<Value>(bytes)
-            .map_err(|e| ApiError::bad("body", format!("is not valid YAML: {e}")))
+        crate::service::envoy::domain_yaml(bytes).map_err(|e| ApiError::bad("body", e))
     } else {
         serde_json::from_slice::<Value>(bytes)
             .map_err(|e| ApiError::bad("body", format!("is not valid JSON: {e}")))
@@ -110,7 +109,12 @@ pub(super) async fn put(
             ));
         }
     };
-    let mut value = parse_file(&body, format == Format::Yaml)?;
+    // Up to a megabyte of YAML and 10,000 descriptors: read off the request threads, so
+    // other requests (checks) are not held up behind it.
+    let yaml = format == Format::Yaml;
+    let mut value = tokio::task::spawn_blocking(move || parse_file(&body, yaml))
+        .await
+        .map_err(|_| ApiError::bad("body", "could not be read"))??;
     match value.get("domain") {
         None | Some(Value::Null) if value.is_object() => {
             value["domain"] = Value::String(domain.clone());
@@ -123,7 +127,9 @@ pub(super) async fn put(
         }
         _ => {}
     }
-    let parsed = EnvoyDomain::from_value(&value)?;
+    let parsed = tokio::task::spawn_blocking(move || EnvoyDomain::from_value(&value))
+        .await
+        .map_err(|_| ApiError::bad("body", "could not be read"))??;
     let saved = state
         .save_envoy_domain(&actor, parsed, failure_mode, None)
         .await?;

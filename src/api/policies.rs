@@ -181,6 +181,11 @@ pub(super) async fn add_override(
 ) -> Result<impl IntoResponse, ApiError> {
     let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let added = Override::from_document(&body.0, "body")?;
+    if added.loosens_for_everyone() && actor.role != "admin" {
+        return Err(ApiError::Forbidden(
+            "body.match: an override that lifts the limit for every identifier turns the policy off; only an admin may add one",
+        ));
+    }
     added.refuse_unmatchable("body")?;
     added.refuse_past_expiry("body", crate::auth::keys::now_ms())?;
     let saved = state

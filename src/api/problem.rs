@@ -217,7 +217,11 @@ impl IntoResponse for ApiError {
         let status = self.status();
         // A timeout is the client's as often as ours (a body that stalled): not worth a
         // warning per connection that anyone may open.
-        if status.is_server_error() && !matches!(self, ApiError::Timeout(_)) {
+        // Nor is Redis being down, once per check: the outage log says it once
+        // (`service::alerts::RedisOutage`).
+        if status.is_server_error()
+            && !matches!(self, ApiError::Timeout(_) | ApiError::RedisUnavailable(_))
+        {
             tracing::warn!(error = ?self, "request failed");
         }
         let mut response = (status, self.body().to_string()).into_response();

@@ -19,6 +19,71 @@ use crate::{
     state::AppState,
 };
 
+/// Live streams one session may hold open on one instance: a few tabs of the overview and
+/// the inspector. Each costs Redis a gathering a second; 400 of one viewer drove Redis to
+/// about 55,700 commands a second.
+pub const STREAMS_PER_SESSION: usize = 8;
+
+/// The live streams each session holds open on this instance.
+#[derive(Default)]
+pub struct StreamSlots(std::sync::Mutex<std::collections::HashMap<String, usize>>);
+
+/// One stream's place, given back when the stream ends (the client went away, the session
+/// ended, the server drains).
+pub struct StreamSlot {
+    slots: std::sync::Arc<StreamSlots>,
+    digest: String,
+}
+
+impl StreamSlots {
+    /// A place for one more stream of the session `digest`, if it has fewer than
+    /// [`STREAMS_PER_SESSION`] open.
+    pub fn take(self: &std::sync::Arc<Self>, digest: &str) -> Option<StreamSlot> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(digest.to_owned()).or_default();
+        if *n >= STREAMS_PER_SESSION {
+            return None;
+        }
+        *n += 1;
+        Some(StreamSlot {
+            slots: self.clone(),
+            digest: digest.to_owned(),
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.slots.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.digest) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.digest);
+            }
+        }
+    }
+}
+
+/// The answer to one stream too many: 429 with a problem document that says what to do.
+fn too_many_streams() -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let problem = serde_json::json!({
+        "type": "https://spillway.dev/problems/too-many-streams",
+        "title": "Too many live streams",
+        "status": 429,
+        "detail": format!(
+            "this session already follows {STREAMS_PER_SESSION} live pages on this server; \
+             close a tab of the dashboard and reload"
+        ),
+    });
+    (
+        axum::http::StatusCode::TOO_MANY_REQUESTS,
+        [(axum::http::header::CONTENT_TYPE, "application/problem+json")],
+        problem.to_string(),
+    )
+        .into_response()
+}
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/events/overview", get(overview_events))
@@ -42,6 +107,7 @@ async fn still_signed_in(state: &AppState, digest: &str) -> bool {
 fn ticks<S, T, F, Fut>(
     state: AppState,
     session: CurrentSession,
+    slot: StreamSlot,
     seed: S,
     step: F,
 ) -> impl Stream<Item = Result<Event, Infallible>>
@@ -53,6 +119,8 @@ where
 {
     let digest = session.0.map(|s| s.digest).unwrap_or_default();
     futures_util::stream::unfold((0u64, seed), move |(n, kept)| {
+        // Held by the stream itself: dropped with it, whichever way it ends.
+        let _slot = &slot;
         let state = state.clone();
         let digest = digest.clone();
         let fut = step(state.clone(), kept);
@@ -82,10 +150,12 @@ where
 async fn overview_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, axum::response::Response> {
+    let slot = stream_slot(&state, &session)?;
     let stream = ticks(
         state,
         session,
+        slot,
         None::<super::overview::OverviewData>,
         |state, last| async move {
             let data = super::overview::gather(&state).await;
@@ -93,7 +163,20 @@ async fn overview_events(
             (delta, Some(data))
         },
     );
-    Sse::new(stream).keep_alive(KeepAlive::default())
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// A place for one more stream of this session, or the 429 that says there is none.
+fn stream_slot(
+    state: &AppState,
+    session: &CurrentSession,
+) -> Result<StreamSlot, axum::response::Response> {
+    let digest = session
+        .0
+        .as_ref()
+        .map(|s| s.digest.as_str())
+        .unwrap_or_default();
+    state.streams.take(digest).ok_or_else(too_many_streams)
 }
 
 #[derive(Deserialize)]
@@ -105,11 +188,12 @@ async fn identifier_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
     Query(q): Query<IdentifierQuery>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, axum::response::Response> {
+    let slot = stream_slot(&state, &session)?;
     let id = q.id;
-    Sse::new(ticks(state, session, (), move |s, ()| {
+    Ok(Sse::new(ticks(state, session, slot, (), move |s, ()| {
         let id = id.clone();
         async move { (s.inspect_typed(&id).await, ()) }
     }))
-    .keep_alive(KeepAlive::default())
+    .keep_alive(KeepAlive::default()))
 }

@@ -57,7 +57,13 @@ impl ApiKeys {
 
     /// The caller of an `Authorization: Bearer <key>` header value, if it is a valid key.
     pub fn caller_of_bearer(&self, header: Option<&str>) -> Option<KeyCaller> {
-        let key = header?.strip_prefix("Bearer ")?.trim();
+        // The scheme is case-insensitive (RFC 9110 §11.1): `bearer`, `BEARER` too.
+        let header = header?.trim_start();
+        let (scheme, key) = header.split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        let key = key.trim();
         self.caller_of(key)
     }
 
@@ -234,6 +240,10 @@ mod tests {
         assert_eq!(role(Some("Bearer svc")), Some(KeyRole::Service));
         assert_eq!(role(Some("Bearer adm")), Some(KeyRole::Admin));
         assert_eq!(role(Some("Bearer nope")), None);
+        assert_eq!(role(Some("bearer svc")), Some(KeyRole::Service));
+        assert_eq!(role(Some("BEARER  adm")), Some(KeyRole::Admin));
+        assert_eq!(role(Some("Basic svc")), None);
+        assert_eq!(role(Some("Bearersvc")), None);
         assert_eq!(role(Some("svc")), None);
         assert_eq!(role(None), None);
         assert_eq!(keys.caller_of(""), None);

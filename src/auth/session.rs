@@ -259,20 +259,47 @@ pub fn same_origin(own_origin: Option<&str>, headers: &HeaderMap) -> bool {
 
 /// The live session whose cookie the request carries (renewing its idle timeout), if any.
 pub async fn load(state: &AppState, headers: &HeaderMap) -> Option<Session> {
-    let id = session_id_from(headers)?;
+    read(state, headers).await.unwrap_or_else(|error| {
+        tracing::warn!(%error, "could not read a session");
+        None
+    })
+}
+
+/// As [`load`], telling a session that is not there from one Redis did not answer for
+/// (read twice before giving up: one slow answer must not sign anyone out).
+async fn read(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Option<Session>, crate::store::StoreError> {
+    let Some(id) = session_id_from(headers) else {
+        return Ok(None);
+    };
     let digest = to_hex(&super::keys::digest(&id));
-    match state
-        .store
-        .touch_session(&digest, now_ms(), state.sessions.idle.as_millis() as u64)
-        .await
-    {
-        Ok(Some(record)) => Some(Session { digest, record }),
-        Ok(None) => None,
-        Err(error) => {
-            tracing::warn!(%error, "could not read a session");
-            None
-        }
-    }
+    let idle = state.sessions.idle.as_millis() as u64;
+    let record = match state.store.touch_session(&digest, now_ms(), idle).await {
+        Ok(record) => record,
+        Err(_) => state.store.touch_session(&digest, now_ms(), idle).await?,
+    };
+    Ok(record.map(|record| Session { digest, record }))
+}
+
+/// The page for a dashboard request whose session could not be read: 503, the reason, and
+/// a way back; the visitor stays signed in.
+fn session_unreadable() -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (header::RETRY_AFTER, HeaderValue::from_static("2")),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            ),
+        ],
+        "<!doctype html><title>Can't reach Redis</title><h1>Can't reach Redis</h1>\
+         <p>Spillway could not read your session from Redis just now. You are still signed \
+         in: <a href=\"\">try again</a> in a moment.</p>",
+    )
+        .into_response()
 }
 
 /// Whether a state change from a signed-in browser comes from this site: its `Origin` (or
@@ -342,7 +369,13 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         );
     }
 
-    let session = load(&state, req.headers()).await;
+    let session = match read(&state, req.headers()).await {
+        Ok(session) => session,
+        Err(error) => {
+            tracing::warn!(%error, "could not read a session");
+            return secured(session_unreadable(), None);
+        }
+    };
     let secure = is_https(&state, peer, req.headers());
     req.extensions_mut().insert(OverHttps(secure));
     // A visitor gets the sign-in form's token in a cookie; nothing is stored in Redis.

@@ -52,9 +52,10 @@ pub enum State {
         window: i64,
         count: i64,
     },
-    /// Admission times (µs), oldest first; one per unit of cost.
+    /// Admissions, oldest first: (time µs, units of cost admitted), one per counted
+    /// check, not one per unit (see `lua/sliding_log.lua`).
     SlidingLog {
-        entries: Vec<i64>,
+        entries: Vec<(i64, i64)>,
     },
     /// Counts of the current window and the one before it.
     SlidingWindow {
@@ -273,12 +274,24 @@ pub fn give_back(
             })
         }
         (State::SlidingLog { entries }, Algorithm::SlidingLog { window_ms, .. }) => {
+            // The newest units still in the window, off the tail.
             let horizon = now_us - window_ms as i64 * 1000;
-            let live = entries.iter().filter(|t| **t > horizon).count() as i64;
-            let keep = entries.len() - cost.min(live) as usize;
-            Some(State::SlidingLog {
-                entries: entries[..keep].to_vec(),
-            })
+            let mut entries = entries.clone();
+            let mut left = cost;
+            while left > 0 {
+                match entries.last_mut() {
+                    Some((t, w)) if *t > horizon => {
+                        let take = left.min(*w);
+                        *w -= take;
+                        left -= take;
+                        if *w == 0 {
+                            entries.pop();
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            Some(State::SlidingLog { entries })
         }
         (State::TokenBucket { tokens, last_us }, Algorithm::TokenBucket { capacity, .. }) => {
             Some(State::TokenBucket {
@@ -483,34 +496,45 @@ fn sliding_log(
     window: i64,
     count_denied: bool,
 ) -> (Option<State>, Outcome) {
-    let mut entries: Vec<i64> = match state {
+    let mut entries: Vec<(i64, i64)> = match state {
         Some(State::SlidingLog { entries }) => entries
             .iter()
             .copied()
-            .filter(|s| *s > now - window)
+            .filter(|(t, _)| *t > now - window)
             .collect(),
         _ => Vec::new(),
     };
-    let count = entries.len() as i64;
+    let count: i64 = entries.iter().map(|(_, w)| w).sum();
     let allowed = count + cost <= limit;
     let retry = if !allowed && cost <= limit {
-        let k = (count + cost - limit) as usize;
-        Some((entries[k - 1] + window - now) as f64)
+        // The oldest admission by whose leaving enough units have left.
+        let k = count + cost - limit;
+        let mut left = 0;
+        entries
+            .iter()
+            .find(|(_, w)| {
+                left += w;
+                left >= k
+            })
+            .map(|(t, _)| (t + window - now) as f64)
     } else {
         None
     };
     let consume = cost > 0 && (allowed || count_denied);
+    let mut added = 0;
     if consume {
-        // Never more than `limit` entries: a counted denial only fills the log up.
+        // Never more than `limit` units: a counted denial only fills the log up.
         // Times only grow along the log: a clock that stepped back appends at the newest.
-        let added = cost.min(limit - count).max(0);
-        let at = entries.last().map_or(now, |newest| now.max(*newest));
-        entries.extend(std::iter::repeat_n(at, added as usize));
+        added = cost.min(limit - count).max(0);
+        let at = entries.last().map_or(now, |(newest, _)| now.max(*newest));
+        if added > 0 {
+            entries.push((at, added));
+        }
     }
-    let remaining = limit - entries.len() as i64;
+    let remaining = limit - count - added;
     let reset = entries
         .last()
-        .map_or(0.0, |newest| (newest + window - now) as f64);
+        .map_or(0.0, |(newest, _)| (newest + window - now) as f64);
     let new_state = consume.then_some(State::SlidingLog { entries });
     (new_state, outcome(allowed, limit, remaining, reset, retry))
 }

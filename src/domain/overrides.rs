@@ -108,6 +108,18 @@ pub struct Override {
 }
 
 impl Override {
+    /// Whether this override matches every value of its dimension (`user=*`,
+    /// `ip=0.0.0.0/0`, `ip=::/0`) and loosens the limit (unlimited or other rules): it
+    /// turns the policy off for everyone, which is a policy change, an admin's to make.
+    pub fn loosens_for_everyone(&self) -> bool {
+        let everyone = match &self.pattern {
+            Pattern::Wildcard(w) => w.bytes().all(|b| b == b'*'),
+            Pattern::Cidr(net) => net.prefix_len() == 0,
+            Pattern::Exact(_) => false,
+        };
+        everyone && !matches!(self.action, Action::Block)
+    }
+
     /// Parses `{"match": "user=vip-*", "action": "unlimited"|"block"|"limit", "rules": [...],
     /// "expires_at_ms": 1767225600000, "reason": "..."}` found at `path`.
     pub fn from_document(value: &Value, path: &str) -> Result<Self, PolicyError> {

@@ -39,6 +39,13 @@ pub fn parse_utc(raw: &str) -> Result<i64, String> {
     if !(1..=12).contains(&m) || !(1..=31).contains(&day) || h > 23 || min > 59 || sec > 59 {
         return Err(bad());
     }
+    // Four-digit years from the epoch on: a year of 10^15 overflowed the milliseconds and
+    // came back as some time long past.
+    if !(1970..=9999).contains(&y) || h < 0 || min < 0 || sec < 0 {
+        return Err(format!(
+            "expected a UTC time from 1970 to 9999 such as 2026-11-22 10:58, got {raw:?}"
+        ));
+    }
     let days = days_from_civil(y, m as u32, day as u32);
     Ok(((days * 86_400) + h * 3600 + min * 60 + sec) * 1000)
 }
@@ -100,5 +107,12 @@ mod tests {
         assert_eq!(parse_utc("1970-01-02"), Ok(86_400_000));
         assert!(parse_utc("yesterday").is_err());
         assert!(parse_utc("2026-13-01").is_err());
+        // A year past 9999 overflowed (the probe's since=1000000000000000-01-01 returned
+        // every record); before the epoch is no audit time either.
+        assert!(parse_utc("1000000000000000-01-01").is_err());
+        assert!(parse_utc("10000-01-01").is_err());
+        assert!(parse_utc("1969-12-31 23:59").is_err());
+        assert!(parse_utc("2026-11-22 -1:00").is_err());
+        assert!(parse_utc("9999-12-31 23:59").is_ok());
     }
 }

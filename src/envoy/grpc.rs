@@ -98,8 +98,24 @@ fn authenticate(state: &AppState, metadata: &HeaderMap) -> Result<(), Status> {
 /// The method every Envoy check calls.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
-/// The largest request message read, as tonic's default (4 MiB).
-const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+/// The largest request message read. A `RateLimitRequest` is a domain and a few
+/// descriptors: Envoy sends a few hundred bytes, and 64 KiB holds hundreds of descriptors.
+/// (tonic's default, 4 MiB, let a caller with no key make the server hold 4 MiB a stream.)
+const MAX_MESSAGE: usize = 64 * 1024;
+
+/// Streams one connection may have open at once. Each holds at most one message
+/// (`MAX_MESSAGE`) while it is read, so a connection holds at most 16 MiB of them; a
+/// client that needs more opens another connection (Envoy does).
+const MAX_STREAMS: u32 = 256;
+
+/// The HTTP/2 windows: what a client may send before the server reads it, per stream (one
+/// whole message) and per connection.
+const STREAM_WINDOW: u32 = 128 * 1024;
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+
+/// The gRPC methods anyone may call without a key: health, which orchestrators' probes
+/// call and which says nothing about the limits.
+const OPEN_PREFIX: &str = "/grpc.health.v1.Health/";
 
 /// A gRPC message's prefix: a compression flag and its length (4 bytes, big-endian).
 const PREFIX: usize = 5;
@@ -146,19 +162,27 @@ fn takes(request: &http::Request<Incoming>) -> bool {
             .is_none_or(|v| v == "identity")
 }
 
-/// One `ShouldRateLimit` call the short way: authenticated, read whole, decided within the
-/// caller's `grpc-timeout` (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such
-/// a call), answered.
+/// One `ShouldRateLimit` call the short way (its caller already authenticated): read whole
+/// within the header-read timeout, decided within the caller's `grpc-timeout`
+/// (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such a call), answered.
 async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Response<Unary> {
     let result = async {
-        authenticate(&state, request.headers())?;
         let deadline = request
             .headers()
             .get("grpc-timeout")
             .map(deadline_of)
             .transpose()?;
+        let read_within = state.header_read_timeout;
         let call = async {
-            let message = read_message(request.into_body()).await?;
+            let message = tokio::time::timeout(read_within, read_message(request.into_body()))
+                .await
+                .map_err(|_| {
+                    Status::deadline_exceeded(format!(
+                        "the request message did not arrive within {} ms \
+                         (SPILLWAY_HEADER_READ_TIMEOUT_MS)",
+                        read_within.as_millis()
+                    ))
+                })??;
             decide(&state, message).await
         };
         match deadline {
@@ -248,14 +272,60 @@ fn deadline_of(value: &HeaderValue) -> Result<Duration, Status> {
     })
 }
 
-/// Serves the rate limit, health and reflection services on `listener` until `shutdown`
-/// resolves, then lets the calls in flight finish (HTTP/2 only, as tonic's server).
-pub async fn serve(
-    listener: TcpListener,
+/// Whether a request is a gRPC call at all (`application/grpc`, `+proto`, `+json`...).
+fn is_grpc(request: &http::Request<Incoming>) -> bool {
+    request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.strip_prefix("application/grpc")
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['+', ';']))
+        })
+}
+
+/// The services behind the short way, with their message-size caps.
+type Routes = tonic::service::Routes;
+
+/// One request on the gRPC port, decided before any of its body is read: what is not gRPC
+/// gets HTTP 415 (as the gRPC spec says), a call without a valid key `UNAUTHENTICATED`
+/// (health excepted), then `ShouldRateLimit` the short way and everything else through
+/// tonic, within the request timeout.
+async fn route(
     state: AppState,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    mut routes: Routes,
+    request: http::Request<Incoming>,
+) -> http::Response<http_body_util::Either<Unary, tonic::body::Body>> {
+    use http_body_util::Either;
+    if !is_grpc(&request) {
+        let mut answer = http::Response::new(Either::Left(Unary::default()));
+        *answer.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return answer;
+    }
+    if !request.uri().path().starts_with(OPEN_PREFIX)
+        && let Err(status) = authenticate(&state, request.headers())
+    {
+        return status.into_http().map(Either::Left);
+    }
+    if takes(&request) {
+        return answer(state, request).await.map(Either::Left);
+    }
+    let within = state.request_timeout;
+    match tokio::time::timeout(within, tower_service::Service::call(&mut routes, request)).await {
+        Ok(Ok(answer)) => answer.map(Either::Right),
+        Ok(Err(never)) => match never {},
+        Err(_) => Status::deadline_exceeded(format!(
+            "the call did not end within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
+            within.as_millis()
+        ))
+        .into_http()
+        .map(Either::Left),
+    }
+}
+
+/// The health, reflection and rate limit services, each reading messages up to
+/// `MAX_MESSAGE`, behind the short way.
+async fn services(state: &AppState) -> Routes {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<RateLimitServiceServer<RateLimiter>>()
@@ -263,9 +333,7 @@ pub async fn serve(
     // Draining: health says NOT_SERVING, so a mesh stops sending before the port closes.
     let draining = state.shutdown.clone();
     state.shutdown.spawn(async move {
-        while !draining.is_draining() {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
+        draining.draining().await;
         reporter
             .set_not_serving::<RateLimitServiceServer<RateLimiter>>()
             .await;
@@ -277,53 +345,117 @@ pub async fn serve(
     };
     let reflection_v1 = reflection()
         .build_v1()
-        .expect("the descriptors envoy-types ships are valid");
+        .expect("the descriptors envoy-types ships are valid")
+        .max_decoding_message_size(MAX_MESSAGE);
     let reflection_v1alpha = reflection()
         .build_v1alpha()
-        .expect("the descriptors envoy-types ships are valid");
-    let routes = tonic::service::Routes::new(health)
+        .expect("the descriptors envoy-types ships are valid")
+        .max_decoding_message_size(MAX_MESSAGE);
+    tonic::service::Routes::new(health.max_decoding_message_size(MAX_MESSAGE))
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(RateLimitServiceServer::new(RateLimiter::new(state.clone())))
-        .prepare();
+        .add_service(
+            RateLimitServiceServer::new(RateLimiter::new(state.clone()))
+                .max_decoding_message_size(MAX_MESSAGE),
+        )
+        .prepare()
+}
+
+/// Serves the rate limit, health and reflection services on `listener` until `shutdown`
+/// resolves, then lets the calls in flight finish (HTTP/2 only, as tonic's server).
+///
+/// Each connection is watched as the HTTP port's are: one that starts no stream for the
+/// header-read timeout (silent, or a preface and nothing after it) is sent GOAWAY, and
+/// closed if it is still open a timeout later; HTTP/2 PINGs find a peer that vanished
+/// while a call is in flight. At most `max_connections` are open at once.
+pub async fn serve(
+    listener: TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use crate::connection::{Activity, InFlight, Limit, WATCH_TICKS, Watch, Watched};
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    let routes = services(&state).await;
+    let timeout = state.header_read_timeout;
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // tonic's settings: no limit on streams, hyper's windows and frames.
     builder
         .timer(TokioTimer::new())
-        .max_concurrent_streams(None);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        .max_concurrent_streams(MAX_STREAMS)
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(timeout);
+    let closing = tokio_util::sync::CancellationToken::new();
+    let connections = tokio_util::task::TaskTracker::new();
+    let limit = Limit::new(state.max_connections);
     tokio::pin!(shutdown);
-    while let Some((stream, _)) = crate::shutdown::accept(&listener, &mut shutdown).await {
-        let state = state.clone();
-        let routes = routes.clone();
+    while let Some((stream, _, permit)) =
+        crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
+    {
+        let activity = std::sync::Arc::new(Activity::new());
+        let (state, routes) = (state.clone(), routes.clone());
+        let streams = activity.clone();
         let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-            let (state, mut routes) = (state.clone(), routes.clone());
+            let in_flight = InFlight::start(&streams);
+            let answer = route(state.clone(), routes.clone(), request);
             async move {
-                Ok::<_, Infallible>(if takes(&request) {
-                    answer(state, request)
-                        .await
-                        .map(http_body_util::Either::Left)
-                } else {
-                    match tower_service::Service::call(&mut routes, request).await {
-                        Ok(answer) => answer.map(http_body_util::Either::Right),
-                        Err(never) => match never {},
-                    }
-                })
+                let answer = answer.await;
+                drop(in_flight);
+                Ok::<_, Infallible>(answer)
             }
         });
         // Answers that one Redis call decides together leave in one write (see
         // batched_writes).
-        let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(stream));
-        let connection = graceful.watch(builder.serve_connection(io, service));
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "gRPC connection ended with an error");
+        let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(Watched {
+            io: stream,
+            activity: activity.clone(),
+        }));
+        let connection = builder.serve_connection(io, service);
+        let closing = closing.clone();
+        connections.spawn(async move {
+            let _permit = permit;
+            tokio::pin!(connection);
+            let mut tick = tokio::time::interval(timeout / WATCH_TICKS);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut watch = Watch::default();
+            // Ticks since GOAWAY was sent: a peer that never finishes its side is dropped.
+            let mut goaway: Option<u32> = None;
+            loop {
+                tokio::select! {
+                    ended = &mut connection => {
+                        if let Err(error) = ended {
+                            tracing::debug!(%error, "gRPC connection ended with an error");
+                        }
+                        return;
+                    }
+                    () = closing.cancelled(), if goaway.is_none() => {
+                        connection.as_mut().graceful_shutdown();
+                        goaway = Some(0);
+                    }
+                    _ = tick.tick() => match goaway.as_mut() {
+                        Some(ticks) => {
+                            *ticks += 1;
+                            // A peer that says nothing after GOAWAY is not waited for;
+                            // calls in flight are (each ends within the request timeout).
+                            if *ticks > WATCH_TICKS && activity.in_flight() == 0 {
+                                return;
+                            }
+                        }
+                        None if watch.unused(&activity) => {
+                            connection.as_mut().graceful_shutdown();
+                            goaway = Some(0);
+                        }
+                        None => {}
+                    },
+                }
             }
         });
     }
     // New connections are refused at once, not left to hang while the calls in flight end.
     drop(listener);
-    graceful.shutdown().await;
+    closing.cancel();
+    connections.close();
+    connections.wait().await;
     Ok(())
 }
 

@@ -86,20 +86,31 @@ struct JsonOverride {
     unit: Option<Value>,
 }
 
-/// A proto3 JSON integer: a number or a decimal string.
+/// A proto3 JSON integer: a number or a decimal string, exponent notation accepted
+/// (`1e3`, `"2.5e1"`) when the value is whole, as protojson accepts it.
 fn number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let bad = || D::Error::custom("must be a whole number ≥ 0");
     match Option::<Value>::deserialize(d)? {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => n
             .as_u64()
+            .or_else(|| n.as_f64().and_then(whole))
             .map(Some)
-            .ok_or_else(|| D::Error::custom("must be a whole number ≥ 0")),
+            .ok_or_else(bad),
         Some(Value::String(s)) => s
-            .parse()
+            .parse::<u64>()
+            .ok()
+            .or_else(|| s.parse::<f64>().ok().and_then(whole))
             .map(Some)
-            .map_err(|_| D::Error::custom("must be a whole number ≥ 0")),
-        Some(_) => Err(D::Error::custom("must be a whole number ≥ 0")),
+            .ok_or_else(bad),
+        Some(_) => Err(bad()),
     }
+}
+
+/// A double that is a whole number a u64 holds exactly (up to 2^53).
+fn whole(f: f64) -> Option<u64> {
+    (f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f <= 9_007_199_254_740_992.0)
+        .then_some(f as u64)
 }
 
 fn unit_of(value: &Value) -> Option<Unit> {
@@ -110,12 +121,20 @@ fn unit_of(value: &Value) -> Option<Unit> {
     }
 }
 
+/// A problem document typed as the API types its own: `unauthorized`, `invalid-request`,
+/// `payload-too-large`, `redis-unavailable`.
 fn problem(status: StatusCode, field: &str, detail: String) -> Response {
+    let kind = match status {
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload-too-large",
+        StatusCode::SERVICE_UNAVAILABLE => "redis-unavailable",
+        _ => "invalid-request",
+    };
     (
         status,
         [(header::CONTENT_TYPE, "application/problem+json")],
         Json(json!({
-            "type": "https://spillway.dev/problems/bad-request",
+            "type": format!("https://spillway.dev/problems/{kind}"),
             "title": status.canonical_reason().unwrap_or("Error"),
             "status": status.as_u16(),
             "detail": format!("{field}: {detail}"),

@@ -65,14 +65,20 @@ impl Service {
             until_ms: time("until", query.until)?.map(|t| t + 59_999),
         };
         let before = query.before.trim();
-        if !before.is_empty()
-            && !before
-                .split_once('-')
-                .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok())
-        {
+        let id = before
+            .split_once('-')
+            .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+        if !before.is_empty() && id.is_none() {
             return Err(AuditError::Invalid {
                 field: "before",
-                message: "is not a record id".into(),
+                message: "is not a record id (<milliseconds>-<sequence>)".into(),
+            });
+        }
+        // Nothing is older than the first id there can be (Redis refuses a range below it).
+        if id == Some((0, 0)) {
+            return Ok(AuditPage {
+                entries: Vec::new(),
+                older: None,
             });
         }
         let entries = self

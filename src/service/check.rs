@@ -98,7 +98,8 @@ impl Service {
                 degraded: false,
             },
             Err(error) => {
-                tracing::warn!(%error, policy = %policy.name, "check failed on redis");
+                // Logged by the outage's changes of state (`RedisOutage`), not per check.
+                tracing::debug!(%error, policy = %policy.name, "check failed on redis");
                 match policy.failure_mode {
                     FailureMode::Open => Checked {
                         policy,
@@ -187,7 +188,7 @@ impl Service {
                 self.outage.answered();
                 self.denials.remember(policy, entries, decision, cost);
             }
-            Err(_) => self.outage.failed(super::now_ms()),
+            Err(error) => self.outage.failed(super::now_ms(), error),
         }
         result
     }

@@ -442,7 +442,8 @@ impl Service {
                 policy: Some(policy.clone()),
             },
             Some(error) => {
-                tracing::warn!(%error, policy = %policy.name, "envoy check failed on redis");
+                // Logged by the outage's changes of state (`RedisOutage`), not per check.
+                tracing::debug!(%error, policy = %policy.name, "envoy check failed on redis");
                 if policy.failure_mode == FailureMode::Closed {
                     self.history.record(
                         policy.name.as_str(),
@@ -626,4 +627,26 @@ fn validate(request: &EnvoyRequest) -> Result<(), EnvoyError> {
         }
     }
     Ok(())
+}
+
+/// An Envoy domain's YAML file as the JSON value the domain is read from. A key repeated in
+/// one mapping is refused with its line (envoyproxy/ratelimit refuses such a file; read
+/// straight into JSON, the last one silently won).
+pub fn domain_yaml(text: &[u8]) -> Result<serde_json::Value, String> {
+    let yaml: serde_yaml::Value =
+        serde_yaml::from_slice(text).map_err(|e| format!("is not valid YAML: {e}"))?;
+    serde_json::to_value(yaml).map_err(|e| format!("is not a configuration file: {e}"))
+}
+
+#[cfg(test)]
+mod yaml_tests {
+    #[test]
+    fn a_repeated_key_is_refused_with_its_line() {
+        let file = b"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      unit: minute\n      requests_per_unit: 1\n";
+        let error = super::domain_yaml(file).unwrap_err();
+        assert!(error.contains("duplicate"), "{error}");
+        assert!(error.contains("line 6"), "{error}");
+        let good = super::domain_yaml(b"domain: d\ndescriptors: []\n").unwrap();
+        assert_eq!(good["domain"], "d");
+    }
 }

@@ -39,6 +39,8 @@ pub struct Service {
     pub history: history::HistoryCounts,
     /// Since when this instance's checks fail on Redis (for the `degraded` alerts).
     pub outage: alerts::RedisOutage,
+    /// The internal hosts alert webhooks may reach.
+    pub webhook_targets: crate::webhooks::Targets,
 }
 
 /// The host's clock in ms since the epoch: what override expiries are compared with (limits

@@ -32,9 +32,30 @@ use crate::domain::{Algorithm, Outcome};
 /// gRPC 48.8k at 32 streams, 2.32× Limitador (one out: 1.90-1.93×).
 const IN_FLIGHT: usize = 4;
 
-/// Rule × identifier entries in one call at most, so no one script holds Redis (which runs
-/// one script at a time) for long: about 2 µs an entry.
-const MAX_ENTRIES: usize = 256;
+/// Work in one call at most, so no one script holds Redis (which runs one script at a time)
+/// for long: a unit is about what an ordinary entry costs Redis (2 µs), and costly entries
+/// count for more ([`work_of`]), so a call holds Redis about half a millisecond at most.
+const MAX_WORK: usize = 256;
+
+/// A check whose entries weigh this much or more goes in a call of its own: the checks of
+/// other policies behind it do not wait on it, and it does not wait on them.
+const ALONE: usize = 64;
+
+/// The work of one entry of `algorithm` in the check script, in units of an ordinary
+/// entry: a bucketed window reads every bucket it holds (up to 3,600), a sliding log
+/// searches its list (log2 of up to 100,000 elements); the rest touch one key a fixed
+/// number of times.
+pub(super) fn work_of(algorithm: &Algorithm) -> usize {
+    match *algorithm {
+        Algorithm::BucketedWindow {
+            window_ms,
+            bucket_ms,
+            ..
+        } => 1 + (window_ms / bucket_ms.max(1)) as usize / 32,
+        Algorithm::SlidingLog { limit, .. } if limit > 1000 => 4,
+        _ => 1,
+    }
+}
 
 /// Checks waiting in the queue, at most, and checks left pending, at most: a caller beyond
 /// that waits to be queued (within its timeout).
@@ -49,6 +70,11 @@ pub(super) struct Counted {
     pub keys: Vec<String>,
     /// The keys' hashes (`key_hash`), worked out once by the caller's task.
     hashes: Vec<u64>,
+    /// What its entries weigh in a call ([`work_of`]).
+    work: usize,
+    /// Set once its call is sent: a caller that times out after that may still see Redis
+    /// apply it.
+    sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
     pub rules: Vec<(Algorithm, bool)>,
     /// One per entry: `<policy>|<dimension>=<value>`.
     pub labels: Vec<String>,
@@ -87,8 +113,11 @@ impl Coalescer {
         context: super::CheckContext,
     ) -> Result<Answer, StoreError> {
         let (reply, answer) = oneshot::channel();
+        let sent = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let job = Counted {
             hashes: keys.iter().map(|k| key_hash(k)).collect(),
+            work: rules.iter().map(|(a, _)| work_of(a)).sum(),
+            sent: sent.clone(),
             keys,
             rules,
             labels,
@@ -99,15 +128,21 @@ impl Coalescer {
             reply,
         };
         let deadline = tokio::time::Instant::now() + self.timeout;
-        tokio::time::timeout_at(deadline, self.queue.send(job))
+        if tokio::time::timeout_at(deadline, self.queue.send(job))
             .await
-            .map_err(|_| StoreError::Timeout(self.timeout))?
-            .map_err(|_| stopped())?;
+            .is_err()
+        {
+            crate::metrics::check_timed_out(false);
+            return Err(StoreError::Timeout(self.timeout));
+        }
         // The whole wait, in the queue and in the call, within the timeout: a check never
         // waits out one call's timeout and then its own.
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(answer) => answer.map_err(|_| stopped())?,
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Err(_) => {
+                crate::metrics::check_timed_out(sent.load(std::sync::atomic::Ordering::Acquire));
+                Err(StoreError::Timeout(self.timeout))
+            }
         }
     }
 }
@@ -137,9 +172,10 @@ struct Calls {
 }
 
 impl Calls {
-    /// The next call's checks, in order, up to MAX_ENTRIES entries: with `rescan` (a call
-    /// came back, so keys are free) the pending checks first; then `first` and the queue.
-    /// A check that shares a key with a call out or with a pending check is left pending;
+    /// The next call's checks, in order, up to MAX_WORK of work (a check of ALONE or more
+    /// alone): with `rescan` (a call came back, so keys are free) the pending checks first;
+    /// then `first` and the queue. A check that shares a key with a call out or with a
+    /// pending check is left pending;
     /// a check nobody waits for any more is answered with the timeout and dropped. The keys
     /// of the checks returned are busy from now on, until `returned`.
     fn next_batch(
@@ -149,7 +185,7 @@ impl Calls {
         waiting: &mut mpsc::Receiver<Counted>,
     ) -> Vec<Counted> {
         let mut batch = Vec::new();
-        let mut entries = 0;
+        let mut work = 0;
         let mut earlier = VecDeque::new();
         if rescan {
             earlier = std::mem::take(&mut self.pending);
@@ -161,7 +197,7 @@ impl Calls {
                 job
             } else if let Some(job) = first.take() {
                 job
-            } else if entries < MAX_ENTRIES && self.pending.len() < QUEUE {
+            } else if work < MAX_WORK && self.pending.len() < QUEUE {
                 match waiting.try_recv() {
                     Ok(job) => job,
                     Err(_) => break,
@@ -175,7 +211,9 @@ impl Calls {
                 let _ = job.reply.send(Err(StoreError::Timeout(self.timeout)));
                 continue;
             }
-            let waits = entries >= MAX_ENTRIES
+            let costly = job.work >= ALONE;
+            let waits = work >= MAX_WORK
+                || (costly && !batch.is_empty())
                 || job
                     .hashes
                     .iter()
@@ -184,7 +222,12 @@ impl Calls {
                 self.pending_keys.extend(job.hashes.iter().copied());
                 self.pending.push_back(job);
             } else {
-                entries += job.keys.len();
+                // A costly check fills its call: what follows waits for the next one.
+                work = if costly {
+                    MAX_WORK
+                } else {
+                    work + job.work
+                };
                 batch.push(job);
             }
         }
@@ -288,6 +331,9 @@ fn answer(batch: Vec<Counted>, answers: Result<(i64, Vec<CheckOutcomes>), StoreE
 impl Store {
     /// One call of the batch script for `batch`.
     async fn send_batch(self, batch: Vec<Counted>) -> Call {
+        for check in &batch {
+            check.sent.store(true, std::sync::atomic::Ordering::Release);
+        }
         let algorithms = batch.iter().flat_map(|c| c.rules.iter().map(|(a, _)| a));
         let script = self.scripts.checks.for_algorithms(algorithms);
         let minute = super::stats::minute_of(super::stats::now_ms());
@@ -420,6 +466,8 @@ mod tests {
         let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
         let check = Counted {
             hashes: keys.iter().map(|k| key_hash(k)).collect(),
+            work: keys.len(),
+            sent: Default::default(),
             rules: Vec::new(),
             labels: Vec::new(),
             rate_key: String::new(),
@@ -487,20 +535,74 @@ mod tests {
     }
 
     #[test]
-    fn a_call_stops_at_max_entries_and_keeps_the_rest_in_order() {
+    fn a_call_stops_at_max_work_and_keeps_the_rest_in_order() {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let mut calls = calls();
         let mut answers = Vec::new();
-        for i in 0..MAX_ENTRIES + 44 {
+        for i in 0..MAX_WORK + 44 {
             let (check, a) = job(&[&format!("k{i}")]);
             answers.push(a);
             tx.try_send(check).ok().unwrap();
         }
         let batch = calls.next_batch(false, None, &mut rx);
-        assert_eq!(batch.len(), MAX_ENTRIES);
+        assert_eq!(batch.len(), MAX_WORK);
         let rest = calls.next_batch(true, None, &mut rx);
         assert_eq!(rest.len(), 44);
-        assert_eq!(rest[0].keys[0], format!("k{MAX_ENTRIES}"));
+        assert_eq!(rest[0].keys[0], format!("k{MAX_WORK}"));
+    }
+
+    /// A costly check (a bucketed window of 3,600 buckets, a long sliding log) goes in a
+    /// call of its own: the cheap checks around it (sharing no key with it) go together in
+    /// one call, and it goes alone in the next; none is lost.
+    #[test]
+    fn a_costly_check_goes_alone() {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let mut calls = calls();
+        let mut answers = Vec::new();
+        for i in 0..6 {
+            let (mut check, a) = job(&[&format!("k{i}")]);
+            if i == 2 {
+                check.work = work_of(&Algorithm::BucketedWindow {
+                    limit: 10,
+                    window_ms: 3_600_000,
+                    bucket_ms: 1000,
+                });
+                assert!(check.work >= ALONE);
+            }
+            answers.push(a);
+            tx.try_send(check).ok().unwrap();
+        }
+        let first = calls.next_batch(false, None, &mut rx);
+        assert_eq!(keys_of(&first), ["k0", "k1", "k3", "k4", "k5"]);
+        calls.returned(&first);
+        let second = calls.next_batch(true, None, &mut rx);
+        assert_eq!(keys_of(&second), ["k2"]);
+        calls.returned(&second);
+        // Once it is out, the next call may not join it: a costly check fills its call.
+        let (check, a) = job(&["k6"]);
+        answers.push(a);
+        tx.try_send(check).ok().unwrap();
+        let (costly, a) = job(&["k7"]);
+        answers.push(a);
+        let mut costly = costly;
+        costly.work = ALONE;
+        let alone = calls.next_batch(false, Some(costly), &mut rx);
+        assert_eq!(keys_of(&alone), ["k7"]);
+        let third = calls.next_batch(true, None, &mut rx);
+        assert_eq!(keys_of(&third), ["k6"]);
+        // Ordinary rules weigh one entry each; a short log too.
+        for cheap in [
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 1000,
+            },
+            Algorithm::SlidingLog {
+                limit: 1000,
+                window_ms: 1000,
+            },
+        ] {
+            assert_eq!(work_of(&cheap), 1);
+        }
     }
 
     /// Checks whose callers gave up take no room in a call: behind 256 of them on a busy
@@ -512,7 +614,7 @@ mod tests {
         let (first, _kept) = job(&["hot"]);
         let out = calls.next_batch(false, Some(first), &mut rx);
         let mut dead = Vec::new();
-        for _ in 0..MAX_ENTRIES {
+        for _ in 0..MAX_WORK {
             let (check, answer) = job(&["hot"]);
             dead.push(answer);
             tx.try_send(check).ok().unwrap();
@@ -521,7 +623,7 @@ mod tests {
         tx.try_send(live).ok().unwrap();
         let none = calls.next_batch(false, None, &mut rx);
         assert!(none.is_empty());
-        assert_eq!(calls.pending.len(), MAX_ENTRIES + 1);
+        assert_eq!(calls.pending.len(), MAX_WORK + 1);
         // The first 256 callers give up (their timeout passed: they dropped their answer).
         drop(dead);
         calls.returned(&out);

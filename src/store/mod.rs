@@ -299,6 +299,8 @@ pub struct Store {
     scripts: Arc<Scripts>,
     keys: Keys,
     timeout: Duration,
+    /// What a policy write may take ([`write_timeout`]).
+    write_timeout: Duration,
     breaker: Arc<breaker::Breaker>,
     /// Single Redis: the queue that coalesces concurrent counted checks into one call.
     coalescer: Option<Arc<coalesce::Coalescer>>,
@@ -339,8 +341,10 @@ impl Store {
             None => redis::Client::open(url)?,
         };
         let pubsub_client = client.clone();
+        // The connection waits as long as a write may take; each call's own timeout
+        // (`with_timeout`) is what bounds a check.
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
+            .set_response_timeout(Some(write_timeout(timeout)))
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_number_of_retries(1);
         let conn = ConnectionManager::new_with_config(client, config).await?;
@@ -350,6 +354,7 @@ impl Store {
             scripts: Arc::new(Scripts::load()),
             keys,
             timeout,
+            write_timeout: write_timeout(timeout),
             breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
             coalescer: None,
         };
@@ -365,7 +370,7 @@ impl Store {
     ) -> Result<Self, StoreError> {
         crate::install_tls_provider();
         let client = redis::cluster::ClusterClient::builder(urls.to_vec())
-            .response_timeout(timeout)
+            .response_timeout(write_timeout(timeout))
             .connection_timeout(Duration::from_secs(2))
             .retries(2)
             .build()?;
@@ -376,6 +381,7 @@ impl Store {
             scripts: Arc::new(Scripts::load()),
             keys,
             timeout,
+            write_timeout: write_timeout(timeout),
             breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
             coalescer: None,
         })
@@ -713,19 +719,40 @@ impl Store {
         parse_reply(&raw, keys.len())
     }
 
+    /// Runs a script that changes policies, within the write timeout: a large document
+    /// (an Envoy domain of thousands of descriptors) may take Redis longer than a check's
+    /// timeout, and a write that timed out here was often applied all the same, answered
+    /// 503 and never audited.
+    async fn invoke_write<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.backend.clone();
+        self.within(self.write_timeout, invocation.invoke_async(&mut conn))
+            .await
+    }
+
     /// Every Redis call goes through here: the circuit breaker, then the timeout.
     async fn with_timeout<T>(
         &self,
+        fut: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        self.within(self.timeout, fut).await
+    }
+
+    async fn within<T>(
+        &self,
+        timeout: Duration,
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
         if !self.breaker.allow() {
             return Err(StoreError::CircuitOpen);
         }
         let started = self.breaker.started();
-        let result = match tokio::time::timeout(self.timeout, fut).await {
+        let result = match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError::Redis(e)),
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Err(_) => Err(StoreError::Timeout(timeout)),
         };
         match &result {
             Ok(_) => self.breaker.success(started),
@@ -736,6 +763,11 @@ impl Store {
         }
         result
     }
+}
+
+/// How long a policy write may take: the check timeout, and at least 5 s.
+fn write_timeout(timeout: Duration) -> Duration {
+    timeout.max(Duration::from_secs(5))
 }
 
 /// A check's entries as the check script takes them: a state key and the algorithm with

@@ -110,7 +110,7 @@ impl Store {
                 .arg(policy.name.as_str())
                 .arg(doc);
         }
-        let written: usize = self.invoke(&invocation).await?;
+        let written: usize = self.invoke_write(&invocation).await?;
         Ok(written)
     }
 
@@ -146,7 +146,7 @@ impl Store {
             .arg(doc)
             .arg(expected.map(|v| v.to_string()).unwrap_or_default())
             .arg(self.keys.policy_channel());
-        self.invoke(&invocation).await
+        self.invoke_write(&invocation).await
     }
 }
 

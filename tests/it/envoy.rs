@@ -38,7 +38,7 @@ async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
         .unwrap()
 }
 
-fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
+pub(crate) fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: pairs
             .iter()
@@ -60,7 +60,7 @@ fn with_key(message: RateLimitRequest) -> tonic::Request<RateLimitRequest> {
     request
 }
 
-fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+pub(crate) fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.into(),
         descriptors,
@@ -91,7 +91,7 @@ async fn one(
     r.statuses[0].clone()
 }
 
-async fn put_domain(app: &TestApp, domain: &str, yaml: &str) -> reqwest::Response {
+pub(crate) async fn put_domain(app: &TestApp, domain: &str, yaml: &str) -> reqwest::Response {
     app.client
         .put(app.url(&format!("/api/v1/envoy/domains/{domain}")))
         .bearer_auth(ADMIN_KEY)
@@ -102,13 +102,13 @@ async fn put_domain(app: &TestApp, domain: &str, yaml: &str) -> reqwest::Respons
         .unwrap()
 }
 
-async fn load(app: &TestApp, domain: &str, yaml: &str) {
+pub(crate) async fn load(app: &TestApp, domain: &str, yaml: &str) {
     let r = put_domain(app, domain, yaml).await;
     let status = r.status();
     assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
 }
 
-const PER_IP: &str = r#"
+pub(crate) const PER_IP: &str = r#"
 domain: edge_proxy_per_ip
 descriptors:
   - key: remote_address
@@ -1523,7 +1523,7 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
         let decoded = RateLimitResponse::decode(&answer[5..]).unwrap();
         assert_eq!(decoded.statuses[0].limit_remaining, left);
     }
-    // A message of exactly 4 MiB is read and decoded: its 4 MiB value is what is refused,
+    // A message of exactly 64 KiB is read and decoded: its long value is what is refused,
     // by name (INVALID_ARGUMENT), not its size.
     let of_length = |n: usize| {
         request(
@@ -1532,10 +1532,10 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
         )
         .encode_to_vec()
     };
-    // The fields around the value take the same bytes for any value of about 4 MiB.
-    let around = of_length(4_000_000).len() - 4_000_000;
-    let largest = of_length(4 * 1024 * 1024 - around);
-    assert_eq!(largest.len(), 4 * 1024 * 1024);
+    // The fields around the value take the same bytes for any value of about 64 KiB.
+    let around = of_length(60_000).len() - 60_000;
+    let largest = of_length(64 * 1024 - around);
+    assert_eq!(largest.len(), 64 * 1024);
 
     // Refused, each with gRPC's code, as trailers-only answers; none of them counted.
     type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], bytes::Bytes);
@@ -1559,7 +1559,7 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
         (
             "11",
             &grpc,
-            framed(0, 4 * 1024 * 1024 + 1, &vec![0; 4 * 1024 * 1024 + 1]),
+            framed(0, 64 * 1024 + 1, &vec![0; 64 * 1024 + 1]),
         ),
     ];
     for (expected, headers, body) in cases {

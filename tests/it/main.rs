@@ -13,6 +13,7 @@ mod engine;
 mod envoy;
 mod faults;
 mod fuzz;
+mod grpc_port;
 mod hardening;
 mod health;
 mod history;

@@ -193,8 +193,8 @@ pub async fn save_envoy_file(
 ) -> Result<u64, AppError> {
     use crate::domain::envoy::{EnvoyDomain, policy_name};
     let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
-    let value: serde_json::Value = serde_yaml::from_str(&file)
-        .map_err(|e| AppError::bad_input("file", format!("is not valid YAML: {e}")))?;
+    let value = crate::service::envoy::domain_yaml(file.as_bytes())
+        .map_err(|e| AppError::bad_input("file", e))?;
     let domain = EnvoyDomain::from_value(&value)
         .map_err(|e| AppError::bad_input("file", format!("{}: {}", e.field, e.message)))?;
     if policy_name(&domain.doc.domain)
@@ -315,6 +315,12 @@ pub async fn add_override(
     let added = Override::from_document(&doc, "override")
         .and_then(|o| o.refuse_unmatchable("override").map(|()| o))
         .map_err(|e| AppError::bad_input(&e.field, e.message))?;
+    if added.loosens_for_everyone() && !caller.role.may(Action::EditPolicies) {
+        return Err(AppError::refused(
+            axum::http::StatusCode::FORBIDDEN,
+            "an override that lifts the limit for every identifier turns the policy off; only an admin may add one",
+        ));
+    }
     change_policy(&caller, &name, "override.add", reason.trim(), |current| {
         if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
             return Err(AppError::bad_input(
