@@ -21,7 +21,10 @@ export REDIS_URL="redis://127.0.0.1:$redis_port"
 : "${E2E_SERVICE_KEY:?E2E_SERVICE_KEY must be set}"
 printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-admin --role admin --password-stdin
 printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-support --role support --password-stdin
+# gRPC on a free port too: a `make run` may hold the default 8081.
+grpc_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 SPILLWAY_SERVICE_KEYS="$E2E_SERVICE_KEY" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" SPILLWAY_HISTORY_FLUSH_MS=300 \
+  SPILLWAY_GRPC_ADDR="127.0.0.1:$grpc_port" \
   ./target/release/spillway &
 app_pid=$!
 wait "$app_pid"

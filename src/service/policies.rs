@@ -51,7 +51,7 @@ impl Service {
         action: &str,
         reason: &str,
     ) -> Result<Policy, ChangeError> {
-        let before = self.store.get_policy(&policy.name).await?;
+        let before = self.store.get_policy_for_change(&policy.name).await?;
         // An Envoy domain is changed through its file: a plain policy (or another domain's)
         // saved over it would drop its descriptors, and Envoy's requests would pass
         // unlimited. And a domain lives under the policy name it maps to, or no request
@@ -117,7 +117,7 @@ impl Service {
         policy: Policy,
         expected: Option<u64>,
     ) -> Result<Policy, ChangeError> {
-        let before = self.store.get_policy(&policy.name).await?;
+        let before = self.store.get_policy_for_change(&policy.name).await?;
         policy
             .refuse_dead_overrides(before.as_ref())
             .map_err(|e| ChangeError::Invalid {
@@ -140,7 +140,7 @@ impl Service {
     ) -> Result<Policy, E> {
         let current = self
             .store
-            .get_policy(name)
+            .get_policy_for_change(name)
             .await
             .map_err(ChangeError::from)?
             .ok_or_else(|| ChangeError::UnknownPolicy(name.to_string()))?;
@@ -152,7 +152,7 @@ impl Service {
 
     /// Deletes `name` (its history stays), refreshes the cache and records it.
     pub async fn delete_policy(&self, actor: &Actor, name: &Name) -> Result<(), ChangeError> {
-        let before = self.store.get_policy(name).await?;
+        let before = self.store.get_policy_for_change(name).await?;
         if !self.store.delete_policy(name).await? {
             return Err(ChangeError::UnknownPolicy(name.to_string()));
         }
@@ -227,7 +227,7 @@ impl Service {
                 message: e.message,
             }
         })?;
-        let before = self.store.get_policy(&policy.name).await?;
+        let before = self.store.get_policy_for_change(&policy.name).await?;
         let policy = match &before {
             None => policy,
             Some(old) => match &old.envoy {

@@ -407,6 +407,17 @@ impl Store {
         self.with_timeout(cmd.query_async(&mut conn)).await
     }
 
+    /// A read that a change depends on (the version it replaces), within the write
+    /// timeout and past the breaker, as the write itself ([`Store::invoke_write`]).
+    async fn query_for_write<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+        let mut conn = self.backend.clone();
+        match tokio::time::timeout(self.write_timeout, cmd.query_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.write_timeout)),
+        }
+    }
+
     async fn query_pipe<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T, StoreError> {
         let mut conn = self.backend.clone();
         self.with_timeout(pipe.query_async(&mut conn)).await
@@ -722,14 +733,19 @@ impl Store {
     /// Runs a script that changes policies, within the write timeout: a large document
     /// (an Envoy domain of thousands of descriptors) may take Redis longer than a check's
     /// timeout, and a write that timed out here was often applied all the same, answered
-    /// 503 and never audited.
+    /// 503 and never audited. Past the circuit breaker: a person's save is rare and may
+    /// wait out a stall the breaker opened for (the breaker keeps checks from piling up).
     async fn invoke_write<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         let mut conn = self.backend.clone();
-        self.within(self.write_timeout, invocation.invoke_async(&mut conn))
-            .await
+        match tokio::time::timeout(self.write_timeout, invocation.invoke_async(&mut conn)).await
+        {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.write_timeout)),
+        }
     }
 
     /// Every Redis call goes through here: the circuit breaker, then the timeout.
@@ -737,22 +753,14 @@ impl Store {
         &self,
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        self.within(self.timeout, fut).await
-    }
-
-    async fn within<T>(
-        &self,
-        timeout: Duration,
-        fut: impl std::future::Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, StoreError> {
         if !self.breaker.allow() {
             return Err(StoreError::CircuitOpen);
         }
         let started = self.breaker.started();
-        let result = match tokio::time::timeout(timeout, fut).await {
+        let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError::Redis(e)),
-            Err(_) => Err(StoreError::Timeout(timeout)),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
         };
         match &result {
             Ok(_) => self.breaker.success(started),

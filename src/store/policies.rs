@@ -51,6 +51,20 @@ impl Store {
         Ok(raw.and_then(|json| parse_stored(name.as_str(), &json)))
     }
 
+    /// As [`Store::get_policy`], for a change about to be written: read within the write
+    /// timeout, so a Redis slow enough to miss a check's timeout does not refuse the save
+    /// that its write would have survived.
+    pub async fn get_policy_for_change(&self, name: &Name) -> Result<Option<Policy>, StoreError> {
+        let raw: Option<String> = self
+            .query_for_write(
+                redis::cmd("HGET")
+                    .arg(self.keys.policies())
+                    .arg(name.as_str()),
+            )
+            .await?;
+        Ok(raw.and_then(|json| parse_stored(name.as_str(), &json)))
+    }
+
     /// Previous versions of `name`, newest first, at most `limit`.
     pub async fn policy_history(
         &self,

@@ -16,7 +16,12 @@ use sha2::Sha256;
 use crate::helpers::{ADMIN_KEY, RedisServer, TestApp, spawn_app_with};
 
 const SECRET: &str = "a shared secret of the sink";
-const FAST: &[(&str, &str)] = &[("SPILLWAY_ALERT_EVAL_MS", "200")];
+/// Evaluated often, delivering to the sink on this machine (loopback is refused unless
+/// allowed).
+const FAST: &[(&str, &str)] = &[
+    ("SPILLWAY_ALERT_EVAL_MS", "200"),
+    ("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "127.0.0.1"),
+];
 
 /// One request the sink received: delivery id, event, whether the signature was valid and
 /// fresh, the body.
@@ -419,6 +424,7 @@ async fn an_outage_fires_once_from_memory_and_resolves_when_redis_is_back() {
         &redis,
         &[
             ("SPILLWAY_ALERT_EVAL_MS", "200"),
+            ("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "127.0.0.1"),
             ("SPILLWAY_REDIS_TIMEOUT_MS", "100"),
         ],
     )

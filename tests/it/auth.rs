@@ -44,7 +44,7 @@ pub(crate) struct Visitor {
     cookie: Option<String>,
     login_cookie: Option<String>,
     /// Sent as `X-Forwarded-For` on every request (a visitor behind a proxy).
-    forwarded_for: Option<String>,
+    pub(crate) forwarded_for: Option<String>,
 }
 
 impl Visitor {
@@ -76,7 +76,7 @@ impl Visitor {
     }
 
     /// The `Cookie` header this browser sends, if any.
-    fn cookie_header(&self) -> Option<String> {
+    pub(crate) fn cookie_header(&self) -> Option<String> {
         let pairs: Vec<&str> = [&self.cookie, &self.login_cookie]
             .into_iter()
             .flatten()

@@ -275,7 +275,14 @@ async fn overview_with_a_million_identifiers() {
 #[tokio::test]
 async fn every_key_but_policies_people_and_audit_expires() {
     let redis = RedisServer::start();
-    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_ALERT_EVAL_MS", "300")]).await;
+    let app = crate::helpers::spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_ALERT_EVAL_MS", "300"),
+            ("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "127.0.0.1"),
+        ],
+    )
+    .await;
     let s = store(&redis).await;
     add_user(&s, "root", Role::Admin).await;
     let mut v = Visitor::signed_in(&app, "root").await;

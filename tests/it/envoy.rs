@@ -1212,11 +1212,18 @@ async fn reflection_describes_the_rate_limit_service() {
             "envoy.service.ratelimit.v3.RateLimitService".into(),
         )),
     ];
-    let mut answers = r
-        .server_reflection_info(futures_util::stream::iter(requests))
-        .await
-        .unwrap()
-        .into_inner();
+    // Reflection needs a service key, as every method but health does.
+    let mut call = tonic::Request::new(futures_util::stream::iter(requests.clone()));
+    assert_eq!(
+        r.server_reflection_info(call).await.unwrap_err().code(),
+        tonic::Code::Unauthenticated
+    );
+    call = tonic::Request::new(futures_util::stream::iter(requests));
+    call.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {SERVICE_KEY}").parse().unwrap(),
+    );
+    let mut answers = r.server_reflection_info(call).await.unwrap().into_inner();
     let mut services = Vec::new();
     let mut files = 0;
     while let Some(answer) = answers.message().await.unwrap() {

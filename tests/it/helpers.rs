@@ -390,6 +390,8 @@ impl AppProcess {
         let port = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
             .env("SPILLWAY_ALERT_EVAL_MS", "3600000")
+            // A free port for gRPC too: a `make run` may hold the default 8081.
+            .env("SPILLWAY_GRPC_ADDR", format!("127.0.0.1:{}", free_port()))
             .envs(extra.iter().copied())
             .env("REDIS_URL", redis.url())
             .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))

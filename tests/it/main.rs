@@ -21,6 +21,7 @@ mod leases;
 mod live;
 mod memory;
 mod openapi;
+mod probe2;
 mod report;
 mod service;
 mod tls;
