@@ -16,7 +16,7 @@
 --             denial would, even past its limit, so the next check is denied) or 'giveback'
 --             (a negative report: each entry gives `cost` back, never below nothing; see
 --             GIVEBACKS in prelude.lua); both reply as a peek and leave leases alone;
---         then 5 per entry, in KEYS order: algorithm code ("fw", "lg", "sw", "tb", "lb",
+--         then 5 per entry, in KEYS order: algorithm code ("fw", "lw", "sw", "tb", "lb",
 --         "gc", "bw", "cc", "qt"), count_denied ("1"|"0"), and the algorithm's three
 --         parameters (see its file; numbers, but for a quota's boundaries).
 --   Reply: { allowed (1|0), now_us, then per entry: allowed, limit, remaining, reset_ms,

@@ -8,8 +8,9 @@
 --   is a binary search. Times only grow along the list: a clock that stepped back appends
 --   at the newest time already there. Elements at or before the horizon are trimmed on
 --   write; it never holds more than `limit` units inside the window. TTL: newest element +
---   window.
--- ARGV (per entry): code "lg", count_denied, limit, window_ms, 0
+--   window. Its code, and so its keys' last part, is "lw" (log, weighted): the lists of
+--   one element per unit that earlier versions kept under "lg" are left to expire.
+-- ARGV (per entry): code "lw", count_denied, limit, window_ms, 0
 -- Reply (per entry): allowed, limit, remaining, reset_ms (until the newest element leaves),
 --   retry_ms (until enough old units leave; -1 when cost > limit or allowed), 0
 -- Worst case, per entry: about 2·log2(n) + 4 LINDEX, one LTRIM, one RPUSH, n the elements
@@ -69,7 +70,7 @@ local function lg_take(key, cost, since)
   end
 end
 
-ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
+ALGORITHMS.lw = function(key, now, cost, limit, window_ms, _, count_denied)
   local window = window_ms * 1000
   local stale, len = lg_stale(key, now - window)
   local count, total, newest, before = 0, 0, nil, 0
@@ -111,10 +112,10 @@ ALGORITHMS.lg = function(key, now, cost, limit, window_ms, _, count_denied)
   return outcome
 end
 
-REFUNDS.lg = function(key, now, cost)
+REFUNDS.lw = function(key, now, cost)
   lg_take(key, cost, now - 1)
 end
 
-GIVEBACKS.lg = function(key, now, cost, limit, window_ms)
+GIVEBACKS.lw = function(key, now, cost, limit, window_ms)
   lg_take(key, cost, now - window_ms * 1000)
 end

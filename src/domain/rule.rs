@@ -120,7 +120,7 @@ pub const ALGORITHMS: [AlgorithmKind; 9] = [
     },
     AlgorithmKind {
         name: "sliding_log",
-        code: "lg",
+        code: "lw",
         label: "Sliding log (exact)",
         params: &[param("limit", "limit"), param("window_ms", "window_ms")],
     },

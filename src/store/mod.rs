@@ -49,7 +49,7 @@ struct Scripts {
 /// The algorithm files the check script is assembled from, by their codes in `keys.rs`.
 const ALGORITHM_FILES: [(&str, &str); 9] = [
     ("fw", include_str!("../../lua/fixed_window.lua")),
-    ("lg", include_str!("../../lua/sliding_log.lua")),
+    ("lw", include_str!("../../lua/sliding_log.lua")),
     ("sw", include_str!("../../lua/sliding_window.lua")),
     ("tb", include_str!("../../lua/token_bucket.lua")),
     ("lb", include_str!("../../lua/leaky_bucket.lua")),
