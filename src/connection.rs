@@ -227,4 +227,3 @@ impl tokio::io::AsyncWrite for Watched {
         std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
-

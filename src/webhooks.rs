@@ -141,9 +141,8 @@ impl reqwest::dns::Resolve for CheckedResolver {
         let targets = self.0.clone();
         Box::pin(async move {
             let host = name.as_str().trim_end_matches('.').to_ascii_lowercase();
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             if !targets.allows_host(&host)
                 && let Some(bad) = addrs.iter().find(|a| !targets.allows_ip(a.ip()))
             {
@@ -283,7 +282,11 @@ mod tests {
             assert_eq!(none.check_url(url), Ok(()), "{url}");
         }
         let allowed = super::Targets::parse("127.0.0.1, 10.0.0.0/8, receiver").unwrap();
-        for url in ["http://127.0.0.1:9000/", "http://10.9.9.9/", "http://receiver/"] {
+        for url in [
+            "http://127.0.0.1:9000/",
+            "http://10.9.9.9/",
+            "http://receiver/",
+        ] {
             assert_eq!(allowed.check_url(url), Ok(()), "{url}");
         }
         assert!(allowed.check_url("http://127.0.0.2/").is_err());

@@ -150,8 +150,11 @@ where
 async fn overview_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, axum::response::Response> {
-    let slot = stream_slot(&state, &session)?;
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(slot) = stream_slot(&state, &session) else {
+        return too_many_streams();
+    };
     let stream = ticks(
         state,
         session,
@@ -163,20 +166,19 @@ async fn overview_events(
             (delta, Some(data))
         },
     );
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
-/// A place for one more stream of this session, or the 429 that says there is none.
-fn stream_slot(
-    state: &AppState,
-    session: &CurrentSession,
-) -> Result<StreamSlot, axum::response::Response> {
+/// A place for one more stream of this session, if it has one left.
+fn stream_slot(state: &AppState, session: &CurrentSession) -> Option<StreamSlot> {
     let digest = session
         .0
         .as_ref()
         .map(|s| s.digest.as_str())
         .unwrap_or_default();
-    state.streams.take(digest).ok_or_else(too_many_streams)
+    state.streams.take(digest)
 }
 
 #[derive(Deserialize)]
@@ -188,12 +190,16 @@ async fn identifier_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
     Query(q): Query<IdentifierQuery>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, axum::response::Response> {
-    let slot = stream_slot(&state, &session)?;
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(slot) = stream_slot(&state, &session) else {
+        return too_many_streams();
+    };
     let id = q.id;
-    Ok(Sse::new(ticks(state, session, slot, (), move |s, ()| {
+    Sse::new(ticks(state, session, slot, (), move |s, ()| {
         let id = id.clone();
         async move { (s.inspect_typed(&id).await, ()) }
     }))
-    .keep_alive(KeepAlive::default()))
+    .keep_alive(KeepAlive::default())
+    .into_response()
 }

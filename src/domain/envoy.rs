@@ -861,8 +861,12 @@ mod tests {
         assert_eq!(rules.len(), MAX_NODES);
         assert_eq!(rules[0].name.as_str(), "same");
         assert_eq!(rules[1].name.as_str(), "same-2");
-        assert_eq!(rules[MAX_NODES - 1].name.as_str(), format!("same-{MAX_NODES}"));
-        let names: std::collections::HashSet<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            rules[MAX_NODES - 1].name.as_str(),
+            format!("same-{MAX_NODES}")
+        );
+        let names: std::collections::HashSet<&str> =
+            rules.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names.len(), MAX_NODES);
     }
 

@@ -644,7 +644,10 @@ mod yaml_tests {
     fn a_repeated_key_is_refused_with_its_line() {
         let file = b"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      unit: minute\n      requests_per_unit: 1\n";
         let error = super::domain_yaml(file).unwrap_err();
-        assert!(error.contains("duplicate entry with key \"unit\""), "{error}");
+        assert!(
+            error.contains("duplicate entry with key \"unit\""),
+            "{error}"
+        );
         assert!(error.contains("descriptors[0].rate_limit"), "{error}");
         assert!(error.contains("line 5"), "{error}");
         let good = super::domain_yaml(b"domain: d\ndescriptors: []\n").unwrap();

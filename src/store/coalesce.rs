@@ -223,11 +223,7 @@ impl Calls {
                 self.pending.push_back(job);
             } else {
                 // A costly check fills its call: what follows waits for the next one.
-                work = if costly {
-                    MAX_WORK
-                } else {
-                    work + job.work
-                };
+                work = if costly { MAX_WORK } else { work + job.work };
                 batch.push(job);
             }
         }

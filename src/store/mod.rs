@@ -740,8 +740,7 @@ impl Store {
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
         let mut conn = self.backend.clone();
-        match tokio::time::timeout(self.write_timeout, invocation.invoke_async(&mut conn)).await
-        {
+        match tokio::time::timeout(self.write_timeout, invocation.invoke_async(&mut conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError::Redis(e)),
             Err(_) => Err(StoreError::Timeout(self.write_timeout)),

@@ -30,8 +30,8 @@ async fn answer_before_the_body_ends(
     first: Bytes,
 ) -> (http::StatusCode, Option<String>) {
     let mut sender = connect(app).await;
-    let mut request = http::Request::post(format!("http://{}{path}", app.grpc.unwrap()))
-        .header("te", "trailers");
+    let mut request =
+        http::Request::post(format!("http://{}{path}", app.grpc.unwrap())).header("te", "trailers");
     for (name, value) in headers {
         request = request.header(*name, *value);
     }
@@ -92,8 +92,7 @@ async fn the_grpc_port_checks_the_key_before_reading_a_body() {
         ("/no.such.Service/Method", "application/grpc"),
     ] {
         let (status, grpc) =
-            answer_before_the_body_ends(&app, path, &[("content-type", content_type)], big())
-                .await;
+            answer_before_the_body_ends(&app, path, &[("content-type", content_type)], big()).await;
         assert_eq!(status, 200, "{path} {content_type}");
         assert_eq!(grpc.as_deref(), Some("16"), "{path} {content_type}");
     }

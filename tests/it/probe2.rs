@@ -137,8 +137,10 @@ async fn put_alert(app: &crate::helpers::TestApp, name: &str, url: &str) -> (u16
         .as_admin(
             Method::PUT,
             &format!("/api/v1/alerts/{name}"),
-            Some(&json!({"condition": {"kind": "identifier_throttled", "minutes": 1},
-                "webhook_url": url, "secret": "0123456789abcdef0123"})),
+            Some(
+                &json!({"condition": {"kind": "identifier_throttled", "minutes": 1},
+                "webhook_url": url, "secret": "0123456789abcdef0123"}),
+            ),
         )
         .await;
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
@@ -171,8 +173,17 @@ async fn webhooks_stay_outside_and_their_urls_are_for_admins() {
     .await;
     assert_eq!(status, 200);
     // An admin allows a target inside by setting.
-    let allowing = spawn_app_with(&redis, &[("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "10.0.0.0/8")]).await;
-    assert_eq!(put_alert(&allowing, "inside", "http://10.0.0.8/hook").await.0, 200);
+    let allowing = spawn_app_with(
+        &redis,
+        &[("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "10.0.0.0/8")],
+    )
+    .await;
+    assert_eq!(
+        put_alert(&allowing, "inside", "http://10.0.0.8/hook")
+            .await
+            .0,
+        200
+    );
 
     // The admin key sees the whole URL; a viewer's session sees its host.
     let admin: Value = app
@@ -274,7 +285,11 @@ async fn deleting_an_alert_rule_cancels_its_deliveries() {
     let after = *hits.lock().unwrap();
     // Past the retry the delivery had been given (1 s after its first attempt).
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert_eq!(*hits.lock().unwrap(), after, "a delivery went out after the delete");
+    assert_eq!(
+        *hits.lock().unwrap(),
+        after,
+        "a delivery went out after the delete"
+    );
 }
 
 /// N9: support could add `user=*` unlimited (or `ip=0.0.0.0/0`), which turns a policy off
@@ -292,9 +307,7 @@ async fn catch_all_unlimited_overrides_are_an_admins() {
     let mut support = Visitor::signed_in(&app, "sue").await;
     let csrf = support.csrf().await;
     let origin = support.origin();
-    let add = |m: &'static str, action: &'static str| {
-        json!({"match": m, "action": action, "reason": "test"})
-    };
+    let add = |m: &'static str, action: &'static str| json!({"match": m, "action": action, "reason": "test"});
     for (doc, expected) in [
         (add("user=*", "unlimited"), 403),
         (add("ip=0.0.0.0/0", "unlimited"), 403),
@@ -352,7 +365,10 @@ async fn a_slow_policy_write_is_answered_and_audited() {
         .await;
     let took = started.elapsed();
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    assert!(took >= Duration::from_millis(300), "Redis was paused: {took:?}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "Redis was paused: {took:?}"
+    );
     let audit: Value = app
         .as_admin(Method::GET, "/api/v1/audit?action=policy.", None)
         .await
@@ -436,7 +452,8 @@ async fn the_small_findings_stay_fixed() {
     let body: Value = r.json().await.unwrap();
     let detail = body["detail"].as_str().unwrap();
     assert!(
-        detail.contains("duplicate entry with key \"requests_per_unit\"") && detail.contains("line"),
+        detail.contains("duplicate entry with key \"requests_per_unit\"")
+            && detail.contains("line"),
         "{detail}"
     );
     // The audit API's bounds: the first id there can be pages to nothing, a year past
