@@ -4,6 +4,7 @@
 mod helpers;
 
 mod alerts;
+mod architecture;
 mod api;
 mod auth;
 mod cli;

@@ -1,0 +1,191 @@
+//! The arrows between the top-level modules point down only (STYLE.md):
+//! domain ← store ← service ← {api, envoy, app, auth, cli} ← {state, server} ← main, with
+//! leaf helpers (clock, connection, metrics, shutdown...) anyone may use. This reads every
+//! `crate::<module>` path in `src/` and fails on an arrow that points up or sideways
+//! between front doors.
+//!
+//! The arrows that point up today are listed in `KNOWN`, each to go (issue 33 seals the
+//! service layer): the test fails when a new one appears, and when a listed one is gone, so
+//! the list only ever shrinks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Each top-level module's layer: a module may use modules of a lower layer, and leaves
+/// (layer 0) and its own layer's `config`/`audit` helpers as listed in `may_use`.
+fn layer(module: &str) -> Option<u8> {
+    Some(match module {
+        "domain" => 0,
+        // Leaves: helpers with no knowledge of the product's layers.
+        "batched_writes" | "connection" | "forwarded" | "metrics" | "shutdown" | "demo"
+        | "clock" => 0,
+        "config" => 1,
+        "store" => 2,
+        "audit" | "webhooks" => 3,
+        "service" => 4,
+        "api" | "envoy" | "app" | "auth" | "cli" => 5,
+        "state" | "server" => 6,
+        _ => return None,
+    })
+}
+
+/// Whether `from` may name `to`.
+fn may_use(from: &str, to: &str) -> bool {
+    let (Some(a), Some(b)) = (layer(from), layer(to)) else {
+        return true;
+    };
+    // Leaves may use leaves, and the composition root's two halves each other.
+    b < a || (a == b && (a == 0 || a == 6))
+}
+
+/// Arrows that point up today, to be removed (issue 33); `from -> to`.
+const KNOWN: &[(&str, &str)] = &[
+    ("api", "auth"),
+    ("api", "state"),
+    ("app", "auth"),
+    ("app", "state"),
+    ("auth", "app"),
+    ("auth", "state"),
+    ("cli", "auth"),
+    ("config", "auth"),
+    ("config", "webhooks"),
+    ("envoy", "state"),
+    ("service", "auth"),
+    ("webhooks", "auth"),
+];
+
+/// The first segment of every `crate::` path in `text` (`use crate::{a::b, c}` gives a
+/// and c).
+fn crate_paths(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut at = 0;
+    while let Some(found) = text[at..].find("crate::") {
+        let start = at + found + "crate::".len();
+        at = start;
+        // `$crate::` in macros, `mycrate::` and the like are not this crate's paths.
+        if start >= "crate::".len() + 1 {
+            let before = bytes[start - "crate::".len() - 1];
+            if before.is_ascii_alphanumeric() || before == b'_' || before == b'$' {
+                continue;
+            }
+        }
+        if bytes.get(start) == Some(&b'{') {
+            let mut depth = 0;
+            let mut item_start = true;
+            for (i, &b) in bytes[start..].iter().enumerate() {
+                match b {
+                    b'{' => {
+                        depth += 1;
+                        if depth == 1 {
+                            item_start = true;
+                        }
+                    }
+                    b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            at = start + i;
+                            break;
+                        }
+                    }
+                    b',' if depth == 1 => item_start = true,
+                    b if depth == 1 && item_start && (b.is_ascii_alphabetic() || b == b'_') => {
+                        let name: String = text[start + i..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
+                        out.insert(name);
+                        item_start = false;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            out.insert(name);
+        }
+    }
+    out
+}
+
+fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every arrow between top-level modules: `from -> {to}`.
+fn arrows() -> BTreeMap<String, BTreeSet<String>> {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut arrows: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+        if name == "lib" || name == "main" {
+            continue;
+        }
+        let mut files = Vec::new();
+        if path.is_dir() {
+            rust_files(&path, &mut files);
+        } else {
+            files.push(path.clone());
+        }
+        let to = arrows.entry(name.clone()).or_default();
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for used in crate_paths(&text) {
+                if used != name && layer(&used).is_some() {
+                    to.insert(used);
+                }
+            }
+        }
+    }
+    arrows
+}
+
+#[test]
+fn module_arrows_point_down() {
+    let arrows = arrows();
+    let mut up = BTreeSet::new();
+    for (from, tos) in &arrows {
+        assert!(
+            layer(from).is_some(),
+            "src/{from}: a new top-level module; give it a layer in tests/it/architecture.rs"
+        );
+        for to in tos {
+            if !may_use(from, to) {
+                up.insert((from.clone(), to.clone()));
+            }
+        }
+    }
+    let known: BTreeSet<(String, String)> = KNOWN
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let new: Vec<_> = up.difference(&known).collect();
+    assert!(
+        new.is_empty(),
+        "arrows that point up (STYLE.md: domain ← store ← service ← front doors ← server): {new:?}"
+    );
+    let gone: Vec<_> = known.difference(&up).collect();
+    assert!(
+        gone.is_empty(),
+        "arrows fixed: take them off KNOWN in tests/it/architecture.rs: {gone:?}"
+    );
+}
+
+#[test]
+fn the_path_reader_finds_first_segments() {
+    let found = crate_paths(
+        "use crate::{a::b, c::{d, e}};\nfn f() { crate::g::h(); $crate::x; mycrate::y; }",
+    );
+    let found: Vec<&str> = found.iter().map(String::as_str).collect();
+    assert_eq!(found, ["a", "c", "g"]);
+}
