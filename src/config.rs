@@ -51,7 +51,7 @@ pub struct Config {
     /// Session timeouts (`SPILLWAY_SESSION_IDLE_MS`, default 30 min;
     /// `SPILLWAY_SESSION_ABSOLUTE_MS`, default 12 h) and `SPILLWAY_SECURE_COOKIES=1` to mark
     /// cookies Secure even without `X-Forwarded-Proto: https`.
-    pub sessions: crate::auth::session::SessionSettings,
+    pub sessions: SessionSettings,
     /// Envoy's rate limit protocol: where gRPC is served, whether callers need a key, which
     /// headers the answers carry.
     pub envoy: EnvoySettings,
@@ -66,7 +66,29 @@ pub struct Config {
     pub public_url: String,
     /// Internal hosts and networks alert webhooks may reach
     /// (`SPILLWAY_WEBHOOK_ALLOWED_TARGETS`; default none: public addresses only).
-    pub webhook_targets: crate::webhooks::Targets,
+    pub webhook_targets: crate::outbound::Targets,
+}
+
+/// How long sessions live.
+#[derive(Clone, Copy, Debug)]
+pub struct SessionSettings {
+    /// Ends a session nobody used for this long (30 min).
+    pub idle: Duration,
+    /// Ends every session this long after sign-in (12 h).
+    pub absolute: Duration,
+    /// Always mark the cookie Secure (otherwise only when the request came over https,
+    /// as `X-Forwarded-Proto` says).
+    pub secure_cookies: bool,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(30 * 60),
+            absolute: Duration::from_secs(12 * 3600),
+            secure_cookies: false,
+        }
+    }
 }
 
 /// Envoy's rate limit protocol (`SPILLWAY_GRPC_ADDR`, `SPILLWAY_GRPC_AUTH`,
@@ -213,7 +235,7 @@ impl Config {
             lookup("SPILLWAY_SEED_DEMO").as_deref(),
             Some("0" | "false" | "no")
         );
-        let sessions = crate::auth::session::SessionSettings {
+        let sessions = SessionSettings {
             idle: millis(&lookup, "SPILLWAY_SESSION_IDLE_MS", 30 * 60 * 1000)?,
             absolute: millis(&lookup, "SPILLWAY_SESSION_ABSOLUTE_MS", 12 * 3600 * 1000)?,
             secure_cookies: matches!(
@@ -297,7 +319,7 @@ impl Config {
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,
-            webhook_targets: crate::webhooks::Targets::parse(
+            webhook_targets: crate::outbound::Targets::parse(
                 &lookup("SPILLWAY_WEBHOOK_ALLOWED_TARGETS").unwrap_or_default(),
             )
             .map_err(|problem| ConfigError::Invalid {

@@ -22,6 +22,8 @@ pub mod batched_writes;
 #[cfg(feature = "ssr")]
 pub mod cli;
 #[cfg(feature = "ssr")]
+pub mod clock;
+#[cfg(feature = "ssr")]
 pub mod config;
 #[cfg(feature = "ssr")]
 pub mod connection;
@@ -32,7 +34,11 @@ pub mod envoy;
 #[cfg(feature = "ssr")]
 pub mod forwarded;
 #[cfg(feature = "ssr")]
+pub mod ids;
+#[cfg(feature = "ssr")]
 pub mod metrics;
+#[cfg(feature = "ssr")]
+pub mod outbound;
 #[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]

@@ -32,22 +32,18 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("binding {addr}"))?;
             tracing::info!(%addr, "spillway listening on http://{addr}");
-            if let Some(grpc_addr) = state.envoy.grpc_addr {
-                let grpc = tokio::net::TcpListener::bind(grpc_addr)
-                    .await
-                    .with_context(|| format!("binding {grpc_addr} (SPILLWAY_GRPC_ADDR)"))?;
-                tracing::info!(%grpc_addr, "Envoy rate limit service (gRPC) on {grpc_addr}");
-                let stopped = state.shutdown.clone();
-                let grpc_state = state.clone();
-                tokio::spawn(async move {
-                    let stop = async move { stopped.stopped().await };
-                    if let Err(error) = spillway::envoy::grpc::serve(grpc, grpc_state, stop).await {
-                        tracing::error!(%error, "the gRPC server stopped");
-                    }
-                });
-            }
+            let grpc = match state.envoy.grpc_addr {
+                Some(grpc_addr) => {
+                    let grpc = tokio::net::TcpListener::bind(grpc_addr)
+                        .await
+                        .with_context(|| format!("binding {grpc_addr} (SPILLWAY_GRPC_ADDR)"))?;
+                    tracing::info!(%grpc_addr, "Envoy rate limit service (gRPC) on {grpc_addr}");
+                    Some(grpc)
+                }
+                None => None,
+            };
             let shutdown = server::shutdown_after_drain(state.shutdown.clone(), drain);
-            server::run(listener, state, shutdown).await?;
+            server::serve(listener, grpc, state, shutdown).await?;
             tracing::info!("stopped");
         }
         Command::Export { format, output } => {

@@ -145,6 +145,53 @@ pub async fn shutdown_after_drain(shutdown: Shutdown, drain: Duration) {
     tokio::time::sleep(drain).await;
 }
 
+/// Serves both listeners: HTTP on `http` (see [`run`]) and, when there is one, Envoy's
+/// rate limit service on `grpc`, until `shutdown` resolves; the gRPC server stops with the
+/// HTTP one (the state's shutdown handle). Should either stop on its own (an error, a
+/// panic), this returns the reason, so the process ends rather than half-serving.
+pub async fn serve(
+    http: TcpListener,
+    grpc: Option<TcpListener>,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let grpc = grpc.map(|listener| {
+        let stopped = state.shutdown.clone();
+        tokio::spawn(crate::envoy::grpc::serve(
+            listener,
+            state.clone(),
+            async move { stopped.stopped().await },
+        ))
+    });
+    let http = run(http, state.clone(), shutdown);
+    tokio::pin!(http);
+    let Some(mut grpc) = grpc else {
+        return http.await;
+    };
+    tokio::select! {
+        served = &mut http => {
+            served?;
+            // Stopped with HTTP: let its calls in flight end.
+            grpc.await
+                .map_err(|e| std::io::Error::other(format!("the gRPC server failed: {e}")))?
+        }
+        ended = &mut grpc => {
+            // Stopped through the state's handle (a shutdown under way): HTTP goes on to
+            // its own end.
+            if matches!(ended, Ok(Ok(()))) && state.shutdown.is_draining() {
+                return http.await;
+            }
+            state.shutdown.stop();
+            let reason = match ended {
+                Ok(Ok(())) => "it ended before the HTTP server".to_owned(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            Err(std::io::Error::other(format!("the gRPC server stopped: {reason}")))
+        }
+    }
+}
+
 /// Serves `state` on `listener` until `shutdown` resolves, then lets in-flight requests
 /// finish. Tests bind `127.0.0.1:0` and pass their own shutdown future.
 ///

@@ -6,8 +6,8 @@ use axum::extract::FromRef;
 use leptos::config::LeptosOptions;
 
 use crate::{
-    auth::{ApiKeys, session::SessionSettings},
-    config::Config,
+    auth::ApiKeys,
+    config::{Config, SessionSettings},
     service::{
         Service, deny_cache::DenyCache, history::HistoryCounts, live::LiveCounts,
         policies::seed_demo_policy, policy_cache::PolicyCache,
@@ -181,7 +181,7 @@ pub async fn ensure_first_admin(store: &Store) -> Result<Option<(String, String)
         username: Username::parse("admin").expect("a valid name"),
         role: Role::Admin,
         password_hash: crate::auth::password::hash(password.clone()).await,
-        created_at_ms: crate::auth::keys::now_ms(),
+        created_at_ms: crate::clock::now_ms(),
     };
     if store.add_user(&user).await? {
         let _ = crate::audit::Actor {

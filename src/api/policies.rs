@@ -187,7 +187,7 @@ pub(super) async fn add_override(
         ));
     }
     added.refuse_unmatchable("body")?;
-    added.refuse_past_expiry("body", crate::auth::keys::now_ms())?;
+    added.refuse_past_expiry("body", crate::clock::now_ms())?;
     let saved = state
         .change_policy(&actor, &name(&raw)?, "override.add", "", |current| {
             if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {

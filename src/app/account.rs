@@ -20,7 +20,7 @@ pub async fn change_my_password(
         domain::people::Action,
         service::signin::{Attempt, Charged},
     };
-    let caller = crate::auth::guard::require_change(Action::View, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::View, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     let store = state.store.clone();
     let unavailable = |e| AppError::unavailable("password change", e);
@@ -35,7 +35,7 @@ pub async fn change_my_password(
                 "current",
                 format!("too many wrong passwords; try again in {wait_s} seconds"),
             );
-            crate::auth::guard::set_status(axum::http::StatusCode::TOO_MANY_REQUESTS);
+            crate::app::guard::set_status(axum::http::StatusCode::TOO_MANY_REQUESTS);
             return Err(error);
         }
         Charged::Invalid => {

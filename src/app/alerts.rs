@@ -56,7 +56,7 @@ fn watches(condition: &crate::domain::alerts::Condition) -> String {
 
 #[server(prefix = "/fn", endpoint = "alerts")]
 pub async fn load_alerts() -> Result<AlertsData, AppError> {
-    use crate::{auth::guard, domain::people::Action, domain::time::utc_seconds};
+    use crate::{app::guard, domain::people::Action, domain::time::utc_seconds};
     let caller = guard::require(Action::View)?;
     let state = expect_context::<crate::state::AppState>();
     // Webhook URLs and delivery details are for admins (the URLs are often credentials).
@@ -124,7 +124,7 @@ pub async fn save_alert_rule(
     #[server(default)] secret: String,
 ) -> Result<(), AppError> {
     use crate::{
-        auth::guard,
+        app::guard,
         domain::{
             alerts::{AlertRule, Condition},
             people::Action,
@@ -187,7 +187,7 @@ pub async fn delete_alert_rule(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
 ) -> Result<(), AppError> {
-    use crate::{auth::guard, domain::people::Action, service::alerts::AlertError};
+    use crate::{app::guard, domain::people::Action, service::alerts::AlertError};
     let caller = guard::require_change(Action::EditPolicies, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     state

@@ -30,7 +30,7 @@ pub async fn audit_log(
     #[server(default)] before: String,
 ) -> Result<AuditPageData, AppError> {
     use crate::service::audit::{AuditError, AuditQuery};
-    crate::auth::guard::require(crate::domain::people::Action::View)?;
+    crate::app::guard::require(crate::domain::people::Action::View)?;
     let query = AuditQuery {
         actor: &actor,
         action: &action,

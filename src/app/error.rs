@@ -56,7 +56,7 @@ mod answer {
     use axum::http::StatusCode;
 
     use super::AppError;
-    use crate::auth::guard::set_status;
+    use crate::app::guard::set_status;
 
     impl AppError {
         /// A 400 naming the form field.

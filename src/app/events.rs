@@ -14,10 +14,7 @@ use axum::{
 use futures_util::stream::Stream;
 use serde::Deserialize;
 
-use crate::{
-    auth::{keys::now_ms, session::CurrentSession},
-    state::AppState,
-};
+use crate::{auth::session::CurrentSession, clock::now_ms, state::AppState};
 
 /// Live streams one session may hold open on one instance: a few tabs of the overview and
 /// the inspector. Each costs Redis a gathering a second; 400 of one viewer drove Redis to

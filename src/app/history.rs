@@ -38,7 +38,7 @@ pub struct HistoryData {
 #[server(prefix = "/fn", endpoint = "history")]
 pub async fn load_history(policy: String, range: String) -> Result<HistoryData, AppError> {
     use crate::{domain::history::ALL, service::history::HistoryError};
-    crate::auth::guard::require(crate::domain::people::Action::View)?;
+    crate::app::guard::require(crate::domain::people::Action::View)?;
     let state = expect_context::<crate::state::AppState>();
     let range = if range.is_empty() {
         Range::Day
@@ -75,11 +75,7 @@ pub async fn load_history(policy: String, range: String) -> Result<HistoryData, 
         let step = range.default_step();
         let totals = state
             .store
-            .history_totals(
-                &names,
-                step,
-                range.periods(step, crate::auth::keys::now_ms()),
-            )
+            .history_totals(&names, step, range.periods(step, crate::clock::now_ms()))
             .await
             .map_err(|e| AppError::unavailable("history totals", e))?;
         names.into_iter().zip(totals).collect()

@@ -16,7 +16,7 @@ pub use crate::domain::inspection::{Inspection, PolicyState, RuleState};
 
 #[server(prefix = "/fn", endpoint = "inspect")]
 pub async fn inspect_identifier(#[server(default)] id: String) -> Result<Inspection, AppError> {
-    crate::auth::guard::require(Action::View)?;
+    crate::app::guard::require(Action::View)?;
     Ok(expect_context::<crate::state::AppState>()
         .inspect_typed(&id)
         .await)
@@ -33,7 +33,7 @@ pub struct Denials {
 
 #[server(prefix = "/fn", endpoint = "identifier_denials")]
 pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials, AppError> {
-    crate::auth::guard::require(Action::View)?;
+    crate::app::guard::require(Action::View)?;
     let id =
         crate::domain::Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
     let hours = expect_context::<crate::state::AppState>()
@@ -41,7 +41,7 @@ pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials
         .await
         .map_err(|e| AppError::unavailable("identifier history", e))?;
     Ok(Denials {
-        now_ms: crate::auth::keys::now_ms(),
+        now_ms: crate::clock::now_ms(),
         hours,
     })
 }
@@ -75,7 +75,7 @@ pub async fn reset_identifier(
     #[server(default)] reason: String,
 ) -> Result<u64, AppError> {
     use crate::{domain::Identifier, service::identifiers::ResetError};
-    let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     let id = Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
     let reason = reason_given(&reason)?;
@@ -103,7 +103,7 @@ pub async fn release_lease(
     #[server(default)] lease: String,
     #[server(default)] reason: String,
 ) -> Result<bool, AppError> {
-    let caller = crate::auth::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     let lease: crate::domain::lease::LeaseId = lease
         .trim()

@@ -7,6 +7,8 @@ pub mod audit;
 pub mod error;
 #[cfg(feature = "ssr")]
 pub mod events;
+#[cfg(feature = "ssr")]
+pub mod guard;
 pub mod history;
 pub mod inspector;
 mod login;

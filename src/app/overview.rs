@@ -315,14 +315,14 @@ pub async fn gather(state: &crate::state::AppState) -> OverviewData {
 /// The overview, for the first render (and for anyone polling).
 #[server(prefix = "/fn", endpoint = "overview")]
 pub async fn overview() -> Result<OverviewData, AppError> {
-    crate::auth::guard::require(crate::domain::people::Action::View)?;
+    crate::app::guard::require(crate::domain::people::Action::View)?;
     Ok(gather(&expect_context::<crate::state::AppState>()).await)
 }
 
 /// Reads Redis's status on the server by running the health script.
 #[server(prefix = "/fn", endpoint = "redis_status")]
 pub async fn redis_status() -> Result<RedisReport, AppError> {
-    crate::auth::guard::require(crate::domain::people::Action::View)?;
+    crate::app::guard::require(crate::domain::people::Action::View)?;
     Ok(gather(&expect_context::<crate::state::AppState>())
         .await
         .redis)

@@ -63,7 +63,7 @@ fn people_failed(e: crate::auth::people::PeopleError) -> AppError {
 
 #[server(prefix = "/fn", endpoint = "people")]
 pub async fn list_people() -> Result<PeopleView, AppError> {
-    use crate::{auth::guard, domain::people::Action};
+    use crate::{app::guard, domain::people::Action};
     let caller = guard::require(Action::ManagePeople)?;
     let store = state().store.clone();
     let users = store.list_users().await.map_err(store_failed)?;
@@ -115,7 +115,7 @@ pub async fn add_user(
     #[server(default)] role: String,
     #[server(default)] password: String,
 ) -> Result<(), AppError> {
-    use crate::{auth::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
     people::add_user(&state().store, &caller.actor(), &username, role, &password)
@@ -130,7 +130,7 @@ pub async fn set_user_role(
     #[server(default)] username: String,
     #[server(default)] role: String,
 ) -> Result<(), AppError> {
-    use crate::{auth::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
     people::set_role(&state().store, &caller.actor(), &username, role)
@@ -143,7 +143,7 @@ pub async fn remove_user(
     #[server(default)] csrf: String,
     #[server(default)] username: String,
 ) -> Result<(), AppError> {
-    use crate::{auth::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     people::remove_user(&state().store, &caller.actor(), &username)
         .await
@@ -156,7 +156,7 @@ pub async fn create_key(
     #[server(default)] name: String,
     #[server(default)] role: String,
 ) -> Result<(), AppError> {
-    use crate::{auth::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = KeyRole::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
     let store = state().store.clone();
@@ -194,7 +194,7 @@ pub async fn revoke_key(
     #[server(default)] csrf: String,
     #[server(default)] id: String,
 ) -> Result<(), AppError> {
-    use crate::{auth::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, auth::people, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     people::revoke_key(&state().store, &caller.actor(), &id)
         .await

@@ -16,7 +16,11 @@ use std::{
 use sha2::{Digest, Sha256};
 
 pub use crate::domain::people::KeyRole;
-use crate::store::Store;
+use crate::{
+    clock::now_ms,
+    ids::{random_bytes, to_hex},
+    store::Store,
+};
 
 /// Who called, by API key: its role and the name the audit log gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -166,11 +170,6 @@ pub fn digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-/// Lowercase hex.
-pub fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn from_hex(hex: &str) -> Option<[u8; 32]> {
     if hex.len() != 64 {
         return None;
@@ -180,13 +179,6 @@ fn from_hex(hex: &str) -> Option<[u8; 32]> {
         out[i] = u8::from_str_radix(std::str::from_utf8(chunk).ok()?, 16).ok()?;
     }
     Some(out)
-}
-
-/// `n` random bytes from the OS.
-pub fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut bytes = [0u8; N];
-    getrandom::fill(&mut bytes).expect("the OS random generator works");
-    bytes
 }
 
 /// A new random key: 256 bits, hex, with a prefix that says what it is.
@@ -221,12 +213,6 @@ pub fn join_secret(masked_hex: &str, pad_hex: &str) -> Option<String> {
         return None;
     }
     String::from_utf8(masked.iter().zip(&pad).map(|(m, p)| m ^ p).collect()).ok()
-}
-
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[cfg(test)]

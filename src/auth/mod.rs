@@ -1,7 +1,7 @@
 //! Who is calling and what they may do: API keys for services and automation, users with
-//! roles and sessions for people, the sign-in form, and the guards server functions use.
+//! roles and sessions for people, and the sign-in form. (The guards the dashboard's server
+//! functions use are the dashboard's: `app::guard`.)
 
-pub mod guard;
 pub mod keys;
 pub mod login;
 pub mod password;

@@ -69,7 +69,7 @@ pub async fn add_user(
         username: username.clone(),
         role,
         password_hash: password::hash(new_password.to_owned()).await,
-        created_at_ms: keys::now_ms(),
+        created_at_ms: crate::clock::now_ms(),
     };
     if !store.add_user(&user).await? {
         return Err(PeopleError::Exists(username.to_string()));
@@ -208,11 +208,11 @@ pub async fn create_key(
     };
     let secret = keys::generate_key(prefix);
     let record = ApiKeyRecord {
-        id: keys::to_hex(&keys::random_bytes::<8>()),
+        id: crate::ids::random_hex::<8>(),
         name: name.to_owned(),
         role,
-        digest: keys::to_hex(&keys::digest(&secret)),
-        created_at_ms: keys::now_ms(),
+        digest: crate::ids::to_hex(&keys::digest(&secret)),
+        created_at_ms: crate::clock::now_ms(),
         created_by: actor.name.clone(),
         revoked_at_ms: None,
         last_used_ms: None,
@@ -235,11 +235,11 @@ pub async fn create_key(
 /// Revokes an API key: every instance refuses it within a poll interval (250 ms).
 pub async fn revoke_key(store: &Store, actor: &Actor, id: &str) -> Result<(), PeopleError> {
     let before = store
-        .revoke_api_key(id.trim(), keys::now_ms())
+        .revoke_api_key(id.trim(), crate::clock::now_ms())
         .await?
         .ok_or_else(|| PeopleError::NotFound(id.to_owned()))?;
     let mut after = before.clone();
-    after.revoked_at_ms.get_or_insert(keys::now_ms());
+    after.revoked_at_ms.get_or_insert(crate::clock::now_ms());
     let _ = actor
         .record(
             store,

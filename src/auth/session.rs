@@ -14,10 +14,7 @@
 //! (CSP with a per-response nonce, `frame-ancestors 'none'`, `Cache-Control: no-store`) on
 //! every dashboard response.
 
-use std::{
-    net::{IpAddr, SocketAddr},
-    time::Duration,
-};
+use std::net::{IpAddr, SocketAddr};
 
 use axum::{
     extract::{ConnectInfo, Request, State},
@@ -27,37 +24,20 @@ use axum::{
 };
 use subtle::ConstantTimeEq;
 
-use super::keys::{now_ms, random_bytes, to_hex};
+use crate::{
+    clock::now_ms,
+    ids::{random_bytes, to_hex},
+};
 use crate::{
     domain::people::{Role, Username},
     state::AppState,
     store::sessions::SessionRecord,
 };
 
+pub use crate::config::SessionSettings;
+
 /// The session cookie.
 pub const COOKIE: &str = "spillway_session";
-
-/// How long sessions live.
-#[derive(Clone, Copy, Debug)]
-pub struct SessionSettings {
-    /// Ends a session nobody used for this long (30 min).
-    pub idle: Duration,
-    /// Ends every session this long after sign-in (12 h).
-    pub absolute: Duration,
-    /// Always mark the cookie Secure (otherwise only when the request came over https,
-    /// as `X-Forwarded-Proto` says).
-    pub secure_cookies: bool,
-}
-
-impl Default for SessionSettings {
-    fn default() -> Self {
-        Self {
-            idle: Duration::from_secs(30 * 60),
-            absolute: Duration::from_secs(12 * 3600),
-            secure_cookies: false,
-        }
-    }
-}
 
 /// A live session of this request.
 #[derive(Clone, Debug)]

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use super::Service;
 use crate::{
     audit::{Actor, Change},
+    clock::now_ms,
     domain::alerts::{self, AlertRule, Condition},
     shutdown::Shutdown,
     store::{Store, StoreError},
@@ -245,7 +246,7 @@ impl Service {
         self.spawn_outage_alerts(settings.clone(), shutdown);
         let store = self.store.clone();
         let targets = self.webhook_targets.clone();
-        let holder = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<12>());
+        let holder = crate::ids::random_hex::<12>();
         shutdown.spawn(async move {
             let webhooks = Webhooks::new(targets);
             let lease_ms = (settings.every.as_millis() as u64 * 3).max(1000);
@@ -290,10 +291,6 @@ async fn rules(store: &Store) -> Result<Vec<AlertRule>, StoreError> {
         .into_iter()
         .filter_map(|(_, doc)| serde_json::from_str::<AlertRule>(&doc).ok())
         .collect())
-}
-
-fn now_ms() -> i64 {
-    super::now_ms()
 }
 
 /// What fires for `rule` now: subject → figures.
@@ -357,7 +354,7 @@ async fn evaluate(store: &Store, settings: &AlertSettings) -> Result<(), StoreEr
         if before.contains_key(key) {
             continue;
         }
-        let id = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<8>());
+        let id = crate::ids::random_hex::<8>();
         let record = json!({"id": id, "rule": rule.name, "subject": subject, "since_ms": now,
             "figures": figures});
         store
@@ -509,7 +506,7 @@ impl Service {
         let store = self.store.clone();
         let outage = self.outage.clone();
         let targets = self.webhook_targets.clone();
-        let instance = crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<6>());
+        let instance = crate::ids::random_hex::<6>();
         let tasks = shutdown.clone();
         shutdown.spawn(async move {
             let webhooks = Webhooks::new(targets);
@@ -538,8 +535,7 @@ impl Service {
                     };
                     match (since, fired.get(&rule.name)) {
                         (Some(start), None) if now - start > i64::from(seconds) * 1000 => {
-                            let id =
-                                crate::auth::keys::to_hex(&crate::auth::keys::random_bytes::<8>());
+                            let id = crate::ids::random_hex::<8>();
                             fired.insert(rule.name.clone(), (id.clone(), start));
                             let figures = json!({"instance": instance, "failing_since_ms": start,
                                 "failing_for_seconds": (now - start) / 1000});

@@ -25,7 +25,7 @@ pub mod signin;
 
 pub use check::{CheckError, CheckRequest, Checked};
 
-use crate::store::Store;
+use crate::{clock::now_ms, store::Store};
 
 /// The store and the caches in front of it: what every use case works with. Cloned
 /// cheaply (each part is a handle).
@@ -40,13 +40,5 @@ pub struct Service {
     /// Since when this instance's checks fail on Redis (for the `degraded` alerts).
     pub outage: alerts::RedisOutage,
     /// The internal hosts alert webhooks may reach.
-    pub webhook_targets: crate::webhooks::Targets,
-}
-
-/// The host's clock in ms since the epoch: what override expiries are compared with (limits
-/// themselves run on Redis's clock, in the scripts).
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    pub webhook_targets: crate::outbound::Targets,
 }

@@ -44,11 +44,7 @@ pub(super) fn minute_of(now_ms: i64) -> i64 {
     now_ms.div_euclid(60_000)
 }
 
-pub(super) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub(super) use crate::clock::now_ms;
 
 impl Store {
     /// A check that also counts itself for the overview: `check_and_consume` at Redis's

@@ -264,13 +264,7 @@ pub async fn serve(state: AppState) -> TestApp {
     // The gRPC server stops when the HTTP server does (its shutdown handle).
     let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = grpc_listener.local_addr().unwrap();
-    let stopped = state.shutdown.clone();
-    tokio::spawn(spillway::envoy::grpc::serve(
-        grpc_listener,
-        state.clone(),
-        async move { stopped.stopped().await },
-    ));
-    tokio::spawn(server::run(listener, state, async {
+    tokio::spawn(server::serve(listener, Some(grpc_listener), state, async {
         let _ = rx.await;
     }));
     TestApp {

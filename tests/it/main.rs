@@ -4,8 +4,8 @@
 mod helpers;
 
 mod alerts;
-mod architecture;
 mod api;
+mod architecture;
 mod auth;
 mod cli;
 mod cluster;

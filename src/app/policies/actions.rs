@@ -51,7 +51,7 @@ impl From<crate::service::policies::ChangeError> for PageError {
 
 #[server(prefix = "/fn", endpoint = "policies")]
 pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
-    crate::auth::guard::require(Action::View)?;
+    crate::app::guard::require(Action::View)?;
     let policies = state().store.list_policies().await.map_err(unavailable)?;
     Ok(policies
         .into_iter()
@@ -69,7 +69,7 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
 #[server(prefix = "/fn", endpoint = "policy")]
 pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, AppError> {
     use crate::{domain::Name, store::policies::document};
-    crate::auth::guard::require(Action::View)?;
+    crate::app::guard::require(Action::View)?;
     let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let store = state().store.clone();
     let Some(policy) = store.get_policy(&name).await.map_err(unavailable)? else {
@@ -154,7 +154,7 @@ pub async fn save_policy(
     #[server(default)] rules: Vec<RuleForm>,
 ) -> Result<u64, AppError> {
     use crate::domain::Policy;
-    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
     let mut policy = Policy::from_document(name.trim(), &doc)
         .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
@@ -192,7 +192,7 @@ pub async fn save_envoy_file(
     #[server(default)] file: String,
 ) -> Result<u64, AppError> {
     use crate::domain::envoy::{EnvoyDomain, policy_name};
-    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let value = crate::service::envoy::domain_yaml(file.as_bytes())
         .map_err(|e| AppError::bad_input("file", e))?;
     let domain = EnvoyDomain::from_value(&value)
@@ -222,7 +222,7 @@ pub async fn save_envoy_file(
 /// audit), naming the field that is wrong.
 #[cfg(feature = "ssr")]
 async fn change_policy(
-    caller: &crate::auth::guard::Caller,
+    caller: &crate::app::guard::Caller,
     name: &str,
     action: &str,
     reason: &str,
@@ -247,7 +247,7 @@ pub async fn rollback_policy(
     #[server(default)] to_version: u64,
 ) -> Result<u64, AppError> {
     use crate::domain::Name;
-    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let parsed = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let old = state()
         .store
@@ -267,7 +267,7 @@ pub async fn delete_policy(
     #[server(default)] name: String,
 ) -> Result<(), AppError> {
     use crate::{domain::Name, service::policies::ChangeError};
-    let caller = crate::auth::guard::require_change(Action::EditPolicies, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     match state().delete_policy(&caller.actor(), &name).await {
         // Already gone: the page goes back to the list all the same.
@@ -290,7 +290,7 @@ pub async fn add_override(
     #[server(default)] reason: String,
 ) -> Result<(), AppError> {
     use crate::domain::overrides::Override;
-    let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::ManageOverrides, &csrf)?;
     // Ten years at most: anything larger would overflow the expiry time (and is "never").
     const MAX_MINUTES: u64 = 10 * 366 * 24 * 60;
     let minutes: u64 = match expires_minutes.trim() {
@@ -310,7 +310,7 @@ pub async fn add_override(
         serde_json::json!({ "match": matcher.trim(), "action": action, "reason": reason.trim() });
     if minutes > 0 {
         doc["expires_at_ms"] =
-            serde_json::json!(crate::auth::keys::now_ms() + (minutes as i64) * 60_000);
+            serde_json::json!(crate::clock::now_ms() + (minutes as i64) * 60_000);
     }
     let added = Override::from_document(&doc, "override")
         .and_then(|o| o.refuse_unmatchable("override").map(|()| o))
@@ -345,7 +345,7 @@ pub async fn remove_override(
     #[server(default)] name: String,
     #[server(default)] index: usize,
 ) -> Result<(), AppError> {
-    let caller = crate::auth::guard::require_change(Action::ManageOverrides, &csrf)?;
+    let caller = crate::app::guard::require_change(Action::ManageOverrides, &csrf)?;
     change_policy(&caller, &name, "override.remove", "", |current| {
         if index >= current.overrides.len() {
             return Err(AppError::bad_input("index", "no such override"));

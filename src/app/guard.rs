@@ -5,9 +5,8 @@
 use axum::http::{StatusCode, request::Parts};
 use leptos::prelude::*;
 
-use crate::app::error::AppError;
-
-use super::session::{ClientIp, CurrentSession};
+use super::error::AppError;
+use crate::auth::session::{ClientIp, CurrentSession};
 use crate::{
     audit::Actor,
     domain::people::{Action, Role, Username},
