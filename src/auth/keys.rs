@@ -100,7 +100,10 @@ impl ApiKeys {
                 actor: "key:env".into(),
             });
         }
-        let stored = self.stored.read().expect("key map lock");
+        let stored = self
+            .stored
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let k = stored.get(&d)?;
         self.uses
             .lock()
@@ -130,7 +133,10 @@ impl ApiKeys {
                 ))
             })
             .collect();
-        *self.stored.write().expect("key map lock") = map;
+        *self
+            .stored
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = map;
         Ok(())
     }
 
@@ -154,8 +160,12 @@ impl ApiKeys {
                     }
                 }
                 if ticks.is_multiple_of(20) {
-                    let uses: Vec<(String, i64)> =
-                        keys.uses.lock().expect("key use lock").drain().collect();
+                    let uses: Vec<(String, i64)> = keys
+                        .uses
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .drain()
+                        .collect();
                     if let Err(error) = store.record_key_use(&uses).await {
                         tracing::debug!(%error, "could not record API key use");
                     }

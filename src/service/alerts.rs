@@ -518,7 +518,9 @@ impl Service {
             loop {
                 tick.tick().await;
                 if let Ok(rules) = rules(&store).await {
-                    *known.lock().expect("rules lock") = rules;
+                    *known
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = rules;
                 }
                 let rules: Vec<AlertRule> = known
                     .lock()

@@ -60,7 +60,10 @@ impl DenyCache {
             return None;
         }
         let now = Instant::now();
-        let map = self.map.lock().expect("deny cache lock");
+        let map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if map.is_empty() {
             return None;
         }
@@ -126,7 +129,10 @@ impl DenyCache {
         else {
             return;
         };
-        let mut map = self.map.lock().expect("deny cache lock");
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if map.len() + decision.results.len() > MAX_ENTRIES {
             map.retain(|_, e| e.until > now);
             if map.len() + decision.results.len() > MAX_ENTRIES {
@@ -164,7 +170,10 @@ impl DenyCache {
     /// Forgets `identifier` under `policies` (all when `None`).
     pub fn invalidate(&self, policies: Option<&[String]>, identifier: &Identifier) {
         let suffix = format!("\u{0}{identifier}");
-        let mut map = self.map.lock().expect("deny cache lock");
+        let mut map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         map.retain(|k, _| {
             if !k.ends_with(&suffix) {
                 return true;

@@ -170,7 +170,10 @@ impl HistoryCounts {
         let now = super::now_ms();
         let minute = Step::Minute.period_of(now);
         let hour = Step::Hour.period_of(now);
-        let mut guard = self.pending.lock().expect("history lock");
+        let mut guard = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let pending = &mut *guard;
         let room = pending.tracked < MAX_TRACKED;
         let mut scratch = std::mem::take(&mut pending.scratch);
@@ -198,14 +201,22 @@ impl HistoryCounts {
 
     /// Writes what was counted since the last flush; on failure keeps it for the next.
     pub async fn flush(&self, store: &Store) -> Result<(), StoreError> {
-        let drained = std::mem::take(&mut *self.pending.lock().expect("history lock"));
+        let drained = std::mem::take(
+            &mut *self
+                .pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let batch = drained.batch();
         if batch.is_empty() {
             return Ok(());
         }
         let result = store.add_history(&batch).await;
         if result.is_err() {
-            self.pending.lock().expect("history lock").merge(drained);
+            self.pending
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .merge(drained);
         }
         result
     }

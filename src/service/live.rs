@@ -28,7 +28,10 @@ pub struct LiveCounts {
 impl LiveCounts {
     /// Notes one denial answered from the cache; `identifier` is the one that bound.
     pub fn denied_from_cache(&self, policy: &str, identifier: Option<String>) {
-        let mut pending = self.pending.lock().expect("live counts lock");
+        let mut pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let p = pending.entry(policy.to_owned()).or_default();
         p.denied += 1;
         if let Some(id) = identifier {

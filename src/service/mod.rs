@@ -7,7 +7,9 @@
 //! With the use cases live the caches they keep in front of Redis: the policies
 //! (`policy_cache`), denials that stand until a known time (`deny_cache`) and the denials
 //! answered from it, on their way to the overview's counters (`live`), and every answered
-//! check on its way to the history (`history`).
+//! check on its way to the history (`history`). Their locks recover a poisoned guard
+//! (`PoisonError::into_inner`): what they hold (counters, caches, snapshots) is whole at
+//! every step, and one panic while a lock was held must not make every later check panic.
 
 pub mod alerts;
 pub mod audit;

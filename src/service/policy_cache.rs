@@ -40,7 +40,11 @@ impl PolicyCache {
 
     /// Every policy, sorted by name.
     pub fn all(&self) -> Vec<Arc<Policy>> {
-        let snapshot = self.snapshot.read().expect("policy cache lock").clone();
+        let snapshot = self
+            .snapshot
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         let mut all: Vec<Arc<Policy>> = snapshot.values().cloned().collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         all
@@ -80,7 +84,10 @@ impl PolicyCache {
             .into_iter()
             .map(|p| (p.name.as_str().to_owned(), Arc::new(p)))
             .collect();
-        *self.snapshot.write().expect("policy cache lock") = Arc::new(map);
+        *self
+            .snapshot
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(map);
         self.generation.store(generation, Ordering::Release);
         self.loaded.store(true, Ordering::Release);
         Ok(())

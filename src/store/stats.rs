@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 
-use super::{CheckEntry, Now, Store, StoreError};
-use crate::domain::{Decision, Name};
+use super::{CheckEntry, Store, StoreError};
+use crate::domain::Name;
 
 /// Seconds the rate circle holds.
 pub const RATE_SECONDS: i64 = 300;
@@ -47,69 +47,6 @@ pub(super) fn minute_of(now_ms: i64) -> i64 {
 pub(super) use crate::clock::now_ms;
 
 impl Store {
-    /// A check that also counts itself for the overview: `check_and_consume` at Redis's
-    /// clock, with the live counters updated in the same script on a single Redis. On a
-    /// cluster the counters live in another slot, so they are updated by a second call
-    /// that the caller does not wait for.
-    pub async fn check_and_count(
-        &self,
-        policy: &Name,
-        entries: &[CheckEntry<'_>],
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
-        if self.is_cluster() {
-            let decision = self
-                .check_and_consume(policy, entries, cost, Now::Redis)
-                .await?;
-            let store = self.clone();
-            let policy = policy.to_string();
-            let denied_label = (!decision.allowed)
-                .then(|| {
-                    decision
-                        .binding()
-                        .map(|b| label(&policy, &b.identifier.to_string()))
-                })
-                .flatten();
-            let allowed = decision.allowed;
-            tokio::spawn(async move {
-                let labels: Vec<(String, u64)> = denied_label.into_iter().map(|l| (l, 1)).collect();
-                if let Err(error) = store
-                    .add_stats(&policy, u64::from(allowed), u64::from(!allowed), &labels)
-                    .await
-                {
-                    tracing::debug!(%error, "could not count a check");
-                }
-            });
-            return Ok(decision);
-        }
-        // A single Redis: the check and its counters in one script call, shared with the
-        // checks that arrive meanwhile (see coalesce.rs).
-        let coalescer = self
-            .coalescer
-            .as_ref()
-            .ok_or_else(|| StoreError::Reply("this store has no check queue".into()))?;
-        let super::Prepared { keys, rules } = self.prepare(policy, entries);
-        let context = super::CheckContext::new(&rules, Now::Redis);
-        let labels = entries
-            .iter()
-            .map(|e| label(policy.as_str(), &e.identifier.to_string()))
-            .collect();
-        let (at_us, outcomes) = coalescer
-            .check(
-                keys,
-                rules,
-                labels,
-                self.keys.stats_rate(policy.as_str()),
-                cost,
-                context,
-            )
-            .await?;
-        let mut decision = self.decision_of(entries, outcomes);
-        decision.at_us = at_us;
-        super::with_leases(policy, entries, &mut decision, &context, cost, |_| at_us);
-        Ok(decision)
-    }
-
     /// Adds counts answered elsewhere (an instance's over-limit cache) to the counters.
     pub async fn add_stats(
         &self,

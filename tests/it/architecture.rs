@@ -61,7 +61,7 @@ fn crate_paths(text: &str) -> BTreeSet<String> {
         let start = at + found + "crate::".len();
         at = start;
         // `$crate::` in macros, `mycrate::` and the like are not this crate's paths.
-        if start >= "crate::".len() + 1 {
+        if start > "crate::".len() {
             let before = bytes[start - "crate::".len() - 1];
             if before.is_ascii_alphanumeric() || before == b'_' || before == b'$' {
                 continue;

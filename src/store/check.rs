@@ -1,0 +1,687 @@
+//! A check's way through Redis: the check script assembled for the algorithms a check uses,
+//! its arguments built from the rules, the call (one round trip on a single Redis, one per
+//! identifier's slot on a cluster, with refunds when a later slot denies), the probe that
+//! reads without consuming, usage reported afterwards, and the reply read back into domain
+//! outcomes. The coalescer (`coalesce.rs`) sends counted checks together; together these two
+//! files are a check's whole path through the store.
+
+use std::sync::OnceLock;
+
+use redis::Script;
+
+use super::{Store, StoreError};
+use crate::domain::{Algorithm, Decision, Identifier, Name, Outcome, Rule, RuleResult};
+
+/// The algorithm files the check script is assembled from, by their codes in `keys.rs`.
+pub(super) const ALGORITHM_FILES: [(&str, &str); 9] = [
+    ("fw", include_str!("../../lua/fixed_window.lua")),
+    ("lw", include_str!("../../lua/sliding_log.lua")),
+    ("sw", include_str!("../../lua/sliding_window.lua")),
+    ("tb", include_str!("../../lua/token_bucket.lua")),
+    ("lb", include_str!("../../lua/leaky_bucket.lua")),
+    ("gc", include_str!("../../lua/gcra.lua")),
+    ("bw", include_str!("../../lua/bucketed_window.lua")),
+    ("cc", include_str!("../../lua/concurrency.lua")),
+    ("qt", include_str!("../../lua/quota.lua")),
+];
+
+/// The check script for each mix of algorithms, built on first use: the shared prelude, the
+/// files of just the algorithms the check uses, the live counters, then the driver that reads
+/// KEYS and ARGV. Still one script and one round trip per check, whatever the mix; leaving
+/// out the algorithms a check does not use spares Redis defining them on every call (about
+/// 2 µs of its 16 for a one-rule check, measured with redis-benchmark).
+pub(super) struct CheckScripts([OnceLock<Script>; 1 << ALGORITHM_FILES.len()]);
+
+impl CheckScripts {
+    pub(super) fn new() -> Self {
+        Self(std::array::from_fn(|_| OnceLock::new()))
+    }
+
+    /// The script for checks of these algorithms.
+    pub(super) fn for_algorithms<'a>(
+        &self,
+        algorithms: impl Iterator<Item = &'a Algorithm>,
+    ) -> &Script {
+        let mask = algorithms.fold(0usize, |mask, a| {
+            let code = a.kind().code;
+            mask | 1
+                << ALGORITHM_FILES
+                    .iter()
+                    .position(|(c, _)| *c == code)
+                    .expect("every algorithm code has a file")
+        });
+        self.0[mask].get_or_init(|| Script::new(&check_source(mask)))
+    }
+}
+
+/// The source of the check script for the algorithms in `mask` (bits in ALGORITHM_FILES order).
+fn check_source(mask: usize) -> String {
+    let mut parts = vec![include_str!("../../lua/prelude.lua")];
+    parts.extend(
+        ALGORITHM_FILES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & 1 << i != 0)
+            .map(|(_, (_, source))| *source),
+    );
+    parts.push(include_str!("../../lua/stats.lua"));
+    parts.push(include_str!("../../lua/check.lua"));
+    parts.join("\n")
+}
+
+/// Which clock a check runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Now {
+    /// Redis `TIME`: the server's clock, the same for every Spillway host. Production.
+    Redis,
+    /// A fixed time in µs (tests that replay published tables).
+    At(i64),
+    /// Redis `TIME` plus an offset in µs: a test clock that never runs slower than the
+    /// real one, so real TTLs never expire state the test still counts on.
+    RedisPlus(i64),
+}
+
+impl Now {
+    fn arg(self) -> String {
+        match self {
+            Now::Redis => String::new(),
+            Now::At(us) => us.to_string(),
+            Now::RedisPlus(us) => format!("+{us}"),
+        }
+    }
+}
+
+/// What one check adds to its rules' script parameters: the random token its leases are
+/// named by (concurrency rules), and the time calendar boundaries are worked out around
+/// (quota rules; the script places Redis's own clock among them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CheckContext {
+    token: u64,
+    around_us: i64,
+}
+
+impl CheckContext {
+    /// The context of a check of `rules` on the clock `now`: a token is drawn only for a
+    /// check that takes leases.
+    pub(super) fn new(rules: &[(Algorithm, bool)], now: Now) -> Self {
+        // 0 when the check takes no lease.
+        let token = if rules
+            .iter()
+            .any(|(a, _)| matches!(a, Algorithm::Concurrency { .. }))
+        {
+            (getrandom::u64().unwrap_or_else(|_| {
+                // No entropy: still unique within this process.
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    ^ super::stats::now_ms().wrapping_mul(0x9E37_79B9) as u64
+            }) & crate::domain::lease::MAX_TOKEN)
+                .max(1)
+        } else {
+            0
+        };
+        // The clock is read only for a check that has a quota (0 otherwise: unused).
+        let around_us = if rules
+            .iter()
+            .any(|(a, _)| matches!(a, Algorithm::Quota { .. }))
+        {
+            match now {
+                Now::At(us) => us,
+                Now::Redis => super::stats::now_ms() * 1000,
+                Now::RedisPlus(offset) => super::stats::now_ms() * 1000 + offset,
+            }
+        } else {
+            0
+        };
+        Self { token, around_us }
+    }
+}
+
+/// One rule × identifier to evaluate in a check.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckEntry<'a> {
+    pub rule: &'a Rule,
+    pub identifier: &'a Identifier,
+}
+
+impl CheckEntry<'_> {
+    /// A concurrency rule: an allowed, counted check holds a lease of it.
+    pub fn takes_lease(&self) -> bool {
+        matches!(self.rule.algorithm, Algorithm::Concurrency { .. })
+    }
+}
+
+/// The raw answer of the check script, before it is named.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptReply {
+    pub allowed: bool,
+    /// The time the script used, µs on Redis's clock.
+    pub now_us: i64,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// What the check script is asked to do (its ARGV[3]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The all-or-nothing check.
+    Check,
+    /// Another slot of the same check denied: consume nothing (but `count_denied`).
+    Denied,
+    /// Give back what a `Check` at the same time consumed.
+    Refund,
+    /// Write nothing: each entry's state, and when a request of the cost would pass it.
+    Probe,
+    /// Usage after the fact: count the cost even past the limit.
+    Report,
+    /// A negative report: give the cost back.
+    GiveBack,
+}
+
+impl Mode {
+    fn arg(self) -> &'static str {
+        match self {
+            Mode::Check => "check",
+            Mode::Denied => "denied",
+            Mode::Refund => "refund",
+            Mode::Probe => "probe",
+            Mode::Report => "report",
+            Mode::GiveBack => "giveback",
+        }
+    }
+}
+
+impl Store {
+    /// A check that also counts itself for the overview: `check_and_consume` at Redis's
+    /// clock, with the live counters updated in the same script on a single Redis. On a
+    /// cluster the counters live in another slot, so they are updated by a second call
+    /// that the caller does not wait for.
+    pub async fn check_and_count(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        if self.is_cluster() {
+            let decision = self
+                .check_and_consume(policy, entries, cost, Now::Redis)
+                .await?;
+            let store = self.clone();
+            let policy = policy.to_string();
+            let denied_label = (!decision.allowed)
+                .then(|| {
+                    decision
+                        .binding()
+                        .map(|b| super::stats::label(&policy, &b.identifier.to_string()))
+                })
+                .flatten();
+            let allowed = decision.allowed;
+            tokio::spawn(async move {
+                let labels: Vec<(String, u64)> = denied_label.into_iter().map(|l| (l, 1)).collect();
+                if let Err(error) = store
+                    .add_stats(&policy, u64::from(allowed), u64::from(!allowed), &labels)
+                    .await
+                {
+                    tracing::debug!(%error, "could not count a check");
+                }
+            });
+            return Ok(decision);
+        }
+        // A single Redis: the check and its counters in one script call, shared with the
+        // checks that arrive meanwhile (see coalesce.rs).
+        let coalescer = self
+            .coalescer
+            .as_ref()
+            .ok_or_else(|| StoreError::Reply("this store has no check queue".into()))?;
+        let Prepared { keys, rules } = self.prepare(policy, entries);
+        let context = CheckContext::new(&rules, Now::Redis);
+        let labels = entries
+            .iter()
+            .map(|e| super::stats::label(policy.as_str(), &e.identifier.to_string()))
+            .collect();
+        let (at_us, outcomes) = coalescer
+            .check(
+                keys,
+                rules,
+                labels,
+                self.keys.stats_rate(policy.as_str()),
+                cost,
+                context,
+            )
+            .await?;
+        let mut decision = self.decision_of(entries, outcomes);
+        decision.at_us = at_us;
+        with_leases(policy, entries, &mut decision, &context, cost, |_| at_us);
+        Ok(decision)
+    }
+
+    /// Checks `entries` of `policy` at `cost`, consuming only when every one allows, on the
+    /// clock `now` (`Now::Redis` in production).
+    ///
+    /// One round trip on a single Redis. On a cluster, one per identifier (each identifier's
+    /// keys share a hash-tag slot), in order; when a later identifier denies, what the
+    /// earlier ones consumed is refunded and the decision says `refunded`.
+    pub async fn check_and_consume(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+        now: Now,
+    ) -> Result<Decision, StoreError> {
+        let prepared = self.prepare(policy, entries);
+        let context = CheckContext::new(&prepared.rules, now);
+        if !self.is_cluster() {
+            let reply = self
+                .run_script(
+                    &prepared.keys,
+                    &prepared.rules,
+                    cost,
+                    now,
+                    Mode::Check,
+                    &context,
+                )
+                .await?;
+            let mut decision = self.decision_of(entries, reply.outcomes);
+            decision.at_us = reply.now_us;
+            with_leases(policy, entries, &mut decision, &context, cost, |_| {
+                reply.now_us
+            });
+            return Ok(decision);
+        }
+        let groups = prepared.slot_groups(entries);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        // The time each entry's script ran at (what its lease is named by).
+        let mut taken = vec![0i64; entries.len()];
+        // Groups that consumed, with the time their script used (for the refund).
+        let mut committed: Vec<(usize, i64)> = Vec::new();
+        let mut denied = false;
+        let mut at_us = i64::MAX;
+        for (g, group) in groups.iter().enumerate() {
+            let mode = if denied { Mode::Denied } else { Mode::Check };
+            let reply = self
+                .run_script(&group.keys, &group.rules, cost, now, mode, &context)
+                .await?;
+            at_us = at_us.min(reply.now_us);
+            if mode == Mode::Check && !reply.allowed {
+                denied = true;
+            }
+            if mode == Mode::Check && reply.allowed && cost > 0 {
+                committed.push((g, reply.now_us));
+            }
+            for &i in &group.members {
+                taken[i] = reply.now_us;
+            }
+            group.place(reply.outcomes, &mut outcomes);
+        }
+        let mut refunded = false;
+        if denied {
+            for (g, at) in committed {
+                let group = &groups[g];
+                let reply = self
+                    .run_script(
+                        &group.keys,
+                        &group.rules,
+                        cost,
+                        Now::At(at),
+                        Mode::Refund,
+                        &context,
+                    )
+                    .await?;
+                group.place(reply.outcomes, &mut outcomes);
+                refunded = true;
+            }
+        }
+        let mut decision = self.decision_of(entries, placed(outcomes));
+        decision.refunded = refunded;
+        decision.at_us = if at_us == i64::MAX { 0 } else { at_us };
+        with_leases(policy, entries, &mut decision, &context, cost, |i| taken[i]);
+        Ok(decision)
+    }
+
+    /// Each rule's state for `entries` (a peek: nothing is written), with `retry_after_ms`
+    /// saying when a request of `cost` would pass that rule (`None`: it would pass now, or
+    /// never). One call per identifier's slot.
+    pub async fn probe(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        for group in self.prepare(policy, entries).slot_groups(entries) {
+            let reply = self
+                .run_script(
+                    &group.keys,
+                    &group.rules,
+                    cost,
+                    Now::Redis,
+                    Mode::Probe,
+                    &CheckContext::new(&group.rules, Now::Redis),
+                )
+                .await?;
+            group.place(reply.outcomes, &mut outcomes);
+        }
+        Ok(self.decision_of(entries, placed(outcomes)))
+    }
+
+    fn decision_of(&self, entries: &[CheckEntry<'_>], outcomes: Vec<Outcome>) -> Decision {
+        let results = entries
+            .iter()
+            .zip(outcomes)
+            .map(|(e, outcome)| RuleResult {
+                rule: e.rule.name.clone(),
+                identifier: e.identifier.clone(),
+                algorithm: Some(e.rule.algorithm),
+                outcome,
+                binding: false,
+                lease: None,
+            })
+            .collect();
+        Decision::new(results)
+    }
+
+    /// Gives back what a `check_and_consume` of the same entries and cost consumed; `at_us`
+    /// is its decision's `at_us`. Used where an attempt is charged first and forgiven when it
+    /// turns out well (a successful login). Not for checks that took leases: those are
+    /// released by their ids.
+    pub async fn refund(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+        at_us: i64,
+    ) -> Result<(), StoreError> {
+        // Per identifier: on a cluster each identifier is its own slot.
+        for group in self.prepare(policy, entries).slot_groups(entries) {
+            self.run_script(
+                &group.keys,
+                &group.rules,
+                cost,
+                Now::At(at_us),
+                Mode::Refund,
+                &CheckContext::new(&group.rules, Now::At(at_us)),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Usage known after the fact: adds `cost` to every entry (counted even past its limit,
+    /// so the next check is denied) or, when negative, gives it back (never below nothing).
+    /// Concurrency entries are left alone. The decision holds each entry's state afterwards
+    /// (a peek); one call per identifier's slot.
+    pub async fn report(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: i64,
+        now: Now,
+    ) -> Result<Decision, StoreError> {
+        let prepared = self.prepare(policy, entries);
+        let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
+        let mut at_us = 0;
+        for group in prepared.slot_groups(entries) {
+            let reply = self
+                .run_report(&group.keys, &group.rules, cost, now)
+                .await?;
+            at_us = reply.now_us;
+            group.place(reply.outcomes, &mut outcomes);
+        }
+        let mut decision = self.decision_of(entries, placed(outcomes));
+        decision.at_us = at_us;
+        Ok(decision)
+    }
+
+    /// The report of [`Store::report`] on explicit keys (the tests drive it against the
+    /// model).
+    pub async fn run_report(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, bool)],
+        cost: i64,
+        now: Now,
+    ) -> Result<ScriptReply, StoreError> {
+        let mode = if cost < 0 {
+            Mode::GiveBack
+        } else {
+            Mode::Report
+        };
+        let context = CheckContext::new(rules, now);
+        self.run_script(keys, rules, cost.unsigned_abs(), now, mode, &context)
+            .await
+    }
+
+    /// Runs the check script on explicit keys. The building block of `check_and_consume`,
+    /// public so the tests can drive each algorithm against its reference model.
+    pub async fn run_check(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, bool)],
+        cost: u64,
+        now: Now,
+    ) -> Result<ScriptReply, StoreError> {
+        let context = CheckContext::new(rules, now);
+        self.run_script(keys, rules, cost, now, Mode::Check, &context)
+            .await
+    }
+
+    /// The state key and the script's parameters of every entry: the one place a check's
+    /// entries become what the script takes (the batch call of `coalesce.rs` too).
+    fn prepare(&self, policy: &Name, entries: &[CheckEntry<'_>]) -> Prepared {
+        Prepared {
+            keys: entries
+                .iter()
+                .map(|e| {
+                    self.keys
+                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+                })
+                .collect(),
+            rules: entries
+                .iter()
+                .map(|e| (e.rule.algorithm, e.rule.count_denied))
+                .collect(),
+        }
+    }
+
+    async fn run_script(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, bool)],
+        cost: u64,
+        now: Now,
+        mode: Mode,
+        context: &CheckContext,
+    ) -> Result<ScriptReply, StoreError> {
+        if keys.is_empty() {
+            return Ok(ScriptReply {
+                allowed: true,
+                now_us: 0,
+                outcomes: vec![],
+            });
+        }
+        let script = self
+            .scripts
+            .checks
+            .for_algorithms(rules.iter().map(|(a, _)| a));
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        cmd.arg(now.arg()).arg(cost).arg(mode.arg());
+        for rule in rules {
+            entry_args(&mut cmd, rule, context);
+        }
+        let raw: Vec<i64> = self.evalsha(script, &cmd).await?;
+        parse_reply(&raw, keys.len())
+    }
+}
+
+/// A check's entries as the check script takes them: a state key and the algorithm with
+/// `count_denied`, per entry.
+struct Prepared {
+    keys: Vec<String>,
+    rules: Vec<(Algorithm, bool)>,
+}
+
+impl Prepared {
+    /// The entries of each identifier (one hash-tag slot on a cluster), in first-seen order.
+    fn slot_groups(&self, entries: &[CheckEntry<'_>]) -> Vec<SlotGroup> {
+        let mut groups: Vec<(&Identifier, SlotGroup)> = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            let at = match groups.iter().position(|(id, _)| *id == e.identifier) {
+                Some(at) => at,
+                None => {
+                    groups.push((e.identifier, SlotGroup::default()));
+                    groups.len() - 1
+                }
+            };
+            let group = &mut groups[at].1;
+            group.members.push(i);
+            group.keys.push(self.keys[i].clone());
+            group.rules.push(self.rules[i]);
+        }
+        groups.into_iter().map(|(_, g)| g).collect()
+    }
+}
+
+/// The entries of one identifier: their places in the check, their keys and rules.
+#[derive(Default)]
+struct SlotGroup {
+    members: Vec<usize>,
+    keys: Vec<String>,
+    rules: Vec<(Algorithm, bool)>,
+}
+
+impl SlotGroup {
+    /// Puts this group's outcomes at their places in the check.
+    fn place(&self, outcomes: Vec<Outcome>, into: &mut [Option<Outcome>]) {
+        for (&i, outcome) in self.members.iter().zip(outcomes) {
+            into[i] = Some(outcome);
+        }
+    }
+}
+
+/// Names the lease each concurrency entry of an allowed, counted check took: the check's
+/// token, its cost, and the time the entry's script ran at (`taken(i)` for entry `i`).
+fn with_leases(
+    policy: &Name,
+    entries: &[CheckEntry<'_>],
+    decision: &mut Decision,
+    context: &CheckContext,
+    cost: u64,
+    taken: impl Fn(usize) -> i64,
+) {
+    if !decision.allowed || cost == 0 || context.token == 0 {
+        return;
+    }
+    for (i, (entry, result)) in entries.iter().zip(&mut decision.results).enumerate() {
+        if entry.takes_lease() {
+            result.lease = Some(
+                crate::domain::lease::LeaseId {
+                    policy: policy.clone(),
+                    rule: entry.rule.name.clone(),
+                    identifier: entry.identifier.clone(),
+                    token: context.token,
+                    cost,
+                    taken_us: taken(i),
+                }
+                .to_string(),
+            );
+        }
+    }
+}
+
+/// The outcomes once every group has put its own.
+fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
+    outcomes
+        .into_iter()
+        .map(|o| o.expect("every entry is in a group"))
+        .collect()
+}
+
+/// One entry's five arguments to the check script: the algorithm's code, `count_denied`,
+/// and its three parameters (see the algorithm's Lua file): a concurrency rule's third is
+/// the check's lease token, a quota's second the calendar boundaries around the check.
+pub(super) fn entry_args(
+    cmd: &mut redis::Cmd,
+    (algorithm, count_denied): &(Algorithm, bool),
+    context: &CheckContext,
+) {
+    cmd.arg(algorithm.kind().code)
+        .arg(if *count_denied { "1" } else { "0" });
+    match algorithm {
+        Algorithm::Concurrency { limit, lease_ms } => {
+            cmd.arg(limit).arg(lease_ms).arg(context.token);
+        }
+        Algorithm::Quota { limit, .. } => {
+            let calendar = algorithm.calendar().expect("a quota has a calendar");
+            let [p, s, e, n] =
+                crate::domain::calendar::periods_around(&calendar, context.around_us);
+            cmd.arg(limit).arg(format!("{p}:{s}:{e}:{n}")).arg(0);
+        }
+        _ => {
+            let [p1, p2, p3] = algorithm.params();
+            cmd.arg(p1).arg(p2).arg(p3);
+        }
+    }
+}
+
+pub(super) fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, StoreError> {
+    if raw.len() != 2 + 6 * entries {
+        return Err(StoreError::Reply(format!(
+            "check.lua answered {} integers for {entries} entries",
+            raw.len()
+        )));
+    }
+    let nonneg = |v: i64, what: &str| -> Result<u64, StoreError> {
+        u64::try_from(v).map_err(|_| StoreError::Reply(format!("negative {what}: {v}")))
+    };
+    let outcomes = raw[2..]
+        .chunks_exact(6)
+        .map(|c| {
+            Ok(Outcome {
+                allowed: c[0] == 1,
+                limit: nonneg(c[1], "limit")?,
+                remaining: nonneg(c[2], "remaining")?,
+                reset_ms: nonneg(c[3], "reset_ms")?,
+                retry_after_ms: if c[4] < 0 { None } else { Some(c[4] as u64) },
+                delay_ms: nonneg(c[5], "delay_ms")?,
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    Ok(ScriptReply {
+        allowed: raw[0] == 1,
+        now_us: raw[1],
+        outcomes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_script_defines_just_the_algorithms_of_its_mix() {
+        let scripts = CheckScripts::new();
+        let fw = Algorithm::FixedWindow {
+            limit: 1,
+            window_ms: 1000,
+        };
+        let gcra = Algorithm::Gcra {
+            rate: 1,
+            period_ms: 1000,
+            burst: 1,
+        };
+        let both = check_source(0b10_0001);
+        for (code, _) in ALGORITHM_FILES {
+            let defined = both.contains(&format!("ALGORITHMS.{code} = function"));
+            assert_eq!(defined, code == "fw" || code == "gc", "{code}");
+        }
+        // The same mix in any order and with repeats is the same script.
+        let a = scripts
+            .for_algorithms([&gcra, &fw, &gcra].into_iter())
+            .get_hash();
+        let b = scripts.for_algorithms([&fw, &gcra].into_iter()).get_hash();
+        assert_eq!(a, b);
+        assert_ne!(a, scripts.for_algorithms([&fw].into_iter()).get_hash());
+    }
+}
