@@ -41,27 +41,28 @@ impl Store {
 
     /// The current version of `name`, if it exists.
     pub async fn get_policy(&self, name: &Name) -> Result<Option<Policy>, StoreError> {
-        let raw: Option<String> = self
-            .query(
-                redis::cmd("HGET")
-                    .arg(self.keys.policies())
-                    .arg(name.as_str()),
-            )
-            .await?;
-        Ok(raw.and_then(|json| parse_stored(name.as_str(), &json)))
+        self.read_policy(name, false).await
     }
 
     /// As [`Store::get_policy`], for a change about to be written: read within the write
     /// timeout, so a Redis slow enough to miss a check's timeout does not refuse the save
     /// that its write would have survived.
     pub async fn get_policy_for_change(&self, name: &Name) -> Result<Option<Policy>, StoreError> {
-        let raw: Option<String> = self
-            .query_for_write(
-                redis::cmd("HGET")
-                    .arg(self.keys.policies())
-                    .arg(name.as_str()),
-            )
-            .await?;
+        self.read_policy(name, true).await
+    }
+
+    async fn read_policy(
+        &self,
+        name: &Name,
+        for_change: bool,
+    ) -> Result<Option<Policy>, StoreError> {
+        let mut cmd = redis::cmd("HGET");
+        cmd.arg(self.keys.policies()).arg(name.as_str());
+        let raw: Option<String> = if for_change {
+            self.query_for_write(&cmd).await?
+        } else {
+            self.query(&cmd).await?
+        };
         Ok(raw.and_then(|json| parse_stored(name.as_str(), &json)))
     }
 

@@ -221,12 +221,7 @@ async fn grpc_connections_that_ask_nothing_are_closed() {
         Instant::now()
     });
     let mut sender = sender.ready().await.unwrap();
-    let mut conn = redis.connection();
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg("1500")
-        .query(&mut conn)
-        .unwrap();
+    redis.pause(1500);
     let bearer = format!("Bearer {SERVICE_KEY}");
     let request = http::Request::post(format!("http://{addr}{SHOULD_RATE_LIMIT}"))
         .header("content-type", "application/grpc")

@@ -89,6 +89,15 @@ impl RedisServer {
     }
 
     /// A plain synchronous connection for inspecting what the app wrote.
+    /// Pauses every client of this Redis for `ms` (`CLIENT PAUSE`): calls wait, none fail.
+    pub fn pause(&self, ms: u64) {
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(ms)
+            .query(&mut self.connection())
+            .unwrap();
+    }
+
     pub fn connection(&self) -> redis::Connection {
         redis::Client::open(self.url())
             .unwrap()

@@ -59,12 +59,7 @@ async fn checks_that_time_out_in_flight_are_counted() {
                "limit": 10, "window_ms": 60000}]}),
     )
     .await;
-    let mut conn = redis.connection();
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg("400")
-        .query(&mut conn)
-        .unwrap();
+    redis.pause(400);
     let r = app
         .check(json!({"policy": "slow", "identifiers": {"user": "a"}}))
         .await;
@@ -516,12 +511,7 @@ async fn a_session_that_cannot_be_read_is_not_a_sign_out() {
     let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "100")]).await;
     add_user(&store(&redis).await, "ida", Role::Viewer).await;
     let mut v = Visitor::signed_in(&app, "ida").await;
-    let mut conn = redis.connection();
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg("1500")
-        .query(&mut conn)
-        .unwrap();
+    redis.pause(1500);
     let r = v.get("/audit").await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(r.headers().get(header::LOCATION).is_none());
