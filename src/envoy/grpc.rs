@@ -361,6 +361,71 @@ async fn services(state: &AppState) -> Routes {
         .prepare()
 }
 
+/// Drives one connection to its end: GOAWAY when the server closes (`closing`) or when it
+/// has started no call for `timeout`, then dropped if the peer says nothing more for about
+/// as long (calls in flight are waited for: each ends within the request timeout).
+async fn watch_connection<C>(
+    connection: C,
+    activity: &crate::connection::Activity,
+    timeout: Duration,
+    closing: &tokio_util::sync::CancellationToken,
+) where
+    C: Future<Output = hyper::Result<()>> + GracefulConnection,
+{
+    use crate::connection::{WATCH_TICKS, Watch};
+    tokio::pin!(connection);
+    let mut tick = tokio::time::interval(timeout / WATCH_TICKS);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watch = Watch::default();
+    // Ticks since GOAWAY was sent.
+    let mut goaway: Option<u32> = None;
+    loop {
+        tokio::select! {
+            ended = &mut connection => {
+                if let Err(error) = ended {
+                    tracing::debug!(%error, "gRPC connection ended with an error");
+                }
+                return;
+            }
+            () = closing.cancelled(), if goaway.is_none() => {
+                connection.as_mut().goaway();
+                goaway = Some(0);
+            }
+            _ = tick.tick() => match goaway.as_mut() {
+                Some(ticks) => {
+                    *ticks += 1;
+                    if *ticks > WATCH_TICKS && activity.in_flight() == 0 {
+                        return;
+                    }
+                }
+                None if watch.unused(activity) => {
+                    connection.as_mut().goaway();
+                    goaway = Some(0);
+                }
+                None => {}
+            },
+        }
+    }
+}
+
+/// An HTTP/2 connection that can be asked to end gracefully (hyper's server connection).
+trait GracefulConnection {
+    fn goaway(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, E> GracefulConnection for hyper::server::conn::http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming>,
+    S::ResBody: Body + 'static,
+    <S::ResBody as Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn goaway(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
 /// Serves the rate limit, health and reflection services on `listener` until `shutdown`
 /// resolves, then lets the calls in flight finish (HTTP/2 only, as tonic's server).
 ///
@@ -373,7 +438,7 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use crate::connection::{Activity, InFlight, Limit, WATCH_TICKS, Watch, Watched};
+    use crate::connection::{Activity, InFlight, Limit, Watched};
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let routes = services(&state).await;
     let timeout = state.header_read_timeout;
@@ -414,41 +479,7 @@ pub async fn serve(
         let closing = closing.clone();
         connections.spawn(async move {
             let _permit = permit;
-            tokio::pin!(connection);
-            let mut tick = tokio::time::interval(timeout / WATCH_TICKS);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut watch = Watch::default();
-            // Ticks since GOAWAY was sent: a peer that never finishes its side is dropped.
-            let mut goaway: Option<u32> = None;
-            loop {
-                tokio::select! {
-                    ended = &mut connection => {
-                        if let Err(error) = ended {
-                            tracing::debug!(%error, "gRPC connection ended with an error");
-                        }
-                        return;
-                    }
-                    () = closing.cancelled(), if goaway.is_none() => {
-                        connection.as_mut().graceful_shutdown();
-                        goaway = Some(0);
-                    }
-                    _ = tick.tick() => match goaway.as_mut() {
-                        Some(ticks) => {
-                            *ticks += 1;
-                            // A peer that says nothing after GOAWAY is not waited for;
-                            // calls in flight are (each ends within the request timeout).
-                            if *ticks > WATCH_TICKS && activity.in_flight() == 0 {
-                                return;
-                            }
-                        }
-                        None if watch.unused(&activity) => {
-                            connection.as_mut().graceful_shutdown();
-                            goaway = Some(0);
-                        }
-                        None => {}
-                    },
-                }
-            }
+            watch_connection(connection, &activity, timeout, &closing).await;
         });
     }
     // New connections are refused at once, not left to hang while the calls in flight end.
