@@ -220,9 +220,14 @@ pub async fn run(
     let app = router(state.clone());
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().header_read_timeout(None);
+    // HTTP/2: as many streams as the gRPC port, and windows that bound what a client may
+    // send before the server reads it (hyper's defaults let a connection push 5 MiB).
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .initial_stream_window_size(256 * 1024)
+        .initial_connection_window_size(1024 * 1024)
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

@@ -181,9 +181,9 @@ pub(super) async fn add_override(
 ) -> Result<impl IntoResponse, ApiError> {
     let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let added = Override::from_document(&body.0, "body")?;
-    if added.loosens_for_everyone() && actor.role != "admin" {
+    if added.loosens_broadly() && actor.role != "admin" {
         return Err(ApiError::Forbidden(
-            "body.match: an override that lifts the limit for every identifier turns the policy off; only an admin may add one",
+            "body.match: an override that lifts or changes the limit for a wildcard, or for a network wider than an IPv4 /16 or an IPv6 /48, can turn the policy off for everyone; only an admin may add one",
         ));
     }
     added.refuse_unmatchable("body")?;

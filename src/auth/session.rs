@@ -319,12 +319,6 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         }
         return secure_api_response(response);
     }
-    if path.starts_with("/fn/") || path.starts_with("/auth/") {
-        req = match within_form_limit(req).await {
-            Ok(req) => req,
-            Err(too_large) => return secured(too_large, None),
-        };
-    }
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -356,6 +350,20 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
             return secured(session_unreadable(), None);
         }
     };
+    // Bodies are read only now that the caller is known: someone not signed in (the
+    // sign-in form, a server function that will answer 401) sends a few kilobytes at most,
+    // and is not buffered 256 KiB a stream.
+    if path.starts_with("/fn/") || path.starts_with("/auth/") {
+        let limit = if session.as_ref().is_some_and(|s| s.user().is_some()) {
+            MAX_FORM_BODY
+        } else {
+            MAX_ANONYMOUS_FORM_BODY
+        };
+        req = match within_form_limit(req, limit).await {
+            Ok(req) => req,
+            Err(too_large) => return secured(too_large, None),
+        };
+    }
     let secure = is_https(&state, peer, req.headers());
     req.extensions_mut().insert(OverHttps(secure));
     // A visitor gets the sign-in form's token in a cookie; nothing is stored in Redis.
@@ -398,14 +406,18 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
 /// the dashboard needs (a policy of 100 rules is about 20 KB).
 pub const MAX_FORM_BODY: usize = 256 * 1024;
 
+/// Largest body from someone not signed in: the sign-in form is a user name, a password and
+/// two tokens.
+pub const MAX_ANONYMOUS_FORM_BODY: usize = 16 * 1024;
+
 /// Server functions and the sign-in form read their bodies through Leptos, which answers a
 /// body over the limit with a 500: here it is refused first, with 413 (a body without a
 /// length is read here, within the limit).
-async fn within_form_limit(request: Request) -> Result<Request, Response> {
+async fn within_form_limit(request: Request, limit: usize) -> Result<Request, Response> {
     let too_large = || {
         (
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("The form is larger than {MAX_FORM_BODY} bytes."),
+            format!("The form is larger than {limit} bytes."),
         )
             .into_response()
     };
@@ -414,11 +426,11 @@ async fn within_form_limit(request: Request) -> Result<Request, Response> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_FORM_BODY as u64) {
+    if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
     let (parts, body) = request.into_parts();
-    match axum::body::to_bytes(body, MAX_FORM_BODY).await {
+    match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => Ok(Request::from_parts(parts, bytes.into())),
         Err(_) => Err(too_large()),
     }

@@ -108,16 +108,20 @@ pub struct Override {
 }
 
 impl Override {
-    /// Whether this override matches every value of its dimension (`user=*`,
-    /// `ip=0.0.0.0/0`, `ip=::/0`) and loosens the limit (unlimited or other rules): it
-    /// turns the policy off for everyone, which is a policy change, an admin's to make.
-    pub fn loosens_for_everyone(&self) -> bool {
-        let everyone = match &self.pattern {
-            Pattern::Wildcard(w) => w.bytes().all(|b| b == b'*'),
-            Pattern::Cidr(net) => net.prefix_len() == 0,
+    /// Whether this override lifts or changes the limit for more than a handful of
+    /// identifiers: any wildcard (`user=*`, but also `ip=*.*`, `envoy=*=*`, or `0*` … `9*`
+    /// together), or an address block wider than an IPv4 /16 or an IPv6 /48 (two /1 blocks
+    /// cover every address). Such an override can turn the policy off for everyone, which
+    /// is a policy change, an admin's to make; support lifts limits for named identifiers
+    /// and networks, and may block any pattern.
+    pub fn loosens_broadly(&self) -> bool {
+        let broad = match &self.pattern {
+            Pattern::Wildcard(_) => true,
+            Pattern::Cidr(IpNet::V4(net)) => net.prefix_len() < 16,
+            Pattern::Cidr(IpNet::V6(net)) => net.prefix_len() < 48,
             Pattern::Exact(_) => false,
         };
-        everyone && !matches!(self.action, Action::Block)
+        broad && !matches!(self.action, Action::Block)
     }
 
     /// Parses `{"match": "user=vip-*", "action": "unlimited"|"block"|"limit", "rules": [...],

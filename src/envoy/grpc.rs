@@ -108,14 +108,19 @@ const MAX_MESSAGE: usize = 64 * 1024;
 /// client that needs more opens another connection (Envoy does).
 const MAX_STREAMS: u32 = 256;
 
-/// The HTTP/2 windows: what a client may send before the server reads it, per stream (one
-/// whole message) and per connection.
-const STREAM_WINDOW: u32 = 128 * 1024;
-const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// The HTTP/2 windows: what a client may send before the server reads it, per stream and
+/// per connection (with the connection cap, the most the port buffers unread). A message
+/// larger than a stream's window flows on as it is read.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 256 * 1024;
 
 /// The gRPC methods anyone may call without a key: health, which orchestrators' probes
 /// call and which says nothing about the limits.
 const OPEN_PREFIX: &str = "/grpc.health.v1.Health/";
+
+/// The largest health request read: a service name. Anyone may call health, so what it may
+/// make the server hold is kept to this (a message that declares more is refused at once).
+const MAX_HEALTH_MESSAGE: usize = 1024;
 
 /// A gRPC message's prefix: a compression flag and its length (4 bytes, big-endian).
 const PREFIX: usize = 5;
@@ -351,7 +356,7 @@ async fn services(state: &AppState) -> Routes {
         .build_v1alpha()
         .expect("the descriptors envoy-types ships are valid")
         .max_decoding_message_size(MAX_MESSAGE);
-    tonic::service::Routes::new(health.max_decoding_message_size(MAX_MESSAGE))
+    tonic::service::Routes::new(health.max_decoding_message_size(MAX_HEALTH_MESSAGE))
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(

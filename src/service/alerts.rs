@@ -130,6 +130,23 @@ pub fn shown(rule: &AlertRule) -> Value {
     v
 }
 
+/// A rule as the audit log keeps it, which every role reads: no secret, and the webhook URL
+/// cut to its host (the URL is often a credential).
+fn audited(rule: &AlertRule) -> String {
+    let mut v = shown(rule);
+    v["webhook_url"] = json!(host_only(&rule.webhook_url));
+    v.to_string()
+}
+
+/// An audit record's document with any webhook URL in it cut to its host: records written
+/// before URLs were cut are read this way.
+pub fn redact_audited(document: &str) -> Option<String> {
+    let mut v: Value = serde_json::from_str(document).ok()?;
+    let url = v.get("webhook_url")?.as_str()?.to_owned();
+    v["webhook_url"] = json!(host_only(&url));
+    Some(v.to_string())
+}
+
 /// What the alerts page and `GET /api/v1/alerts` show.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AlertsView {
@@ -161,7 +178,7 @@ impl Service {
         let before = self.store.save_alert_rule(&rule.name, &document).await?;
         let before = before
             .and_then(|b| serde_json::from_str::<AlertRule>(&b).ok())
-            .map_or(String::new(), |b| shown(&b).to_string());
+            .map_or(String::new(), |b| audited(&b));
         let _ = actor
             .record(
                 &self.store,
@@ -169,7 +186,7 @@ impl Service {
                     action: "alert.save",
                     target: &rule.name,
                     before,
-                    after: shown(&rule).to_string(),
+                    after: audited(&rule),
                     reason: "",
                 },
             )
@@ -182,8 +199,8 @@ impl Service {
         let Some(before) = self.store.delete_alert_rule(name).await? else {
             return Err(AlertError::Unknown(name.to_owned()));
         };
-        let before = serde_json::from_str::<AlertRule>(&before)
-            .map_or(String::new(), |b| shown(&b).to_string());
+        let before =
+            serde_json::from_str::<AlertRule>(&before).map_or(String::new(), |b| audited(&b));
         let _ = actor
             .record(
                 &self.store,

@@ -191,7 +191,12 @@ impl Service {
                 message,
             })?),
         };
-        let all = self.store.list_policies().await?;
+        let mut all = self.store.list_policies().await?;
+        // A sign-in identifier's counters live under the sign-in limits, which are no
+        // stored policy: a reset of one lifts a lock-out.
+        if super::signin::is_login_dimension(id.dimension().as_str()) {
+            all.push(super::signin::login_policy());
+        }
         let chosen: Vec<_> = match policy {
             None => all.iter().collect(),
             Some(name) => {

@@ -48,6 +48,31 @@ static LIMITS: LazyLock<LoginLimits> = LazyLock::new(|| {
     }
 });
 
+/// The sign-in limits as a policy (never stored): what a reset of a `login`, `login-ip` or
+/// `login-user` identifier clears, so support can lift a lock-out.
+pub fn login_policy() -> crate::domain::Policy {
+    let limits = &*LIMITS;
+    crate::domain::Policy {
+        name: limits.policy.clone(),
+        version: 0,
+        description: "the sign-in limits".into(),
+        mode: Default::default(),
+        failure_mode: Default::default(),
+        rules: vec![
+            limits.per_user_and_ip.clone(),
+            limits.per_ip.clone(),
+            limits.per_user.clone(),
+        ],
+        overrides: Vec::new(),
+        envoy: None,
+    }
+}
+
+/// Whether `dimension` is one the sign-in limits count by.
+pub fn is_login_dimension(dimension: &str) -> bool {
+    matches!(dimension, "login" | "login-ip" | "login-user")
+}
+
 /// One attempt at a password, charged to the sign-in limits before the password is looked
 /// at; [`Attempt::forgive`] gives it back when the password was right, so only failures
 /// count. Signing in and changing one's own password both go through here.

@@ -204,6 +204,17 @@ async fn webhooks_stay_outside_and_their_urls_are_for_admins() {
     let page = viewer.get("/alerts").await.text().await.unwrap();
     assert!(!page.contains("SECRETTOKEN"));
     assert!(page.contains("hooks.slack.com"));
+    // Nor through the audit log, which every role reads (found by the third probe).
+    let audit = viewer
+        .get("/api/v1/audit?action=alert.")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(audit.contains("hooks.slack.com"), "{audit}");
+    assert!(!audit.contains("SECRETTOKEN"), "{audit}");
+    let page = viewer.get("/audit").await.text().await.unwrap();
+    assert!(!page.contains("SECRETTOKEN"));
 }
 
 /// N8: a deleted rule's queued deliveries kept going out, signed with its old secret, for
@@ -287,8 +298,10 @@ async fn deleting_an_alert_rule_cancels_its_deliveries() {
     );
 }
 
-/// N9: support could add `user=*` unlimited (or `ip=0.0.0.0/0`), which turns a policy off
-/// for everyone. Now only an admin may; support may still block everyone or lift one user.
+/// N9: support could add `user=*` unlimited (or `ip=0.0.0.0/0`, or `ip=*.*`, or two /1
+/// blocks), which turns a policy off for everyone. Now a loosening override of a wildcard or
+/// of a network wider than a v4 /16 or a v6 /48 is an admin's; support lifts named users
+/// and networks, and may block any pattern.
 #[tokio::test]
 async fn catch_all_unlimited_overrides_are_an_admins() {
     let redis = RedisServer::start();
@@ -308,7 +321,17 @@ async fn catch_all_unlimited_overrides_are_an_admins() {
         (add("ip=0.0.0.0/0", "unlimited"), 403),
         (add("ip=::/0", "unlimited"), 403),
         (add("user=**", "unlimited"), 403),
+        // The second probe's ways around the first rule: wildcards that still match
+        // everything, and blocks that cover every address together.
+        (add("ip=*.*", "unlimited"), 403),
+        (add("ip=*:*", "unlimited"), 403),
+        (add("envoy=*=*", "unlimited"), 403),
+        (add("user=0*", "unlimited"), 403),
+        (add("ip=0.0.0.0/1", "unlimited"), 403),
+        (add("ip=2001:db8::/32", "unlimited"), 403),
         (add("user=bob", "unlimited"), 201),
+        (add("ip=203.0.113.0/24", "unlimited"), 201),
+        (add("ip=2001:db8:1::/48", "unlimited"), 201),
         (add("user=*", "block"), 201),
     ] {
         let r = reqwest::Client::new()
@@ -422,6 +445,16 @@ async fn sign_in_budgets_hold_per_account_and_per_ipv6_network() {
     let mut fresh = Visitor::new(&app);
     fresh.forwarded_for = Some("203.0.113.99".into());
     assert!(location(&fresh.login("bo", PASSWORD).await).contains("error=limited"));
+    // Support lifts the lock-out by resetting the account's sign-in identifier.
+    let reset = app
+        .as_admin(Method::DELETE, "/api/v1/identifiers/login-user/bo", None)
+        .await;
+    assert_eq!(reset.status(), 200);
+    let done: Value = reset.json().await.unwrap();
+    assert!(done["deleted_keys"].as_u64().unwrap() >= 1, "{done}");
+    let mut again = Visitor::new(&app);
+    again.forwarded_for = Some("203.0.113.100".into());
+    assert_eq!(location(&again.login("bo", PASSWORD).await), "/people");
     // Another account from those addresses is not held back.
     let mut other = Visitor::new(&app);
     other.forwarded_for = Some("198.51.100.1".into());

@@ -315,10 +315,10 @@ pub async fn add_override(
     let added = Override::from_document(&doc, "override")
         .and_then(|o| o.refuse_unmatchable("override").map(|()| o))
         .map_err(|e| AppError::bad_input(&e.field, e.message))?;
-    if added.loosens_for_everyone() && !caller.role.may(Action::EditPolicies) {
+    if added.loosens_broadly() && !caller.role.may(Action::EditPolicies) {
         return Err(AppError::refused(
             axum::http::StatusCode::FORBIDDEN,
-            "an override that lifts the limit for every identifier turns the policy off; only an admin may add one",
+            "an override that lifts or changes the limit for a wildcard, or for a network wider than an IPv4 /16 or an IPv6 /48, can turn the policy off for everyone; only an admin may add one",
         ));
     }
     change_policy(&caller, &name, "override.add", reason.trim(), |current| {
