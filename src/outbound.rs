@@ -85,6 +85,49 @@ impl Targets {
     }
 }
 
+impl Targets {
+    /// Whether the addresses `url`'s host name resolves to now may be reached (true when it
+    /// is an address, or does not resolve: [`Targets::check_url`] and the delivery's own
+    /// resolution cover those).
+    pub async fn check_resolved(&self, url: &str) -> Result<(), String> {
+        let Ok(parsed) = reqwest::Url::parse(url) else {
+            return Ok(());
+        };
+        let Some(url::Host::Domain(name)) = parsed.host() else {
+            return Ok(());
+        };
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        if self.allows_host(&name) {
+            return Ok(());
+        }
+        let Ok(Ok(addrs)) = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tokio::net::lookup_host((name.as_str(), 0)),
+        )
+        .await
+        else {
+            return Ok(());
+        };
+        for addr in addrs {
+            if !self.allows_ip(addr.ip()) {
+                return Err(format!(
+                    "{name} resolves to the internal address {}; an admin can allow it with \
+                     SPILLWAY_WEBHOOK_ALLOWED_TARGETS",
+                    addr.ip()
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The IPv4 address two 16-bit groups of an IPv6 address carry.
+fn embedded(high: u16, low: u16) -> std::net::Ipv4Addr {
+    let [a, b] = high.to_be_bytes();
+    let [c, d] = low.to_be_bytes();
+    std::net::Ipv4Addr::new(a, b, c, d)
+}
+
 /// Whether `ip` is an address inside a network rather than on the internet: loopback,
 /// unspecified, private, shared (CGNAT), link-local (where cloud metadata answers),
 /// benchmarking, multicast, broadcast, reserved, unique-local IPv6, and IPv4 written as
@@ -117,6 +160,12 @@ pub fn internal(ip: IpAddr) -> bool {
                 // IPv4-compatible (::a.b.c.d) and NAT64 (64:ff9b::/96) reach IPv4 inside.
                 || v6.segments()[..6] == [0; 6]
                 || v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+                // SIIT's IPv4-translated addresses (::ffff:0:a.b.c.d) and 6to4 (2002::/16,
+                // the IPv4 address in bits 16-48): internal when the IPv4 inside is.
+                || (v6.segments()[..6] == [0, 0, 0, 0, 0xffff, 0]
+                    && internal(IpAddr::V4(embedded(v6.segments()[6], v6.segments()[7]))))
+                || (first == 0x2002
+                    && internal(IpAddr::V4(embedded(v6.segments()[1], v6.segments()[2]))))
         }
     }
 }
@@ -146,6 +195,9 @@ mod tests {
             "http://[fd00:ec2::254]/",
             "http://[fe80::1]/",
             "http://metadata.google.internal/",
+            "http://[::ffff:0:7f00:1]/",
+            "http://[2002:7f00:1::1]/",
+            "http://[2002:a00:1::1]/",
             "http://redis/",
         ] {
             let refused = none.check_url(url).expect_err(url);
@@ -158,6 +210,7 @@ mod tests {
             "https://hooks.slack.com/services/x",
             "http://203.0.113.9:8080/",
             "http://[2001:db8::1]/",
+            "http://[2002:cb00:7109::1]/",
         ] {
             assert_eq!(none.check_url(url), Ok(()), "{url}");
         }
@@ -172,5 +225,29 @@ mod tests {
         assert!(allowed.check_url("http://127.0.0.2/").is_err());
         assert!(super::Targets::parse("10.0.0.0/33").is_err());
         assert!(super::Targets::parse("a b").is_err());
+    }
+
+    /// A name is resolved when the rule is saved, and one that resolves inside is refused
+    /// (`localhost` resolves to loopback on every machine; a dotted name would be the same
+    /// but needs a resolver that knows one).
+    #[tokio::test]
+    async fn names_that_resolve_inside_are_refused() {
+        let none = super::Targets::default();
+        let refused = none
+            .check_resolved("http://localhost:9/x")
+            .await
+            .unwrap_err();
+        assert!(
+            refused.contains("resolves to the internal address"),
+            "{refused}"
+        );
+        let allowed = super::Targets::parse("localhost").unwrap();
+        assert_eq!(allowed.check_resolved("http://localhost:9/x").await, Ok(()));
+        // Not resolvable here: taken, and checked at each delivery.
+        assert_eq!(
+            none.check_resolved("http://no-such-host.invalid/").await,
+            Ok(())
+        );
+        assert_eq!(none.check_resolved("http://203.0.113.9/").await, Ok(()));
     }
 }

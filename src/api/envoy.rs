@@ -130,9 +130,16 @@ pub(super) async fn put(
     let parsed = tokio::task::spawn_blocking(move || EnvoyDomain::from_value(&value))
         .await
         .map_err(|_| ApiError::bad("body", "could not be read"))??;
-    let saved = state
-        .save_envoy_domain(&actor, parsed, failure_mode, None)
-        .await?;
+    // Saving a domain of thousands of descriptors is CPU work (its rules, the version it
+    // replaces, the audit record's documents): done on a blocking thread, so the checks on
+    // the runtime's workers are not held up behind it.
+    let runtime = tokio::runtime::Handle::current();
+    let saving = state.clone();
+    let saved = tokio::task::spawn_blocking(move || {
+        runtime.block_on(saving.save_envoy_domain(&actor, parsed, failure_mode, None))
+    })
+    .await
+    .map_err(|_| ApiError::bad("body", "could not be saved"))??;
     let status = if saved.version == 1 {
         StatusCode::CREATED
     } else {

@@ -174,6 +174,15 @@ impl Service {
                 field: "webhook_url".into(),
                 message,
             })?;
+        // A name is resolved now as well as at each delivery: one that resolves inside is
+        // refused here, where the admin sees why (a name that does not resolve yet is
+        // taken, and checked when it is used).
+        if let Err(message) = self.webhook_targets.check_resolved(&rule.webhook_url).await {
+            return Err(AlertError::Invalid {
+                field: "webhook_url".into(),
+                message,
+            });
+        }
         let document = serde_json::to_string(&rule).expect("a rule serializes");
         let before = self.store.save_alert_rule(&rule.name, &document).await?;
         let before = before

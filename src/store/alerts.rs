@@ -38,7 +38,7 @@ impl Store {
             .arg(name)
             .arg(document)
             .ignore();
-        let (before,): (Option<String>,) = self.query_pipe(&pipe).await?;
+        let (before,): (Option<String>,) = self.query_pipe_for_write(&pipe).await?;
         Ok(before)
     }
 
@@ -53,7 +53,7 @@ impl Store {
             .arg(self.keys.alert_rules())
             .arg(name)
             .ignore();
-        let (before,): (Option<String>,) = self.query_pipe(&pipe).await?;
+        let (before,): (Option<String>,) = self.query_pipe_for_write(&pipe).await?;
         Ok(before)
     }
 

@@ -246,6 +246,20 @@ impl Store {
         }
     }
 
+    /// A pipeline that changes what people configured (alert rules), as
+    /// [`Store::query_for_write`].
+    async fn query_pipe_for_write<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.backend.clone();
+        match tokio::time::timeout(self.write_timeout, pipe.query_async(&mut conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout(self.write_timeout)),
+        }
+    }
+
     async fn query_pipe<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T, StoreError> {
         let mut conn = self.backend.clone();
         self.with_timeout(pipe.query_async(&mut conn)).await

@@ -64,7 +64,7 @@ impl Store {
     pub async fn add_user(&self, user: &UserRecord) -> Result<bool, StoreError> {
         let json = serde_json::to_string(user).expect("a user serializes");
         let added: bool = self
-            .query(
+            .query_for_write(
                 redis::cmd("HSETNX")
                     .arg(self.keys.users())
                     .arg(user.username.as_str())
@@ -81,7 +81,7 @@ impl Store {
     pub async fn update_user(&self, user: &UserRecord) -> Result<(), StoreError> {
         let json = serde_json::to_string(user).expect("a user serializes");
         let _: i64 = self
-            .query(
+            .query_for_write(
                 redis::cmd("HSET")
                     .arg(self.keys.users())
                     .arg(user.username.as_str())
@@ -95,7 +95,7 @@ impl Store {
     /// Removes a user and ends their sessions; `false` when there was no such user.
     pub async fn remove_user(&self, name: &Username) -> Result<bool, StoreError> {
         let removed: bool = self
-            .query(redis::cmd("HDEL").arg(self.keys.users()).arg(name.as_str()))
+            .query_for_write(redis::cmd("HDEL").arg(self.keys.users()).arg(name.as_str()))
             .await?;
         self.end_user_sessions(name).await?;
         if removed {
@@ -129,7 +129,7 @@ impl Store {
     pub async fn add_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         let json = serde_json::to_string(key).expect("a key serializes");
         let _: i64 = self
-            .query(
+            .query_for_write(
                 redis::cmd("HSET")
                     .arg(self.keys.api_keys())
                     .arg(&key.id)
@@ -146,7 +146,7 @@ impl Store {
         at_ms: i64,
     ) -> Result<Option<ApiKeyRecord>, StoreError> {
         let raw: Option<String> = self
-            .query(redis::cmd("HGET").arg(self.keys.api_keys()).arg(id))
+            .query_for_write(redis::cmd("HGET").arg(self.keys.api_keys()).arg(id))
             .await?;
         let Some(raw) = raw else { return Ok(None) };
         let before: ApiKeyRecord =
@@ -155,7 +155,7 @@ impl Store {
         after.revoked_at_ms.get_or_insert(at_ms);
         let json = serde_json::to_string(&after).expect("a key serializes");
         let _: i64 = self
-            .query(
+            .query_for_write(
                 redis::cmd("HSET")
                     .arg(self.keys.api_keys())
                     .arg(id)
@@ -190,7 +190,7 @@ impl Store {
 
     async fn bump_people_generation(&self) -> Result<(), StoreError> {
         let _: i64 = self
-            .query(redis::cmd("INCR").arg(self.keys.people_generation()))
+            .query_for_write(redis::cmd("INCR").arg(self.keys.people_generation()))
             .await?;
         Ok(())
     }

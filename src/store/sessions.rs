@@ -159,13 +159,15 @@ impl Store {
     /// Ends every session of `user`.
     pub async fn end_user_sessions(&self, user: &Username) -> Result<(), StoreError> {
         let index = self.keys.user_sessions(user);
-        let digests: Vec<String> = self.query(redis::cmd("SMEMBERS").arg(&index)).await?;
+        let digests: Vec<String> = self
+            .query_for_write(redis::cmd("SMEMBERS").arg(&index))
+            .await?;
         let mut del = redis::cmd("DEL");
         del.arg(&index);
         for d in &digests {
             del.arg(self.keys.session(d));
         }
-        let _: i64 = self.query(&del).await?;
+        let _: i64 = self.query_for_write(&del).await?;
         Ok(())
     }
 }
