@@ -145,6 +145,8 @@ pub fn internal(ip: IpAddr) -> bool {
                 || a == 0
                 || (a == 100 && (64..128).contains(&b))
                 || (a == 198 && (b == 18 || b == 19))
+                // IETF protocol assignments (192.0.0.0/24: DS-Lite, NAT64 discovery).
+                || (a == 192 && b == 0 && v4.octets()[2] == 0)
                 || a >= 240
         }
         IpAddr::V6(v6) => {
@@ -160,6 +162,11 @@ pub fn internal(ip: IpAddr) -> bool {
                 // IPv4-compatible (::a.b.c.d) and NAT64 (64:ff9b::/96) reach IPv4 inside.
                 || v6.segments()[..6] == [0; 6]
                 || v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+                // Local-use NAT64 (64:ff9b:1::/48), deprecated site-local (fec0::/10) and
+                // Teredo (2001::/32, which tunnels to an IPv4 address).
+                || v6.segments()[..3] == [0x64, 0xff9b, 1]
+                || (first & 0xffc0) == 0xfec0
+                || (first == 0x2001 && v6.segments()[1] == 0)
                 // SIIT's IPv4-translated addresses (::ffff:0:a.b.c.d) and 6to4 (2002::/16,
                 // the IPv4 address in bits 16-48): internal when the IPv4 inside is.
                 || (v6.segments()[..6] == [0, 0, 0, 0, 0xffff, 0]
@@ -198,6 +205,10 @@ mod tests {
             "http://[::ffff:0:7f00:1]/",
             "http://[2002:7f00:1::1]/",
             "http://[2002:a00:1::1]/",
+            "http://[64:ff9b:1::7f00:1]/",
+            "http://[fec0::1]/",
+            "http://[2001:0:4136:e378::1]/",
+            "http://192.0.0.8/",
             "http://redis/",
         ] {
             let refused = none.check_url(url).expect_err(url);

@@ -30,7 +30,10 @@ pub fn router(state: AppState) -> Router {
     let context_state = state.clone();
     let leptos_options = state.leptos_options.clone();
     Router::new()
-        .merge(api::router())
+        .merge(api::router().layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            api::credentials_first,
+        )))
         .merge(crate::envoy::json::router())
         .merge(auth::login::router())
         .merge(crate::app::events::router())
@@ -225,7 +228,7 @@ pub async fn run(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(128)
         .initial_stream_window_size(256 * 1024)
         .initial_connection_window_size(1024 * 1024)
         .keep_alive_interval(Some(Duration::from_secs(20)))

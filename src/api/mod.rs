@@ -79,6 +79,48 @@ pub fn check_endpoint(
     Ok(handler)
 }
 
+/// A request with a body on the admin API is read only once its caller is known: a key
+/// this instance knows, or a signed-in session. Anyone else gets 401 before a byte of the
+/// body is read (axum's extractors read it before a handler's own role check, so up to
+/// 1 MiB a stream could be held for a caller with no credentials at all). The handler
+/// still checks the role.
+pub async fn credentials_first(
+    State(state): State<AppState>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::{http::Method, response::IntoResponse};
+    if matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    ) {
+        return next.run(request).await;
+    }
+    let headers = request.headers();
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let known = if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(KEY_HEADER) {
+        state
+            .keys
+            .caller_of_either(
+                text(header::AUTHORIZATION),
+                text(header::HeaderName::from_static(KEY_HEADER)),
+            )
+            .is_some()
+    } else {
+        crate::auth::session::load(&state, headers)
+            .await
+            .is_some_and(|s| s.user().is_some())
+    };
+    if known {
+        next.run(request).await
+    } else {
+        ApiError::Unauthorized.into_response()
+    }
+}
+
+/// The header a service key may come in instead of `Authorization`.
+const KEY_HEADER: &str = "x-spillway-key";
+
 /// Any other path under `/api/`: a problem document, not the dashboard's page.
 async fn unknown_path(uri: axum::http::Uri) -> ApiError {
     ApiError::NotFound(format!("path: nothing is served at {}", uri.path()))

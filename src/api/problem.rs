@@ -81,6 +81,7 @@ impl From<ResetError> for ApiError {
         match e {
             ResetError::Invalid { field, message } => ApiError::bad(field, message),
             ResetError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
+            ResetError::Forbidden(why) => ApiError::Forbidden(why),
             ResetError::Unavailable(error) => ApiError::RedisUnavailable(error),
         }
     }

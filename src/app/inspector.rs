@@ -91,6 +91,9 @@ pub async fn reset_identifier(
         Ok(done) => Ok(done.deleted_keys),
         Err(ResetError::Invalid { field, message }) => Err(AppError::bad_input(field, message)),
         Err(ResetError::UnknownPolicy(_)) => Err(AppError::bad_input("scope", "no such policy")),
+        Err(ResetError::Forbidden(why)) => {
+            Err(AppError::refused(axum::http::StatusCode::FORBIDDEN, why))
+        }
         Err(ResetError::Unavailable(error)) => Err(AppError::unavailable("reset", error)),
     }
 }

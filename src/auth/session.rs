@@ -408,7 +408,7 @@ pub const MAX_FORM_BODY: usize = 256 * 1024;
 
 /// Largest body from someone not signed in: the sign-in form is a user name, a password and
 /// two tokens.
-pub const MAX_ANONYMOUS_FORM_BODY: usize = 16 * 1024;
+pub const MAX_ANONYMOUS_FORM_BODY: usize = 8 * 1024;
 
 /// Server functions and the sign-in form read their bodies through Leptos, which answers a
 /// body over the limit with a 500: here it is refused first, with 413 (a body without a

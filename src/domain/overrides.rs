@@ -118,7 +118,14 @@ impl Override {
         let broad = match &self.pattern {
             Pattern::Wildcard(_) => true,
             Pattern::Cidr(IpNet::V4(net)) => net.prefix_len() < 16,
-            Pattern::Cidr(IpNet::V6(net)) => net.prefix_len() < 48,
+            // An IPv6 network that holds IPv4 addresses written as IPv6 (::ffff:0:0/96,
+            // ::/96, 64:ff9b::/96) is as wide as the IPv4 network it covers.
+            Pattern::Cidr(IpNet::V6(net)) => {
+                let carries_v4 = ["::ffff:0:0", "::", "64:ff9b::"].iter().any(|base| {
+                    net.contains(&base.parse::<std::net::Ipv6Addr>().expect("an address"))
+                });
+                net.prefix_len() < if carries_v4 { 112 } else { 48 }
+            }
             Pattern::Exact(_) => false,
         };
         broad && !matches!(self.action, Action::Block)

@@ -6,9 +6,8 @@
 
 use axum::{
     Json, Router,
-    body::Bytes,
     extract::State,
-    http::{HeaderMap, StatusCode, header},
+    http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::post,
 };
@@ -262,7 +261,10 @@ fn answer(answer: &EnvoyAnswer, style: crate::config::EnvoyHeaders) -> Value {
     Value::Object(out)
 }
 
-async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn handler(State(state): State<AppState>, request: axum::extract::Request) -> Response {
+    // The key first, from the header alone: no body is read for a caller without one.
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     if state.envoy.require_key {
         let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
         let caller = state
@@ -281,13 +283,13 @@ async fn handler(State(state): State<AppState>, headers: HeaderMap, body: Bytes)
             return r;
         }
     }
-    if body.len() > MAX_BODY {
+    let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
         return problem(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body",
             format!("at most {MAX_BODY} bytes"),
         );
-    }
+    };
     let request = match parse(&body) {
         Ok(r) => r,
         Err((field, message)) => return problem(StatusCode::BAD_REQUEST, &field, message),

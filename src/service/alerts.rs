@@ -303,7 +303,8 @@ impl Service {
 fn host_only(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, rest)) => {
-            let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+            // A backslash ends the host too, as browsers and the URL parser read it.
+            let host = rest.split(['/', '?', '#', '\\']).next().unwrap_or_default();
             format!("{scheme}://{host}/…")
         }
         None => "…".into(),
@@ -642,4 +643,23 @@ fn send_direct(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    /// A URL is cut where a browser ends its host: at `/`, `?`, `#` and `\` too (the third
+    /// probe showed a path after a backslash to viewers).
+    #[test]
+    fn a_url_is_cut_to_its_host() {
+        assert_eq!(
+            super::host_only("https://hooks.slack.com/services/T0/B0/SECRET"),
+            "https://hooks.slack.com/…"
+        );
+        assert_eq!(
+            super::host_only("https://203.0.113.50\\SECRET\\x?token=Q"),
+            "https://203.0.113.50/…"
+        );
+        assert_eq!(super::host_only("https://h?x=SECRET"), "https://h/…");
+        assert_eq!(super::host_only("nonsense"), "…");
+    }
 }

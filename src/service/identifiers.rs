@@ -24,6 +24,9 @@ pub enum ResetError {
     },
     #[error("policy: no policy named {0:?}")]
     UnknownPolicy(String),
+    /// The caller's role may not reset this identifier.
+    #[error("{0}")]
+    Forbidden(&'static str),
     #[error("redis is unavailable: {0}")]
     Unavailable(#[from] StoreError),
 }
@@ -194,7 +197,15 @@ impl Service {
         let mut all = self.store.list_policies().await?;
         // A sign-in identifier's counters live under the sign-in limits, which are no
         // stored policy: a reset of one lifts a lock-out.
+        // Only an admin resets them: they guard every account, an admin's too, and support
+        // resetting them after each few guesses would have unlimited guesses at an admin's
+        // password.
         if super::signin::is_login_dimension(id.dimension().as_str()) {
+            if actor.role != "admin" {
+                return Err(ResetError::Forbidden(
+                    "id: the sign-in limits guard every account; only an admin resets them",
+                ));
+            }
             all.push(super::signin::login_policy());
         }
         let chosen: Vec<_> = match policy {

@@ -22,7 +22,9 @@ impl Store {
         ] {
             cmd.arg(field).arg(value);
         }
-        self.query(&cmd).await
+        // Within the write timeout, as the change it records: a change saved within 5 s
+        // must not lose its record to the 50 ms a check has.
+        self.query_for_write(&cmd).await
     }
 
     /// The newest audit records matching `filter`, newest first, at most `limit`, older than

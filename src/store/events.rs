@@ -76,7 +76,7 @@ impl Store {
                 .collect();
             if !keys.is_empty() {
                 // One identifier's keys under one policy share a slot: one DEL.
-                let n: u64 = self.query(redis::cmd("DEL").arg(&keys)).await?;
+                let n: u64 = self.query_for_write(redis::cmd("DEL").arg(&keys)).await?;
                 deleted += n;
             }
         }

@@ -329,6 +329,10 @@ async fn catch_all_unlimited_overrides_are_an_admins() {
         (add("user=0*", "unlimited"), 403),
         (add("ip=0.0.0.0/1", "unlimited"), 403),
         (add("ip=2001:db8::/32", "unlimited"), 403),
+        // IPv4 clients written as IPv6 (the third probe): as wide as the IPv4 they hold.
+        (add("ip=::ffff:0:0/96", "unlimited"), 403),
+        (add("ip=64:ff9b::/96", "unlimited"), 403),
+        (add("ip=::ffff:203.0.113.0/120", "unlimited"), 201),
         (add("user=bob", "unlimited"), 201),
         (add("ip=203.0.113.0/24", "unlimited"), 201),
         (add("ip=2001:db8:1::/48", "unlimited"), 201),
@@ -445,7 +449,23 @@ async fn sign_in_budgets_hold_per_account_and_per_ipv6_network() {
     let mut fresh = Visitor::new(&app);
     fresh.forwarded_for = Some("203.0.113.99".into());
     assert!(location(&fresh.login("bo", PASSWORD).await).contains("error=limited"));
-    // Support lifts the lock-out by resetting the account's sign-in identifier.
+    // Support may not reset sign-in limits (it could then guess an admin's password
+    // without end); an admin lifts the lock-out by resetting the account's identifier.
+    add_user(&store(&redis).await, "sam", Role::Support).await;
+    let mut support = Visitor::new(&app);
+    support.forwarded_for = Some("203.0.113.200".into());
+    assert_eq!(location(&support.login("sam", PASSWORD).await), "/people");
+    let csrf = support.csrf().await;
+    let refused = reqwest::Client::new()
+        .delete(app.url("/api/v1/identifiers/login-user/bo"))
+        .header(header::COOKIE, support.cookie_header().unwrap())
+        .header("x-csrf-token", &csrf)
+        .header(header::ORIGIN, support.origin())
+        .header("x-forwarded-for", "203.0.113.200")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
     let reset = app
         .as_admin(Method::DELETE, "/api/v1/identifiers/login-user/bo", None)
         .await;
@@ -551,4 +571,79 @@ async fn a_session_that_cannot_be_read_is_not_a_sign_out() {
     assert!(r.text().await.unwrap().contains("still signed in"));
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert_eq!(v.get("/audit").await.status(), 200);
+}
+
+/// Over HTTP/2 to `addr`: sends `method path` with `headers` and the first 16 KiB of a body
+/// that says it is 1 MiB long, and never ends it; the status, answered while it is open.
+async fn status_before_the_body_ends(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> u16 {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let mut sender = sender.ready().await.unwrap();
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-length", "1048576");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let (response, mut stream) = sender
+        .send_request(request.body(()).unwrap(), false)
+        .unwrap();
+    stream.reserve_capacity(16 * 1024);
+    stream
+        .send_data(bytes::Bytes::from(vec![b'{'; 16 * 1024]), false)
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), response)
+        .await
+        .expect("answered while the body is still open")
+        .unwrap();
+    response.status().as_u16()
+}
+
+/// The third probe: the API read a body (64 KiB on the check endpoints, 1 MiB for an Envoy
+/// domain, 2 MiB on `/json`) before it checked the key, so callers with no credentials at
+/// all made the server hold half a gigabyte. Now every one of them is answered 401 from its
+/// headers, while its body is still coming.
+#[tokio::test]
+async fn bodies_are_read_only_for_known_callers() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let json = ("content-type", "application/json");
+    for (method, path, headers) in [
+        ("POST", "/api/v1/check", vec![json]),
+        ("POST", "/api/v1/check/batch", vec![json]),
+        ("POST", "/json", vec![json]),
+        ("PUT", "/api/v1/policies/p", vec![json]),
+        (
+            "PUT",
+            "/api/v1/envoy/domains/d",
+            vec![("content-type", "application/yaml")],
+        ),
+        ("POST", "/api/v1/report", vec![json]),
+        ("PUT", "/api/v1/alerts/a", vec![json]),
+        (
+            "POST",
+            "/api/v1/check",
+            vec![json, ("authorization", "Bearer not-a-key")],
+        ),
+        (
+            "PUT",
+            "/api/v1/policies/p",
+            vec![json, ("cookie", "spillway_session=forged")],
+        ),
+    ] {
+        let status = status_before_the_body_ends(app.addr, method, path, &headers).await;
+        assert_eq!(status, 401, "{method} {path} {headers:?}");
+    }
+    // A known caller's body is read as before.
+    let ok = app
+        .check(json!({"policy": "demo", "identifiers": {"user": "known"}}))
+        .await;
+    assert_eq!(ok.status(), 200);
 }

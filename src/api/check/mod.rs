@@ -47,8 +47,9 @@ pub async fn check_handler(
 ) -> Result<CheckAnswer, ApiError> {
     // The request's own header, not a copy (an extracted `HeaderMap` is one per check).
     let (parts, body) = request.into_parts();
-    let body = JsonBytes::read(&parts.headers, body).await?;
+    // The key first: no body is read for a caller without one.
     require_key(&state, &parts.headers, KeyRole::Service)?;
+    let body = JsonBytes::read(&parts.headers, body).await?;
     let request = CheckRequest::from_body(&body.0)?;
     check(&state, &request, StatusCode::TOO_MANY_REQUESTS).await
 }
@@ -59,10 +60,12 @@ pub async fn check_handler(
     (status = 200, body = crate::api::openapi::BatchResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub async fn batch_handler(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: JsonBody,
+    request: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
-    require_key(&state, &headers, KeyRole::Service)?;
+    // The key first: no body is read for a caller without one.
+    let (parts, body) = request.into_parts();
+    require_key(&state, &parts.headers, KeyRole::Service)?;
+    let body = JsonBody::parse(&JsonBytes::read(&parts.headers, body).await?.0)?;
     let checks = body
         .0
         .get("checks")
