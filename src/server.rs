@@ -30,10 +30,7 @@ pub fn router(state: AppState) -> Router {
     let context_state = state.clone();
     let leptos_options = state.leptos_options.clone();
     Router::new()
-        .merge(api::router().layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            api::credentials_first,
-        )))
+        .merge(api::router(&state))
         .merge(crate::envoy::json::router())
         .merge(auth::login::router())
         .merge(crate::app::events::router())

@@ -33,7 +33,7 @@ use crate::{
 pub const MAX_BODY: usize = 64 * 1024;
 
 /// Routes served outside the dashboard.
-pub fn router() -> Router<AppState> {
+pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -50,6 +50,11 @@ pub fn router() -> Router<AppState> {
         .merge(identifiers::router())
         .merge(leases::router())
         .merge(envoy::router())
+        // On the routes above only: an unknown path is a 404 whoever asks.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            credentials_first,
+        ))
         .route("/api/{*rest}", axum::routing::any(unknown_path))
         // Last, so every route above has it; axum still adds `Allow`.
         .method_not_allowed_fallback(wrong_method)
