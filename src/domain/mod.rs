@@ -1,5 +1,35 @@
 //! The pure core: identifiers, rules, policies, decisions, and a reference model of every
 //! algorithm. No I/O, no async, no Redis: it compiles to wasm so the dashboard can share it.
+//!
+//! The model takes time as a parameter and answers as the Lua scripts do (the integration
+//! tests drive the same sequences through both). A sliding log of 3 a second, asked at
+//! 0 ms, 100 ms, 200 ms and 300 ms, then at 1,001 ms once the first request has left the
+//! window:
+//!
+//! ```
+//! use spillway::domain::{Algorithm, step};
+//!
+//! let rule = Algorithm::SlidingLog { limit: 3, window_ms: 1000 };
+//! let mut state = None;
+//! let mut answers = Vec::new();
+//! for (at_ms, cost) in [(0, 1), (100, 1), (200, 1), (300, 1), (1_001, 1)] {
+//!     let (next, outcome) = step(state.as_ref(), at_ms * 1000, cost, &rule, false);
+//!     // A denied request consumes nothing: the state stays as it was.
+//!     state = next.or(state);
+//!     answers.push((outcome.allowed, outcome.remaining, outcome.retry_after_ms));
+//! }
+//! assert_eq!(
+//!     answers,
+//!     [
+//!         (true, 2, None),
+//!         (true, 1, None),
+//!         (true, 0, None),
+//!         // Full: the oldest request leaves the window at 1,000 ms, 700 ms from now.
+//!         (false, 0, Some(700)),
+//!         (true, 0, None),
+//!     ]
+//! );
+//! ```
 
 pub mod alerts;
 pub mod algorithm;
