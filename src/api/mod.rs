@@ -102,15 +102,10 @@ pub async fn credentials_first(
         return next.run(request).await;
     }
     let headers = request.headers();
-    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
-    let known = if headers.contains_key(header::AUTHORIZATION) || headers.contains_key(KEY_HEADER) {
-        state
-            .keys
-            .caller_of_either(
-                text(header::AUTHORIZATION),
-                text(header::HeaderName::from_static(KEY_HEADER)),
-            )
-            .is_some()
+    let known = if headers.contains_key(header::AUTHORIZATION)
+        || headers.contains_key(crate::auth::keys::KEY_HEADER)
+    {
+        state.keys.caller_of_headers(headers).is_some()
     } else {
         crate::auth::session::load(&state, headers)
             .await
@@ -122,9 +117,6 @@ pub async fn credentials_first(
         ApiError::Unauthorized.into_response()
     }
 }
-
-/// The header a service key may come in instead of `Authorization`.
-const KEY_HEADER: &str = "x-spillway-key";
 
 /// Any other path under `/api/`: a problem document, not the dashboard's page.
 async fn unknown_path(uri: axum::http::Uri) -> ApiError {

@@ -16,6 +16,10 @@ use std::{
 use sha2::{Digest, Sha256};
 
 pub use crate::domain::people::KeyRole;
+
+/// The header a key may come in instead of `Authorization` (what proxies and Envoy's
+/// `initial_metadata` can send).
+pub const KEY_HEADER: &str = "x-spillway-key";
 use crate::{
     clock::now_ms,
     ids::{random_bytes, to_hex},
@@ -80,6 +84,14 @@ impl ApiKeys {
     ) -> Option<KeyCaller> {
         self.caller_of_bearer(authorization)
             .or_else(|| self.caller_of(x_spillway_key?.trim()))
+    }
+
+    /// The caller a request's headers name, the one way every door reads a key (the JSON
+    /// API's middleware, forward-auth, Envoy's gRPC and `/json`): `authorization: Bearer
+    /// <key>` (any case of the scheme) or `x-spillway-key: <key>`.
+    pub fn caller_of_headers(&self, headers: &http::HeaderMap) -> Option<KeyCaller> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        self.caller_of_either(text("authorization"), text(KEY_HEADER))
     }
 
     /// The caller of a raw key, if it is a valid one.

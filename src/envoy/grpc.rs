@@ -83,11 +83,7 @@ fn authenticate(state: &AppState, metadata: &HeaderMap) -> Result<(), Status> {
     if !state.envoy.require_key {
         return Ok(());
     }
-    let text = |name| metadata.get(name).and_then(|v| v.to_str().ok());
-    match state
-        .keys
-        .caller_of_either(text("authorization"), text("x-spillway-key"))
-    {
+    match state.keys.caller_of_headers(metadata) {
         Some(_) => Ok(()),
         None => Err(Status::unauthenticated(
             "send a service key as `authorization: Bearer <key>` or `x-spillway-key`",

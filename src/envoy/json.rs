@@ -266,11 +266,7 @@ async fn handler(State(state): State<AppState>, request: axum::extract::Request)
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
     if state.envoy.require_key {
-        let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        let caller = state
-            .keys
-            .caller_of_either(text(header::AUTHORIZATION.as_str()), text("x-spillway-key"));
-        if caller.is_none() {
+        if state.keys.caller_of_headers(&headers).is_none() {
             let mut r = problem(
                 StatusCode::UNAUTHORIZED,
                 "Authorization",

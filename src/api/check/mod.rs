@@ -10,7 +10,7 @@ pub use answer::{CheckAnswer, CheckBody, ResultBody, rate_limit_headers};
 use axum::{
     Json,
     extract::{Query, State},
-    http::{HeaderMap, StatusCode, header},
+    http::{HeaderMap, StatusCode},
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -128,12 +128,7 @@ pub async fn forward_auth_handler(
     Query(query): Query<ForwardAuthQuery>,
     headers: HeaderMap,
 ) -> Result<CheckAnswer, ApiError> {
-    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    let key_ok = state
-        .keys
-        .caller_of_either(text(header::AUTHORIZATION.as_str()), text("x-spillway-key"))
-        .is_some();
-    if !key_ok {
+    if state.keys.caller_of_headers(&headers).is_none() {
         return Err(ApiError::Unauthorized);
     }
     let policy = query
