@@ -265,19 +265,17 @@ async fn handler(State(state): State<AppState>, request: axum::extract::Request)
     // The key first, from the header alone: no body is read for a caller without one.
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    if state.envoy.require_key {
-        if state.keys.caller_of_headers(&headers).is_none() {
-            let mut r = problem(
-                StatusCode::UNAUTHORIZED,
-                "Authorization",
-                "send a service key as 'Bearer <key>' or in X-Spillway-Key".into(),
-            );
-            r.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                "Bearer".parse().expect("a header"),
-            );
-            return r;
-        }
+    if state.envoy.require_key && state.keys.caller_of_headers(&headers).is_none() {
+        let mut r = problem(
+            StatusCode::UNAUTHORIZED,
+            "Authorization",
+            "send a service key as 'Bearer <key>' or in X-Spillway-Key".into(),
+        );
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            "Bearer".parse().expect("a header"),
+        );
+        return r;
     }
     let Ok(body) = axum::body::to_bytes(body, MAX_BODY).await else {
         return problem(
