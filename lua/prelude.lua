@@ -19,9 +19,8 @@
 -- Numbers are doubles; src/domain/algorithm.rs mirrors every operation in the same order.
 
 -- The library functions a check calls most, as locals: an upvalue is read without the two
--- table lookups of `math.floor` (a global, then its field). 1-4 % of a check in Redis
--- (batches of 8 replayed, 8 interleaved runs: 1 rule 6.17 -> 6.08 µs, 3 rules x 2
--- identifiers 33.9 -> 32.7). The files appended after this one use these names.
+-- table lookups of `math.floor` (a global, then its field): a few percent of a check in
+-- Redis (benches/DESIGN.md). The files appended after this one use these names.
 local floor, ceil, min, max = math.floor, math.ceil, math.min, math.max
 local format, match, tonumber = string.format, string.match, tonumber
 

@@ -1,7 +1,7 @@
 //! Answers of one HTTP/2 connection written together: the checks that one Redis call
 //! answers finish together, each in its own stream's task, and without this each answer
-//! went out in a write of its own (one `writev` per answer, measured: 42,781 for 40,990
-//! gRPC answers), a loopback write costing as much as the rest of the check.
+//! went out in a write of its own, a loopback write costing as much as the rest of the
+//! check (benches/DESIGN.md).
 //!
 //! [`BatchedWrites`] wraps a connection's socket. When the connection has something to
 //! write, its first attempt yields once instead: the task asks to be polled again and lets

@@ -28,8 +28,8 @@ pub(super) const ALGORITHM_FILES: [(&str, &str); 9] = [
 /// The check script for each mix of algorithms, built on first use: the shared prelude, the
 /// files of just the algorithms the check uses, the live counters, then the driver that reads
 /// KEYS and ARGV. Still one script and one round trip per check, whatever the mix; leaving
-/// out the algorithms a check does not use spares Redis defining them on every call (about
-/// 2 µs of its 16 for a one-rule check, measured with redis-benchmark).
+/// out the algorithms a check does not use spares Redis defining them on every call
+/// (benches/DESIGN.md).
 pub(super) struct CheckScripts([OnceLock<Script>; 1 << ALGORITHM_FILES.len()]);
 
 impl CheckScripts {

@@ -27,9 +27,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::{Store, StoreError};
 use crate::domain::{Algorithm, Outcome};
 
-/// Calls of the batch script out at once. Measured side by side (`make bench` at 52ad70f,
-/// 2 cores): four out against one, 46.2k against 39.1k HTTP checks/s at 32 connections;
-/// gRPC 48.8k at 32 streams, 2.32× Limitador (one out: 1.90-1.93×).
+/// Calls of the batch script out at once: four rather than one kept Redis busy while a
+/// reply travelled back (measured in benches/DESIGN.md).
 const IN_FLIGHT: usize = 4;
 
 /// Work in one call at most, so no one script holds Redis (which runs one script at a time)
@@ -52,9 +51,8 @@ pub(super) fn work_of(algorithm: &Algorithm) -> usize {
             bucket_ms,
             ..
         } => 1 + (window_ms / bucket_ms.max(1)) as usize / 32,
-        // Measured by the third probe: 64 entries of logs of 100,000 held Redis 97 ms, about
-        // 1.5 ms an entry (each LINDEX walks the list's nodes); a long log weighs by its
-        // length, and one of 100,000 goes alone.
+        // Each LINDEX of a long log walks its list's nodes: a log weighs by its length,
+        // and one of 100,000 goes alone (benches/DESIGN.md).
         Algorithm::SlidingLog { limit, .. } => (1 + limit as usize / 1500).min(ALONE),
         _ => 1,
     }
@@ -291,9 +289,7 @@ async fn drive(store: Store, mut waiting: mpsc::Receiver<Counted>) {
                 // callers that send the next ones), and the first check's push wakes this
                 // task ahead of the rest of its clump (tokio runs a task woken by the
                 // running one next). Without this turn a clump went out as a call of one
-                // and a call of the rest. Measured with one call out (2 cores, 5 s runs,
-                // not side by side): gRPC at 32 streams 33-36k -> 40k checks/s; HTTP/1.1
-                // at 32 connections no change beyond the noise (36-40k).
+                // and a call of the rest (benches/DESIGN.md).
                 tokio::task::yield_now().await;
                 // No key was freed since the last call was made: the pending checks still
                 // wait, and a new one only needs to know their keys.
