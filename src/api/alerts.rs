@@ -2,19 +2,17 @@
 //! deliveries), `PUT /api/v1/alerts/{name}` and `DELETE /api/v1/alerts/{name}` (audited).
 //! Reading needs any admin key or session; changing needs the right to edit policies.
 
-use std::net::SocketAddr;
-
 use axum::{
     Json, Router,
-    extract::{ConnectInfo, Path, State},
-    http::{HeaderMap, Method, StatusCode},
+    extract::{Path, State},
+    http::StatusCode,
     routing::get,
 };
 use serde_json::{Value, json};
 
-use super::{ApiError, JsonBody, require_admin};
+use super::{Admin, ApiError, JsonBody, may};
 use crate::{
-    domain::{alerts::AlertRule, people::Action},
+    domain::alerts::AlertRule,
     service::alerts::{AlertError, shown},
     state::AppState,
 };
@@ -74,11 +72,8 @@ fn parse_rule(mut doc: Value) -> Result<AlertRule, ApiError> {
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::View>,
 ) -> Result<Json<Value>, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::View).await?;
     // Webhook URLs and delivery details are for admins (the URLs are often credentials).
     let view = state
         .alerts(actor.role == "admin")
@@ -96,13 +91,10 @@ pub(super) async fn list(
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::EditPolicies>,
     Path(name): Path<String>,
     body: JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
     let mut doc = body.0;
     if let Some(map) = doc.as_object_mut() {
         map.insert("name".into(), json!(name));
@@ -120,12 +112,9 @@ pub(super) async fn put(
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn delete(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::EditPolicies>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
     state.delete_alert(&actor, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,18 +1,15 @@
 //! `GET /api/v1/audit`: the audit log for automation, with the audit page's filters (the
 //! service reads it for both). Admin keys, or a signed-in session.
 
-use std::net::SocketAddr;
-
 use axum::{
     Json,
-    extract::{ConnectInfo, Query, State},
-    http::{HeaderMap, Method},
+    extract::{Query, State},
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_admin};
-use crate::{domain::people::Action, state::AppState};
+use super::{Admin, ApiError, may};
+use crate::state::AppState;
 
 /// Records per answer; `older` names the id to pass as `before` for the next page.
 const PAGE: usize = 100;
@@ -40,12 +37,9 @@ pub(super) struct AuditQuery {
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(..): Admin<may::View>,
     Query(query): Query<AuditQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let query = crate::service::audit::AuditQuery {
         actor: query.actor.as_deref().unwrap_or_default(),
         action: query.action.as_deref().unwrap_or_default(),

@@ -1,22 +1,16 @@
 //! The admin JSON API for identifiers: the live state of every rule of every policy for one
 //! identifier, and resetting it (all policies, one policy, or one rule).
 
-use std::net::SocketAddr;
-
 use axum::{
     Json, Router,
-    extract::{ConnectInfo, Path, Query, State},
-    http::{HeaderMap, Method},
+    extract::{Path, Query, State},
     routing::get,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, require_admin};
-use crate::{
-    domain::{Identifier, people::Action},
-    state::AppState,
-};
+use super::{Admin, ApiError, may};
+use crate::{domain::Identifier, state::AppState};
 
 pub fn router() -> Router<AppState> {
     Router::new().route(
@@ -50,12 +44,9 @@ pub(super) struct ResetQuery {
     responses((status = 200, description = "One entry per policy", body = crate::api::openapi::Inspection), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn inspect(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(..): Admin<may::View>,
     Path((dimension, value)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let id = identifier(&dimension, &value)?;
     let inspection = state
         .inspect(&id)
@@ -71,13 +62,10 @@ pub(super) async fn inspect(
     responses((status = 200, description = "What was reset", body = crate::api::openapi::ResetResult), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn reset(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::ResetIdentifier>,
     Path((dimension, value)): Path<(String, String)>,
     Query(query): Query<ResetQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::ResetIdentifier).await?;
     let reason = query.reason.as_deref().unwrap_or("").trim();
     if reason.chars().count() > 500 {
         return Err(ApiError::bad("reason", "must be at most 500 characters"));

@@ -12,7 +12,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use super::{ApiError, JsonBody, require_admin};
+use super::{Admin, ApiError, JsonBody, may, require_admin};
 use crate::{
     domain::{Name, Policy, overrides::Override, people::Action},
     service::policies::view,
@@ -41,11 +41,8 @@ fn name(raw: &str) -> Result<Name, ApiError> {
 #[utoipa::path(get, path = "/api/v1/policies", tag = "policies", operation_id = "list_policies", responses((status = 200, body = crate::api::openapi::PolicyList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(..): Admin<may::View>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let policies = state
         .store
         .list_policies()
@@ -68,12 +65,9 @@ async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
 #[utoipa::path(get, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "get_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyView), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(..): Admin<may::View>,
     Path(raw): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let policy = load(&state, &name(&raw)?).await?;
     Ok((
         [(header::ETAG, format!("\"{}\"", policy.version))],
@@ -124,12 +118,9 @@ pub(super) async fn put(
 #[utoipa::path(delete, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "delete_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn delete(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::EditPolicies>,
     Path(raw): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
     state.delete_policy(&actor, &name(&raw)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -137,12 +128,9 @@ pub(super) async fn delete(
 #[utoipa::path(get, path = "/api/v1/policies/{name}/versions", tag = "policies", operation_id = "list_policy_versions", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::PolicyVersions), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn versions(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(..): Admin<may::View>,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let name = name(&raw)?;
     let history = state
         .store
@@ -157,12 +145,9 @@ pub(super) async fn versions(
 #[utoipa::path(get, path = "/api/v1/policies/{name}/overrides", tag = "overrides", operation_id = "list_overrides", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn list_overrides(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(..): Admin<may::View>,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let policy = load(&state, &name(&raw)?).await?;
     Ok(Json(
         json!({ "policy": policy.name, "version": policy.version, "overrides": policy.overrides }),
@@ -173,13 +158,10 @@ pub(super) async fn list_overrides(
 #[utoipa::path(post, path = "/api/v1/policies/{name}/overrides", tag = "overrides", operation_id = "add_override", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::OverrideDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::OverrideList), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn add_override(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::ManageOverrides>,
     Path(raw): Path<String>,
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let added = Override::from_document(&body.0, "body")?;
     if added.loosens_broadly() && actor.role != "admin" {
         return Err(ApiError::Forbidden(
@@ -215,12 +197,9 @@ pub(super) async fn add_override(
 #[utoipa::path(delete, path = "/api/v1/policies/{name}/overrides/{index}", tag = "overrides", operation_id = "remove_override", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("index" = usize, Path, description = "The override's place in the list, from 0")), responses((status = 200, body = crate::api::openapi::OverrideList), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn remove_override(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
-    headers: HeaderMap,
+    Admin(actor, _): Admin<may::ManageOverrides>,
     Path((raw, index)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::ManageOverrides).await?;
     let index: usize = index
         .parse()
         .map_err(|_| ApiError::bad("index", "must be the override's place in the list, from 0"))?;
