@@ -1,7 +1,8 @@
 //! Watching a connection for the timeouts hyper has no timer for: a request's header that
 //! takes too long, a connection that sits idle, an HTTP/2 connection that starts no stream.
-//! Both listeners (HTTP in `server`, gRPC in `envoy::grpc`) wrap their sockets in
-//! [`Watched`] and tick a [`Watch`]; and both cap how many connections they hold open
+//! The HTTP port wraps its sockets in [`Watched`] (reads and writes counted); the gRPC
+//! port, which only needs to know whether calls come, counts its streams alone. Both tick
+//! a [`Watch`], and both cap how many connections they hold open
 //! ([`Limit`], as mini-redis does with a semaphore).
 
 use std::sync::{
@@ -30,17 +31,12 @@ impl Limit {
     }
 }
 
-impl Default for Activity {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// What one connection has been doing, for its watch: a count of its reads and writes,
 /// whether bytes of a request's header are waiting (and which header that is), and how many
 /// requests are being answered. Counters rather than times: the socket updates them on
 /// every read and write, and reading a clock there cost the check path a visible share of
 /// its CPU; the watch compares them from one tick to the next instead.
+#[derive(Default)]
 pub struct Activity {
     /// Reads and writes so far (the connection's task and, over HTTP/2, its streams' tasks
     /// count them).
@@ -60,16 +56,6 @@ pub struct Activity {
 pub const WATCH_TICKS: u32 = 4;
 
 impl Activity {
-    pub fn new() -> Self {
-        Self {
-            streams: AtomicU64::new(0),
-            io: AtomicU64::new(0),
-            heads: AtomicU64::new(0),
-            head_pending: std::sync::atomic::AtomicBool::new(false),
-            in_flight: AtomicU64::new(0),
-        }
-    }
-
     /// Requests being answered now.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)

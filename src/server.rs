@@ -236,7 +236,7 @@ pub async fn run(
     while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::default());
         let app = app.clone();
         let state = state.clone();
         let requests = activity.clone();

@@ -439,7 +439,7 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use crate::connection::{Activity, InFlight, Limit, Watched};
+    use crate::connection::{Activity, InFlight, Limit};
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let routes = services(&state).await;
     let timeout = state.header_read_timeout;
@@ -458,7 +458,7 @@ pub async fn serve(
     while let Some((stream, _, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
-        let activity = std::sync::Arc::new(Activity::new());
+        let activity = std::sync::Arc::new(Activity::default());
         let (state, routes) = (state.clone(), routes.clone());
         let streams = activity.clone();
         let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
@@ -472,10 +472,9 @@ pub async fn serve(
         });
         // Answers that one Redis call decides together leave in one write (see
         // batched_writes).
-        let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(Watched {
-            io: stream,
-            activity: activity.clone(),
-        }));
+        // Only streams are watched here (`Watch::unused`): the socket is not wrapped to
+        // count its reads and writes.
+        let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(stream));
         let connection = builder.serve_connection(io, service);
         let closing = closing.clone();
         connections.spawn(async move {

@@ -29,8 +29,8 @@ type Received = (String, String, bool, Value);
 
 /// What the sink received, in order.
 #[derive(Clone, Default)]
-struct Sink {
-    seen: Arc<Mutex<Vec<Received>>>,
+pub(crate) struct Sink {
+    pub(crate) seen: Arc<Mutex<Vec<Received>>>,
     /// Requests answered 500 before the sink starts accepting.
     fail_first: Arc<Mutex<usize>>,
 }
@@ -91,7 +91,7 @@ async fn receive(
     axum::http::StatusCode::OK
 }
 
-async fn start_sink(fail_first: usize) -> (Sink, SocketAddr) {
+pub(crate) async fn start_sink(fail_first: usize) -> (Sink, SocketAddr) {
     let sink = Sink {
         fail_first: Arc::new(Mutex::new(fail_first)),
         ..Sink::default()

@@ -790,15 +790,7 @@ async fn metrics_count_checks_by_policy_and_outcome_never_by_identifier() {
         .await;
     app.check(json!({"policy": "metered", "identifiers": {"user": "secret-user-77"}}))
         .await;
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics().await;
     let line = |needle: &str| {
         text.lines()
             .find(|l| {

@@ -554,15 +554,7 @@ descriptors:
         assert_eq!(s.limit_remaining, if i < 2 { 1 - i } else { 0 });
     }
     // The shadow denials were counted as denials for the live view.
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(metrics.contains("shadow_denied"), "{metrics}");
     // generic alone: 1 a minute. With vip in the same request, generic is replaced.
     assert_eq!(one(&mut c, "sh", &[("generic", "g")]).await.code, OK);

@@ -156,6 +156,18 @@ impl TestApp {
         format!("http://{}{}", self.addr, path)
     }
 
+    /// The text of `GET /metrics`.
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// `POST /api/v1/check` with the service key.
     pub async fn check(&self, body: serde_json::Value) -> reqwest::Response {
         self.client
