@@ -275,9 +275,15 @@ fn session_unreadable() -> Response {
                 HeaderValue::from_static("text/html; charset=utf-8"),
             ),
         ],
-        "<!doctype html><title>Can't reach Redis</title><h1>Can't reach Redis</h1>\
-         <p>Spillway could not read your session from Redis just now. You are still signed \
-         in: <a href=\"\">try again</a> in a moment.</p>",
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Can't reach Redis · Spillway</title>\
+         <link rel=\"stylesheet\" href=\"/pkg/spillway.css\"></head><body><main>\
+         <section class=\"card\"><h1>Can't reach Redis</h1>\
+         <p>Spillway could not read your session from Redis just now, so this page cannot \
+         be shown. You are still signed in: <a href=\"\">try again</a> in a moment. If it \
+         keeps happening, Redis is down or slow; checks answer by each policy's failure \
+         mode meanwhile.</p></section></main></body></html>",
     )
         .into_response()
 }
