@@ -7,12 +7,11 @@ use serde_json::{Map, Value};
 
 use crate::{
     audit::Actor,
-    auth::{password, people},
     domain::{
         Policy, PolicyError,
         people::{KeyRole, Role},
     },
-    store::{Store, policies::document},
+    service::{Service, password},
 };
 
 /// What the command line asked for.
@@ -227,11 +226,11 @@ pub fn parse(args: &[String]) -> Result<Command, clap::Error> {
 }
 
 /// Every policy as one document: `{"policies": {"<name>": <policy document>, ...}}`.
-pub async fn export(store: &Store, format: Format) -> anyhow::Result<String> {
-    let policies = store.list_policies().await?;
+pub async fn export(service: &Service, format: Format) -> anyhow::Result<String> {
+    let policies = service.stored_policies().await?;
     let mut map = Map::new();
     for p in &policies {
-        map.insert(p.name.to_string(), document(p));
+        map.insert(p.name.to_string(), p.document());
     }
     let doc = serde_json::json!({ "policies": map });
     Ok(match format {
@@ -320,49 +319,12 @@ fn envoy_documents(text: &str) -> Result<Option<Vec<Policy>>, PolicyError> {
 
 /// Applies a whole export atomically, and records it in the audit log. Returns how many
 /// policies were written.
-pub async fn import(store: &Store, text: &str) -> anyhow::Result<usize> {
-    let mut policies =
-        parse_document(text).map_err(|e| anyhow::anyhow!("nothing imported: {e}"))?;
-    // An Envoy domain replaces only its own policy, keeping its failure mode and overrides;
-    // a plain policy never replaces a domain (Envoy's requests would pass unlimited).
-    for policy in policies.iter_mut() {
-        let old = store.get_policy(&policy.name).await?;
-        if policy.envoy.is_none() {
-            if let Some(tree) = old.as_ref().and_then(|p| p.envoy.as_ref()) {
-                anyhow::bail!(
-                    "nothing imported: policy {} is the Envoy domain {:?}; import its domain file instead",
-                    policy.name,
-                    tree.doc.domain
-                );
-            }
-            continue;
-        }
-        match old {
-            Some(old) if old.envoy.is_none() => anyhow::bail!(
-                "nothing imported: domain: a policy named {} exists and is not an Envoy domain",
-                policy.name
-            ),
-            Some(old) => {
-                policy.failure_mode = old.failure_mode;
-                policy.overrides = old.overrides;
-            }
-            None => {}
-        }
-    }
-    let written = store.import_policies(&policies).await?;
-    let names: Vec<String> = policies.iter().map(|p| p.name.to_string()).collect();
-    let _ = cli_actor()
-        .record(
-            store,
-            crate::audit::Change {
-                action: "policy.import",
-                target: &names.join(","),
-                after: serde_json::json!({ "policies": names }).to_string(),
-                ..Default::default()
-            },
-        )
-        .await;
-    Ok(written)
+pub async fn import(service: &Service, text: &str) -> anyhow::Result<usize> {
+    let policies = parse_document(text).map_err(|e| anyhow::anyhow!("nothing imported: {e}"))?;
+    service
+        .import_policies(&cli_actor(), policies)
+        .await
+        .map_err(|e| anyhow::anyhow!("nothing imported: {e}"))
 }
 
 /// The audit actor of the command line: `cli:<os user>`.
@@ -391,7 +353,7 @@ fn date(ms: Option<i64>) -> String {
 }
 
 /// Runs a user or key command; returns what to print.
-pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Result<String> {
+pub async fn people_command(service: &Service, command: PeopleCommand) -> anyhow::Result<String> {
     let actor = cli_actor();
     Ok(match command {
         PeopleCommand::UserAdd {
@@ -400,7 +362,7 @@ pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Re
             password_stdin,
         } => {
             let (pw, generated) = read_password(password_stdin)?;
-            let user = people::add_user(store, &actor, &name, role, &pw).await?;
+            let user = service.add_user(&actor, &name, role, &pw).await?;
             if generated {
                 format!(
                     "added {} ({}) with password\n\n    {pw}\n\nIt is not shown again.\n",
@@ -415,7 +377,7 @@ pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Re
             password_stdin,
         } => {
             let (pw, generated) = read_password(password_stdin)?;
-            people::set_password(store, &actor, &name, &pw).await?;
+            service.set_password(&actor, &name, &pw).await?;
             if generated {
                 format!("new password for {name}:\n\n    {pw}\n\nTheir sessions have ended.\n")
             } else {
@@ -423,16 +385,16 @@ pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Re
             }
         }
         PeopleCommand::UserSetRole { name, role } => {
-            people::set_role(store, &actor, &name, role).await?;
+            service.set_role(&actor, &name, role).await?;
             format!("{name} is now {role}; their sessions have ended\n")
         }
         PeopleCommand::UserRemove { name } => {
-            people::remove_user(store, &actor, &name).await?;
+            service.remove_user(&actor, &name).await?;
             format!("removed {name}\n")
         }
         PeopleCommand::UserList => {
             let mut out = String::new();
-            for u in store.list_users().await? {
+            for u in service.users().await? {
                 out += &format!(
                     "{:<24} {:<8} created {}\n",
                     u.username.as_str(),
@@ -443,7 +405,7 @@ pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Re
             out
         }
         PeopleCommand::KeyAdd { name, role } => {
-            let (record, secret) = people::create_key(store, &actor, &name, role).await?;
+            let (record, secret) = service.create_key(&actor, &name, role).await?;
             format!(
                 "created {} key {} (id {})\n\n    {secret}\n\nIt is not shown again.\n",
                 record.role.as_str(),
@@ -453,7 +415,7 @@ pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Re
         }
         PeopleCommand::KeyList => {
             let mut out = String::new();
-            for k in store.list_api_keys().await? {
+            for k in service.api_keys().await? {
                 let state = match k.revoked_at_ms {
                     Some(ms) => format!("revoked {}", date(Some(ms))),
                     None => "active".into(),
@@ -470,7 +432,7 @@ pub async fn people_command(store: &Store, command: PeopleCommand) -> anyhow::Re
             out
         }
         PeopleCommand::KeyRevoke { id } => {
-            people::revoke_key(store, &actor, &id).await?;
+            service.revoke_key(&actor, &id).await?;
             format!("revoked key {id}\n")
         }
     })
@@ -555,7 +517,7 @@ mod tests {
     fn toml_and_json_exports_read_back_the_same() {
         let policy = crate::service::policies::demo_policy();
         let mut map = Map::new();
-        map.insert("demo".into(), document(&policy));
+        map.insert("demo".into(), policy.document());
         let doc = serde_json::json!({ "policies": map });
         let from_json = parse_document(&serde_json::to_string(&doc).unwrap()).unwrap();
         let from_toml = parse_document(&toml::to_string_pretty(&doc).unwrap()).unwrap();

@@ -5,7 +5,8 @@ use spillway::{
     cli::{self, Command},
     config::Config,
     server,
-    state::{self, AppState},
+    service::Service,
+    state::AppState,
     store::Store,
 };
 
@@ -47,8 +48,8 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!("stopped");
         }
         Command::Export { format, output } => {
-            let store = connect(&config).await?;
-            let text = cli::export(&store, format).await?;
+            let service = connect(&config).await?;
+            let text = cli::export(&service, format).await?;
             match output {
                 Some(path) => std::fs::write(&path, text)
                     .with_context(|| format!("writing {}", path.display()))?,
@@ -65,24 +66,26 @@ async fn main() -> anyhow::Result<()> {
             spillway::demo::run(options, key).await?;
         }
         Command::People(command) => {
-            let store = connect(&config).await?;
-            print!("{}", cli::people_command(&store, command).await?);
+            let service = connect(&config).await?;
+            print!("{}", cli::people_command(&service, command).await?);
         }
         Command::Import { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            let store = connect(&config).await?;
-            let written = cli::import(&store, &text).await?;
+            let service = connect(&config).await?;
+            let written = cli::import(&service, &text).await?;
             println!("imported {written} policies from {}", file.display());
         }
     }
     Ok(())
 }
 
-async fn connect(config: &Config) -> anyhow::Result<Store> {
+/// The service a command works with: Redis as configured, no background work.
+async fn connect(config: &Config) -> anyhow::Result<Service> {
     // The command line is not on the hot path: give Redis longer than the check timeout.
     let timeout = config.redis_timeout.max(std::time::Duration::from_secs(5));
-    state::connect_store(config, timeout)
+    let store = Store::connect_configured(config, timeout)
         .await
-        .context("connecting to Redis")
+        .context("connecting to Redis")?;
+    Ok(Service::for_command(store))
 }

@@ -71,10 +71,9 @@ fn dashboard_routes() -> Vec<AxumRouteListing> {
     ROUTES.get_or_init(|| generate_route_list(App)).clone()
 }
 
-/// What pages and server functions reach through Leptos's context: the store and the whole
+/// What pages and server functions reach through Leptos's context: the whole
 /// state, and this response's CSP nonce (the one the session middleware put in the header).
 fn provide_server_context(state: &AppState) {
-    provide_context(state.store.clone());
     provide_context(state.clone());
     if let Some(parts) = use_context::<axum::http::request::Parts>()
         && let Some(nonce) = parts.extensions.get::<auth::session::CspNonce>()

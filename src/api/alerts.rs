@@ -76,6 +76,7 @@ pub(super) async fn list(
 ) -> Result<Json<Value>, ApiError> {
     // Webhook URLs and delivery details are for admins (the URLs are often credentials).
     let view = state
+        .service()
         .alerts(actor.role == "admin")
         .await
         .map_err(ApiError::RedisUnavailable)?;
@@ -100,7 +101,7 @@ pub(super) async fn put(
         map.insert("name".into(), json!(name));
     }
     let rule = parse_rule(doc)?;
-    let saved = state.save_alert(&actor, rule).await?;
+    let saved = state.service().save_alert(&actor, rule).await?;
     Ok(Json(shown(&saved)))
 }
 
@@ -115,6 +116,6 @@ pub(super) async fn delete(
     Admin(actor, _): Admin<may::EditPolicies>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.delete_alert(&actor, &name).await?;
+    state.service().delete_alert(&actor, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -47,7 +47,7 @@ pub(super) async fn list(
         until: query.until.as_deref().unwrap_or_default(),
         before: query.before.as_deref().unwrap_or_default(),
     };
-    let page = state.read_audit(&query, PAGE).await?;
+    let page = state.service().read_audit(&query, PAGE).await?;
     Ok(Json(
         json!({ "entries": page.entries, "older": page.older }),
     ))

@@ -136,7 +136,11 @@ pub(super) async fn put(
     let runtime = tokio::runtime::Handle::current();
     let saving = state.clone();
     let saved = tokio::task::spawn_blocking(move || {
-        runtime.block_on(saving.save_envoy_domain(&actor, parsed, failure_mode, None))
+        runtime.block_on(
+            saving
+                .service()
+                .save_envoy_domain(&actor, parsed, failure_mode, None),
+        )
     })
     .await
     .map_err(|_| ApiError::bad("body", "could not be saved"))??;
@@ -171,8 +175,8 @@ pub(super) async fn read(
     let missing = || ApiError::NotFound(format!("domain: no Envoy domain named {domain:?}"));
     let name = crate::domain::envoy::policy_name(&domain).map_err(|_| missing())?;
     let policy = state
-        .store
-        .get_policy(&name)
+        .service()
+        .stored_policy(&name)
         .await
         .map_err(ApiError::RedisUnavailable)?
         .ok_or_else(missing)?;

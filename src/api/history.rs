@@ -88,6 +88,7 @@ pub(super) async fn read(
         }
     };
     let found = state
+        .service()
         .history(
             query.policy.as_deref(),
             range,

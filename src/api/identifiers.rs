@@ -49,6 +49,7 @@ pub(super) async fn inspect(
 ) -> Result<Json<Value>, ApiError> {
     let id = identifier(&dimension, &value)?;
     let inspection = state
+        .service()
         .inspect(&id)
         .await
         .map_err(ApiError::RedisUnavailable)?;
@@ -72,6 +73,7 @@ pub(super) async fn reset(
     }
     let id = identifier(&dimension, &value)?;
     let done = state
+        .service()
         .reset_identifier(
             &actor,
             &id,

@@ -6,7 +6,8 @@ use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, require_key};
 use crate::{
-    auth::KeyRole, domain::lease::LeaseId, service::leases::MAX_LEASES_PER_CALL, state::AppState,
+    domain::lease::LeaseId, domain::people::KeyRole, service::leases::MAX_LEASES_PER_CALL,
+    state::AppState,
 };
 
 pub fn router() -> Router<AppState> {
@@ -73,6 +74,7 @@ pub(super) async fn release(
 ) -> Result<Json<Value>, ApiError> {
     let (ids, texts) = lease_ids(&state, &headers, &body.0)?;
     let released = state
+        .service()
         .release_leases(&ids)
         .await
         .map_err(ApiError::RedisUnavailable)?;
@@ -111,6 +113,7 @@ pub(super) async fn renew(
 ) -> Result<Json<Value>, ApiError> {
     let (ids, texts) = lease_ids(&state, &headers, &body.0)?;
     let renewed = state
+        .service()
         .renew_leases(&ids)
         .await
         .map_err(ApiError::RedisUnavailable)?;

@@ -24,10 +24,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use crate::{
-    auth::{KeyCaller, KeyRole},
-    state::AppState,
-};
+use crate::{domain::people::KeyRole, service::keys::KeyCaller, state::AppState};
 
 /// Largest request body the API reads.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -105,7 +102,7 @@ pub async fn credentials_first(
     let known = if headers.contains_key(header::AUTHORIZATION)
         || headers.contains_key(crate::auth::keys::KEY_HEADER)
     {
-        state.keys.caller_of_headers(headers).is_some()
+        crate::auth::keys::caller_of_headers(state.service().keys(), headers).is_some()
     } else {
         crate::auth::session::load(&state, headers)
             .await
@@ -142,13 +139,13 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         return Err(ApiError::ShuttingDown);
     }
     let health = state
-        .store
-        .health()
+        .service()
+        .redis_health()
         .await
         .map_err(ApiError::RedisUnavailable)?;
     Ok(Json(json!({
         "status": "ready",
-        "policies_loaded": state.policies.is_loaded(),
+        "policies_loaded": state.service().policies_loaded(),
         "redis": { "server_time_us": health.server_time_us, "round_trip_us": health.round_trip_us },
     })))
 }
@@ -169,13 +166,7 @@ pub fn require_key(
     headers: &HeaderMap,
     needed: KeyRole,
 ) -> Result<KeyCaller, ApiError> {
-    let caller = state
-        .keys
-        .caller_of_bearer(
-            headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok()),
-        )
+    let caller = crate::auth::keys::caller_of_headers(state.service().keys(), headers)
         .ok_or(ApiError::Unauthorized)?;
     match (needed, caller.role) {
         (KeyRole::Admin, KeyRole::Service) => Err(ApiError::Forbidden(

@@ -44,8 +44,8 @@ pub(super) async fn list(
     Admin(..): Admin<may::View>,
 ) -> Result<Json<Value>, ApiError> {
     let policies = state
-        .store
-        .list_policies()
+        .service()
+        .stored_policies()
         .await
         .map_err(ApiError::RedisUnavailable)?;
     Ok(Json(
@@ -55,8 +55,8 @@ pub(super) async fn list(
 
 async fn load(state: &AppState, name: &Name) -> Result<Policy, ApiError> {
     state
-        .store
-        .get_policy(name)
+        .service()
+        .stored_policy(name)
         .await
         .map_err(ApiError::RedisUnavailable)?
         .ok_or_else(|| ApiError::UnknownPolicy(name.to_string()))
@@ -101,6 +101,7 @@ pub(super) async fn put(
     let policy = Policy::from_document(&raw, &body.0)?;
     crate::domain::policy::refuse_reserved(&policy.name)?;
     let saved = state
+        .service()
         .save_policy_document(&actor, policy, expected_version(&headers)?)
         .await?;
     let status = if saved.version == 1 {
@@ -121,7 +122,7 @@ pub(super) async fn delete(
     Admin(actor, _): Admin<may::EditPolicies>,
     Path(raw): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.delete_policy(&actor, &name(&raw)?).await?;
+    state.service().delete_policy(&actor, &name(&raw)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -133,8 +134,8 @@ pub(super) async fn versions(
 ) -> Result<Json<Value>, ApiError> {
     let name = name(&raw)?;
     let history = state
-        .store
-        .policy_history(&name, 100)
+        .service()
+        .policy_versions(&name, 100)
         .await
         .map_err(ApiError::RedisUnavailable)?;
     Ok(Json(
@@ -171,6 +172,7 @@ pub(super) async fn add_override(
     added.refuse_unmatchable("body")?;
     added.refuse_past_expiry("body", crate::clock::now_ms())?;
     let saved = state
+        .service()
         .change_policy(&actor, &name(&raw)?, "override.add", "", |current| {
             if current.overrides.len() >= crate::domain::overrides::MAX_OVERRIDES {
                 return Err(ApiError::bad(
@@ -204,6 +206,7 @@ pub(super) async fn remove_override(
         .parse()
         .map_err(|_| ApiError::bad("index", "must be the override's place in the list, from 0"))?;
     let saved = state
+        .service()
         .change_policy(&actor, &name(&raw)?, "override.remove", "", |current| {
             if index >= current.overrides.len() {
                 return Err(ApiError::NotFound(format!(

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use crate::{
     domain::PolicyError,
+    service::StoreError,
     service::{CheckError, audit::AuditError, identifiers::ResetError, policies::ChangeError},
-    store::StoreError,
 };
 
 /// A failure answered to an HTTP caller.

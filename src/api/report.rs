@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, check::rate_limit_headers, require_key};
 use crate::{
-    auth::KeyRole,
+    domain::people::KeyRole,
     service::{
         CheckRequest,
         report::{MAX_REPORT, ReportRequest},
@@ -72,7 +72,7 @@ pub(super) async fn report(
 ) -> Result<Response, ApiError> {
     require_key(&state, &headers, KeyRole::Service)?;
     let request = parse(&body.0)?;
-    let reported = state.report(&request).await?;
+    let reported = state.service().report(&request).await?;
     let results: Vec<Value> = reported
         .state
         .results

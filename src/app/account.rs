@@ -16,54 +16,31 @@ pub async fn change_my_password(
     #[server(default)] new_password: String,
 ) -> Result<(), AppError> {
     use crate::{
-        auth::{password, people},
         domain::people::Action,
-        service::signin::{Attempt, Charged},
+        service::people::{OwnPasswordRefused, PeopleError},
     };
     let caller = crate::app::guard::require_change(Action::View, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
-    let store = state.store.clone();
-    let unavailable = |e| AppError::unavailable("password change", e);
-    // Guessing the current password is limited as signing in is (and counts with it).
-    let attempt = match Attempt::charge(&state, caller.user.as_str(), &caller.ip)
+    state
+        .service()
+        .change_own_password(&caller.actor(), &caller.user, current, &new_password)
         .await
-        .map_err(unavailable)?
-    {
-        Charged::Allowed(attempt) => attempt,
-        Charged::Limited(wait_s) => {
-            let error = AppError::bad_input(
-                "current",
-                format!("too many wrong passwords; try again in {wait_s} seconds"),
-            );
-            crate::app::guard::set_status(axum::http::StatusCode::TOO_MANY_REQUESTS);
-            return Err(error);
-        }
-        Charged::Invalid => {
-            return Err(AppError::bad_input(
-                "current",
-                "is not your current password",
-            ));
-        }
-    };
-    let user = store
-        .get_user(&caller.user)
-        .await
-        .map_err(unavailable)?
-        .ok_or_else(|| AppError::bad_input("current", "this user no longer exists"))?;
-    if !password::verify(Some(user.password_hash), current).await {
-        return Err(AppError::bad_input(
-            "current",
-            "is not your current password",
-        ));
-    }
-    attempt.forgive(&state).await;
-    people::set_password(&store, &caller.actor(), caller.user.as_str(), &new_password)
-        .await
-        .map_err(|e| match e {
-            people::PeopleError::Invalid { message, .. } => {
+        .map_err(|refused| match refused {
+            OwnPasswordRefused::Limited(_) => {
+                let error = AppError::bad_input("current", refused);
+                crate::app::guard::set_status(axum::http::StatusCode::TOO_MANY_REQUESTS);
+                error
+            }
+            OwnPasswordRefused::WrongPassword | OwnPasswordRefused::NoSuchUser => {
+                AppError::bad_input("current", refused)
+            }
+            OwnPasswordRefused::Refused(PeopleError::Invalid { message, .. }) => {
                 AppError::bad_input("new_password", message)
             }
-            other => AppError::refused(axum::http::StatusCode::BAD_REQUEST, other),
+            OwnPasswordRefused::Refused(other) => {
+                AppError::refused(axum::http::StatusCode::BAD_REQUEST, other)
+            }
+            OwnPasswordRefused::Unavailable(e) => AppError::unavailable("password change", e),
         })?;
     leptos_axum::redirect("/login?changed=1");
     Ok(())

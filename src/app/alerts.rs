@@ -61,6 +61,7 @@ pub async fn load_alerts() -> Result<AlertsData, AppError> {
     let state = expect_context::<crate::state::AppState>();
     // Webhook URLs and delivery details are for admins (the URLs are often credentials).
     let view = state
+        .service()
         .alerts(caller.role.may(Action::ManagePeople))
         .await
         .map_err(|e| AppError::unavailable("alerts page", e))?;
@@ -171,6 +172,7 @@ pub async fn save_alert_rule(
     };
     let state = expect_context::<crate::state::AppState>();
     state
+        .service()
         .save_alert(&caller.actor(), rule)
         .await
         .map(|_| ())
@@ -191,6 +193,7 @@ pub async fn delete_alert_rule(
     let caller = guard::require_change(Action::EditPolicies, &csrf)?;
     let state = expect_context::<crate::state::AppState>();
     state
+        .service()
         .delete_alert(&caller.actor(), &name)
         .await
         .map_err(|e| match e {

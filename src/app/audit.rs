@@ -39,6 +39,7 @@ pub async fn audit_log(
         before: &before,
     };
     match expect_context::<crate::state::AppState>()
+        .service()
         .read_audit(&query, PAGE)
         .await
     {

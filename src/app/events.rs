@@ -14,52 +14,11 @@ use axum::{
 use futures_util::stream::Stream;
 use serde::Deserialize;
 
-use crate::{auth::session::CurrentSession, clock::now_ms, state::AppState};
-
-/// Live streams one session may hold open on one instance: a few tabs of the overview and
-/// the inspector. Each costs Redis a gathering a second; 400 of one viewer drove Redis to
-/// about 55,700 commands a second.
-pub const STREAMS_PER_SESSION: usize = 8;
-
-/// The live streams each session holds open on this instance.
-#[derive(Default)]
-pub struct StreamSlots(std::sync::Mutex<std::collections::HashMap<String, usize>>);
-
-/// One stream's place, given back when the stream ends (the client went away, the session
-/// ended, the server drains).
-pub struct StreamSlot {
-    slots: std::sync::Arc<StreamSlots>,
-    digest: String,
-}
-
-impl StreamSlots {
-    /// A place for one more stream of the session `digest`, if it has fewer than
-    /// [`STREAMS_PER_SESSION`] open.
-    pub fn take(self: &std::sync::Arc<Self>, digest: &str) -> Option<StreamSlot> {
-        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(digest.to_owned()).or_default();
-        if *n >= STREAMS_PER_SESSION {
-            return None;
-        }
-        *n += 1;
-        Some(StreamSlot {
-            slots: self.clone(),
-            digest: digest.to_owned(),
-        })
-    }
-}
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        let mut open = self.slots.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.digest) {
-            *n -= 1;
-            if *n == 0 {
-                open.remove(&self.digest);
-            }
-        }
-    }
-}
+use crate::{
+    auth::session::CurrentSession,
+    connection::{STREAMS_PER_SESSION, StreamSlot},
+    state::AppState,
+};
 
 /// The answer to one stream too many: 429 with a problem document that says what to do.
 fn too_many_streams() -> axum::response::Response {
@@ -85,17 +44,6 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/events/overview", get(overview_events))
         .route("/events/identifier", get(identifier_events))
-}
-
-/// Whether the session is still alive (re-read from Redis).
-async fn still_signed_in(state: &AppState, digest: &str) -> bool {
-    matches!(
-        state
-            .store
-            .touch_session(digest, now_ms(), state.sessions.idle.as_millis() as u64)
-            .await,
-        Ok(Some(s)) if s.user.is_some()
-    )
 }
 
 /// One event a second while the session lasts: `step` makes each from the state and what
@@ -130,7 +78,12 @@ where
             if state.shutdown.is_draining() {
                 return None;
             }
-            if n % 5 == 0 && !still_signed_in(&state, &digest).await {
+            if n % 5 == 0
+                && !state
+                    .service()
+                    .still_signed_in(&digest, state.sessions)
+                    .await
+            {
                 return None;
             }
             let (data, kept) = fut.await;
@@ -195,7 +148,7 @@ async fn identifier_events(
     let id = q.id;
     Sse::new(ticks(state, session, slot, (), move |s, ()| {
         let id = id.clone();
-        async move { (s.inspect_typed(&id).await, ()) }
+        async move { (s.service().inspect_typed(&id).await, ()) }
     }))
     .keep_alive(KeepAlive::default())
     .into_response()

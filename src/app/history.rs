@@ -46,6 +46,7 @@ pub async fn load_history(policy: String, range: String) -> Result<HistoryData, 
         Range::parse(&range).map_err(|m| AppError::bad_input("range", m))?
     };
     let found = state
+        .service()
         .history(Some(policy.as_str()), range, None, 10)
         .await
         .map_err(|e| match e {
@@ -66,25 +67,20 @@ pub async fn load_history(policy: String, range: String) -> Result<HistoryData, 
             .collect()
     };
     let per_policy = if all {
-        let names: Vec<String> = state
-            .policies
-            .all()
-            .iter()
-            .map(|p| p.name.to_string())
-            .collect();
-        let step = range.default_step();
-        let totals = state
-            .store
-            .history_totals(&names, step, range.periods(step, crate::clock::now_ms()))
+        state
+            .service()
+            .policy_totals(range)
             .await
-            .map_err(|e| AppError::unavailable("history totals", e))?;
-        names.into_iter().zip(totals).collect()
+            .map_err(|e| AppError::unavailable("history totals", e))?
     } else {
         Vec::new()
     };
     Ok(HistoryData {
         per_policy,
-        version: state.policies.get(&found.policy).map(|p| p.version),
+        version: state
+            .service()
+            .known_policy(&found.policy)
+            .map(|p| p.version),
         policy: if all {
             String::new()
         } else {

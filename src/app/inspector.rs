@@ -18,6 +18,7 @@ pub use crate::domain::inspection::{Inspection, PolicyState, RuleState};
 pub async fn inspect_identifier(#[server(default)] id: String) -> Result<Inspection, AppError> {
     crate::app::guard::require(Action::View)?;
     Ok(expect_context::<crate::state::AppState>()
+        .service()
         .inspect_typed(&id)
         .await)
 }
@@ -37,6 +38,7 @@ pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials
     let id =
         crate::domain::Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
     let hours = expect_context::<crate::state::AppState>()
+        .service()
         .denials_of(&id.to_string())
         .await
         .map_err(|e| AppError::unavailable("identifier history", e))?;
@@ -85,6 +87,7 @@ pub async fn reset_identifier(
         None => (Some(scope.as_str()), None),
     };
     match state
+        .service()
         .reset_identifier(&caller.actor(), &id, policy, rule, reason)
         .await
     {
@@ -114,6 +117,7 @@ pub async fn release_lease(
         .map_err(|m: String| AppError::bad_input("lease", m))?;
     let reason = reason_given(&reason)?;
     state
+        .service()
         .release_lease_by(&caller.actor(), &lease, reason)
         .await
         .map_err(|e| AppError::unavailable("release", e))

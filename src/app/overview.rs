@@ -3,7 +3,7 @@
 //! (so it works without JavaScript); hydrated, it follows a server-sent event stream
 //! (`/events/overview`) and updates every second without reloading.
 //!
-//! Everything comes from the live counters (`store::stats`): a few keys, never a scan, so it
+//! Everything comes from the live counters (`service::overview`): a few keys, never a scan, so it
 //! costs the same with a million identifiers.
 
 use leptos::prelude::*;
@@ -254,50 +254,18 @@ pub struct OverviewData {
 /// Seconds of history the chart shows.
 pub const CHART_SECONDS: usize = 60;
 
-/// Gathers the overview (server only): the health probe and the counters.
+/// Gathers the overview (server only): the health probe and the counters, shaped for the
+/// page.
 #[cfg(feature = "ssr")]
 pub async fn gather(state: &crate::state::AppState) -> OverviewData {
     let started = std::time::Instant::now();
-    let store = &state.store;
-    let redis = match store.health().await {
-        Ok(h) => RedisReport {
-            up: true,
-            server_time_ms: Some(h.server_time_us / 1000),
-            round_trip_us: Some(h.round_trip_us),
-        },
-        Err(error) => {
-            tracing::warn!(%error, "redis health probe failed");
-            RedisReport::default()
-        }
+    let facts = state.service().overview(CHART_SECONDS as i64, 10).await;
+    let Ok(health) = facts.redis else {
+        return OverviewData::default();
     };
-    let mut data = OverviewData {
-        redis,
-        ..OverviewData::default()
-    };
-    if !data.redis.up {
-        return data;
-    }
-    let policies = state.policies.all();
-    let names: Vec<String> = policies.iter().map(|p| p.name.to_string()).collect();
-    let rates = store.policy_rates(&names, CHART_SECONDS as i64);
-    let throttled = store.top_denied(5, 10);
-    let near = store.near_limit(10);
-    let keys = store.key_count();
-    let (rates, throttled, near, keys) = tokio::join!(rates, throttled, near, keys);
-    if let Ok((now, series)) = rates {
-        data.second = now;
-        data.policies = policies
-            .iter()
-            .zip(series)
-            .map(|(p, s)| PolicyRate {
-                policy: p.name.to_string(),
-                shadow: p.mode == crate::domain::Mode::Shadow,
-                busy: sparse(&s.iter().map(|c| (c.allowed, c.denied)).collect::<Vec<_>>()),
-            })
-            .collect();
-    }
-    let rows = |r: Vec<crate::store::stats::Ranked>| {
-        r.into_iter()
+    let rows = |ranked: Vec<crate::service::Ranked>| {
+        ranked
+            .into_iter()
             .map(|r| RankedRow {
                 policy: r.policy,
                 identifier: r.identifier,
@@ -305,11 +273,30 @@ pub async fn gather(state: &crate::state::AppState) -> OverviewData {
             })
             .collect()
     };
-    data.throttled = throttled.map(rows).unwrap_or_default();
-    data.near = near.map(rows).unwrap_or_default();
-    data.keys = keys.unwrap_or(0);
-    data.gathered_us = started.elapsed().as_micros() as u64;
-    data
+    let (second, policies) = facts.rates.map_or((0, Vec::new()), |(now, series)| {
+        let rates = series
+            .iter()
+            .map(|(p, s)| PolicyRate {
+                policy: p.name.to_string(),
+                shadow: p.mode == crate::domain::Mode::Shadow,
+                busy: sparse(&s.iter().map(|c| (c.allowed, c.denied)).collect::<Vec<_>>()),
+            })
+            .collect();
+        (now, rates)
+    });
+    OverviewData {
+        second,
+        redis: RedisReport {
+            up: true,
+            server_time_ms: Some(health.server_time_us / 1000),
+            round_trip_us: Some(health.round_trip_us),
+        },
+        policies,
+        throttled: rows(facts.throttled),
+        near: rows(facts.near),
+        keys: facts.keys,
+        gathered_us: started.elapsed().as_micros() as u64,
+    }
 }
 
 /// The overview, for the first render (and for anyone polling).

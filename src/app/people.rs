@@ -52,8 +52,8 @@ fn store_failed(e: impl std::fmt::Display) -> AppError {
 }
 
 #[cfg(feature = "ssr")]
-fn people_failed(e: crate::auth::people::PeopleError) -> AppError {
-    use crate::auth::people::PeopleError;
+fn people_failed(e: crate::service::people::PeopleError) -> AppError {
+    use crate::service::people::PeopleError;
     match e {
         PeopleError::Store(e) => store_failed(e),
         PeopleError::Invalid { field, message } => AppError::bad_input(field, message),
@@ -65,12 +65,12 @@ fn people_failed(e: crate::auth::people::PeopleError) -> AppError {
 pub async fn list_people() -> Result<PeopleView, AppError> {
     use crate::{app::guard, domain::people::Action};
     let caller = guard::require(Action::ManagePeople)?;
-    let store = state().store.clone();
-    let users = store.list_users().await.map_err(store_failed)?;
-    let keys = store.list_api_keys().await.map_err(store_failed)?;
+    let service = state().service().clone();
+    let users = service.users().await.map_err(store_failed)?;
+    let keys = service.api_keys().await.map_err(store_failed)?;
     // A new key is shown once: half of it was left in the session, the other half in this
     // browser's cookie (see create_key).
-    let new_key = store
+    let new_key = service
         .take_session_flash(&caller.session_digest)
         .await
         .map_err(store_failed)?
@@ -79,7 +79,7 @@ pub async fn list_people() -> Result<PeopleView, AppError> {
                 &use_context::<axum::http::request::Parts>()?.headers,
                 NEW_KEY_COOKIE,
             )?;
-            crate::auth::keys::join_secret(&masked, &pad)
+            crate::service::keys::join_secret(&masked, &pad)
         });
     Ok(PeopleView {
         users: users
@@ -115,10 +115,12 @@ pub async fn add_user(
     #[server(default)] role: String,
     #[server(default)] password: String,
 ) -> Result<(), AppError> {
-    use crate::{app::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
-    people::add_user(&state().store, &caller.actor(), &username, role, &password)
+    state()
+        .service()
+        .add_user(&caller.actor(), &username, role, &password)
         .await
         .map_err(people_failed)?;
     Ok(())
@@ -130,10 +132,12 @@ pub async fn set_user_role(
     #[server(default)] username: String,
     #[server(default)] role: String,
 ) -> Result<(), AppError> {
-    use crate::{app::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
-    people::set_role(&state().store, &caller.actor(), &username, role)
+    state()
+        .service()
+        .set_role(&caller.actor(), &username, role)
         .await
         .map_err(people_failed)
 }
@@ -143,9 +147,11 @@ pub async fn remove_user(
     #[server(default)] csrf: String,
     #[server(default)] username: String,
 ) -> Result<(), AppError> {
-    use crate::{app::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    people::remove_user(&state().store, &caller.actor(), &username)
+    state()
+        .service()
+        .remove_user(&caller.actor(), &username)
         .await
         .map_err(people_failed)
 }
@@ -156,18 +162,19 @@ pub async fn create_key(
     #[server(default)] name: String,
     #[server(default)] role: String,
 ) -> Result<(), AppError> {
-    use crate::{app::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
     let role = KeyRole::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
-    let store = state().store.clone();
-    let (_, secret) = people::create_key(&store, &caller.actor(), &name, role)
+    let service = state().service().clone();
+    let (_, secret) = service
+        .create_key(&caller.actor(), &name, role)
         .await
         .map_err(people_failed)?;
     // Shown once by the next read of the page, with or without JavaScript: the session keeps
     // the key XOR a random pad, the browser the pad (an HttpOnly cookie), so neither Redis
     // nor the cookie alone holds the key.
-    let (masked, pad) = crate::auth::keys::split_secret(&secret);
-    store
+    let (masked, pad) = crate::service::keys::split_secret(&secret);
+    service
         .set_session_flash(&caller.session_digest, &masked)
         .await
         .map_err(store_failed)?;
@@ -194,9 +201,11 @@ pub async fn revoke_key(
     #[server(default)] csrf: String,
     #[server(default)] id: String,
 ) -> Result<(), AppError> {
-    use crate::{app::guard, auth::people, domain::people::Action};
+    use crate::{app::guard, domain::people::Action};
     let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    people::revoke_key(&state().store, &caller.actor(), &id)
+    state()
+        .service()
+        .revoke_key(&caller.actor(), &id)
         .await
         .map_err(people_failed)
 }

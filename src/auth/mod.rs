@@ -1,11 +1,9 @@
-//! Who is calling and what they may do: API keys for services and automation, users with
-//! roles and sessions for people, and the sign-in form. (The guards the dashboard's server
-//! functions use are the dashboard's: `app::guard`.)
+//! Who is calling, as HTTP sees it: a service key in a request's headers (`keys`), a
+//! person's session cookie and the middleware every dashboard request passes through
+//! (`session`), and the sign-in form (`login`). Which keys and sessions are valid, signing in
+//! and the audit records are the service's (`service::keys`, `service::sessions`); the
+//! guards the dashboard's server functions use are the dashboard's (`app::guard`).
 
 pub mod keys;
 pub mod login;
-pub mod password;
-pub mod people;
 pub mod session;
-
-pub use keys::{ApiKeys, KeyCaller, KeyRole, generate_key};

@@ -25,13 +25,8 @@ use axum::{
 use subtle::ConstantTimeEq;
 
 use crate::{
-    clock::now_ms,
     ids::{random_bytes, to_hex},
-};
-use crate::{
-    domain::people::{Role, Username},
     state::AppState,
-    store::sessions::SessionRecord,
 };
 
 pub use crate::config::SessionSettings;
@@ -39,26 +34,7 @@ pub use crate::config::SessionSettings;
 /// The session cookie.
 pub const COOKIE: &str = "spillway_session";
 
-/// A live session of this request.
-#[derive(Clone, Debug)]
-pub struct Session {
-    /// Hex SHA-256 of the session id: the Redis key's suffix.
-    pub digest: String,
-    pub record: SessionRecord,
-}
-
-impl Session {
-    /// The signed-in user and role, if this session has one.
-    pub fn user(&self) -> Option<(&Username, Role)> {
-        Some((self.record.user.as_ref()?, self.record.role?))
-    }
-
-    /// Whether `token` is this session's CSRF token (compared in constant time).
-    pub fn csrf_matches(&self, token: &str) -> bool {
-        !self.record.csrf.is_empty()
-            && bool::from(self.record.csrf.as_bytes().ct_eq(token.as_bytes()))
-    }
-}
+pub use crate::service::sessions::Session;
 
 /// The session of the current request, put in its extensions by the middleware.
 #[derive(Clone, Debug, Default)]
@@ -83,35 +59,6 @@ pub const LOGIN_COOKIE: &str = "spillway_login";
 /// The CSP nonce of this response; the page's inline scripts carry it.
 #[derive(Clone, Debug)]
 pub struct CspNonce(pub String);
-
-/// A new session id (what the cookie carries) and its digest (what Redis keeps).
-fn new_session_id() -> (String, String) {
-    let id = to_hex(&random_bytes::<32>());
-    let digest = to_hex(&super::keys::digest(&id));
-    (id, digest)
-}
-
-/// Creates and stores a signed-in session; returns the id for the cookie.
-pub async fn start(
-    state: &AppState,
-    (user, role): (Username, Role),
-) -> Result<(String, Session), crate::store::StoreError> {
-    let (id, digest) = new_session_id();
-    let now = now_ms();
-    let settings = state.sessions;
-    let record = SessionRecord {
-        user: Some(user),
-        role: Some(role),
-        csrf: to_hex(&random_bytes::<32>()),
-        created_ms: now,
-        expires_ms: now + settings.absolute.as_millis() as i64,
-    };
-    state
-        .store
-        .create_session(&digest, &record, settings.idle.as_millis() as u64)
-        .await?;
-    Ok((id, Session { digest, record }))
-}
 
 /// The `Set-Cookie` value for session `id`.
 pub fn cookie(id: &str, secure: bool) -> HeaderValue {
@@ -245,22 +192,15 @@ pub async fn load(state: &AppState, headers: &HeaderMap) -> Option<Session> {
     })
 }
 
-/// As [`load`], telling a session that is not there from one Redis did not answer for
-/// (read twice before giving up: one slow answer must not sign anyone out).
+/// As [`load`], telling a session that is not there from one Redis did not answer for.
 async fn read(
     state: &AppState,
     headers: &HeaderMap,
-) -> Result<Option<Session>, crate::store::StoreError> {
+) -> Result<Option<Session>, crate::service::StoreError> {
     let Some(id) = session_id_from(headers) else {
         return Ok(None);
     };
-    let digest = to_hex(&super::keys::digest(&id));
-    let idle = state.sessions.idle.as_millis() as u64;
-    let record = match state.store.touch_session(&digest, now_ms(), idle).await {
-        Ok(record) => record,
-        Err(_) => state.store.touch_session(&digest, now_ms(), idle).await?,
-    };
-    Ok(record.map(|record| Session { digest, record }))
+    state.service().touch_session(&id, state.sessions).await
 }
 
 /// The page for a dashboard request whose session could not be read: 503, the reason, and

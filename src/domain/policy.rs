@@ -80,6 +80,19 @@ pub fn refuse_reserved(name: &Name) -> Result<(), PolicyError> {
 }
 
 impl Policy {
+    /// The document this policy is stored and exported as (SPEC §4's shape): everything but
+    /// its name and version.
+    pub fn document(&self) -> serde_json::Value {
+        let mut doc = serde_json::to_value(self).expect("a policy always serializes");
+        if let Some(obj) = doc.as_object_mut() {
+            obj.remove("name");
+            obj.remove("version");
+        }
+        doc
+    }
+}
+
+impl Policy {
     /// Parses the policy document `doc` for `name` (version 1; the store numbers versions).
     pub fn from_document(name: &str, doc: &Value) -> Result<Self, PolicyError> {
         let name = Name::parse(name).map_err(|m| PolicyError::field("name", m))?;

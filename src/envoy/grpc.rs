@@ -63,7 +63,11 @@ impl RateLimitService for RateLimiter {
 /// The answer to one request message: the service's decision in the protocol's terms.
 async fn decide(state: &AppState, message: RateLimitRequest) -> Result<RateLimitResponse, Status> {
     let request = wire::request(message).map_err(status_of)?;
-    let answer = state.should_rate_limit(&request).await.map_err(status_of)?;
+    let answer = state
+        .service()
+        .should_rate_limit(&request)
+        .await
+        .map_err(status_of)?;
     Ok(wire::response(&answer, state.envoy.headers))
 }
 
@@ -83,7 +87,7 @@ fn authenticate(state: &AppState, metadata: &HeaderMap) -> Result<(), Status> {
     if !state.envoy.require_key {
         return Ok(());
     }
-    match state.keys.caller_of_headers(metadata) {
+    match crate::auth::keys::caller_of_headers(state.service().keys(), metadata) {
         Some(_) => Ok(()),
         None => Err(Status::unauthenticated(
             "send a service key as `authorization: Bearer <key>` or `x-spillway-key`",

@@ -265,7 +265,9 @@ async fn handler(State(state): State<AppState>, request: axum::extract::Request)
     // The key first, from the header alone: no body is read for a caller without one.
     let (parts, body) = request.into_parts();
     let headers = parts.headers;
-    if state.envoy.require_key && state.keys.caller_of_headers(&headers).is_none() {
+    if state.envoy.require_key
+        && crate::auth::keys::caller_of_headers(state.service().keys(), &headers).is_none()
+    {
         let mut r = problem(
             StatusCode::UNAUTHORIZED,
             "Authorization",
@@ -288,7 +290,7 @@ async fn handler(State(state): State<AppState>, request: axum::extract::Request)
         Ok(r) => r,
         Err((field, message)) => return problem(StatusCode::BAD_REQUEST, &field, message),
     };
-    match state.should_rate_limit(&request).await {
+    match state.service().should_rate_limit(&request).await {
         Ok(a) => {
             let status = if a.ok {
                 StatusCode::OK

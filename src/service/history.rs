@@ -361,3 +361,22 @@ impl Service {
         Ok(out)
     }
 }
+
+impl Service {
+    /// Each policy this instance holds, with its totals over `range` (at the range's
+    /// default step), read in one go.
+    pub async fn policy_totals(&self, range: Range) -> Result<Vec<(String, Counts)>, StoreError> {
+        let names: Vec<String> = self
+            .policies
+            .all()
+            .iter()
+            .map(|p| p.name.to_string())
+            .collect();
+        let step = range.default_step();
+        let totals = self
+            .store
+            .history_totals(&names, step, range.periods(step, super::now_ms()))
+            .await?;
+        Ok(names.into_iter().zip(totals).collect())
+    }
+}

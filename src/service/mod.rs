@@ -18,29 +18,142 @@ pub mod deny_cache;
 pub mod envoy;
 pub mod history;
 pub mod identifiers;
+pub mod keys;
 pub mod leases;
 pub mod live;
+pub mod overview;
+pub mod password;
+pub mod people;
 pub mod policies;
 pub mod policy_cache;
 pub mod report;
+pub mod sessions;
 pub mod signin;
 
 pub use check::{CheckError, CheckRequest, Checked};
 
-use crate::{clock::now_ms, store::Store};
+use crate::{clock::now_ms, config::Config, shutdown::Shutdown, store::Store};
+
+/// What a use case answers when Redis did not: the store's error, named here so front doors
+/// need not know the store.
+pub use crate::store::StoreError;
+/// Records the use cases hand out as they are kept.
+pub use crate::store::{
+    RedisHealth,
+    people::{ApiKeyRecord, UserRecord},
+    sessions::SessionRecord,
+    stats::Ranked,
+};
 
 /// The store and the caches in front of it: what every use case works with. Cloned
-/// cheaply (each part is a handle).
+/// cheaply (each part is a handle). Its parts are its own: front doors call its methods.
 #[derive(Clone)]
 pub struct Service {
-    pub store: Store,
-    pub policies: policy_cache::PolicyCache,
-    pub denials: deny_cache::DenyCache,
-    pub live: live::LiveCounts,
+    store: Store,
+    policies: policy_cache::PolicyCache,
+    denials: deny_cache::DenyCache,
+    live: live::LiveCounts,
     /// This instance's counts on their way to the history.
-    pub history: history::HistoryCounts,
+    history: history::HistoryCounts,
     /// Since when this instance's checks fail on Redis (for the `degraded` alerts).
-    pub outage: alerts::RedisOutage,
+    outage: alerts::RedisOutage,
     /// The internal hosts alert webhooks may reach.
-    pub webhook_targets: crate::outbound::Targets,
+    webhook_targets: crate::outbound::Targets,
+    /// The API keys this instance accepts.
+    keys: std::sync::Arc<keys::ApiKeys>,
+}
+
+impl Service {
+    /// The service of a running server: loads the policies (seeding the demo policy on a
+    /// first start, when configured), creates the first admin when there are no users, and
+    /// starts the background work that keeps the caches fresh and the counters flowing.
+    /// Starts even when Redis is down: checks then answer by failure mode, and the policies
+    /// load once Redis is back.
+    pub async fn start(config: &Config, store: Store, shutdown: &Shutdown) -> Self {
+        if config.seed_demo
+            && let Err(error) = policies::seed_demo_policy(&store).await
+        {
+            tracing::warn!(%error, "could not seed the demo policy");
+        }
+        let service = Self::new(store, config);
+        if let Err(error) = service.policies.reload(&service.store).await {
+            tracing::warn!(%error, "policies not loaded yet");
+        }
+        service
+            .policies
+            .spawn_refresher(service.store.clone(), service.denials.clone(), shutdown);
+        service.announce_first_admin().await;
+        if let Err(error) = service.keys.reload(&service.store).await {
+            tracing::warn!(%error, "stored API keys not loaded yet");
+        }
+        service
+            .keys
+            .spawn_refresher(service.store.clone(), shutdown);
+        tokio::task::spawn_blocking(password::warm_up);
+        service.live.spawn_flusher(service.store.clone(), shutdown);
+        service
+            .history
+            .spawn_flusher(service.store.clone(), config.history_flush, shutdown);
+        crate::metrics::spawn_upkeep(shutdown);
+        service.spawn_alerts(
+            alerts::AlertSettings {
+                every: config.alert_eval,
+                public_url: config.public_url.clone(),
+            },
+            shutdown,
+        );
+        service
+    }
+
+    /// The service of a one-off command (the command line, a test's setup): the same use
+    /// cases over `store`, with no background work, no cached policies (a command reads what
+    /// it needs) and no configured keys.
+    pub fn for_command(store: Store) -> Self {
+        Self {
+            store,
+            policies: Default::default(),
+            denials: Default::default(),
+            live: Default::default(),
+            history: Default::default(),
+            outage: Default::default(),
+            webhook_targets: Default::default(),
+            keys: Default::default(),
+        }
+    }
+
+    fn new(store: Store, config: &Config) -> Self {
+        Self {
+            webhook_targets: config.webhook_targets.clone(),
+            keys: std::sync::Arc::new(keys::ApiKeys::new(
+                config.service_keys.iter().map(String::as_str),
+                config.admin_keys.iter().map(String::as_str),
+            )),
+            ..Self::for_command(store)
+        }
+    }
+
+    /// The API keys this instance accepts.
+    pub fn keys(&self) -> &keys::ApiKeys {
+        &self.keys
+    }
+
+    /// Whether the policies have been read from Redis since this instance started.
+    pub fn policies_loaded(&self) -> bool {
+        self.policies.is_loaded()
+    }
+
+    /// The policies as this instance holds them (refreshed from Redis in the background).
+    pub fn known_policies(&self) -> Vec<std::sync::Arc<crate::domain::Policy>> {
+        self.policies.all()
+    }
+
+    /// The policy `name` as this instance holds it.
+    pub fn known_policy(&self, name: &str) -> Option<std::sync::Arc<crate::domain::Policy>> {
+        self.policies.get(name)
+    }
+
+    /// Whether Redis answers and runs scripts, and how fast.
+    pub async fn redis_health(&self) -> Result<RedisHealth, StoreError> {
+        self.store.health().await
+    }
 }

@@ -9,7 +9,7 @@ use super::Service;
 use crate::{
     audit::{Actor, Change},
     domain::{Name, Policy},
-    store::{Saved, Store, StoreError, policies::document},
+    store::{Saved, Store, StoreError},
 };
 
 /// Why a policy change did not happen.
@@ -34,7 +34,7 @@ pub enum ChangeError {
 /// A policy as the API shows it and the audit log keeps it: its document with name and
 /// version.
 pub fn view(policy: &Policy) -> Value {
-    let mut doc = document(policy);
+    let mut doc = policy.document();
     doc["name"] = json!(policy.name);
     doc["version"] = json!(policy.version);
     doc
@@ -259,5 +259,87 @@ impl Service {
         let expected = expected.or(before.as_ref().map(|p| p.version));
         self.save_policy(actor, policy, expected, "envoy.domain.save", "")
             .await
+    }
+}
+
+impl Service {
+    /// Every stored policy, read from Redis (not this instance's cache).
+    pub async fn stored_policies(&self) -> Result<Vec<Policy>, StoreError> {
+        self.store.list_policies().await
+    }
+
+    /// The stored policy `name`, read from Redis.
+    pub async fn stored_policy(&self, name: &Name) -> Result<Option<Policy>, StoreError> {
+        self.store.get_policy(name).await
+    }
+
+    /// The last `limit` versions of policy `name`, newest first.
+    pub async fn policy_versions(
+        &self,
+        name: &Name,
+        limit: usize,
+    ) -> Result<Vec<Policy>, StoreError> {
+        self.store.policy_history(name, limit).await
+    }
+
+    /// Writes `policies` at once, each as its next version, and records the import. An Envoy
+    /// domain replaces only its own policy, keeping its failure mode and overrides; a plain
+    /// policy never replaces a domain (Envoy's requests would pass unlimited). Returns how many
+    /// were written.
+    pub async fn import_policies(
+        &self,
+        actor: &Actor,
+        mut policies: Vec<Policy>,
+    ) -> Result<usize, ChangeError> {
+        for policy in policies.iter_mut() {
+            let old = self.store.get_policy(&policy.name).await?;
+            keep_domain_settings(policy, old)?;
+        }
+        let written = self.store.import_policies(&policies).await?;
+        let names: Vec<String> = policies.iter().map(|p| p.name.to_string()).collect();
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action: "policy.import",
+                    target: &names.join(","),
+                    after: json!({ "policies": names }).to_string(),
+                    ..Default::default()
+                },
+            )
+            .await;
+        Ok(written)
+    }
+}
+
+/// What an imported `policy` keeps of the stored one it replaces (`old`): a domain keeps its
+/// failure mode and overrides; a plain policy may not replace a domain, nor a domain a plain
+/// policy.
+fn keep_domain_settings(policy: &mut Policy, old: Option<Policy>) -> Result<(), ChangeError> {
+    let taken = |message: String| ChangeError::Taken {
+        field: "domain".into(),
+        message,
+    };
+    match (&policy.envoy, old) {
+        (None, Some(old)) => match old.envoy {
+            Some(tree) => Err(ChangeError::Taken {
+                field: "policy".into(),
+                message: format!(
+                    "{} is the Envoy domain {:?}; import its domain file instead",
+                    policy.name, tree.doc.domain
+                ),
+            }),
+            None => Ok(()),
+        },
+        (Some(_), Some(old)) if old.envoy.is_none() => Err(taken(format!(
+            "a policy named {} exists and is not an Envoy domain",
+            policy.name
+        ))),
+        (Some(_), Some(old)) => {
+            policy.failure_mode = old.failure_mode;
+            policy.overrides = old.overrides;
+            Ok(())
+        }
+        (_, None) => Ok(()),
     }
 }

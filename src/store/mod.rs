@@ -135,6 +135,26 @@ pub struct Store {
 }
 
 impl Store {
+    /// The Redis the configuration names: a cluster, or one server (with a private CA for
+    /// `rediss://` when `REDIS_CA_CERT` is set). The server and the command line both connect
+    /// here; `timeout` bounds each check's call.
+    pub async fn connect_configured(
+        config: &crate::config::Config,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        if !config.redis_cluster_urls.is_empty() {
+            return Self::connect_cluster(&config.redis_cluster_urls, timeout, Keys::default())
+                .await;
+        }
+        let ca = match &config.redis_ca_cert {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        Self::connect_tls(&config.redis_url, ca, timeout, Keys::default()).await
+    }
+
     /// Connects to `url`. Reconnection after a failure is automatic.
     pub async fn connect(url: &str, timeout: Duration) -> Result<Self, StoreError> {
         Self::connect_with_keys(url, timeout, Keys::default()).await

@@ -93,7 +93,7 @@ impl Store {
         policy: &Policy,
         expected: Option<u64>,
     ) -> Result<Saved, StoreError> {
-        let doc = serde_json::to_string(&document(policy))
+        let doc = serde_json::to_string(&policy.document())
             .map_err(|e| StoreError::Reply(e.to_string()))?;
         let reply: i64 = self
             .run_policy_script(&policy.name, "put", &doc, expected)
@@ -118,7 +118,7 @@ impl Store {
             .key(self.keys.policy_versions());
         invocation.arg(self.keys.policy_channel());
         for policy in policies {
-            let doc = serde_json::to_string(&document(policy))
+            let doc = serde_json::to_string(&policy.document())
                 .map_err(|e| StoreError::Reply(e.to_string()))?;
             invocation
                 .key(self.keys.policy_history(&policy.name))
@@ -163,16 +163,6 @@ impl Store {
             .arg(self.keys.policy_channel());
         self.invoke_write(&invocation).await
     }
-}
-
-/// The document a policy is stored as (and exported as): SPEC §4's shape.
-pub fn document(policy: &Policy) -> Value {
-    let mut doc = serde_json::to_value(policy).expect("a policy always serializes");
-    if let Some(obj) = doc.as_object_mut() {
-        obj.remove("name");
-        obj.remove("version");
-    }
-    doc
 }
 
 fn parse_stored(name: &str, json: &str) -> Option<Policy> {

@@ -1,12 +1,12 @@
 //! The arrows between the top-level modules point down only (STYLE.md):
-//! domain ← store ← service ← {api, envoy, app, auth, cli} ← {state, server} ← main, with
-//! leaf helpers (clock, connection, metrics, shutdown...) anyone may use. This reads every
-//! `crate::<module>` path in `src/` and fails on an arrow that points up or sideways
-//! between front doors.
+//! domain ← store ← service ← state ← auth ← {api, envoy, app, cli} ← server ← main, with
+//! leaf helpers (clock, connection, metrics, shutdown...) anyone may use. `state` is what
+//! every front door is handed (the service and the doors' settings); `auth` is who is
+//! calling, as HTTP sees it (a key in the headers, a session cookie), which every door asks
+//! before it acts. This reads every `crate::<module>` path in `src/` and fails on an arrow
+//! that points up or sideways between front doors.
 //!
-//! The arrows that point up today are listed in `KNOWN`, each to go (issue 33 seals the
-//! service layer): the test fails when a new one appears, and when a listed one is gone, so
-//! the list only ever shrinks.
+//! `cargo test --test it architecture -- --nocapture` prints the graph.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -22,8 +22,10 @@ fn layer(module: &str) -> Option<u8> {
         "store" => 2,
         "audit" | "webhooks" => 3,
         "service" => 4,
-        "api" | "envoy" | "app" | "auth" | "cli" => 5,
-        "state" | "server" => 6,
+        "state" => 5,
+        "auth" => 6,
+        "api" | "envoy" | "app" | "cli" => 7,
+        "server" => 8,
         _ => return None,
     })
 }
@@ -33,23 +35,9 @@ fn may_use(from: &str, to: &str) -> bool {
     let (Some(a), Some(b)) = (layer(from), layer(to)) else {
         return true;
     };
-    // Leaves may use leaves, and the composition root's two halves each other.
-    b < a || (a == b && (a == 0 || a == 6))
+    // Leaves may use leaves.
+    b < a || (a == 0 && b == 0)
 }
-
-/// Arrows that point up today, to be removed (issue 33); `from -> to`. Front doors still
-/// name the composition root's `AppState` (axum's `FromRef` would give each handler the
-/// service alone), and api, app and cli use auth's key and session checks (one extractor
-/// for every door would end that).
-const KNOWN: &[(&str, &str)] = &[
-    ("api", "auth"),
-    ("api", "state"),
-    ("app", "auth"),
-    ("app", "state"),
-    ("auth", "state"),
-    ("cli", "auth"),
-    ("envoy", "state"),
-];
 
 /// The first segment of every `crate::` path in `text` (`use crate::{a::b, c}` gives a
 /// and c).
@@ -163,20 +151,31 @@ fn module_arrows_point_down() {
             }
         }
     }
-    let known: BTreeSet<(String, String)> = KNOWN
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-    let new: Vec<_> = up.difference(&known).collect();
+    for (from, tos) in &arrows {
+        let tos: Vec<&str> = tos.iter().map(String::as_str).collect();
+        println!(
+            "{from} (layer {}) -> {}",
+            layer(from).unwrap_or(0),
+            tos.join(", ")
+        );
+    }
     assert!(
-        new.is_empty(),
-        "arrows that point up (STYLE.md: domain ← store ← service ← front doors ← server): {new:?}"
+        up.is_empty(),
+        "arrows that point up (STYLE.md: domain ← store ← service ← state ← auth ← front doors ← server): {up:?}"
     );
-    let gone: Vec<_> = known.difference(&up).collect();
-    assert!(
-        gone.is_empty(),
-        "arrows fixed: take them off KNOWN in tests/it/architecture.rs: {gone:?}"
-    );
+}
+
+/// Front doors reach Redis through the service's use cases only (issue 33): none names the
+/// store, so every audit write and every cache in front of Redis is the service's.
+#[test]
+fn no_front_door_names_the_store() {
+    let arrows = arrows();
+    for door in ["api", "envoy", "app", "auth", "cli", "server"] {
+        assert!(
+            !arrows[door].contains("store"),
+            "src/{door} names crate::store; call a use case of crate::service instead"
+        );
+    }
 }
 
 #[test]

@@ -7,8 +7,8 @@ use reqwest::{StatusCode, header};
 use serde_json::json;
 use spillway::{
     audit::Actor,
-    auth::people,
     domain::people::{AuditFilter, KeyRole, Role},
+    service::Service,
     store::{Keys, Store},
 };
 
@@ -31,7 +31,8 @@ fn test_actor() -> Actor {
 }
 
 pub(crate) async fn add_user(store: &Store, name: &str, role: Role) {
-    people::add_user(store, &test_actor(), name, role, PASSWORD)
+    Service::for_command(store.clone())
+        .add_user(&test_actor(), name, role, PASSWORD)
         .await
         .unwrap();
 }
@@ -510,7 +511,7 @@ async fn changing_a_password_limits_guesses_of_the_current_one() {
         .await
         .unwrap()
         .unwrap();
-    assert!(spillway::auth::password::verify(Some(vic.password_hash), PASSWORD.into()).await);
+    assert!(spillway::service::password::verify(Some(vic.password_hash), PASSWORD.into()).await);
     let mut again = Visitor::new(&app);
     assert!(location(&again.login("vic", PASSWORD).await).contains("error=limited"));
 }
@@ -651,7 +652,8 @@ async fn a_revoked_key_fails_within_a_second_on_every_instance() {
     let a = spawn_app(&redis).await;
     let b = spawn_app(&redis).await;
     let s = store(&redis).await;
-    let (record, secret) = people::create_key(&s, &test_actor(), "billing", KeyRole::Admin)
+    let (record, secret) = Service::for_command(s.clone())
+        .create_key(&test_actor(), "billing", KeyRole::Admin)
         .await
         .unwrap();
     let call = |app: &TestApp| {
@@ -666,7 +668,8 @@ async fn a_revoked_key_fails_within_a_second_on_every_instance() {
         assert!(Instant::now() < deadline, "the new key never worked");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    people::revoke_key(&s, &test_actor(), &record.id)
+    Service::for_command(s.clone())
+        .revoke_key(&test_actor(), &record.id)
         .await
         .unwrap();
     let revoked_at = Instant::now();

@@ -103,15 +103,15 @@ async fn the_dashboard_works_on_a_cluster() {
     let store = Store::connect_cluster(&cluster.urls(), Duration::from_secs(5), Keys::default())
         .await
         .unwrap();
-    spillway::auth::people::add_user(
-        &store,
-        &spillway::audit::Actor::default(),
-        "ann",
-        Role::Support,
-        "correct horse battery staple",
-    )
-    .await
-    .unwrap();
+    spillway::service::Service::for_command(store.clone())
+        .add_user(
+            &spillway::audit::Actor::default(),
+            "ann",
+            Role::Support,
+            "correct horse battery staple",
+        )
+        .await
+        .unwrap();
     let mut v = crate::auth::Visitor::signed_in(&app, "ann").await;
     app.put_policy(
         "clu",

@@ -239,7 +239,7 @@ async fn each_server_shuts_down_on_its_own_and_stops_its_tasks() {
     // The other server's tasks run on: it learns of a new policy.
     app_put(&a, "later").await;
     let started = std::time::Instant::now();
-    while b_state.policies.get("later").is_none() {
+    while b_state.service().known_policy("later").is_none() {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(3),
             "b stopped following policies"

@@ -16,7 +16,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::{ApiError, JsonBody, JsonBytes, require_key};
-use crate::{auth::KeyRole, domain::Identifier, service::CheckRequest, state::AppState};
+use crate::{
+    domain::{Identifier, people::KeyRole},
+    service::CheckRequest,
+    state::AppState,
+};
 
 pub use crate::service::check::{MAX_COST, MAX_IDENTIFIERS};
 
@@ -30,7 +34,7 @@ pub async fn check(
     request: &CheckRequest,
     deny_status: StatusCode,
 ) -> Result<CheckAnswer, ApiError> {
-    let checked = state.check(request).await?;
+    let checked = state.service().check(request).await?;
     Ok(answer::answer(&checked, deny_status))
 }
 
@@ -83,7 +87,7 @@ pub async fn batch_handler(
         .map(|(i, item)| CheckRequest::parse(item, &format!("checks[{i}].")))
         .collect();
     let valid: Vec<&CheckRequest> = requests.iter().filter_map(|r| r.as_ref().ok()).collect();
-    let mut checked = state.check_all(valid).await.into_iter();
+    let mut checked = state.service().check_all(valid).await.into_iter();
     let results: Vec<Value> = requests
         .iter()
         .map(|request| {
@@ -128,7 +132,7 @@ pub async fn forward_auth_handler(
     Query(query): Query<ForwardAuthQuery>,
     headers: HeaderMap,
 ) -> Result<CheckAnswer, ApiError> {
-    if state.keys.caller_of_headers(&headers).is_none() {
+    if crate::auth::keys::caller_of_headers(state.service().keys(), &headers).is_none() {
         return Err(ApiError::Unauthorized);
     }
     let policy = query

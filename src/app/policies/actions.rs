@@ -52,7 +52,11 @@ impl From<crate::service::policies::ChangeError> for PageError {
 #[server(prefix = "/fn", endpoint = "policies")]
 pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
     crate::app::guard::require(Action::View)?;
-    let policies = state().store.list_policies().await.map_err(unavailable)?;
+    let policies = state()
+        .service()
+        .stored_policies()
+        .await
+        .map_err(unavailable)?;
     Ok(policies
         .into_iter()
         .map(|p| PolicySummary {
@@ -68,11 +72,11 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
 
 #[server(prefix = "/fn", endpoint = "policy")]
 pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, AppError> {
-    use crate::{domain::Name, store::policies::document};
+    use crate::domain::Name;
     crate::app::guard::require(Action::View)?;
     let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
-    let store = state().store.clone();
-    let Some(policy) = store.get_policy(&name).await.map_err(unavailable)? else {
+    let service = state().service().clone();
+    let Some(policy) = service.stored_policy(&name).await.map_err(unavailable)? else {
         return Ok(PolicyView {
             name: name.to_string(),
             rules: vec![RuleForm {
@@ -82,9 +86,12 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             ..PolicyView::default()
         });
     };
-    let history = store.policy_history(&name, 20).await.map_err(unavailable)?;
+    let history = service
+        .policy_versions(&name, 20)
+        .await
+        .map_err(unavailable)?;
     let pretty =
-        |p: &crate::domain::Policy| serde_json::to_string_pretty(&document(p)).unwrap_or_default();
+        |p: &crate::domain::Policy| serde_json::to_string_pretty(&p.document()).unwrap_or_default();
     // Each previous version with the change the version after it made.
     let mut newer = pretty(&policy);
     let mut rows = Vec::new();
@@ -107,7 +114,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         });
         newer = text;
     }
-    let doc = document(&policy);
+    let doc = policy.document();
     Ok(PolicyView {
         name: name.to_string(),
         exists: true,
@@ -162,8 +169,8 @@ pub async fn save_policy(
     let state = state();
     // Overrides are edited on their own; keep them.
     if let Some(before) = state
-        .store
-        .get_policy(&policy.name)
+        .service()
+        .stored_policy(&policy.name)
         .await
         .map_err(unavailable)?
     {
@@ -176,6 +183,7 @@ pub async fn save_policy(
         policy.overrides = before.overrides;
     }
     let saved = state
+        .service()
         .save_policy(&caller.actor(), policy, Some(version), "policy.save", "")
         .await
         .map_err(change_refused)?;
@@ -212,6 +220,7 @@ pub async fn save_envoy_file(
         ));
     }
     let saved = state()
+        .service()
         .save_envoy_domain(&caller.actor(), domain, None, Some(version))
         .await
         .map_err(change_refused)?;
@@ -231,6 +240,7 @@ async fn change_policy(
     let name =
         crate::domain::Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let saved = state()
+        .service()
         .change_policy(&caller.actor(), &name, action, reason, |p| {
             edit(p).map_err(PageError)
         })
@@ -250,8 +260,8 @@ pub async fn rollback_policy(
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let parsed = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let old = state()
-        .store
-        .policy_history(&parsed, 100)
+        .service()
+        .policy_versions(&parsed, 100)
         .await
         .map_err(unavailable)?
         .into_iter()
@@ -269,7 +279,11 @@ pub async fn delete_policy(
     use crate::{domain::Name, service::policies::ChangeError};
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
-    match state().delete_policy(&caller.actor(), &name).await {
+    match state()
+        .service()
+        .delete_policy(&caller.actor(), &name)
+        .await
+    {
         // Already gone: the page goes back to the list all the same.
         Ok(()) | Err(ChangeError::UnknownPolicy(_)) => {}
         Err(other) => return Err(change_refused(other)),
