@@ -240,6 +240,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// What the metrics and logs call it (`spillway_checks_total{outcome}`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::ShadowDenied => "shadow_denied",
+            Self::Degraded => "degraded",
+        }
+    }
+
     pub fn counts(self) -> Counts {
         let mut c = Counts::default();
         match self {

@@ -36,6 +36,7 @@ pub mod algorithm;
 pub mod calendar;
 pub mod check;
 pub mod envoy;
+pub mod envoy_plan;
 pub mod history;
 pub mod identifier;
 pub mod inspection;

@@ -48,13 +48,13 @@ pub struct Checked {
 }
 
 impl Checked {
-    /// What the metrics and logs call this answer.
-    fn outcome(&self) -> &'static str {
+    /// What this answer counts as in the history and the metrics.
+    fn outcome(&self) -> history::Outcome {
         match (self.degraded, self.decision.allowed, self.policy.mode) {
-            (true, _, _) => "degraded",
-            (false, true, _) => "allowed",
-            (false, false, Mode::Shadow) => "shadow_denied",
-            (false, false, Mode::Enforce) => "denied",
+            (true, _, _) => history::Outcome::Degraded,
+            (false, true, _) => history::Outcome::Allowed,
+            (false, false, Mode::Shadow) => history::Outcome::ShadowDenied,
+            (false, false, Mode::Enforce) => history::Outcome::Denied,
         }
     }
 }
@@ -66,6 +66,43 @@ impl Service {
     pub async fn check(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
         let started = std::time::Instant::now();
         let policy = self.policy_named(&request.policy)?;
+        let decided = self.decide_request(&policy, request).await;
+        let checked = match decided {
+            Ok(decision) => Checked {
+                policy,
+                decision,
+                degraded: false,
+            },
+            Err(error) => {
+                self.failure_mode(&policy, error, &request.identifiers, started)
+                    .map_err(CheckError::Unavailable)?;
+                Checked {
+                    policy,
+                    decision: Decision::new(Vec::new()),
+                    degraded: true,
+                }
+            }
+        };
+        let denied_by = (!checked.decision.allowed)
+            .then(|| checked.decision.binding().map(|b| &b.identifier))
+            .flatten();
+        self.answered(
+            &checked.policy,
+            checked.outcome(),
+            &request.identifiers,
+            denied_by,
+            started,
+        );
+        Ok(checked)
+    }
+
+    /// `request`'s decision under `policy`: its rules (or an override's) for every
+    /// identifier, all or nothing; a block by an override denies without asking Redis.
+    async fn decide_request(
+        &self,
+        policy: &Policy,
+        request: &CheckRequest,
+    ) -> Result<Decision, StoreError> {
         let now_ms = super::now_ms();
         let mut entries = Vec::new();
         let mut blocked = Vec::new();
@@ -81,68 +118,71 @@ impl Service {
                 ),
             }
         }
-        let decided = if !blocked.is_empty() {
+        if !blocked.is_empty() {
             // Blocked by an override: denied without touching Redis, nothing consumed.
-            Ok(Decision::new(
+            return Ok(Decision::new(
                 blocked.into_iter().map(blocked_result).collect(),
-            ))
-        } else if entries.is_empty() {
-            Ok(Decision::new(Vec::new()))
-        } else {
-            self.decide(&policy, &entries, request.cost).await
-        };
-        let checked = match decided {
-            Ok(decision) => Checked {
-                policy,
-                decision,
-                degraded: false,
-            },
-            Err(error) => {
-                // Logged by the outage's changes of state (`RedisOutage`), not per check.
-                tracing::debug!(%error, policy = %policy.name, "check failed on redis");
-                match policy.failure_mode {
-                    FailureMode::Open => Checked {
-                        policy,
-                        decision: Decision::new(Vec::new()),
-                        degraded: true,
-                    },
-                    FailureMode::Closed => {
-                        self.history.record(
-                            policy.name.as_str(),
-                            history::Outcome::Degraded,
-                            &request.identifiers,
-                            None,
-                        );
-                        crate::metrics::check_done(
-                            policy.name.as_str(),
-                            "unavailable",
-                            started.elapsed().as_secs_f64(),
-                        );
-                        return Err(CheckError::Unavailable(error));
-                    }
-                }
+            ));
+        }
+        if entries.is_empty() {
+            return Ok(Decision::new(Vec::new()));
+        }
+        self.decide(policy, &entries, request.cost).await
+    }
+}
+
+/// The steps every check shares after its decision, whatever door it came in by (the JSON
+/// check and batch, forward-auth, Envoy's gRPC and `/json`): the failure mode when Redis
+/// failed, then the history and the metrics.
+impl Service {
+    /// Applies `policy`'s failure mode to a Redis failure: `Ok` when it fails open (the
+    /// check answers degraded), the error when it fails closed, recorded as such for
+    /// `identifiers` (the history's degraded count, the `unavailable` metric).
+    pub(super) fn failure_mode<'a>(
+        &self,
+        policy: &Policy,
+        error: StoreError,
+        identifiers: impl IntoIterator<Item = &'a Identifier>,
+        started: std::time::Instant,
+    ) -> Result<(), StoreError> {
+        // Logged by the outage's changes of state (`RedisOutage`), not per check.
+        tracing::debug!(%error, policy = %policy.name, "check failed on redis");
+        match policy.failure_mode {
+            FailureMode::Open => Ok(()),
+            FailureMode::Closed => {
+                self.history.record(
+                    policy.name.as_str(),
+                    history::Outcome::Degraded,
+                    identifiers,
+                    None,
+                );
+                crate::metrics::check_done(
+                    policy.name.as_str(),
+                    "unavailable",
+                    started.elapsed().as_secs_f64(),
+                );
+                Err(error)
             }
-        };
-        let outcome = checked.outcome();
-        self.history.record(
-            checked.policy.name.as_str(),
-            match outcome {
-                "degraded" => history::Outcome::Degraded,
-                "allowed" => history::Outcome::Allowed,
-                "shadow_denied" => history::Outcome::ShadowDenied,
-                _ => history::Outcome::Denied,
-            },
-            &request.identifiers,
-            (!checked.decision.allowed)
-                .then(|| checked.decision.binding().map(|b| &b.identifier))
-                .flatten(),
-        );
+        }
+    }
+
+    /// Records an answered check of `identifiers` under `policy`: the history (with the
+    /// identifier that denied it, if one did) and the metrics.
+    pub(super) fn answered<'a>(
+        &self,
+        policy: &Policy,
+        outcome: history::Outcome,
+        identifiers: impl IntoIterator<Item = &'a Identifier>,
+        denied_by: Option<&Identifier>,
+        started: std::time::Instant,
+    ) {
+        self.history
+            .record(policy.name.as_str(), outcome, identifiers, denied_by);
         crate::metrics::check_done(
-            checked.policy.name.as_str(),
-            outcome,
+            policy.name.as_str(),
+            outcome.label(),
             started.elapsed().as_secs_f64(),
         );
-        Ok(checked)
     }
 }
 

@@ -1,0 +1,773 @@
+//! Planning an Envoy rate limit request, before anything is counted: each descriptor's
+//! target (no limit, unlimited, always over, or counted under a rule), `replaces` and the
+//! policy's overrides applied, repeated descriptors folded into one count, and the counted
+//! ones sorted into the checks the service makes: the enforced ones together (all or
+//! nothing), each cost of shadow-mode ones, and peeks. Then, as each check's decision comes
+//! back, the descriptors' answers. Pure: the service runs the checks (`service::envoy`).
+//!
+//! How envoyproxy/ratelimit's rules map onto the engine:
+//! - a descriptor that finds no limit is OK and consumes nothing; an `unlimited` limit is OK
+//!   without asking Redis;
+//! - `requests_per_unit: 0` denies without asking Redis;
+//! - all counted descriptors are decided together: when one is over its limit, none is
+//!   consumed, and each over its limit answers `limit_remaining` 0;
+//! - a descriptor repeated in one request counts once (envoyproxy/ratelimit counts each
+//!   repeat);
+//! - a `shadow_mode` limit is counted after the others allowed (its own check): over it
+//!   answers OK, and the denial is counted and shown;
+//! - `replaces`: a limit named in the `replaces` of another limit that applies to the same
+//!   request is not checked;
+//! - a policy override of the descriptor's identifier (`envoy=...`) makes it unlimited or
+//!   blocks it, as it does for any identifier.
+
+use std::{collections::HashSet, sync::Arc};
+
+use super::{
+    Algorithm, Decision, Identifier, Policy, Rule, RulesFor,
+    envoy::{self, Allowance, EnvoyDomain, Limit, RequestDescriptor, Unit},
+};
+
+/// A `ShouldRateLimit` request, without the protocol.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvoyRequest {
+    pub domain: String,
+    pub descriptors: Vec<EnvoyDescriptor>,
+    /// Hits for every descriptor that does not say (0 means 1).
+    pub hits_addend: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EnvoyDescriptor {
+    pub entries: Vec<(String, String)>,
+    /// A limit the caller sets for this descriptor, instead of the configured one.
+    pub limit: Option<(u32, Unit)>,
+    /// This descriptor's hits, when set (0 peeks: nothing is consumed).
+    pub hits_addend: Option<u64>,
+}
+
+/// The limit a descriptor was checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CurrentLimit {
+    pub name: String,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+/// One descriptor's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorAnswer {
+    pub ok: bool,
+    pub limit: Option<CurrentLimit>,
+    /// What is left after this request (`u32::MAX` when unlimited).
+    pub remaining: u32,
+    /// Until the limit's window ends.
+    pub reset_ms: Option<u64>,
+    /// A shadow-mode limit that was over: answered OK, counted as a denial.
+    pub shadow_denied: bool,
+}
+
+impl DescriptorAnswer {
+    /// OK, with no limit: what a descriptor that finds none answers.
+    pub fn unlimited() -> Self {
+        Self {
+            ok: true,
+            limit: None,
+            remaining: 0,
+            reset_ms: None,
+            shadow_denied: false,
+        }
+    }
+}
+
+/// Where a descriptor's check goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// No limit: OK, nothing consumed.
+    Free,
+    /// Unlimited: OK without Redis.
+    Unlimited,
+    /// Always over (a limit of 0, or blocked by an override).
+    Over(Option<CurrentLimit>),
+    /// Counted under `rule`.
+    Count {
+        rule: RuleRef,
+        current: CurrentLimit,
+        shadow: bool,
+    },
+}
+
+/// A counted descriptor's rule: an index into the policy's rules, or into the caller's own
+/// limits of this request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleRef {
+    Policy(usize),
+    Caller(usize),
+}
+
+/// How a group of descriptors was checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    /// Together, all or nothing: each is OK when under its limit.
+    Enforced,
+    /// Shadow-mode limits: always OK; over the limit is marked (and was counted).
+    Shadow,
+    /// Read without consuming: the code is left as it is.
+    Peek,
+}
+
+/// A request that cannot be planned: the field and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanError {
+    pub field: String,
+    pub message: String,
+}
+
+/// A request's plan: its descriptors' targets, the checks to make, and the answers so far.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    policy: Arc<Policy>,
+    caller_rules: Vec<Rule>,
+    targets: Vec<Target>,
+    /// Each descriptor's identifier (`envoy=key=value|...`).
+    pub identifiers: Vec<Identifier>,
+    /// Each descriptor's hits.
+    pub costs: Vec<u64>,
+    statuses: Vec<DescriptorAnswer>,
+    /// The first descriptor over without asking Redis (a limit of 0, or blocked).
+    pub over_already: Option<usize>,
+    /// Counted together, all or nothing, at one cost.
+    pub enforced: Vec<usize>,
+    /// Shadow-mode limits, counted per cost after the enforced ones allowed.
+    pub shadows: Vec<usize>,
+    /// Read without consuming.
+    pub peeks: Vec<usize>,
+    /// (a repeated descriptor, the one checked for it).
+    repeats: Vec<(usize, usize)>,
+}
+
+/// Plans `request` against `policy`, whose Envoy domain is `tree`, at `now_ms`.
+pub fn plan(
+    policy: &Arc<Policy>,
+    tree: &EnvoyDomain,
+    request: &EnvoyRequest,
+    now_ms: i64,
+) -> Result<Plan, PlanError> {
+    let default_cost = request.hits_addend.max(1);
+    let costs: Vec<u64> = request
+        .descriptors
+        .iter()
+        .map(|d| d.hits_addend.unwrap_or(default_cost))
+        .collect();
+    let identifiers: Vec<Identifier> = request
+        .descriptors
+        .iter()
+        .map(|d| {
+            RequestDescriptor {
+                entries: d.entries.clone(),
+            }
+            .identifier()
+        })
+        .collect();
+    let mut caller_rules = Vec::new();
+    let mut limits = Vec::with_capacity(costs.len());
+    let mut targets = Vec::with_capacity(costs.len());
+    for (i, d) in request.descriptors.iter().enumerate() {
+        let (target, limit) = target_of(i, d, costs[i], tree, &mut caller_rules);
+        targets.push(target);
+        limits.push(limit);
+    }
+    apply_replaces(&mut targets, &limits);
+    for (target, identifier) in targets.iter_mut().zip(&identifiers) {
+        match policy.rules_for(identifier, now_ms) {
+            RulesFor::Unlimited => *target = Target::Unlimited,
+            RulesFor::Blocked => *target = Target::Over(None),
+            RulesFor::Rules(_) => {}
+        }
+    }
+    let statuses: Vec<DescriptorAnswer> = targets.iter().map(|t| first_answer(t, now_ms)).collect();
+    let mut plan = Plan {
+        policy: policy.clone(),
+        caller_rules,
+        targets,
+        identifiers,
+        costs,
+        over_already: statuses.iter().position(|s| !s.ok),
+        statuses,
+        enforced: Vec::new(),
+        shadows: Vec::new(),
+        peeks: Vec::new(),
+        repeats: Vec::new(),
+    };
+    plan.sort_into_checks();
+    plan.fold_repeats();
+    plan.one_cost_for_the_enforced()?;
+    Ok(plan)
+}
+
+/// Descriptor `i`'s target: the caller's own limit, or the one its entries find in the
+/// tree (returned too, for `replaces`).
+fn target_of<'t>(
+    i: usize,
+    d: &EnvoyDescriptor,
+    cost: u64,
+    tree: &'t EnvoyDomain,
+    caller_rules: &mut Vec<Rule>,
+) -> (Target, Option<&'t Limit>) {
+    if let Some((rpu, unit)) = d.limit {
+        let current = CurrentLimit {
+            name: String::new(),
+            requests_per_unit: rpu,
+            unit,
+        };
+        let target = match (rpu, cost) {
+            (0, 0) => Target::Free,
+            (0, _) => Target::Over(Some(current)),
+            _ => {
+                caller_rules.push(caller_rule(i, rpu, unit));
+                Target::Count {
+                    rule: RuleRef::Caller(caller_rules.len() - 1),
+                    current,
+                    shadow: false,
+                }
+            }
+        };
+        return (target, None);
+    }
+    let Some(limit) = tree.find(&d.entries) else {
+        return (Target::Free, None);
+    };
+    let target = match limit.allowance {
+        Allowance::Unlimited => Target::Unlimited,
+        Allowance::Count {
+            requests_per_unit,
+            unit,
+            rule,
+        } => {
+            let current = CurrentLimit {
+                name: limit.name.clone(),
+                requests_per_unit,
+                unit,
+            };
+            match rule {
+                // 0 a unit: over for any hit (a peek passes; a shadow limit answers OK).
+                None if limit.shadow || cost == 0 => Target::Free,
+                None => Target::Over(Some(current)),
+                Some(r) => Target::Count {
+                    rule: RuleRef::Policy(r),
+                    current,
+                    shadow: limit.shadow,
+                },
+            }
+        }
+    };
+    (target, Some(limit))
+}
+
+/// Frees every descriptor whose limit another limit of this request `replaces`.
+fn apply_replaces(targets: &mut [Target], limits: &[Option<&Limit>]) {
+    let replaced: HashSet<&str> = limits
+        .iter()
+        .flatten()
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    for (target, limit) in targets.iter_mut().zip(limits) {
+        if limit.is_some_and(|l| !l.name.is_empty() && replaced.contains(l.name.as_str())) {
+            *target = Target::Free;
+        }
+    }
+}
+
+/// A descriptor's answer before anything is counted.
+fn first_answer(target: &Target, now_ms: i64) -> DescriptorAnswer {
+    match target {
+        Target::Free => DescriptorAnswer::unlimited(),
+        Target::Unlimited => DescriptorAnswer {
+            remaining: envoy::UNLIMITED_REMAINING,
+            ..DescriptorAnswer::unlimited()
+        },
+        Target::Over(current) => DescriptorAnswer {
+            ok: false,
+            reset_ms: current.as_ref().map(|c| until_window_end(c.unit, now_ms)),
+            limit: current.clone(),
+            remaining: 0,
+            shadow_denied: false,
+        },
+        Target::Count { current, .. } => DescriptorAnswer {
+            ok: true,
+            limit: Some(current.clone()),
+            remaining: 0,
+            reset_ms: None,
+            shadow_denied: false,
+        },
+    }
+}
+
+impl Plan {
+    /// Sorts the counted descriptors: peeks (hits 0, and every one when the request is over
+    /// already), shadow-mode ones, and the enforced rest.
+    fn sort_into_checks(&mut self) {
+        for (i, t) in self.targets.iter().enumerate() {
+            if let Target::Count { shadow, .. } = t {
+                if self.costs[i] == 0 || self.over_already.is_some() {
+                    self.peeks.push(i);
+                } else if *shadow {
+                    self.shadows.push(i);
+                } else {
+                    self.enforced.push(i);
+                }
+            }
+        }
+    }
+
+    /// Counts a repeated descriptor once. Its copies share a counter (the same entries, hits
+    /// and rule name: a caller's own limits of one unit are all `caller-<unit>`); they are
+    /// checked once, under the strictest of their limits, and each answers as that check
+    /// did, under its own limit. envoyproxy/ratelimit increments once per copy; here the
+    /// counted descriptors are one all-or-nothing check of one cost, where two entries of
+    /// one key would each read the state before either wrote (a fixed window then counted
+    /// them once when new, twice when not).
+    fn fold_repeats(&mut self) {
+        let mut groups = [
+            std::mem::take(&mut self.enforced),
+            std::mem::take(&mut self.shadows),
+            std::mem::take(&mut self.peeks),
+        ];
+        for group in &mut groups {
+            let mut kept: Vec<usize> = Vec::with_capacity(group.len());
+            // (a copy, the position in `kept` of the one checked for it)
+            let mut copies: Vec<(usize, usize)> = Vec::new();
+            for &i in group.iter() {
+                match kept
+                    .iter()
+                    .position(|&j| self.counter(j) == self.counter(i))
+                {
+                    Some(at) if self.fixed_limit(i) < self.fixed_limit(kept[at]) => {
+                        copies.push((kept[at], at));
+                        kept[at] = i;
+                    }
+                    Some(at) => copies.push((i, at)),
+                    None => kept.push(i),
+                }
+            }
+            self.repeats
+                .extend(copies.into_iter().map(|(copy, at)| (copy, kept[at])));
+            *group = kept;
+        }
+        let [enforced, shadows, peeks] = groups;
+        (self.enforced, self.shadows, self.peeks) = (enforced, shadows, peeks);
+    }
+
+    /// What descriptor `i` counts on: its rule's name, its identifier and its hits.
+    fn counter(&self, i: usize) -> Option<(&str, &Identifier, u64)> {
+        match &self.targets[i] {
+            Target::Count { rule, .. } => Some((
+                self.rule(*rule).name.as_str(),
+                &self.identifiers[i],
+                self.costs[i],
+            )),
+            _ => None,
+        }
+    }
+
+    /// Descriptor `i`'s fixed-window limit (what tells the strictest of repeated ones).
+    fn fixed_limit(&self, i: usize) -> u64 {
+        match &self.targets[i] {
+            Target::Count { rule, .. } => match self.rule(*rule).algorithm {
+                Algorithm::FixedWindow { limit, .. } => limit,
+                _ => u64::MAX,
+            },
+            _ => u64::MAX,
+        }
+    }
+
+    /// The enforced descriptors are one check of one cost: refused when their hits differ.
+    fn one_cost_for_the_enforced(&self) -> Result<(), PlanError> {
+        let Some(&first) = self.enforced.first() else {
+            return Ok(());
+        };
+        match self
+            .enforced
+            .iter()
+            .find(|&&i| self.costs[i] != self.costs[first])
+        {
+            None => Ok(()),
+            Some(&other) => Err(PlanError {
+                field: format!("descriptors[{other}].hits_addend"),
+                message: format!(
+                    "differs from descriptors[{first}]'s ({} against {}); the counted descriptors of one request must share their hits",
+                    self.costs[other], self.costs[first]
+                ),
+            }),
+        }
+    }
+
+    /// The policy the request runs under.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    fn rule(&self, r: RuleRef) -> &Rule {
+        match r {
+            RuleRef::Policy(i) => &self.policy.rules[i],
+            RuleRef::Caller(i) => &self.caller_rules[i],
+        }
+    }
+
+    /// The rule and identifier each of the counted descriptors `idx` is checked under.
+    pub fn entries(&self, idx: &[usize]) -> Vec<(&Rule, &Identifier)> {
+        idx.iter()
+            .map(|&i| {
+                let Target::Count { rule, .. } = &self.targets[i] else {
+                    unreachable!("only counted descriptors are checked")
+                };
+                (self.rule(*rule), &self.identifiers[i])
+            })
+            .collect()
+    }
+
+    /// The hits the enforced descriptors are counted at (one for all of them).
+    pub fn enforced_cost(&self) -> u64 {
+        self.enforced.first().map_or(0, |&i| self.costs[i])
+    }
+
+    /// The shadow-mode descriptors by cost (each cost is its own check), lowest first.
+    pub fn shadow_checks(&self) -> Vec<(u64, Vec<usize>)> {
+        let mut costs: Vec<u64> = self.shadows.iter().map(|&i| self.costs[i]).collect();
+        costs.sort_unstable();
+        costs.dedup();
+        costs
+            .into_iter()
+            .map(|cost| {
+                let group = self
+                    .shadows
+                    .iter()
+                    .copied()
+                    .filter(|&i| self.costs[i] == cost)
+                    .collect();
+                (cost, group)
+            })
+            .collect()
+    }
+
+    /// The enforced check denied: the shadow-mode descriptors are then only read.
+    pub fn enforced_denied(&mut self) {
+        self.peeks.append(&mut self.shadows);
+        self.peeks.sort_unstable();
+    }
+
+    /// Takes the answers of descriptors `idx` from `decision` (its results are in their
+    /// order), checked as `group`; `now_ms` when the decision does not say when it was made.
+    pub fn fill(&mut self, idx: &[usize], decision: &Decision, group: Group, now_ms: i64) {
+        let now_ms = if decision.at_us > 0 {
+            decision.at_us / 1000
+        } else {
+            now_ms
+        };
+        for (result, &i) in decision.results.iter().zip(idx) {
+            let Target::Count { current, .. } = &self.targets[i] else {
+                continue;
+            };
+            let s = &mut self.statuses[i];
+            s.remaining = u32::try_from(result.outcome.remaining).unwrap_or(u32::MAX);
+            s.reset_ms = Some(until_window_end(current.unit, now_ms));
+            match group {
+                Group::Enforced => {
+                    s.ok = result.outcome.allowed;
+                    if !s.ok {
+                        // As envoyproxy/ratelimit answers an OVER_LIMIT descriptor.
+                        s.remaining = 0;
+                    }
+                }
+                Group::Shadow => s.shadow_denied = !result.outcome.allowed,
+                Group::Peek => {}
+            }
+        }
+    }
+
+    /// Every descriptor's answer, a repeated one answering as the one checked for it did
+    /// (taken: a second call answers nothing).
+    pub fn answers(&mut self) -> Vec<DescriptorAnswer> {
+        let mut statuses = std::mem::take(&mut self.statuses);
+        for &(copy, checked) in &self.repeats {
+            statuses[copy] = DescriptorAnswer {
+                limit: statuses[copy].limit.take(),
+                ..statuses[checked].clone()
+            };
+        }
+        statuses
+    }
+
+    /// The identifiers of the descriptors that found a limit (the others consume nothing).
+    pub fn limited(&self) -> impl Iterator<Item = &Identifier> {
+        self.targets
+            .iter()
+            .zip(&self.identifiers)
+            .filter(|(t, _)| matches!(t, Target::Count { .. } | Target::Over(_)))
+            .map(|(_, id)| id)
+    }
+}
+
+/// Milliseconds until the clock-aligned window of `unit` that holds `now_ms` ends.
+pub fn until_window_end(unit: Unit, now_ms: i64) -> u64 {
+    let len = unit.seconds() * 1000;
+    len - (now_ms.max(0) as u64 % len)
+}
+
+/// The rule a caller's own limit runs as: named after its unit, so the count of one
+/// descriptor carries on while the caller changes the number.
+fn caller_rule(index: usize, requests_per_unit: u32, unit: Unit) -> Rule {
+    Rule::new(
+        index,
+        &format!("caller-{}", unit.as_str()),
+        Algorithm::FixedWindow {
+            limit: u64::from(requests_per_unit),
+            window_ms: unit.seconds() * 1000,
+        },
+        Some(vec![envoy::DIMENSION.to_owned()]),
+        false,
+    )
+    .expect("a valid name and window")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::domain::{FailureMode, Name, Outcome, RuleResult, overrides::Override};
+
+    /// The policy of a domain whose descriptors are `descriptors`, with `overrides`.
+    fn policy(descriptors: serde_json::Value, overrides: &[serde_json::Value]) -> Arc<Policy> {
+        let domain = EnvoyDomain::from_value(&json!({"domain": "d", "descriptors": descriptors}))
+            .expect("a valid domain");
+        let mut policy = Policy::from_envoy(domain, FailureMode::Open).expect("a valid policy");
+        policy.overrides = overrides
+            .iter()
+            .map(|o| Override::from_document(o, "overrides[0]").expect("a valid override"))
+            .collect();
+        Arc::new(policy)
+    }
+
+    fn descriptor(pairs: &[(&str, &str)]) -> EnvoyDescriptor {
+        EnvoyDescriptor {
+            entries: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..EnvoyDescriptor::default()
+        }
+    }
+
+    fn planned(policy: &Arc<Policy>, descriptors: Vec<EnvoyDescriptor>) -> Result<Plan, PlanError> {
+        let request = EnvoyRequest {
+            domain: "d".into(),
+            descriptors,
+            hits_addend: 0,
+        };
+        plan(policy, policy.envoy.as_ref().unwrap(), &request, 1_000)
+    }
+
+    /// A decision of `allowed` outcomes (remaining 5 when allowed), one per entry.
+    fn decision(allowed: &[bool]) -> Decision {
+        let result = |allowed: bool| RuleResult {
+            rule: Name::parse("r").unwrap(),
+            identifier: crate::domain::Identifier::parse("envoy=x").unwrap(),
+            algorithm: None,
+            outcome: Outcome {
+                allowed,
+                limit: 10,
+                remaining: if allowed { 5 } else { 0 },
+                reset_ms: 0,
+                retry_after_ms: None,
+                delay_ms: 0,
+            },
+            binding: false,
+            lease: None,
+        };
+        Decision::new(allowed.iter().map(|&a| result(a)).collect())
+    }
+
+    fn limits() -> serde_json::Value {
+        json!([
+            {"key": "path", "value": "/a", "rate_limit": {"unit": "second", "requests_per_unit": 10, "name": "a"}},
+            {"key": "path", "value": "/b", "rate_limit": {"unit": "second", "requests_per_unit": 5, "name": "b"}, "replaces": [{"name": "a"}]},
+            {"key": "path", "value": "/zero", "rate_limit": {"unit": "minute", "requests_per_unit": 0}},
+            {"key": "path", "value": "/free", "rate_limit": {"unlimited": true}},
+            {"key": "path", "value": "/shadow", "shadow_mode": true, "rate_limit": {"unit": "hour", "requests_per_unit": 1}},
+        ])
+    }
+
+    #[test]
+    fn each_descriptor_finds_its_target() {
+        // (the descriptors' paths, enforced, shadows, peeks, over without Redis)
+        type Row = (
+            &'static [&'static str],
+            &'static [usize],
+            &'static [usize],
+            &'static [usize],
+            Option<usize>,
+        );
+        let table: &[Row] = &[
+            (&["/a"], &[0], &[], &[], None),
+            (&["/nowhere"], &[], &[], &[], None),
+            (&["/free"], &[], &[], &[], None),
+            (&["/shadow"], &[], &[0], &[], None),
+            (&["/a", "/shadow"], &[0], &[1], &[], None),
+            // `b` replaces `a` when both apply.
+            (&["/a", "/b"], &[1], &[], &[], None),
+            // 0 a unit is over without Redis; the rest is only read.
+            (&["/a", "/zero"], &[], &[], &[0], Some(1)),
+        ];
+        let policy = policy(limits(), &[]);
+        for (paths, enforced, shadows, peeks, over) in table {
+            let plan = planned(
+                &policy,
+                paths.iter().map(|p| descriptor(&[("path", p)])).collect(),
+            )
+            .unwrap();
+            let what = format!("{paths:?}");
+            assert_eq!(plan.enforced, *enforced, "enforced of {what}");
+            assert_eq!(plan.shadows, *shadows, "shadows of {what}");
+            assert_eq!(plan.peeks, *peeks, "peeks of {what}");
+            assert_eq!(plan.over_already, *over, "over of {what}");
+        }
+    }
+
+    #[test]
+    fn answers_before_and_after_the_checks() {
+        let policy = policy(limits(), &[]);
+        let paths = ["/nowhere", "/free", "/zero", "/a"];
+        let mut plan = planned(
+            &policy,
+            paths.iter().map(|p| descriptor(&[("path", p)])).collect(),
+        )
+        .unwrap();
+        plan.fill(&[3], &decision(&[true]), Group::Peek, 1_000);
+        let answers = plan.answers();
+        assert_eq!(answers[0], DescriptorAnswer::unlimited());
+        assert_eq!(answers[1].remaining, envoy::UNLIMITED_REMAINING);
+        assert!(answers[1].ok);
+        assert!(!answers[2].ok);
+        assert_eq!(answers[2].limit.as_ref().unwrap().requests_per_unit, 0);
+        // 59 s left of the minute at 1 s past it.
+        assert_eq!(answers[2].reset_ms, Some(59_000));
+        // Only read: left OK, with what remains.
+        assert!(answers[3].ok);
+        assert_eq!(
+            (answers[3].remaining, answers[3].reset_ms), (5, Some(1_000)));
+    }
+
+    #[test]
+    fn an_enforced_denial_answers_zero_left_and_turns_shadows_into_reads() {
+        let policy = policy(limits(), &[]);
+        let mut plan = planned(
+            &policy,
+            vec![
+                descriptor(&[("path", "/a")]),
+                descriptor(&[("path", "/shadow")]),
+            ],
+        )
+        .unwrap();
+        plan.fill(&[0], &decision(&[false]), Group::Enforced, 1_000);
+        plan.enforced_denied();
+        assert_eq!((plan.shadows.len(), plan.peeks.clone()), (0, vec![1]));
+        plan.fill(&[1], &decision(&[false]), Group::Peek, 1_000);
+        let answers = plan.answers();
+        assert!(!answers[0].ok);
+        assert_eq!(answers[0].remaining, 0);
+        // A read never marks a shadow denial.
+        assert!(answers[1].ok && !answers[1].shadow_denied);
+    }
+
+    #[test]
+    fn a_shadow_limit_over_answers_ok_and_is_marked() {
+        let policy = policy(limits(), &[]);
+        let mut plan = planned(&policy, vec![descriptor(&[("path", "/shadow")])]).unwrap();
+        assert_eq!(plan.shadow_checks(), vec![(1, vec![0])]);
+        plan.fill(&[0], &decision(&[false]), Group::Shadow, 1_000);
+        let answer = &plan.answers()[0];
+        assert!(answer.ok && answer.shadow_denied);
+    }
+
+    #[test]
+    fn a_repeated_descriptor_is_counted_once_and_answers_as_its_twin() {
+        let policy = policy(limits(), &[]);
+        let mut plan = planned(
+            &policy,
+            vec![descriptor(&[("path", "/a")]), descriptor(&[("path", "/a")])],
+        )
+        .unwrap();
+        assert_eq!(plan.enforced, vec![0]);
+        plan.fill(&[0], &decision(&[false]), Group::Enforced, 1_000);
+        let answers = plan.answers();
+        assert_eq!(answers[0], answers[1]);
+        assert!(!answers[1].ok);
+    }
+
+    #[test]
+    fn the_counted_descriptors_must_share_their_hits() {
+        let policy = policy(limits(), &[]);
+        let mut heavy = descriptor(&[("path", "/b")]);
+        heavy.hits_addend = Some(3);
+        // A shadow limit is its own check: its hits may differ. `/a` is replaced by `/b`.
+        let plan = planned(
+            &policy,
+            vec![
+                descriptor(&[("path", "/shadow")]),
+                descriptor(&[("path", "/a")]),
+                heavy,
+            ],
+        )
+        .unwrap();
+        assert_eq!((plan.enforced.clone(), plan.enforced_cost()), (vec![2], 3));
+        assert_eq!(plan.shadow_checks(), vec![(1, vec![0])]);
+        let mut other = descriptor(&[("path", "/other")]);
+        other.limit = Some((7, Unit::Second));
+        other.hits_addend = Some(2);
+        let error = planned(&policy, vec![descriptor(&[("path", "/a")]), other]).unwrap_err();
+        assert_eq!(error.field, "descriptors[1].hits_addend");
+        assert!(error.message.contains("(2 against 1)"), "{}", error.message);
+    }
+
+    #[test]
+    fn a_callers_own_limit_counts_under_its_unit_and_zero_denies() {
+        let policy = policy(limits(), &[]);
+        let mut own = descriptor(&[("path", "/nowhere")]);
+        own.limit = Some((3, Unit::Minute));
+        let mut zero = descriptor(&[("path", "/nowhere")]);
+        zero.limit = Some((0, Unit::Minute));
+        let mut peek_at_zero = zero.clone();
+        peek_at_zero.hits_addend = Some(0);
+        let plan = planned(&policy, vec![own.clone()]).unwrap();
+        assert_eq!(plan.enforced, vec![0]);
+        assert_eq!(plan.entries(&[0])[0].0.name.as_str(), "caller-minute");
+        assert_eq!(planned(&policy, vec![zero]).unwrap().over_already, Some(0));
+        let peek = planned(&policy, vec![peek_at_zero]).unwrap();
+        assert_eq!((peek.over_already, peek.enforced.len()), (None, 0));
+    }
+
+    #[test]
+    fn overrides_make_a_descriptor_unlimited_or_block_it() {
+        let policy = policy(
+            limits(),
+            &[
+                json!({"match": "envoy=path=/a", "action": "block"}),
+                json!({"match": "envoy=path=/shadow", "action": "unlimited"}),
+            ],
+        );
+        let mut plan = planned(
+            &policy,
+            vec![
+                descriptor(&[("path", "/a")]),
+                descriptor(&[("path", "/shadow")]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(plan.over_already, Some(0));
+        assert!(plan.enforced.is_empty() && plan.shadows.is_empty());
+        let answers = plan.answers();
+        assert_eq!((answers[0].ok, answers[0].limit.clone()), (false, None));
+        assert_eq!(answers[1].remaining, envoy::UNLIMITED_REMAINING);
+        assert_eq!(plan.limited().count(), 1);
+    }
+}
