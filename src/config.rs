@@ -147,137 +147,16 @@ impl Config {
             .then_some(leptos_toml.as_str());
         let conf = leptos::config::get_configuration(file)
             .map_err(|e| ConfigError::Leptos(e.to_string()))?;
-        let redis_url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
-        if !(redis_url.starts_with("redis://") || redis_url.starts_with("rediss://")) {
-            return Err(ConfigError::Invalid {
-                name: "REDIS_URL",
-                problem: "must start with redis:// or rediss://".into(),
-            });
-        }
-        let redis_cluster_urls: Vec<String> = lookup("REDIS_CLUSTER_URLS")
-            .map(|raw| {
-                raw.split(',')
-                    .map(|u| u.trim().to_owned())
-                    .filter(|u| !u.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(bad) = redis_cluster_urls
-            .iter()
-            .find(|u| !(u.starts_with("redis://") || u.starts_with("rediss://")))
-        {
-            return Err(ConfigError::Invalid {
-                name: "REDIS_CLUSTER_URLS",
-                problem: format!("every URL must start with redis:// or rediss://, got {bad:?}"),
-            });
-        }
-        let list = |name: &str| -> Vec<String> {
-            lookup(name)
-                .map(|raw| {
-                    raw.split(',')
-                        .map(|k| k.trim().to_owned())
-                        .filter(|k| !k.is_empty())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let (service_keys, admin_keys) =
-            (list("SPILLWAY_SERVICE_KEYS"), list("SPILLWAY_ADMIN_KEYS"));
-        if let Some(short) = service_keys
-            .iter()
-            .chain(&admin_keys)
-            .find(|k| k.len() < 32)
-        {
-            return Err(ConfigError::Invalid {
-                name: "SPILLWAY_SERVICE_KEYS/SPILLWAY_ADMIN_KEYS",
-                problem: format!(
-                    "every key must be at least 32 characters; one has {}",
-                    short.len()
-                ),
-            });
-        }
-        let mut forward_auth_identifiers = Vec::new();
-        let raw_fa = lookup("SPILLWAY_FORWARD_AUTH_IDENTIFIERS")
-            .unwrap_or_else(|| "ip=X-Forwarded-For".into());
-        for pair in raw_fa.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (dimension, header) = pair.split_once('=').ok_or_else(|| ConfigError::Invalid {
-                name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
-                problem: format!("expected dimension=Header-Name pairs, got {pair:?}"),
-            })?;
-            crate::domain::Name::parse(dimension.trim()).map_err(|problem| {
-                ConfigError::Invalid {
-                    name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
-                    problem,
-                }
-            })?;
-            axum::http::HeaderName::try_from(header.trim()).map_err(|_| ConfigError::Invalid {
-                name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
-                problem: format!("{header:?} is not a header name"),
-            })?;
-            forward_auth_identifiers.push((
-                dimension.trim().to_owned(),
-                header.trim().to_ascii_lowercase(),
-            ));
-        }
-        let forward_auth_deny_status = match lookup("SPILLWAY_FORWARD_AUTH_DENY_STATUS") {
-            None => 429,
-            Some(raw) => match raw.trim().parse::<u16>() {
-                Ok(s) if (400..=599).contains(&s) => s,
-                _ => {
-                    return Err(ConfigError::Invalid {
-                        name: "SPILLWAY_FORWARD_AUTH_DENY_STATUS",
-                        problem: format!("expected an HTTP status from 400 to 599, got {raw:?}"),
-                    });
-                }
-            },
-        };
+        let (redis_url, redis_cluster_urls) = redis_urls(&lookup)?;
+        let (service_keys, admin_keys) = api_keys(&lookup)?;
+        let forward_auth_identifiers = forward_auth_identifiers(&lookup)?;
+        let forward_auth_deny_status = forward_auth_deny_status(&lookup)?;
         let seed_demo = !matches!(
             lookup("SPILLWAY_SEED_DEMO").as_deref(),
             Some("0" | "false" | "no")
         );
-        let sessions = SessionSettings {
-            idle: millis(&lookup, "SPILLWAY_SESSION_IDLE_MS", 30 * 60 * 1000)?,
-            absolute: millis(&lookup, "SPILLWAY_SESSION_ABSOLUTE_MS", 12 * 3600 * 1000)?,
-            secure_cookies: matches!(
-                lookup("SPILLWAY_SECURE_COOKIES").as_deref(),
-                Some("1" | "true" | "yes")
-            ),
-        };
-        let envoy = EnvoySettings {
-            grpc_addr: match lookup("SPILLWAY_GRPC_ADDR") {
-                None => Some(([127, 0, 0, 1], 8081).into()),
-                Some(raw) if raw.trim().is_empty() => None,
-                Some(raw) => Some(raw.trim().parse().map_err(|_| ConfigError::Invalid {
-                    name: "SPILLWAY_GRPC_ADDR",
-                    problem: format!(
-                        "expected host:port such as 127.0.0.1:8081, or empty for off; got {raw:?}"
-                    ),
-                })?),
-            },
-            require_key: match lookup("SPILLWAY_GRPC_AUTH").as_deref().map(str::trim) {
-                None | Some("key") => true,
-                Some("none") => false,
-                Some(other) => {
-                    return Err(ConfigError::Invalid {
-                        name: "SPILLWAY_GRPC_AUTH",
-                        problem: format!("expected key (the default) or none, got {other:?}"),
-                    });
-                }
-            },
-            headers: match lookup("SPILLWAY_ENVOY_HEADERS").as_deref().map(str::trim) {
-                None | Some("ietf") => EnvoyHeaders::Ietf,
-                Some("none") => EnvoyHeaders::None,
-                Some("draft03") => EnvoyHeaders::Draft03,
-                Some(other) => {
-                    return Err(ConfigError::Invalid {
-                        name: "SPILLWAY_ENVOY_HEADERS",
-                        problem: format!(
-                            "expected ietf (the default), draft03 or none, got {other:?}"
-                        ),
-                    });
-                }
-            },
-        };
+        let sessions = session_settings(&lookup)?;
+        let envoy = envoy_settings(&lookup)?;
         let public_url = lookup("SPILLWAY_PUBLIC_URL")
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| format!("http://{}", conf.leptos_options.site_addr))
@@ -304,18 +183,7 @@ impl Config {
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
-            max_connections: match lookup("SPILLWAY_MAX_CONNECTIONS") {
-                None => 10_000,
-                Some(raw) => match raw.trim().parse::<usize>() {
-                    Ok(n) if n > 0 => n,
-                    _ => {
-                        return Err(ConfigError::Invalid {
-                            name: "SPILLWAY_MAX_CONNECTIONS",
-                            problem: format!("expected a whole number above 0, got {raw:?}"),
-                        });
-                    }
-                },
-            },
+            max_connections: max_connections(&lookup)?,
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,
@@ -338,6 +206,181 @@ impl Config {
                 _ => LogFormat::Pretty,
             },
         })
+    }
+}
+
+/// The comma-separated values of `name`, trimmed, empty ones left out; none when unset.
+fn comma_list(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Vec<String> {
+    lookup(name)
+        .map(|raw| {
+            raw.split(',')
+                .map(|k| k.trim().to_owned())
+                .filter(|k| !k.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `url` names a Redis: `redis://` or `rediss://` (TLS).
+fn is_redis_url(url: &str) -> bool {
+    url.starts_with("redis://") || url.starts_with("rediss://")
+}
+
+/// The Redis to use (`REDIS_URL`, default `redis://127.0.0.1:6379`) and a cluster's seed
+/// nodes (`REDIS_CLUSTER_URLS`, none unless set).
+fn redis_urls(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<(String, Vec<String>), ConfigError> {
+    let redis_url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
+    if !is_redis_url(&redis_url) {
+        return Err(ConfigError::Invalid {
+            name: "REDIS_URL",
+            problem: "must start with redis:// or rediss://".into(),
+        });
+    }
+    let redis_cluster_urls = comma_list(lookup, "REDIS_CLUSTER_URLS");
+    if let Some(bad) = redis_cluster_urls.iter().find(|u| !is_redis_url(u)) {
+        return Err(ConfigError::Invalid {
+            name: "REDIS_CLUSTER_URLS",
+            problem: format!("every URL must start with redis:// or rediss://, got {bad:?}"),
+        });
+    }
+    Ok((redis_url, redis_cluster_urls))
+}
+
+/// The service keys and the admin keys (`SPILLWAY_SERVICE_KEYS`, `SPILLWAY_ADMIN_KEYS`),
+/// each at least 32 characters.
+fn api_keys(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<(Vec<String>, Vec<String>), ConfigError> {
+    let (service_keys, admin_keys) = (
+        comma_list(lookup, "SPILLWAY_SERVICE_KEYS"),
+        comma_list(lookup, "SPILLWAY_ADMIN_KEYS"),
+    );
+    if let Some(short) = service_keys
+        .iter()
+        .chain(&admin_keys)
+        .find(|k| k.len() < 32)
+    {
+        return Err(ConfigError::Invalid {
+            name: "SPILLWAY_SERVICE_KEYS/SPILLWAY_ADMIN_KEYS",
+            problem: format!(
+                "every key must be at least 32 characters; one has {}",
+                short.len()
+            ),
+        });
+    }
+    Ok((service_keys, admin_keys))
+}
+
+/// Forward-auth's (dimension, lowercase header name) pairs
+/// (`SPILLWAY_FORWARD_AUTH_IDENTIFIERS`, default `ip=X-Forwarded-For`).
+fn forward_auth_identifiers(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut forward_auth_identifiers = Vec::new();
+    let raw_fa =
+        lookup("SPILLWAY_FORWARD_AUTH_IDENTIFIERS").unwrap_or_else(|| "ip=X-Forwarded-For".into());
+    for pair in raw_fa.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (dimension, header) = pair.split_once('=').ok_or_else(|| ConfigError::Invalid {
+            name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+            problem: format!("expected dimension=Header-Name pairs, got {pair:?}"),
+        })?;
+        crate::domain::Name::parse(dimension.trim()).map_err(|problem| ConfigError::Invalid {
+            name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+            problem,
+        })?;
+        axum::http::HeaderName::try_from(header.trim()).map_err(|_| ConfigError::Invalid {
+            name: "SPILLWAY_FORWARD_AUTH_IDENTIFIERS",
+            problem: format!("{header:?} is not a header name"),
+        })?;
+        forward_auth_identifiers.push((
+            dimension.trim().to_owned(),
+            header.trim().to_ascii_lowercase(),
+        ));
+    }
+    Ok(forward_auth_identifiers)
+}
+
+/// The status of a forward-auth denial (`SPILLWAY_FORWARD_AUTH_DENY_STATUS`, 400 to 599,
+/// default 429).
+fn forward_auth_deny_status(lookup: &impl Fn(&str) -> Option<String>) -> Result<u16, ConfigError> {
+    match lookup("SPILLWAY_FORWARD_AUTH_DENY_STATUS") {
+        None => Ok(429),
+        Some(raw) => match raw.trim().parse::<u16>() {
+            Ok(s) if (400..=599).contains(&s) => Ok(s),
+            _ => Err(ConfigError::Invalid {
+                name: "SPILLWAY_FORWARD_AUTH_DENY_STATUS",
+                problem: format!("expected an HTTP status from 400 to 599, got {raw:?}"),
+            }),
+        },
+    }
+}
+
+/// How long sessions live, and whether their cookies are always Secure.
+fn session_settings(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<SessionSettings, ConfigError> {
+    Ok(SessionSettings {
+        idle: millis(lookup, "SPILLWAY_SESSION_IDLE_MS", 30 * 60 * 1000)?,
+        absolute: millis(lookup, "SPILLWAY_SESSION_ABSOLUTE_MS", 12 * 3600 * 1000)?,
+        secure_cookies: matches!(
+            lookup("SPILLWAY_SECURE_COOKIES").as_deref(),
+            Some("1" | "true" | "yes")
+        ),
+    })
+}
+
+/// Envoy's rate limit protocol: the gRPC address, whether callers need a key, and the
+/// headers of the answers.
+fn envoy_settings(lookup: &impl Fn(&str) -> Option<String>) -> Result<EnvoySettings, ConfigError> {
+    Ok(EnvoySettings {
+        grpc_addr: match lookup("SPILLWAY_GRPC_ADDR") {
+            None => Some(([127, 0, 0, 1], 8081).into()),
+            Some(raw) if raw.trim().is_empty() => None,
+            Some(raw) => Some(raw.trim().parse().map_err(|_| ConfigError::Invalid {
+                name: "SPILLWAY_GRPC_ADDR",
+                problem: format!(
+                    "expected host:port such as 127.0.0.1:8081, or empty for off; got {raw:?}"
+                ),
+            })?),
+        },
+        require_key: match lookup("SPILLWAY_GRPC_AUTH").as_deref().map(str::trim) {
+            None | Some("key") => true,
+            Some("none") => false,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "SPILLWAY_GRPC_AUTH",
+                    problem: format!("expected key (the default) or none, got {other:?}"),
+                });
+            }
+        },
+        headers: match lookup("SPILLWAY_ENVOY_HEADERS").as_deref().map(str::trim) {
+            None | Some("ietf") => EnvoyHeaders::Ietf,
+            Some("none") => EnvoyHeaders::None,
+            Some("draft03") => EnvoyHeaders::Draft03,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "SPILLWAY_ENVOY_HEADERS",
+                    problem: format!("expected ietf (the default), draft03 or none, got {other:?}"),
+                });
+            }
+        },
+    })
+}
+
+/// Connections each listener holds open at most (`SPILLWAY_MAX_CONNECTIONS`, default
+/// 10000).
+fn max_connections(lookup: &impl Fn(&str) -> Option<String>) -> Result<usize, ConfigError> {
+    match lookup("SPILLWAY_MAX_CONNECTIONS") {
+        None => Ok(10_000),
+        Some(raw) => match raw.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(ConfigError::Invalid {
+                name: "SPILLWAY_MAX_CONNECTIONS",
+                problem: format!("expected a whole number above 0, got {raw:?}"),
+            }),
+        },
     }
 }
 

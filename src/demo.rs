@@ -92,28 +92,12 @@ pub async fn run(options: DemoOptions, service_key: String) -> anyhow::Result<()
             tally.clone(),
         );
     }
-    // Light users: 200 of them, one check every 20 s each (10 a second in all), spread out.
-    {
-        let (client, url, key, tally) = (
-            client.clone(),
-            url.clone(),
-            service_key.clone(),
-            tally.clone(),
-        );
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(100));
-            let mut n: u64 = 0;
-            loop {
-                tick.tick().await;
-                n = n
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let user = 1000 + (n >> 33) % 200;
-                let ip = format!("198.51.100.{}", 1 + user % 60);
-                check(&client, &url, &key, &format!("u{user}"), &ip, &tally).await;
-            }
-        });
-    }
+    spawn_light_users(
+        client.clone(),
+        url.clone(),
+        service_key.clone(),
+        tally.clone(),
+    );
     // The abuser: 40 a second, from one address.
     spawn_caller(
         client.clone(),
@@ -131,6 +115,30 @@ pub async fn run(options: DemoOptions, service_key: String) -> anyhow::Result<()
     println!(
         "demo: sending about 55 checks a second to {url}: alice, bob and carol near their limit, 200 light users, and a scraper (user=scraper, ip=192.0.2.66) throttled. Ctrl-C stops."
     );
+    print_tally(&tally, options.seconds).await;
+    Ok(())
+}
+
+/// Light users: 200 of them, one check every 20 s each (10 a second in all), spread out.
+fn spawn_light_users(client: reqwest::Client, url: String, key: String, tally: Arc<Tally>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut n: u64 = 0;
+        loop {
+            tick.tick().await;
+            n = n
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let user = 1000 + (n >> 33) % 200;
+            let ip = format!("198.51.100.{}", 1 + user % 60);
+            check(&client, &url, &key, &format!("u{user}"), &ip, &tally).await;
+        }
+    });
+}
+
+/// Prints what `tally` counted every 5 seconds; returns once `seconds` have passed (never,
+/// when `None`) or on Ctrl-C.
+async fn print_tally(tally: &Tally, seconds: Option<u64>) {
     let started = std::time::Instant::now();
     let mut report = tokio::time::interval(Duration::from_secs(5));
     report.tick().await;
@@ -144,11 +152,11 @@ pub async fn run(options: DemoOptions, service_key: String) -> anyhow::Result<()
                     tally.denied.load(Ordering::Relaxed),
                     tally.failed.load(Ordering::Relaxed)
                 );
-                if options.seconds.is_some_and(|s| started.elapsed().as_secs() >= s) {
-                    return Ok(());
+                if seconds.is_some_and(|s| started.elapsed().as_secs() >= s) {
+                    return;
                 }
             }
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            _ = tokio::signal::ctrl_c() => return,
         }
     }
 }

@@ -19,7 +19,7 @@ use crate::{
         people::Action,
         time::utc_minutes,
     },
-    service::history::HistoryError,
+    service::history::{History, HistoryError},
     state::AppState,
 };
 
@@ -57,73 +57,110 @@ pub(super) async fn read(
     Query(query): Query<HistoryQuery>,
 ) -> Result<Response, ApiError> {
     require_admin(&state, &headers, &method, addr, Action::View).await?;
-    let range = match query.range.as_deref() {
-        None | Some("") => Range::Day,
-        Some(r) => Range::parse(r).map_err(|m| ApiError::bad("range", m))?,
-    };
-    let step = match query.step.as_deref() {
-        None | Some("") => None,
-        Some(s) => Some(Step::parse(s).map_err(|m| ApiError::bad("step", m))?),
-    };
-    let top = match query.top.as_deref() {
-        None | Some("") => 10,
-        Some(t) => t
-            .parse::<usize>()
-            .ok()
-            .filter(|t| *t <= MAX_TOP)
-            .ok_or_else(|| ApiError::bad("top", format!("expected 0 to {MAX_TOP}, got {t:?}")))?,
-    };
-    let csv = match query.format.as_deref() {
-        Some("csv") => true,
-        Some("json") => false,
-        None | Some("") => headers
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|a| a.contains("text/csv")),
-        Some(f) => {
-            return Err(ApiError::bad(
-                "format",
-                format!("expected json or csv, got {f:?}"),
-            ));
-        }
-    };
+    let asked = Asked::parse(&query, &headers)?;
     let found = state
         .service()
         .history(
             query.policy.as_deref(),
-            range,
-            step,
-            if csv { 0 } else { top },
+            asked.range,
+            asked.step,
+            if asked.csv { 0 } else { asked.top },
         )
         .await
         .map_err(|e| match e {
             HistoryError::Invalid { field, message } => ApiError::bad(field, message),
             HistoryError::Store(error) => ApiError::RedisUnavailable(error),
         })?;
-    if csv {
-        let mut body = String::from("time,allowed,denied,shadow_denied,degraded\n");
-        for (at, c) in &found.points {
-            body.push_str(&format!(
-                "{},{},{},{},{}\n",
-                iso(*at),
-                c.allowed,
-                c.denied,
-                c.shadow_denied,
-                c.degraded
-            ));
-        }
-        return Ok((
-            [
-                (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
-                (
-                    header::CONTENT_DISPOSITION,
-                    "attachment; filename=\"history.csv\"",
-                ),
-            ],
-            body,
-        )
-            .into_response());
+    if asked.csv {
+        return Ok(csv_answer(&found));
     }
+    Ok(json_answer(&found))
+}
+
+/// What a query asks for, once its parameters are parsed.
+struct Asked {
+    range: Range,
+    /// `None`: the range's own step.
+    step: Option<Step>,
+    /// Identifiers in each top list.
+    top: usize,
+    /// Whether the answer is CSV (`format=csv`, or no format and `Accept: text/csv`).
+    csv: bool,
+}
+
+impl Asked {
+    /// Parses the query's range, step, top and format, in that order; `headers` for the
+    /// `Accept` a query without a format leaves to.
+    fn parse(query: &HistoryQuery, headers: &HeaderMap) -> Result<Self, ApiError> {
+        let range = match query.range.as_deref() {
+            None | Some("") => Range::Day,
+            Some(r) => Range::parse(r).map_err(|m| ApiError::bad("range", m))?,
+        };
+        let step = match query.step.as_deref() {
+            None | Some("") => None,
+            Some(s) => Some(Step::parse(s).map_err(|m| ApiError::bad("step", m))?),
+        };
+        let top = match query.top.as_deref() {
+            None | Some("") => 10,
+            Some(t) => t
+                .parse::<usize>()
+                .ok()
+                .filter(|t| *t <= MAX_TOP)
+                .ok_or_else(|| {
+                    ApiError::bad("top", format!("expected 0 to {MAX_TOP}, got {t:?}"))
+                })?,
+        };
+        let csv = match query.format.as_deref() {
+            Some("csv") => true,
+            Some("json") => false,
+            None | Some("") => headers
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|a| a.contains("text/csv")),
+            Some(f) => {
+                return Err(ApiError::bad(
+                    "format",
+                    format!("expected json or csv, got {f:?}"),
+                ));
+            }
+        };
+        Ok(Self {
+            range,
+            step,
+            top,
+            csv,
+        })
+    }
+}
+
+/// The series as a CSV download: time,allowed,denied,shadow_denied,degraded.
+fn csv_answer(found: &History) -> Response {
+    let mut body = String::from("time,allowed,denied,shadow_denied,degraded\n");
+    for (at, c) in &found.points {
+        body.push_str(&format!(
+            "{},{},{},{},{}\n",
+            iso(*at),
+            c.allowed,
+            c.denied,
+            c.shadow_denied,
+            c.degraded
+        ));
+    }
+    (
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"history.csv\"",
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The series, totals and top lists as the JSON document.
+fn json_answer(found: &History) -> Response {
     let ranked = |list: &[(String, u64)]| -> Vec<serde_json::Value> {
         list.iter()
             .map(|(member, count)| {
@@ -144,7 +181,7 @@ pub(super) async fn read(
                 "shadow_denied": c.shadow_denied, "degraded": c.degraded})
         })
         .collect();
-    Ok(axum::Json(json!({
+    axum::Json(json!({
         "policy": found.policy,
         "range": found.range,
         "step": found.step,
@@ -156,7 +193,7 @@ pub(super) async fn read(
         "top_accuracy": history::TOP_ERROR,
         "from": utc_minutes(found.points.first().map(|p| p.0)),
     }))
-    .into_response())
+    .into_response()
 }
 
 /// `2026-11-24T10:00:00Z`.

@@ -113,87 +113,91 @@ impl ApiError {
         self.parts().0
     }
 
+    /// The problem's status, type (the last segment of its URI), title and detail.
     fn parts(&self) -> (StatusCode, &'static str, &'static str, String) {
+        let (status, kind, title) = self.kind();
+        (status, kind, title, self.detail())
+    }
+
+    /// The kind of problem, the same for every error of a variant: its status, its type
+    /// (the last segment of its URI) and its title.
+    fn kind(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
             ApiError::RedisUnavailable(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "redis-unavailable",
                 "Redis is unavailable",
-                "Spillway could not reach Redis or Redis did not run the script in time".into(),
             ),
             ApiError::PoliciesNotLoaded => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "policies-not-loaded",
                 "Policies are not loaded yet",
-                "Spillway has not been able to read its policies from Redis since it started"
-                    .into(),
             ),
             ApiError::ShuttingDown => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "shutting-down",
                 "Shutting down",
-                "this instance received a shutdown signal and is draining".into(),
             ),
-            ApiError::BadRequest { field, detail } => (
+            ApiError::BadRequest { .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid-request",
                 "Invalid request",
-                format!("{field}: {detail}"),
             ),
-            ApiError::Unauthorized => (
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "Unauthorized",
-                "Authorization: send 'Bearer <api key>' with a key this instance knows".into(),
-            ),
-            ApiError::Forbidden(why) => (
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "Forbidden",
-                (*why).into(),
-            ),
-            ApiError::UnknownPolicy(name) => (
-                StatusCode::NOT_FOUND,
-                "unknown-policy",
-                "Unknown policy",
-                format!("policy: no policy named {name:?}"),
-            ),
-            ApiError::NotFound(what) => (
-                StatusCode::NOT_FOUND,
-                "not-found",
-                "Not found",
-                what.clone(),
-            ),
-            ApiError::MethodNotAllowed(method) => (
+            ApiError::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            ApiError::UnknownPolicy(_) => {
+                (StatusCode::NOT_FOUND, "unknown-policy", "Unknown policy")
+            }
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::MethodNotAllowed(_) => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
-                format!("method: this path does not take {method} (see Allow)"),
             ),
-            ApiError::Conflict(what) => {
-                (StatusCode::CONFLICT, "conflict", "Conflict", what.clone())
-            }
-            ApiError::Timeout(limit) => (
-                StatusCode::GATEWAY_TIMEOUT,
-                "timeout",
-                "Request timed out",
-                format!(
-                    "the request was not received and answered within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
-                    limit.as_millis()
-                ),
-            ),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout", "Request timed out"),
             ApiError::PayloadTooLarge => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "payload-too-large",
                 "Payload too large",
-                "body: at most 65536 bytes".into(),
             ),
             ApiError::UnsupportedMediaType => (
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported-media-type",
                 "Unsupported media type",
-                "Content-Type: send application/json".into(),
             ),
+        }
+    }
+
+    /// What went wrong, as the caller reads it (a field first, where one is to blame).
+    fn detail(&self) -> String {
+        match self {
+            ApiError::RedisUnavailable(_) => {
+                "Spillway could not reach Redis or Redis did not run the script in time".into()
+            }
+            ApiError::PoliciesNotLoaded => {
+                "Spillway has not been able to read its policies from Redis since it started".into()
+            }
+            ApiError::ShuttingDown => {
+                "this instance received a shutdown signal and is draining".into()
+            }
+            ApiError::BadRequest { field, detail } => format!("{field}: {detail}"),
+            ApiError::Unauthorized => {
+                "Authorization: send 'Bearer <api key>' with a key this instance knows".into()
+            }
+            ApiError::Forbidden(why) => (*why).into(),
+            ApiError::UnknownPolicy(name) => format!("policy: no policy named {name:?}"),
+            ApiError::NotFound(what) => what.clone(),
+            ApiError::MethodNotAllowed(method) => {
+                format!("method: this path does not take {method} (see Allow)")
+            }
+            ApiError::Conflict(what) => what.clone(),
+            ApiError::Timeout(limit) => format!(
+                "the request was not received and answered within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
+                limit.as_millis()
+            ),
+            ApiError::PayloadTooLarge => "body: at most 65536 bytes".into(),
+            ApiError::UnsupportedMediaType => "Content-Type: send application/json".into(),
         }
     }
 

@@ -149,6 +149,46 @@ pub fn step(
             window_ms as i64 * 1000,
             count_denied,
         ),
+        Algorithm::BucketedWindow {
+            limit,
+            window_ms,
+            bucket_ms,
+        } => bucketed_window(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            window_ms as i64 * 1000,
+            bucket_ms as i64 * 1000,
+            count_denied,
+        ),
+        Algorithm::Quota { limit, .. } => quota(
+            state,
+            now_us,
+            cost,
+            limit as i64,
+            &algorithm.calendar().expect("a quota has a calendar"),
+            count_denied,
+        ),
+        Algorithm::TokenBucket { .. } | Algorithm::LeakyBucket { .. } | Algorithm::Gcra { .. } => {
+            step_rate(state, now_us, cost, algorithm, count_denied)
+        }
+        Algorithm::Concurrency { limit, lease_ms } => {
+            concurrency(state, now_us, cost, limit as i64, lease_ms as i64 * 1000)
+        }
+    }
+}
+
+/// [`step`] for the algorithms that fill or drain at a steady rate: token and leaky
+/// buckets, and GCRA.
+fn step_rate(
+    state: Option<&State>,
+    now_us: i64,
+    cost: i64,
+    algorithm: &Algorithm,
+    count_denied: bool,
+) -> (Option<State>, Outcome) {
+    match *algorithm {
         Algorithm::TokenBucket {
             capacity,
             refill_tokens,
@@ -178,30 +218,7 @@ pub fn step(
             period_ms,
             burst,
         } => gcra(state, now_us, cost, rate, period_ms, burst, count_denied),
-        Algorithm::BucketedWindow {
-            limit,
-            window_ms,
-            bucket_ms,
-        } => bucketed_window(
-            state,
-            now_us,
-            cost,
-            limit as i64,
-            window_ms as i64 * 1000,
-            bucket_ms as i64 * 1000,
-            count_denied,
-        ),
-        Algorithm::Concurrency { limit, lease_ms } => {
-            concurrency(state, now_us, cost, limit as i64, lease_ms as i64 * 1000)
-        }
-        Algorithm::Quota { limit, .. } => quota(
-            state,
-            now_us,
-            cost,
-            limit as i64,
-            &algorithm.calendar().expect("a quota has a calendar"),
-            count_denied,
-        ),
+        _ => unreachable!("step sends only token buckets, leaky buckets and GCRA here"),
     }
 }
 
@@ -238,7 +255,20 @@ pub fn give_back(
 ) -> Option<State> {
     let cost = cost as i64;
     let state = state?;
-    let given = match (state, *algorithm) {
+    let given = give_back_to_window(state, now_us, cost, algorithm)
+        .or_else(|| give_back_to_bucket(state, now_us, cost, algorithm));
+    given.or_else(|| Some(state.clone()))
+}
+
+/// A window's, a log's or a quota's `state` with `cost` given back (see [`give_back`]);
+/// `None` when its window or period has passed, or `state` is not one of theirs.
+fn give_back_to_window(
+    state: &State,
+    now_us: i64,
+    cost: i64,
+    algorithm: &Algorithm,
+) -> Option<State> {
+    match (state, *algorithm) {
         (State::FixedWindow { window, count }, Algorithm::FixedWindow { window_ms, .. }) => {
             let w = floor_div(now_us, window_ms as i64 * 1000);
             (window.rem_euclid(FIXED_WINDOW_SLOTS) == w.rem_euclid(FIXED_WINDOW_SLOTS)).then(|| {
@@ -274,25 +304,77 @@ pub fn give_back(
             })
         }
         (State::SlidingLog { entries }, Algorithm::SlidingLog { window_ms, .. }) => {
-            // The newest units still in the window, off the tail.
             let horizon = now_us - window_ms as i64 * 1000;
-            let mut entries = entries.clone();
-            let mut left = cost;
-            while left > 0 {
-                match entries.last_mut() {
-                    Some((t, w)) if *t > horizon => {
-                        let take = left.min(*w);
-                        *w -= take;
-                        left -= take;
-                        if *w == 0 {
-                            entries.pop();
-                        }
-                    }
-                    _ => break,
+            Some(State::SlidingLog {
+                entries: take_from_newest_entries(entries, horizon, cost),
+            })
+        }
+        (
+            State::BucketedWindow { last, slots },
+            Algorithm::BucketedWindow {
+                window_ms,
+                bucket_ms,
+                ..
+            },
+        ) => {
+            let n = window_ms as i64 / bucket_ms as i64;
+            let cur = floor_div(now_us, bucket_ms as i64 * 1000);
+            Some(State::BucketedWindow {
+                last: *last,
+                slots: take_from_newest_buckets(slots, *last, cur, n, cost),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// A sliding log's `entries` with `cost` units taken off the newest ones still in the
+/// window (after `horizon`), off the tail; an entry left with nothing is dropped.
+fn take_from_newest_entries(entries: &[(i64, i64)], horizon: i64, cost: i64) -> Vec<(i64, i64)> {
+    let mut entries = entries.to_vec();
+    let mut left = cost;
+    while left > 0 {
+        match entries.last_mut() {
+            Some((t, w)) if *t > horizon => {
+                let take = left.min(*w);
+                *w -= take;
+                left -= take;
+                if *w == 0 {
+                    entries.pop();
                 }
             }
-            Some(State::SlidingLog { entries })
+            _ => break,
         }
+    }
+    entries
+}
+
+/// A bucketed window's `slots` (`n` of them, the newest written bucket `last`) with `cost`
+/// taken off its newest counted buckets, from bucket `cur` (now) or `last` back, never
+/// further back than the window.
+fn take_from_newest_buckets(slots: &[i64], last: i64, cur: i64, n: i64, cost: i64) -> Vec<i64> {
+    let mut slots = slots.to_vec();
+    let mut left = cost;
+    let mut a = cur.min(last);
+    while left > 0 && a > cur - n && a > last - n {
+        let slot = &mut slots[a.rem_euclid(n) as usize];
+        let take = (*slot).min(left);
+        *slot -= take;
+        left -= take;
+        a -= 1;
+    }
+    slots
+}
+
+/// A token bucket's, a leaky bucket's or GCRA's `state` with `cost` given back (see
+/// [`give_back`]); `None` when `state` is not one of theirs.
+fn give_back_to_bucket(
+    state: &State,
+    now_us: i64,
+    cost: i64,
+    algorithm: &Algorithm,
+) -> Option<State> {
+    match (state, *algorithm) {
         (State::TokenBucket { tokens, last_us }, Algorithm::TokenBucket { capacity, .. }) => {
             Some(State::TokenBucket {
                 tokens: (capacity as f64).min(tokens + cost as f64),
@@ -319,31 +401,8 @@ pub fn give_back(
                 at_us: now_us.max(*at_us),
             })
         }
-        (
-            State::BucketedWindow { last, slots },
-            Algorithm::BucketedWindow {
-                window_ms,
-                bucket_ms,
-                ..
-            },
-        ) => {
-            let n = window_ms as i64 / bucket_ms as i64;
-            let cur = floor_div(now_us, bucket_ms as i64 * 1000);
-            let mut slots = slots.clone();
-            let mut left = cost;
-            let mut a = cur.min(*last);
-            while left > 0 && a > cur - n && a > last - n {
-                let slot = &mut slots[a.rem_euclid(n) as usize];
-                let take = (*slot).min(left);
-                *slot -= take;
-                left -= take;
-                a -= 1;
-            }
-            Some(State::BucketedWindow { last: *last, slots })
-        }
         _ => None,
-    };
-    given.or_else(|| Some(state.clone()))
+    }
 }
 
 fn outcome(

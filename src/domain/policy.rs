@@ -121,17 +121,7 @@ impl Policy {
                 format!("does not match the policy in the path ({name})"),
             ));
         }
-        let description = match obj.get("description") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) if s.len() <= MAX_DESCRIPTION => s.clone(),
-            Some(Value::String(_)) => {
-                return Err(PolicyError::field(
-                    "description",
-                    format!("at most {MAX_DESCRIPTION} bytes"),
-                ));
-            }
-            Some(_) => return Err(PolicyError::field("description", "must be a string")),
-        };
+        let description = parse_description(obj)?;
         let mode = enum_field(
             obj,
             "mode",
@@ -142,13 +132,7 @@ impl Policy {
             "failure_mode",
             &[("open", FailureMode::Open), ("closed", FailureMode::Closed)],
         )?;
-        let mut envoy = match obj.get("envoy") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                super::envoy::EnvoyDomain::from_value(v)
-                    .map_err(|e| PolicyError::field(format!("envoy.{}", e.field), e.message))?,
-            ),
-        };
+        let mut envoy = parse_envoy(obj)?;
         // An Envoy domain's rules are its limits; any given with it are made again from them.
         let rules = match &mut envoy {
             Some(domain) => domain.rules(),
@@ -159,15 +143,7 @@ impl Policy {
                 parse_rules(rules_value, "rules")?
             }
         };
-        let overrides = match obj.get("overrides") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| Override::from_document(v, &format!("overrides[{i}]")))
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(PolicyError::field("overrides", "must be an array")),
-        };
+        let overrides = parse_overrides(obj)?;
         Ok(Self {
             name,
             version: 1,
@@ -306,21 +282,55 @@ pub fn parse_rules(value: &Value, path: &str) -> Result<Vec<Rule>, PolicyError> 
     Ok(rules)
 }
 
+/// Parses rule number `index` of the array at `path`.
 fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyError> {
     let at = |f: &str| format!("{path}[{index}].{f}");
     let obj = value
         .as_object()
         .ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
-    let name = obj
-        .get("name")
-        .ok_or_else(|| PolicyError::field(at("name"), "is required"))?
+    let name = required_str(obj, "name", &at)?;
+    let (algorithm, params) = parse_algorithm(obj, &at)?;
+    let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied"];
+    allowed.extend_from_slice(&params);
+    reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
+    let dimensions = parse_dimensions(obj, &at)?;
+    let count_denied = match obj.get("count_denied") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(PolicyError::field(
+                at("count_denied"),
+                "must be true or false",
+            ));
+        }
+    };
+    Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
+        // Rule::new names fields as rules[i].x; keep the caller's path.
+        PolicyError {
+            field: e.field.replacen("rules", path, 1),
+            message: e.message,
+        }
+    })
+}
+
+/// The string a rule's `field` must hold; `at` names the rule's fields.
+fn required_str<'a>(
+    obj: &'a Map<String, Value>,
+    field: &str,
+    at: &impl Fn(&str) -> String,
+) -> Result<&'a str, PolicyError> {
+    obj.get(field)
+        .ok_or_else(|| PolicyError::field(at(field), "is required"))?
         .as_str()
-        .ok_or_else(|| PolicyError::field(at("name"), "must be a string"))?;
-    let algorithm_name = obj
-        .get("algorithm")
-        .ok_or_else(|| PolicyError::field(at("algorithm"), "is required"))?
-        .as_str()
-        .ok_or_else(|| PolicyError::field(at("algorithm"), "must be a string"))?;
+        .ok_or_else(|| PolicyError::field(at(field), "must be a string"))
+}
+
+/// A rule's algorithm with its parameters, and the names of the fields they were read from.
+fn parse_algorithm(
+    obj: &Map<String, Value>,
+    at: &impl Fn(&str) -> String,
+) -> Result<(Algorithm, Vec<&'static str>), PolicyError> {
+    let algorithm_name = required_str(obj, "algorithm", at)?;
     let int = |field: &str| -> Result<u64, PolicyError> {
         match obj.get(field) {
             None => Err(PolicyError::field(
@@ -348,47 +358,64 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         .map(|p| int(p.field))
         .collect::<Result<Vec<u64>, PolicyError>>()?;
     let mut algorithm = kind.with(&values).expect("one value per parameter");
-    let mut params: Vec<&str> = kind.params.iter().map(|p| p.field).collect();
-    if let Algorithm::Quota {
+    let mut params: Vec<&'static str> = kind.params.iter().map(|p| p.field).collect();
+    params.extend_from_slice(parse_calendar(obj, at, &mut algorithm)?);
+    Ok((algorithm, params))
+}
+
+/// Reads a quota's calendar (`period`, `time_zone`, `start_day`, `start_month`) into
+/// `algorithm`. Returns the names of the fields it reads: none for other algorithms.
+fn parse_calendar(
+    obj: &Map<String, Value>,
+    at: &impl Fn(&str) -> String,
+    algorithm: &mut Algorithm,
+) -> Result<&'static [&'static str], PolicyError> {
+    let Algorithm::Quota {
         period,
         time_zone,
         start_day,
         start_month,
         ..
-    } = &mut algorithm
-    {
-        params.extend_from_slice(&["period", "time_zone", "start_day", "start_month"]);
-        let raw = obj
-            .get("period")
-            .ok_or_else(|| PolicyError::field(at("period"), "is required for quota"))?;
-        *period = raw.as_str().and_then(Period::parse).ok_or_else(|| {
-            PolicyError::field(at("period"), "must be one of day, week, month, year")
-        })?;
-        if let Some(raw) = obj.get("time_zone").filter(|v| !v.is_null()) {
-            let name = raw
-                .as_str()
-                .ok_or_else(|| PolicyError::field(at("time_zone"), "must be a string"))?;
-            *time_zone = ZoneName::new(name).map_err(|m| PolicyError::field(at("time_zone"), m))?;
-        }
-        let small = |field: &str| -> Result<u8, PolicyError> {
-            match obj.get(field) {
-                None | Some(Value::Null) => Ok(0),
-                Some(v) => v
-                    .as_u64()
-                    .filter(|n| (1..=255).contains(n))
-                    .map(|n| n as u8)
-                    .ok_or_else(|| PolicyError::field(at(field), "must be a whole number from 1")),
-            }
-        };
-        *start_day = small("start_day")?;
-        *start_month = small("start_month")?;
+    } = algorithm
+    else {
+        return Ok(&[]);
+    };
+    let raw = obj
+        .get("period")
+        .ok_or_else(|| PolicyError::field(at("period"), "is required for quota"))?;
+    *period = raw
+        .as_str()
+        .and_then(Period::parse)
+        .ok_or_else(|| PolicyError::field(at("period"), "must be one of day, week, month, year"))?;
+    if let Some(raw) = obj.get("time_zone").filter(|v| !v.is_null()) {
+        let name = raw
+            .as_str()
+            .ok_or_else(|| PolicyError::field(at("time_zone"), "must be a string"))?;
+        *time_zone = ZoneName::new(name).map_err(|m| PolicyError::field(at("time_zone"), m))?;
     }
-    let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied"];
-    allowed.extend_from_slice(&params);
-    reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
-    let dimensions = match obj.get("dimensions") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(items)) => Some(
+    let small = |field: &str| -> Result<u8, PolicyError> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(0),
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=255).contains(n))
+                .map(|n| n as u8)
+                .ok_or_else(|| PolicyError::field(at(field), "must be a whole number from 1")),
+        }
+    };
+    *start_day = small("start_day")?;
+    *start_month = small("start_month")?;
+    Ok(&["period", "time_zone", "start_day", "start_month"])
+}
+
+/// A rule's `dimensions`: `None` when not given (every dimension of the check).
+fn parse_dimensions(
+    obj: &Map<String, Value>,
+    at: &impl Fn(&str) -> String,
+) -> Result<Option<Vec<String>>, PolicyError> {
+    match obj.get("dimensions") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(
             items
                 .iter()
                 .enumerate()
@@ -398,31 +425,12 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?,
-        ),
-        Some(_) => {
-            return Err(PolicyError::field(
-                at("dimensions"),
-                "must be an array of dimension names",
-            ));
-        }
-    };
-    let count_denied = match obj.get("count_denied") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(PolicyError::field(
-                at("count_denied"),
-                "must be true or false",
-            ));
-        }
-    };
-    Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
-        // Rule::new names fields as rules[i].x; keep the caller's path.
-        PolicyError {
-            field: e.field.replacen("rules", path, 1),
-            message: e.message,
-        }
-    })
+        )),
+        Some(_) => Err(PolicyError::field(
+            at("dimensions"),
+            "must be an array of dimension names",
+        )),
+    }
 }
 
 fn reject_unknown(
@@ -461,6 +469,42 @@ fn enum_field<T: Copy + Default>(
                 )
             }),
         Some(_) => Err(PolicyError::field(field, "must be a string")),
+    }
+}
+
+/// A document's `description`: empty when not given.
+fn parse_description(obj: &Map<String, Value>) -> Result<String, PolicyError> {
+    match obj.get("description") {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) if s.len() <= MAX_DESCRIPTION => Ok(s.clone()),
+        Some(Value::String(_)) => Err(PolicyError::field(
+            "description",
+            format!("at most {MAX_DESCRIPTION} bytes"),
+        )),
+        Some(_) => Err(PolicyError::field("description", "must be a string")),
+    }
+}
+
+/// A document's `envoy` domain, for a policy made from an Envoy domain's file.
+fn parse_envoy(obj: &Map<String, Value>) -> Result<Option<super::envoy::EnvoyDomain>, PolicyError> {
+    match obj.get("envoy") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => Ok(Some(super::envoy::EnvoyDomain::from_value(v).map_err(
+            |e| PolicyError::field(format!("envoy.{}", e.field), e.message),
+        )?)),
+    }
+}
+
+/// A document's `overrides`: none when not given.
+fn parse_overrides(obj: &Map<String, Value>) -> Result<Vec<Override>, PolicyError> {
+    match obj.get("overrides") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Override::from_document(v, &format!("overrides[{i}]")))
+            .collect(),
+        Some(_) => Err(PolicyError::field("overrides", "must be an array")),
     }
 }
 

@@ -356,26 +356,11 @@ impl Algorithm {
         ms.div_ceil(1000).max(1)
     }
 
+    /// Checks every parameter of rule number `rule`; the error names the first that is out
+    /// of range (`rules[<rule>].<field>`).
     fn validate(&self, rule: usize) -> Result<(), PolicyError> {
-        let field = |name: &str| format!("rules[{rule}].{name}");
-        let amount = |name: &str, v: u64| -> Result<(), PolicyError> {
-            if v == 0 || v > MAX_AMOUNT {
-                return Err(PolicyError::field(
-                    field(name),
-                    format!("must be between 1 and {MAX_AMOUNT}"),
-                ));
-            }
-            Ok(())
-        };
-        let period = |name: &str, v: u64| -> Result<(), PolicyError> {
-            if v == 0 || v > MAX_PERIOD_MS {
-                return Err(PolicyError::field(
-                    field(name),
-                    format!("must be between 1 and {MAX_PERIOD_MS} milliseconds"),
-                ));
-            }
-            Ok(())
-        };
+        let amount = |name: &str, v: u64| check_amount(rule, name, v);
+        let period = |name: &str, v: u64| check_period(rule, name, v);
         match *self {
             Algorithm::FixedWindow { limit, window_ms }
             | Algorithm::SlidingLog { limit, window_ms }
@@ -384,7 +369,7 @@ impl Algorithm {
                 period("window_ms", window_ms)?;
                 if matches!(self, Algorithm::SlidingLog { .. }) && limit > 100_000 {
                     return Err(PolicyError::field(
-                        field("limit"),
+                        field(rule, "limit"),
                         "a sliding_log keeps one entry per request: at most 100000; use sliding_window for more",
                     ));
                 }
@@ -416,7 +401,7 @@ impl Algorithm {
                 period("period_ms", period_ms)?;
                 if burst >= MAX_AMOUNT {
                     return Err(PolicyError::field(
-                        field("burst"),
+                        field(rule, "burst"),
                         format!("must be between 0 and {}", MAX_AMOUNT - 1),
                     ));
                 }
@@ -427,37 +412,9 @@ impl Algorithm {
                 bucket_ms,
             } => {
                 amount("limit", limit)?;
-                period("window_ms", window_ms)?;
-                period("bucket_ms", bucket_ms)?;
-                if window_ms % bucket_ms != 0 {
-                    return Err(PolicyError::field(
-                        field("bucket_ms"),
-                        "must divide window_ms exactly",
-                    ));
-                }
-                if window_ms / bucket_ms > MAX_BUCKETS {
-                    return Err(PolicyError::field(
-                        field("bucket_ms"),
-                        format!("window_ms / bucket_ms must be at most {MAX_BUCKETS}"),
-                    ));
-                }
+                check_buckets(rule, window_ms, bucket_ms)?;
             }
-            Algorithm::Concurrency { limit, lease_ms } => {
-                if limit == 0 || limit > MAX_LEASES {
-                    return Err(PolicyError::field(
-                        field("limit"),
-                        format!("must be between 1 and {MAX_LEASES} (each lease is kept in Redis)"),
-                    ));
-                }
-                if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
-                    return Err(PolicyError::field(
-                        field("lease_ms"),
-                        format!(
-                            "must be between 1 and {MAX_LEASE_MS} milliseconds (a day); renew longer leases"
-                        ),
-                    ));
-                }
-            }
+            Algorithm::Concurrency { limit, lease_ms } => check_leases(rule, limit, lease_ms)?,
             Algorithm::Quota {
                 limit,
                 period,
@@ -466,35 +423,120 @@ impl Algorithm {
                 ..
             } => {
                 amount("limit", limit)?;
-                let days = match period {
-                    Period::Day => 0,
-                    Period::Week => 7,
-                    Period::Month | Period::Year => 31,
-                };
-                if start_day > days {
-                    return Err(PolicyError::field(
-                        field("start_day"),
-                        match period {
-                            Period::Day => "a daily quota starts every day at midnight: leave start_day out".to_owned(),
-                            Period::Week => "must be an ISO weekday: 1 (Monday) to 7 (Sunday)".to_owned(),
-                            _ => "must be a day of the month, 1 to 31 (the month's last day when it is shorter)".to_owned(),
-                        },
-                    ));
-                }
-                if start_month > 12 || (start_month > 0 && period != Period::Year) {
-                    return Err(PolicyError::field(
-                        field("start_month"),
-                        if period == Period::Year {
-                            "must be a month, 1 to 12"
-                        } else {
-                            "only a yearly quota has a start_month"
-                        },
-                    ));
-                }
+                check_quota_start(rule, period, start_day, start_month)?;
             }
         }
         Ok(())
     }
+}
+
+/// The name errors give the field `name` of rule number `rule`: `rules[<rule>].<name>`.
+fn field(rule: usize, name: &str) -> String {
+    format!("rules[{rule}].{name}")
+}
+
+/// Checks that `v`, the field `name` of rule `rule`, is an amount: 1 to [`MAX_AMOUNT`].
+fn check_amount(rule: usize, name: &str, v: u64) -> Result<(), PolicyError> {
+    if v == 0 || v > MAX_AMOUNT {
+        return Err(PolicyError::field(
+            field(rule, name),
+            format!("must be between 1 and {MAX_AMOUNT}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `v`, the field `name` of rule `rule`, is a period: 1 to [`MAX_PERIOD_MS`]
+/// milliseconds.
+fn check_period(rule: usize, name: &str, v: u64) -> Result<(), PolicyError> {
+    if v == 0 || v > MAX_PERIOD_MS {
+        return Err(PolicyError::field(
+            field(rule, name),
+            format!("must be between 1 and {MAX_PERIOD_MS} milliseconds"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a bucketed window's periods: both in range, and the window a whole number of
+/// buckets, at most [`MAX_BUCKETS`].
+fn check_buckets(rule: usize, window_ms: u64, bucket_ms: u64) -> Result<(), PolicyError> {
+    check_period(rule, "window_ms", window_ms)?;
+    check_period(rule, "bucket_ms", bucket_ms)?;
+    if !window_ms.is_multiple_of(bucket_ms) {
+        return Err(PolicyError::field(
+            field(rule, "bucket_ms"),
+            "must divide window_ms exactly",
+        ));
+    }
+    if window_ms / bucket_ms > MAX_BUCKETS {
+        return Err(PolicyError::field(
+            field(rule, "bucket_ms"),
+            format!("window_ms / bucket_ms must be at most {MAX_BUCKETS}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a concurrency rule's leases: at most [`MAX_LEASES`] at once, each held at most
+/// [`MAX_LEASE_MS`].
+fn check_leases(rule: usize, limit: u64, lease_ms: u64) -> Result<(), PolicyError> {
+    if limit == 0 || limit > MAX_LEASES {
+        return Err(PolicyError::field(
+            field(rule, "limit"),
+            format!("must be between 1 and {MAX_LEASES} (each lease is kept in Redis)"),
+        ));
+    }
+    if lease_ms == 0 || lease_ms > MAX_LEASE_MS {
+        return Err(PolicyError::field(
+            field(rule, "lease_ms"),
+            format!(
+                "must be between 1 and {MAX_LEASE_MS} milliseconds (a day); renew longer leases"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks where a quota's periods start: `start_day` a day its `period` has (none for a
+/// daily quota), `start_month` a month and only for a yearly one (0: not given).
+fn check_quota_start(
+    rule: usize,
+    period: Period,
+    start_day: u8,
+    start_month: u8,
+) -> Result<(), PolicyError> {
+    let days = match period {
+        Period::Day => 0,
+        Period::Week => 7,
+        Period::Month | Period::Year => 31,
+    };
+    if start_day > days {
+        return Err(PolicyError::field(
+            field(rule, "start_day"),
+            match period {
+                Period::Day => {
+                    "a daily quota starts every day at midnight: leave start_day out".to_owned()
+                }
+                Period::Week => "must be an ISO weekday: 1 (Monday) to 7 (Sunday)".to_owned(),
+                _ => {
+                    "must be a day of the month, 1 to 31 (the month's last day when it is shorter)"
+                        .to_owned()
+                }
+            },
+        ));
+    }
+    if start_month > 12 || (start_month > 0 && period != Period::Year) {
+        return Err(PolicyError::field(
+            field(rule, "start_month"),
+            if period == Period::Year {
+                "must be a month, 1 to 12"
+            } else {
+                "only a yearly quota has a start_month"
+            },
+        ));
+    }
+    Ok(())
 }
 
 /// One limit of a policy. Built only through [`Rule::new`], so it has no `Deserialize`.

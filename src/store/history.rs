@@ -53,6 +53,29 @@ impl Store {
             // One flush at a time: a list never holds more than it keeps plus one flush.
             pipe.atomic();
         }
+        let mut expiries = self.add_counts(&mut pipe, batch);
+        for (key, (expiry, entries)) in self.top_lists(batch) {
+            for (member, n) in history::largest(entries, |n| *n, history::TOP_SENT) {
+                pipe.cmd("ZINCRBY").arg(&key).arg(n).arg(member).ignore();
+            }
+            // Keeps the largest: ranks 0.. are the smallest.
+            pipe.cmd("ZREMRANGEBYRANK")
+                .arg(&key)
+                .arg(0)
+                .arg(-(history::TOP_KEPT as i64) - 1)
+                .ignore();
+            expiries.insert(key, expiry);
+        }
+        for (key, at) in expiries {
+            pipe.cmd("PEXPIREAT").arg(key).arg(at).ignore();
+        }
+        let () = self.query_pipe(&pipe).await?;
+        Ok(())
+    }
+
+    /// Adds `batch`'s counts to `pipe`: each policy's, and every policy's together, to the
+    /// block of every step. Returns the expiry (ms since the epoch) of each key it adds to.
+    fn add_counts(&self, pipe: &mut redis::Pipeline, batch: &HistoryBatch) -> HashMap<String, i64> {
         let mut expiries: HashMap<String, i64> = HashMap::new();
         let mut all: HashMap<i64, Counts> = HashMap::new();
         for (_, minute, counts) in &batch.counts {
@@ -80,7 +103,13 @@ impl Store {
                 expiries.insert(key, step.block_expiry_ms(block));
             }
         }
-        // Each list gets the largest of this flush only, and keeps its largest after it.
+        expiries
+    }
+
+    /// The top lists `batch` adds to, by key: each list's expiry (ms since the epoch) and
+    /// the entries of this flush for it. Each list gets the largest of this flush only, and
+    /// keeps its largest after it.
+    fn top_lists(&self, batch: &HistoryBatch) -> HashMap<String, (i64, Vec<(String, u64)>)> {
         let mut lists: HashMap<String, (i64, Vec<(String, u64)>)> = HashMap::new();
         for (policy, hour, identifiers) in &batch.top {
             for (step, period, kept_ms) in [
@@ -113,23 +142,7 @@ impl Store {
                 }
             }
         }
-        for (key, (expiry, entries)) in lists {
-            for (member, n) in history::largest(entries, |n| *n, history::TOP_SENT) {
-                pipe.cmd("ZINCRBY").arg(&key).arg(n).arg(member).ignore();
-            }
-            // Keeps the largest: ranks 0.. are the smallest.
-            pipe.cmd("ZREMRANGEBYRANK")
-                .arg(&key)
-                .arg(0)
-                .arg(-(history::TOP_KEPT as i64) - 1)
-                .ignore();
-            expiries.insert(key, expiry);
-        }
-        for (key, at) in expiries {
-            pipe.cmd("PEXPIREAT").arg(key).arg(at).ignore();
-        }
-        let () = self.query_pipe(&pipe).await?;
-        Ok(())
+        lists
     }
 
     /// The counts of `scope` for each period of `step` in `periods`, oldest first (zeros

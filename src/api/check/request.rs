@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::MAX_IDENTIFIERS;
 use crate::{
@@ -38,62 +38,14 @@ impl CheckRequest {
                 "must be a JSON object",
             )
         })?;
-        if let Some(k) = obj
-            .keys()
-            .find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str()))
-        {
-            if k.is_empty() {
-                // A member named "" is named by where it is: the body, or this batch item.
-                let whole = at("").trim_end_matches('.').to_owned();
-                return Err(ApiError::bad(
-                    if whole.is_empty() {
-                        "body".to_owned()
-                    } else {
-                        whole
-                    },
-                    "has a member with an empty name (expected policy, identifiers, cost)",
-                ));
-            }
-            return Err(ApiError::bad(
-                at(k),
-                "is not a known field (expected policy, identifiers, cost)",
-            ));
-        }
+        refuse_unknown_fields(obj, path)?;
         let policy = obj
             .get("policy")
             .ok_or_else(|| ApiError::bad(at("policy"), "is required"))?
             .as_str()
             .ok_or_else(|| ApiError::bad(at("policy"), "must be a string"))?
             .to_owned();
-        let ids = obj
-            .get("identifiers")
-            .ok_or_else(|| ApiError::bad(at("identifiers"), "is required"))?
-            .as_object()
-            .ok_or_else(|| {
-                ApiError::bad(at("identifiers"), "must be an object of dimension: value")
-            })?;
-        if ids.is_empty() || ids.len() > MAX_IDENTIFIERS {
-            return Err(ApiError::bad(
-                at("identifiers"),
-                format!("must hold 1 to {MAX_IDENTIFIERS} identifiers"),
-            ));
-        }
-        // In order of dimension, whatever the order in the body (and whichever map
-        // serde_json was built with): the order of the results and of the checks.
-        let mut ids: Vec<(&String, &Value)> = ids.iter().collect();
-        ids.sort_by(|a, b| a.0.cmp(b.0));
-        let identifiers = ids
-            .into_iter()
-            .map(|(dimension, v)| {
-                let field = at(&format!("identifiers.{dimension}"));
-                let value = match v {
-                    Value::String(s) => s.clone(),
-                    Value::Number(n) => n.to_string(),
-                    _ => return Err(ApiError::bad(field, "must be a string")),
-                };
-                Identifier::new(dimension, &value).map_err(|m| ApiError::bad(field, m))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let identifiers = parse_identifiers(obj, path)?;
         let cost = match obj.get("cost") {
             None | Some(Value::Null) => 1,
             Some(v) => v.as_u64().filter(|c| *c <= MAX_COST).ok_or_else(|| {
@@ -147,6 +99,66 @@ impl CheckRequest {
             cost,
         })
     }
+}
+
+/// Refuses a member of a check request other than policy, identifiers and cost; `path`
+/// prefixes field names (batch items).
+fn refuse_unknown_fields(obj: &Map<String, Value>, path: &str) -> Result<(), ApiError> {
+    let at = |f: &str| format!("{path}{f}");
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str()))
+    {
+        if k.is_empty() {
+            // A member named "" is named by where it is: the body, or this batch item.
+            let whole = at("").trim_end_matches('.').to_owned();
+            return Err(ApiError::bad(
+                if whole.is_empty() {
+                    "body".to_owned()
+                } else {
+                    whole
+                },
+                "has a member with an empty name (expected policy, identifiers, cost)",
+            ));
+        }
+        return Err(ApiError::bad(
+            at(k),
+            "is not a known field (expected policy, identifiers, cost)",
+        ));
+    }
+    Ok(())
+}
+
+/// A check request's `identifiers`, in order of dimension; `path` prefixes field names
+/// (batch items).
+fn parse_identifiers(obj: &Map<String, Value>, path: &str) -> Result<Vec<Identifier>, ApiError> {
+    let at = |f: &str| format!("{path}{f}");
+    let ids = obj
+        .get("identifiers")
+        .ok_or_else(|| ApiError::bad(at("identifiers"), "is required"))?
+        .as_object()
+        .ok_or_else(|| ApiError::bad(at("identifiers"), "must be an object of dimension: value"))?;
+    if ids.is_empty() || ids.len() > MAX_IDENTIFIERS {
+        return Err(ApiError::bad(
+            at("identifiers"),
+            format!("must hold 1 to {MAX_IDENTIFIERS} identifiers"),
+        ));
+    }
+    // In order of dimension, whatever the order in the body (and whichever map
+    // serde_json was built with): the order of the results and of the checks.
+    let mut ids: Vec<(&String, &Value)> = ids.iter().collect();
+    ids.sort_by(|a, b| a.0.cmp(b.0));
+    ids.into_iter()
+        .map(|(dimension, v)| {
+            let field = at(&format!("identifiers.{dimension}"));
+            let value = match v {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                _ => return Err(ApiError::bad(field, "must be a string")),
+            };
+            Identifier::new(dimension, &value).map_err(|m| ApiError::bad(field, m))
+        })
+        .collect()
 }
 
 /// A check request in its expected shape, read without building a JSON tree.
