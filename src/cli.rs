@@ -392,18 +392,7 @@ pub async fn people_command(service: &Service, command: PeopleCommand) -> anyhow
             service.remove_user(&actor, &name).await?;
             format!("removed {name}\n")
         }
-        PeopleCommand::UserList => {
-            let mut out = String::new();
-            for u in service.users().await? {
-                out += &format!(
-                    "{:<24} {:<8} created {}\n",
-                    u.username.as_str(),
-                    u.role.as_str(),
-                    date(Some(u.created_at_ms))
-                );
-            }
-            out
-        }
+        PeopleCommand::UserList => user_list(service).await?,
         PeopleCommand::KeyAdd { name, role } => {
             let (record, secret) = service.create_key(&actor, &name, role).await?;
             format!(
@@ -413,29 +402,46 @@ pub async fn people_command(service: &Service, command: PeopleCommand) -> anyhow
                 record.id
             )
         }
-        PeopleCommand::KeyList => {
-            let mut out = String::new();
-            for k in service.api_keys().await? {
-                let state = match k.revoked_at_ms {
-                    Some(ms) => format!("revoked {}", date(Some(ms))),
-                    None => "active".into(),
-                };
-                out += &format!(
-                    "{}  {:<7} {:<24} {:<26} last used {}\n",
-                    k.id,
-                    k.role.as_str(),
-                    k.name,
-                    state,
-                    date(k.last_used_ms)
-                );
-            }
-            out
-        }
+        PeopleCommand::KeyList => key_list(service).await?,
         PeopleCommand::KeyRevoke { id } => {
             service.revoke_key(&actor, &id).await?;
             format!("revoked key {id}\n")
         }
     })
+}
+
+/// Every user, a line each: name, role, when created.
+async fn user_list(service: &Service) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for u in service.users().await? {
+        out += &format!(
+            "{:<24} {:<8} created {}\n",
+            u.username.as_str(),
+            u.role.as_str(),
+            date(Some(u.created_at_ms))
+        );
+    }
+    Ok(out)
+}
+
+/// Every API key, a line each: id, role, name, state, last use.
+async fn key_list(service: &Service) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for k in service.api_keys().await? {
+        let state = match k.revoked_at_ms {
+            Some(ms) => format!("revoked {}", date(Some(ms))),
+            None => "active".into(),
+        };
+        out += &format!(
+            "{}  {:<7} {:<24} {:<26} last used {}\n",
+            k.id,
+            k.role.as_str(),
+            k.name,
+            state,
+            date(k.last_used_ms)
+        );
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -213,22 +213,11 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::rt::TokioIo;
     let header_read_timeout = state.header_read_timeout;
     let server_shutdown = state.shutdown.clone();
     let app = router(state.clone());
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().header_read_timeout(None);
-    // HTTP/2: as many streams as the gRPC port, and windows that bound what a client may
-    // send before the server reads it (hyper's defaults let a connection push 5 MiB).
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(128)
-        .initial_stream_window_size(256 * 1024)
-        .initial_connection_window_size(1024 * 1024)
-        .keep_alive_interval(Some(Duration::from_secs(20)))
-        .keep_alive_timeout(header_read_timeout);
+    let builder = http_builder(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let limit = crate::connection::Limit::new(state.max_connections);
     tokio::pin!(shutdown);
@@ -236,33 +225,7 @@ pub async fn run(
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let activity = Arc::new(Activity::default());
-        let app = app.clone();
-        let state = state.clone();
-        let requests = activity.clone();
-        let service = hyper::service::service_fn(
-            move |request: axum::extract::Request<hyper::body::Incoming>| {
-                let in_flight = InFlight::start(&requests);
-                let answer = match api::check_endpoint(request.map(axum::body::Body::new), &state) {
-                    Ok(check) => {
-                        futures_util::future::Either::Left(check_answer(check, state.clone()))
-                    }
-                    Err(mut request) => {
-                        request
-                            .extensions_mut()
-                            .insert(axum::extract::ConnectInfo(peer));
-                        futures_util::future::Either::Right(tower_service::Service::call(
-                            &mut app.clone(),
-                            request,
-                        ))
-                    }
-                };
-                async move {
-                    let response = answer.await;
-                    drop(in_flight);
-                    response
-                }
-            },
-        );
+        let service = requests_of(app.clone(), state.clone(), peer, activity.clone());
         let connection = builder
             .serve_connection_with_upgrades(
                 TokioIo::new(crate::batched_writes::BatchedWrites::sniffing(Watched {
@@ -275,26 +238,7 @@ pub async fn run(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             let _permit = permit;
-            tokio::pin!(connection);
-            let mut tick = tokio::time::interval(header_read_timeout / WATCH_TICKS);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut watch = Watch::default();
-            loop {
-                tokio::select! {
-                    ended = &mut connection => {
-                        if let Err(error) = ended {
-                            tracing::debug!(%error, %peer, "connection ended with an error");
-                        }
-                        return;
-                    }
-                    _ = tick.tick() => {
-                        if watch.overdue(&activity) {
-                            // Dropping the connection closes it.
-                            return;
-                        }
-                    }
-                }
-            }
+            watched(connection, activity, header_read_timeout, peer).await;
         });
     }
     drop(listener);
@@ -304,6 +248,95 @@ pub async fn run(
     server_shutdown.stop();
     server_shutdown.finished().await;
     Ok(())
+}
+
+/// The HTTP/1 and HTTP/2 settings of the HTTP port. HTTP/2: as many streams as the gRPC
+/// port, and windows that bound what a client may send before the server reads it (hyper's
+/// defaults let a connection push 5 MiB).
+fn http_builder(
+    header_read_timeout: Duration,
+) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
+    use hyper_util::rt::{TokioExecutor, TokioTimer};
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().header_read_timeout(None);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(128)
+        .initial_stream_window_size(256 * 1024)
+        .initial_connection_window_size(1024 * 1024)
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .keep_alive_timeout(header_read_timeout);
+    builder
+}
+
+/// What answers the requests of one connection from `peer`: a check straight to its
+/// handler, anything else through the router; each counted in flight on `activity`.
+fn requests_of(
+    app: Router,
+    state: AppState,
+    peer: std::net::SocketAddr,
+    activity: Arc<Activity>,
+) -> impl hyper::service::Service<
+    axum::extract::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    hyper::service::service_fn(
+        move |request: axum::extract::Request<hyper::body::Incoming>| {
+            let in_flight = InFlight::start(&activity);
+            let answer = match api::check_endpoint(request.map(axum::body::Body::new), &state) {
+                Ok(check) => futures_util::future::Either::Left(check_answer(check, state.clone())),
+                Err(mut request) => {
+                    request
+                        .extensions_mut()
+                        .insert(axum::extract::ConnectInfo(peer));
+                    futures_util::future::Either::Right(tower_service::Service::call(
+                        &mut app.clone(),
+                        request,
+                    ))
+                }
+            };
+            async move {
+                let response = answer.await;
+                drop(in_flight);
+                response
+            }
+        },
+    )
+}
+
+/// Serves `connection` until it ends, or until its `activity` shows it idle or stalled past
+/// the header read timeout (dropping it closes it).
+async fn watched<C, E>(
+    connection: C,
+    activity: Arc<Activity>,
+    header_read_timeout: Duration,
+    peer: std::net::SocketAddr,
+) where
+    C: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    tokio::pin!(connection);
+    let mut tick = tokio::time::interval(header_read_timeout / WATCH_TICKS);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watch = Watch::default();
+    loop {
+        tokio::select! {
+            ended = &mut connection => {
+                if let Err(error) = ended {
+                    tracing::debug!(%error, %peer, "connection ended with an error");
+                }
+                return;
+            }
+            _ = tick.tick() => {
+                if watch.overdue(&activity) {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

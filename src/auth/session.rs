@@ -255,15 +255,7 @@ fn is_open(path: &str) -> bool {
 pub async fn middleware(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
     if is_outside_dashboard(&path) {
-        let mut response = next.run(req).await;
-        if path.starts_with("/pkg/") && response.status() == StatusCode::NOT_FOUND {
-            // A missing asset is a plain 404, not the dashboard's page.
-            response = (StatusCode::NOT_FOUND, "Not found").into_response();
-        }
-        if path.starts_with("/pkg/") {
-            return with_security_headers(response, HeaderValue::from_static(API_CSP));
-        }
-        return secure_api_response(response);
+        return outside_dashboard(&path, next.run(req).await);
     }
     let peer = req
         .extensions()
@@ -288,7 +280,6 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
             None,
         );
     }
-
     let session = match read(&state, req.headers()).await {
         Ok(session) => session,
         Err(error) => {
@@ -296,47 +287,20 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
             return secured(session_unreadable(), None);
         }
     };
-    // Bodies are read only now that the caller is known: someone not signed in (the
-    // sign-in form, a server function that will answer 401) sends a few kilobytes at most,
-    // and is not buffered 256 KiB a stream.
-    if path.starts_with("/fn/") || path.starts_with("/auth/") {
-        let limit = if session.as_ref().is_some_and(|s| s.user().is_some()) {
-            MAX_FORM_BODY
-        } else {
-            MAX_ANONYMOUS_FORM_BODY
-        };
-        req = match within_form_limit(req, limit).await {
-            Ok(req) => req,
-            Err(too_large) => return secured(too_large, None),
-        };
-    }
+    let signed_in = session.as_ref().is_some_and(|s| s.user().is_some());
+    req = match bounded_body(req, &path, signed_in).await {
+        Ok(req) => req,
+        Err(too_large) => return secured(too_large, None),
+    };
     let secure = is_https(&state, peer, req.headers());
     req.extensions_mut().insert(OverHttps(secure));
-    // A visitor gets the sign-in form's token in a cookie; nothing is stored in Redis.
-    let mut new_cookie = None;
-    if session.is_none() {
-        let token = match login_token_from(req.headers()) {
-            Some(token) => Some(token),
-            None if path == "/login" && req.method() == Method::GET => {
-                let token = to_hex(&random_bytes::<32>());
-                new_cookie = Some(login_token_cookie(&token, secure));
-                Some(token)
-            }
-            None => None,
-        };
-        if let Some(token) = token {
-            req.extensions_mut().insert(LoginToken(token));
-        }
-    }
-    let signed_in = session.as_ref().is_some_and(|s| s.user().is_some());
+    let new_cookie = if session.is_none() {
+        visitor_token(&mut req, &path, secure)
+    } else {
+        None
+    };
     if !signed_in && !is_open(&path) {
-        let target = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |pq| pq.as_str())
-            .to_owned();
-        let to = format!("/login?next={}", encode_component(&target));
-        return secured(Redirect::to(&to).into_response(), None);
+        return secured(to_sign_in(&req), None);
     }
     req.extensions_mut().insert(CurrentSession(session));
     let nonce = to_hex(&random_bytes::<16>());
@@ -346,6 +310,65 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         response.headers_mut().append(header::SET_COOKIE, c);
     }
     secured(response, Some(&nonce))
+}
+
+/// A response outside the dashboard (the API, probes, static files) with its headers: a
+/// missing asset is a plain 404, not the dashboard's page.
+fn outside_dashboard(path: &str, mut response: Response) -> Response {
+    if path.starts_with("/pkg/") && response.status() == StatusCode::NOT_FOUND {
+        response = (StatusCode::NOT_FOUND, "Not found").into_response();
+    }
+    if path.starts_with("/pkg/") {
+        return with_security_headers(response, HeaderValue::from_static(API_CSP));
+    }
+    secure_api_response(response)
+}
+
+/// `req` with its body read within the form limit, for server functions and the sign-in
+/// form. Bodies are read only once the caller is known: someone not signed in (the sign-in
+/// form, a server function that will answer 401) sends a few kilobytes at most, and is not
+/// buffered 256 KiB a stream.
+async fn bounded_body(req: Request, path: &str, signed_in: bool) -> Result<Request, Response> {
+    if !(path.starts_with("/fn/") || path.starts_with("/auth/")) {
+        return Ok(req);
+    }
+    let limit = if signed_in {
+        MAX_FORM_BODY
+    } else {
+        MAX_ANONYMOUS_FORM_BODY
+    };
+    within_form_limit(req, limit).await
+}
+
+/// A visitor's sign-in form token, put in the request's extensions: the one their cookie
+/// holds, or a new one on `GET /login` (returned as the cookie to set). Nothing is stored
+/// in Redis.
+fn visitor_token(req: &mut Request, path: &str, secure: bool) -> Option<HeaderValue> {
+    let mut new_cookie = None;
+    let token = match login_token_from(req.headers()) {
+        Some(token) => Some(token),
+        None if path == "/login" && req.method() == Method::GET => {
+            let token = to_hex(&random_bytes::<32>());
+            new_cookie = Some(login_token_cookie(&token, secure));
+            Some(token)
+        }
+        None => None,
+    };
+    if let Some(token) = token {
+        req.extensions_mut().insert(LoginToken(token));
+    }
+    new_cookie
+}
+
+/// The redirect to the sign-in page, coming back to `req`'s page after.
+fn to_sign_in(req: &Request) -> Response {
+    let target = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |pq| pq.as_str())
+        .to_owned();
+    let to = format!("/login?next={}", encode_component(&target));
+    Redirect::to(&to).into_response()
 }
 
 /// Largest body a dashboard form or server function may send: far more than any form of

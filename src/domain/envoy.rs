@@ -380,25 +380,9 @@ impl EnvoyDomain {
         let mut seen: BTreeMap<(&str, Option<&str>), usize> = BTreeMap::new();
         for (i, d) in descriptors.iter().enumerate() {
             let here = format!("{path}[{i}]");
-            if d.key.is_empty() {
-                return Err(PolicyError::field(format!("{here}.key"), "is required"));
-            }
-            text(&format!("{here}.key"), &d.key)?;
-            if let Some(v) = &d.value {
-                text(&format!("{here}.value"), v)?;
-            }
+            check_descriptor(d, &here)?;
             if let Some(first) = seen.insert((d.key.as_str(), d.value.as_deref()), i) {
-                return Err(PolicyError::field(
-                    here,
-                    format!(
-                        "duplicates {path}[{first}]: key {:?}{} appears twice at one level",
-                        d.key,
-                        d.value
-                            .as_deref()
-                            .map(|v| format!(" with value {v:?}"))
-                            .unwrap_or_default()
-                    ),
-                ));
+                return Err(repeated(d, &here, &format!("{path}[{first}]")));
             }
             if self.nodes.len() >= MAX_NODES {
                 return Err(PolicyError::field(
@@ -407,15 +391,7 @@ impl EnvoyDomain {
                 ));
             }
             let limit = match &d.rate_limit {
-                None => {
-                    if !d.replaces.is_empty() {
-                        return Err(PolicyError::field(
-                            format!("{here}.replaces"),
-                            "needs a rate_limit on the same descriptor",
-                        ));
-                    }
-                    None
-                }
+                None => None,
                 Some(rl) => Some(self.add_limit(rl, d, &here)?),
             };
             let index = self.nodes.len();
@@ -691,6 +667,40 @@ fn text(field: &str, value: &str) -> Result<(), PolicyError> {
         ));
     }
     Ok(())
+}
+
+/// A descriptor's own fields, found at `here`: a key, texts within their length, and
+/// `replaces` only beside a `rate_limit`.
+fn check_descriptor(d: &DescriptorDoc, here: &str) -> Result<(), PolicyError> {
+    if d.key.is_empty() {
+        return Err(PolicyError::field(format!("{here}.key"), "is required"));
+    }
+    text(&format!("{here}.key"), &d.key)?;
+    if let Some(v) = &d.value {
+        text(&format!("{here}.value"), v)?;
+    }
+    if d.rate_limit.is_none() && !d.replaces.is_empty() {
+        return Err(PolicyError::field(
+            format!("{here}.replaces"),
+            "needs a rate_limit on the same descriptor",
+        ));
+    }
+    Ok(())
+}
+
+/// The error for descriptor `d` at `here`, whose key and value the one at `first` has.
+fn repeated(d: &DescriptorDoc, here: &str, first: &str) -> PolicyError {
+    PolicyError::field(
+        here,
+        format!(
+            "duplicates {first}: key {:?}{} appears twice at one level",
+            d.key,
+            d.value
+                .as_deref()
+                .map(|v| format!(" with value {v:?}"))
+                .unwrap_or_default()
+        ),
+    )
 }
 
 #[cfg(test)]

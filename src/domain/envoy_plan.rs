@@ -654,7 +654,9 @@ mod tests {
         // Only read: left OK, with what remains.
         assert!(answers[3].ok);
         assert_eq!(
-            (answers[3].remaining, answers[3].reset_ms), (5, Some(1_000)));
+            (answers[3].remaining, answers[3].reset_ms),
+            (5, Some(1_000))
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::{Service, now_ms};
 use crate::{
     audit::{Actor, Change},
     domain::{
-        Identifier, Name, RulesFor,
+        Identifier, Name, Policy, RulesFor,
         inspection::{Inspection, LeaseView, PolicyState, RuleState},
         lease::LeaseId,
     },
@@ -181,51 +181,9 @@ impl Service {
         rule: Option<&str>,
         reason: &str,
     ) -> Result<ResetDone, ResetError> {
-        let rule = match rule {
-            None => None,
-            Some(_) if policy.is_none() => {
-                return Err(ResetError::Invalid {
-                    field: "rule",
-                    message: "needs policy too".into(),
-                });
-            }
-            Some(r) => Some(Name::parse(r).map_err(|message| ResetError::Invalid {
-                field: "rule",
-                message,
-            })?),
-        };
-        let mut all = self.store.list_policies().await?;
-        // A sign-in identifier's counters live under the sign-in limits, which are no
-        // stored policy: a reset of one lifts a lock-out.
-        // Only an admin resets them: they guard every account, an admin's too, and support
-        // resetting them after each few guesses would have unlimited guesses at an admin's
-        // password.
-        if super::signin::is_login_dimension(id.dimension().as_str()) {
-            if actor.role != "admin" {
-                return Err(ResetError::Forbidden(
-                    "id: the sign-in limits guard every account; only an admin resets them",
-                ));
-            }
-            all.push(super::signin::login_policy());
-        }
-        let chosen: Vec<_> = match policy {
-            None => all.iter().collect(),
-            Some(name) => {
-                let p = all
-                    .iter()
-                    .find(|p| p.name.as_str() == name)
-                    .ok_or_else(|| ResetError::UnknownPolicy(name.to_owned()))?;
-                if let Some(r) = &rule
-                    && !p.all_rules().any(|x| &x.name == r)
-                {
-                    return Err(ResetError::Invalid {
-                        field: "rule",
-                        message: format!("{name} has no rule {r}"),
-                    });
-                }
-                vec![p]
-            }
-        };
+        let rule = reset_rule(policy, rule)?;
+        let all = self.resettable_policies(actor, id).await?;
+        let chosen = chosen_policies(&all, policy, rule.as_ref())?;
         let deleted_keys = self
             .store
             .reset_identifier(&chosen, id, rule.as_ref(), policy.is_none())
@@ -256,4 +214,68 @@ impl Service {
             deleted_keys,
         })
     }
+
+    /// The policies a reset of `id` may touch: every stored one, and the sign-in limits for
+    /// a sign-in identifier, whose counters live under no stored policy (a reset of one
+    /// lifts a lock-out). Only an admin resets those: they guard every account, an admin's
+    /// too, and support resetting them after each few guesses would have unlimited guesses
+    /// at an admin's password.
+    async fn resettable_policies(
+        &self,
+        actor: &Actor,
+        id: &Identifier,
+    ) -> Result<Vec<Policy>, ResetError> {
+        let mut all = self.store.list_policies().await?;
+        if super::signin::is_login_dimension(id.dimension().as_str()) {
+            if actor.role != "admin" {
+                return Err(ResetError::Forbidden(
+                    "id: the sign-in limits guard every account; only an admin resets them",
+                ));
+            }
+            all.push(super::signin::login_policy());
+        }
+        Ok(all)
+    }
+}
+
+/// The rule a reset names, parsed; a rule needs its policy.
+fn reset_rule(policy: Option<&str>, rule: Option<&str>) -> Result<Option<Name>, ResetError> {
+    match rule {
+        None => Ok(None),
+        Some(_) if policy.is_none() => Err(ResetError::Invalid {
+            field: "rule",
+            message: "needs policy too".into(),
+        }),
+        Some(r) => Name::parse(r)
+            .map(Some)
+            .map_err(|message| ResetError::Invalid {
+                field: "rule",
+                message,
+            }),
+    }
+}
+
+/// The policies of `all` a reset touches: the one named (which must have `rule`, when
+/// given), or every one.
+fn chosen_policies<'a>(
+    all: &'a [Policy],
+    policy: Option<&str>,
+    rule: Option<&Name>,
+) -> Result<Vec<&'a Policy>, ResetError> {
+    let Some(name) = policy else {
+        return Ok(all.iter().collect());
+    };
+    let p = all
+        .iter()
+        .find(|p| p.name.as_str() == name)
+        .ok_or_else(|| ResetError::UnknownPolicy(name.to_owned()))?;
+    if let Some(r) = rule
+        && !p.all_rules().any(|x| &x.name == r)
+    {
+        return Err(ResetError::Invalid {
+            field: "rule",
+            message: format!("{name} has no rule {r}"),
+        });
+    }
+    Ok(vec![p])
 }

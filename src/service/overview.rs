@@ -10,13 +10,16 @@ use crate::{
     store::stats::{Ranked, SecondCount},
 };
 
+/// A policy and its last seconds, oldest first.
+pub type PolicySeconds = (Arc<Policy>, Vec<SecondCount>);
+
 /// The overview's facts, as the store gives them; the dashboard shapes them for its page.
 pub struct OverviewFacts {
     /// `Err` when Redis did not answer its health probe (nothing else is read then).
     pub redis: Result<RedisHealth, StoreError>,
     /// The policies this instance holds, each with its last seconds (oldest first), ending
     /// at Redis's second `rates_until` (`None` when the counters could not be read).
-    pub rates: Option<(i64, Vec<(Arc<Policy>, Vec<SecondCount>)>)>,
+    pub rates: Option<(i64, Vec<PolicySeconds>)>,
     /// Most denied over the last 5 minutes.
     pub throttled: Vec<Ranked>,
     /// At 80 % or more of a limit in the last minute or two.
