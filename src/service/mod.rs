@@ -1,8 +1,12 @@
-//! The use cases every front door calls: checking a policy, inspecting and resetting an
-//! identifier, changing policies, reading the audit log, seeding the demo policy. The JSON API, the dashboard's server functions and
-//! the command line parse their input, call these, and render what comes back; none of them
-//! checks, counts or audits on its own, and this layer knows neither HTTP nor Redis (the
-//! store does).
+//! The use cases every front door calls: checking (`check`, and Envoy's `envoy`, which share
+//! the failure mode, history and metrics), reports and leases, inspecting and resetting an
+//! identifier, changing, importing and reading policies, alerts, the history, the audit log,
+//! the overview's facts, users and API keys (`people`, `keys`), signing in and sessions
+//! (`sessions`, `signin`), and the first admin and demo policy of a first start. The JSON
+//! API, Envoy's gRPC and `/json`, the dashboard's server functions and the command line parse
+//! their input, call these through [`Service`]'s methods, and render what comes back; none of
+//! them checks, counts or audits on its own, and none names the store. This layer knows
+//! neither HTTP nor Redis (the store does).
 //!
 //! With the use cases live the caches they keep in front of Redis: the policies
 //! (`policy_cache`), denials that stand until a known time (`deny_cache`) and the denials
