@@ -17,7 +17,9 @@
 --             (a negative report: each entry gives `cost` back, never below nothing; see
 --             GIVEBACKS in prelude.lua); both reply as a peek and leave leases alone;
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lw", "sw", "tb", "lb",
---         "gc", "bw", "cc", "qt"), count_denied ("1"|"0"), and the algorithm's three
+--         "gc", "bw", "cc", "qt"), count_denied ("1"|"0", followed by ":<cost>" when the
+--         entry has a cost of its own, which it is counted at instead of ARGV[2]), and the
+--         algorithm's three
 --         parameters (see its file; numbers, but for a quota's boundaries).
 --   Reply: { allowed (1|0), now_us, then per entry: allowed, limit, remaining, reset_ms,
 --            retry_ms (-1 = none), delay_ms }
@@ -72,6 +74,17 @@ assert(now, 'check.lua: bad now')
 -- at each power of two (36 slots for 6 entries): 4-5 % of a 3 rules x 2 identifiers check
 -- in Redis (batches of 8 replayed, 8 interleaved runs: 36.1 -> 34.7 µs a check).
 local results, writes = {}, {}
+
+-- An entry's count_denied flag ('1' or '0') and its cost: its own when the flag carries one
+-- ('1:60': an Envoy descriptor's hits), else the check's.
+local function counting(flag, cost)
+  local count_denied = string.byte(flag, 1) == 49
+  if #flag == 1 then return count_denied, cost end
+  local own = tonumber(string.sub(flag, 3))
+  assert(own and own >= 0 and own == floor(own), 'check.lua: bad entry cost')
+  return count_denied, own
+end
+
 local function run(k, a, n, cost, mode)
   assert(cost and cost >= 0 and cost == floor(cost), 'check.lua: bad cost')
   if n == 1 and mode == 'check' then
@@ -79,8 +92,8 @@ local function run(k, a, n, cost, mode)
     local step = ALGORITHMS[ARGV[a + 1]]
     if not step then error('check.lua: unknown algorithm ' .. tostring(ARGV[a + 1])) end
     local key = KEYS[k + 1]
-    local count_denied = ARGV[a + 2] == '1'
-    local result, write, w1, w2, w3, w4, w5 = step(key, now, cost, param(ARGV[a + 3]),
+    local count_denied, c = counting(ARGV[a + 2], cost)
+    local result, write, w1, w2, w3, w4, w5 = step(key, now, c, param(ARGV[a + 3]),
       param(ARGV[a + 4]), param(ARGV[a + 5]), count_denied)
     local allowed = result[1] == 1
     if write and (allowed or count_denied) then write(key, w1, w2, w3, w4, w5) end
@@ -97,29 +110,30 @@ local function run(k, a, n, cost, mode)
     local step = ALGORITHMS[code]
     if not step then error('check.lua: unknown algorithm ' .. tostring(code)) end
     local p1, p2, p3 = param(ARGV[base + 3]), param(ARGV[base + 4]), param(ARGV[base + 5])
+    local count_denied, c = counting(ARGV[base + 2], cost)
     local result
     if mode == 'refund' then
-      REFUNDS[code](key, now, cost, p1, p2, p3)
+      REFUNDS[code](key, now, c, p1, p2, p3)
       result = step(key, now, 0, p1, p2, p3, false)
     elseif mode == 'report' or mode == 'giveback' then
       -- Usage known after the fact; leases are released, not reported.
-      if code ~= 'cc' and cost > 0 then
+      if code ~= 'cc' and c > 0 then
         if mode == 'report' then
-          local _, write, w1, w2, w3, w4, w5 = step(key, now, cost, p1, p2, p3, true)
+          local _, write, w1, w2, w3, w4, w5 = step(key, now, c, p1, p2, p3, true)
           if write then write(key, w1, w2, w3, w4, w5) end
         else
-          (GIVEBACKS[code] or REFUNDS[code])(key, now, cost, p1, p2, p3)
+          (GIVEBACKS[code] or REFUNDS[code])(key, now, c, p1, p2, p3)
         end
       end
       result = step(key, now, 0, p1, p2, p3, false)
     elseif mode == 'probe' then
-      local at_cost = step(key, now, cost, p1, p2, p3, false)
+      local at_cost = step(key, now, c, p1, p2, p3, false)
       result = step(key, now, 0, p1, p2, p3, false)
       result[5] = at_cost[5]
     else
       local w = 6 * i
       result, writes[w - 5], writes[w - 4], writes[w - 3], writes[w - 2], writes[w - 1],
-        writes[w] = step(key, now, cost, p1, p2, p3, ARGV[base + 2] == '1')
+        writes[w] = step(key, now, c, p1, p2, p3, count_denied)
     end
     if result[1] == 0 then all_allowed = false end
     results[i] = result
@@ -129,7 +143,7 @@ local function run(k, a, n, cost, mode)
     for i = 1, n do
       local base = a + (i - 1) * 5
       local w = 6 * i
-      if all_allowed or ARGV[base + 2] == '1' then
+      if all_allowed or string.byte(ARGV[base + 2], 1) == 49 then
         local write = writes[w - 5]
         if write then
           write(KEYS[k + i], writes[w - 4], writes[w - 3], writes[w - 2], writes[w - 1], writes[w])

@@ -102,6 +102,10 @@ pub struct EnvoySettings {
     pub require_key: bool,
     /// Which rate limit headers the answers ask Envoy to add.
     pub headers: EnvoyHeaders,
+    /// How a domain that does not say counts a request over its limit: every hit counts
+    /// (envoyproxy/ratelimit's default), or all or nothing when
+    /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is true (upstream's variable).
+    pub counting: crate::domain::envoy::Counting,
 }
 
 /// The rate limit headers of an Envoy answer (`SPILLWAY_ENVOY_HEADERS`).
@@ -366,7 +370,28 @@ fn envoy_settings(lookup: &impl Fn(&str) -> Option<String>) -> Result<EnvoySetti
                 });
             }
         },
+        counting: stop_when_over(lookup)?,
     })
+}
+
+/// envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`: true makes every domain
+/// that does not say count all or nothing; false or unset, every hit counts.
+fn stop_when_over(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<crate::domain::envoy::Counting, ConfigError> {
+    use crate::domain::envoy::Counting;
+    match lookup("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")
+        .as_deref()
+        .map(|v| v.trim().to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("" | "false" | "0") => Ok(Counting::EveryHit),
+        Some("true" | "1") => Ok(Counting::AllOrNothing),
+        Some(other) => Err(ConfigError::Invalid {
+            name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+            problem: format!("expected true or false, got {other:?}"),
+        }),
+    }
 }
 
 /// Connections each listener holds open at most (`SPILLWAY_MAX_CONNECTIONS`, default

@@ -152,6 +152,14 @@ pub fn deny_cache_hit() {
     cached!(Counter, metrics::counter!("spillway_deny_cache_hits_total")).increment(1);
 }
 
+/// Counts the hits of one Envoy descriptor that found a limit, under its metric key (as
+/// envoyproxy/ratelimit names its statistics: `domain.key_value.key`), by what it answered:
+/// `within_limit`, `over_limit` or `shadow_mode` (over a shadow-mode limit, answered OK).
+pub fn envoy_hits(key: &str, status: &'static str, hits: u64) {
+    metrics::counter!("spillway_envoy_hits_total", "key" => key.to_owned(), "status" => status)
+        .increment(hits);
+}
+
 /// Counts leases of concurrency rules released before they ran out.
 pub fn leases_released(n: u64) {
     metrics::counter!("spillway_leases_released_total").increment(n);

@@ -17,7 +17,11 @@ use serde_json::Value;
 
 use super::{ApiError, require_admin};
 use crate::{
-    domain::{FailureMode, envoy::EnvoyDomain, people::Action},
+    domain::{
+        FailureMode,
+        envoy::{Counting, EnvoyDomain},
+        people::Action,
+    },
     state::AppState,
 };
 
@@ -64,6 +68,10 @@ pub(super) struct PutQuery {
     /// `open` or `closed`: what a check answers when Redis cannot be reached (default: the
     /// domain's current setting; `open` for a new one).
     failure_mode: Option<String>,
+    /// `every_hit` or `all_or_nothing`: how a request over a limit is counted (default: the
+    /// file's `counting`, else the domain's current setting, else the server's default:
+    /// `every_hit` unless `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is true).
+    counting: Option<String>,
 }
 
 /// Loads the domain's file as the next version of its policy (audited). The domain in the
@@ -127,6 +135,12 @@ pub(super) async fn put(
         }
         _ => {}
     }
+    let counting = query
+        .counting
+        .as_deref()
+        .map(Counting::parse)
+        .transpose()
+        .map_err(|m| ApiError::bad("counting", m))?;
     let parsed = tokio::task::spawn_blocking(move || EnvoyDomain::from_value(&value))
         .await
         .map_err(|_| ApiError::bad("body", "could not be read"))??;
@@ -136,11 +150,12 @@ pub(super) async fn put(
     let runtime = tokio::runtime::Handle::current();
     let saving = state.clone();
     let saved = tokio::task::spawn_blocking(move || {
-        runtime.block_on(
-            saving
-                .service()
-                .save_envoy_domain(&actor, parsed, failure_mode, None),
-        )
+        runtime.block_on(saving.service().save_envoy_domain(
+            &actor,
+            parsed,
+            (failure_mode, counting.map(Some)),
+            None,
+        ))
     })
     .await
     .map_err(|_| ApiError::bad("body", "could not be saved"))??;

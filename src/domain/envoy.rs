@@ -123,6 +123,19 @@ pub struct DescriptorDoc {
     pub replaces: Vec<ReplacesDoc>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub detailed_metric: bool,
+    /// Over this limit fails the request only when every quota-mode descriptor of it is over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quota_mode: bool,
+    /// The request's value goes into this descriptor's metric key.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub value_to_metric: bool,
+    /// Every value this descriptor's wildcard matches shares one counter.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub share_threshold: bool,
+    /// Free-form data, kept with the file and otherwise unused (envoyproxy/ratelimit hands it
+    /// to its own extensions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub descriptors: Vec<DescriptorDoc>,
 }
@@ -138,6 +151,10 @@ pub struct RateLimitDoc {
     pub unlimited: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The limits this one replaces when both apply to one request (where
+    /// envoyproxy/ratelimit reads it; `replaces` beside `rate_limit` is read too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<ReplacesDoc>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,11 +189,17 @@ pub struct Limit {
     /// Names of the limits this one replaces when both apply to one request.
     pub replaces: Vec<String>,
     pub detailed_metric: bool,
+    /// Over it fails the request only when every quota-mode descriptor of it is over.
+    pub quota: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Node {
     limit: Option<usize>,
+    /// `share_threshold`: the values its wildcard matches share one counter.
+    shares: bool,
+    /// `value_to_metric`: a request's value goes into the metric key.
+    value_to_metric: bool,
     children: Level,
 }
 
@@ -191,10 +214,52 @@ struct Level {
     any: HashMap<String, usize>,
 }
 
+/// How an Envoy domain counts a request over its limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Counting {
+    /// envoyproxy/ratelimit's default: every hit counts, past the limit too, and the answer
+    /// says whether the counter is now over it; a descriptor of 0 hits is over once nothing
+    /// is left. So a cost reported after the response always lands, and the next request
+    /// is denied.
+    #[default]
+    EveryHit,
+    /// All or nothing (envoyproxy/ratelimit's `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`): a
+    /// request over any of its limits counts nowhere.
+    AllOrNothing,
+}
+
+impl Counting {
+    /// The name a domain's document gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Counting::EveryHit => "every_hit",
+            Counting::AllOrNothing => "all_or_nothing",
+        }
+    }
+
+    /// The counting named `raw`.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        match raw {
+            "every_hit" => Ok(Counting::EveryHit),
+            "all_or_nothing" => Ok(Counting::AllOrNothing),
+            other => Err(format!(
+                "{other:?} is not a counting: every_hit (every hit counts, past the limit too) or all_or_nothing (a request over any limit counts nowhere)"
+            )),
+        }
+    }
+}
+
 /// A validated domain: its file, its limits and the tree that finds them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvoyDomain {
     pub doc: DomainDoc,
+    /// How it counts a request over its limit, when the domain says (kept in its policy's
+    /// document beside the file, as `counting`); `None`: the server's default.
+    pub counting: Option<Counting>,
+    /// How it counts now: `counting`, or the server's default (see
+    /// `Policy::resolve_envoy_counting`).
+    pub counts: Counting,
     pub limits: Vec<Limit>,
     nodes: Vec<Node>,
     root: Level,
@@ -202,7 +267,14 @@ pub struct EnvoyDomain {
 
 impl Serialize for EnvoyDomain {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.doc.serialize(s)
+        let Some(counting) = self.counting else {
+            return self.doc.serialize(s);
+        };
+        let mut value = serde_json::to_value(&self.doc).map_err(serde::ser::Error::custom)?;
+        if let Some(obj) = value.as_object_mut() {
+            obj.insert("counting".into(), counting.as_str().into());
+        }
+        value.serialize(s)
     }
 }
 
@@ -336,12 +408,34 @@ impl EnvoyDomain {
     /// Reads a domain's file from its JSON form (YAML is turned into JSON first); the error
     /// names the field (`descriptors[0].rate_limit.unit`).
     pub fn from_value(value: &serde_json::Value) -> Result<Self, PolicyError> {
-        let doc: DomainDoc = serde_path_to_error::deserialize(value).map_err(|e| {
+        // `counting` is Spillway's, beside the file's own fields.
+        let counting = match value.get("counting") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(raw) => Some(
+                raw.as_str()
+                    .ok_or_else(|| "must be a string".to_owned())
+                    .and_then(Counting::parse)
+                    .map_err(|m| PolicyError::field("counting", m))?,
+            ),
+        };
+        let file = match (value, counting) {
+            (serde_json::Value::Object(obj), Some(_)) => {
+                let mut obj = obj.clone();
+                obj.remove("counting");
+                std::borrow::Cow::Owned(serde_json::Value::Object(obj))
+            }
+            _ => std::borrow::Cow::Borrowed(value),
+        };
+        let doc: DomainDoc = serde_path_to_error::deserialize(file.as_ref()).map_err(|e| {
             let path = e.path().to_string();
             let field = if path == "." { "body".to_owned() } else { path };
             PolicyError::field(field, e.inner().to_string())
         })?;
-        Self::from_doc(doc)
+        Ok(Self {
+            counting,
+            counts: counting.unwrap_or_default(),
+            ..Self::from_doc(doc)?
+        })
     }
 
     /// Validates `doc` and builds the tree.
@@ -353,6 +447,8 @@ impl EnvoyDomain {
         policy_name(&doc.domain).map_err(|m| PolicyError::field("domain", m))?;
         let mut built = EnvoyDomain {
             doc: DomainDoc::default(),
+            counting: None,
+            counts: Counting::default(),
             limits: Vec::new(),
             nodes: Vec::new(),
             root: Level::default(),
@@ -403,7 +499,12 @@ impl EnvoyDomain {
                 depth + 1,
                 &mut children,
             )?;
-            self.nodes[index] = Node { limit, children };
+            self.nodes[index] = Node {
+                limit,
+                shares: d.share_threshold,
+                value_to_metric: d.value_to_metric,
+                children,
+            };
             match d.value.as_deref() {
                 None => {
                     level.any.insert(d.key.clone(), index);
@@ -435,8 +536,18 @@ impl EnvoyDomain {
         if !name.is_empty() {
             text(&format!("{here}.rate_limit.name"), &name)?;
         }
-        for (j, r) in d.replaces.iter().enumerate() {
-            let field = format!("{here}.replaces[{j}].name");
+        let replaces = d
+            .replaces
+            .iter()
+            .enumerate()
+            .map(|(j, r)| (format!("{here}.replaces[{j}].name"), r))
+            .chain(
+                rl.replaces
+                    .iter()
+                    .enumerate()
+                    .map(|(j, r)| (format!("{here}.rate_limit.replaces[{j}].name"), r)),
+            );
+        for (field, r) in replaces {
             if r.name.is_empty() {
                 return Err(PolicyError::field(field, "is required"));
             }
@@ -495,8 +606,14 @@ impl EnvoyDomain {
             name,
             allowance,
             shadow: d.shadow_mode,
-            replaces: d.replaces.iter().map(|r| r.name.clone()).collect(),
+            replaces: d
+                .replaces
+                .iter()
+                .chain(&rl.replaces)
+                .map(|r| r.name.clone())
+                .collect(),
             detailed_metric: d.detailed_metric,
+            quota: d.quota_mode,
         });
         Ok(self.limits.len() - 1)
     }
@@ -575,7 +692,7 @@ impl EnvoyDomain {
                         window_ms: unit.seconds() * 1000,
                     },
                     Some(vec![DIMENSION.to_owned()]),
-                    false,
+                    self.counts == Counting::EveryHit,
                 )
                 .expect("a valid name and window"),
             );
@@ -586,28 +703,111 @@ impl EnvoyDomain {
     /// The limit a request descriptor finds, if any (none: the descriptor is OK and
     /// consumes nothing).
     pub fn find(&self, entries: &[(String, String)]) -> Option<&Limit> {
+        self.lookup(entries).map(|found| found.limit)
+    }
+
+    /// The limit a request descriptor finds, with what it is counted and measured under.
+    pub fn lookup(&self, entries: &[(String, String)]) -> Option<Found<'_>> {
         let mut level = &self.root;
+        let mut shared: Option<Vec<(String, String)>> = None;
+        let mut metric = vec![self.doc.domain.clone()];
         for (i, (key, value)) in entries.iter().enumerate() {
-            let node = level
-                .exact
-                .get(key)
-                .and_then(|values| values.get(value))
-                .or_else(|| {
-                    level.wildcards.get(key).and_then(|ws| {
-                        ws.iter()
-                            .find(|(pattern, _)| glob(pattern, value))
-                            .map(|(_, n)| n)
-                    })
-                })
-                .or_else(|| level.any.get(key))
-                .map(|&n| &self.nodes[n])?;
+            let (n, matched) = level.matching(key, value)?;
+            let node = &self.nodes[n];
+            if node.shares
+                && let Matched::Wildcard(pattern) = matched
+            {
+                shared.get_or_insert_with(|| entries.to_vec())[i].1 = pattern.to_owned();
+            }
+            metric.push(metric_segment(key, value, matched, node));
             if i + 1 == entries.len() {
-                return node.limit.map(|l| &self.limits[l]);
+                let limit = &self.limits[node.limit?];
+                if limit.detailed_metric {
+                    metric = detailed_key(&self.doc.domain, entries, shared.as_deref());
+                }
+                return Some(Found {
+                    limit,
+                    shared,
+                    metric_key: metric.join("."),
+                });
             }
             level = &node.children;
         }
         None
     }
+}
+
+/// What a request descriptor finds in a domain: the limit; when an entry matched a wildcard
+/// with `share_threshold`, the entries it is counted under (that entry's value is the
+/// pattern, so every value it matches shares one counter); and its metric key, as
+/// envoyproxy/ratelimit names its statistics (`domain.key_value.key`: configured values,
+/// request values only for `value_to_metric` or `detailed_metric`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found<'a> {
+    pub limit: &'a Limit,
+    pub shared: Option<Vec<(String, String)>>,
+    pub metric_key: String,
+}
+
+/// How an entry of a request found its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Matched<'a> {
+    /// Its key and value, as configured.
+    Exact,
+    /// A configured wildcard value (the pattern).
+    Wildcard(&'a str),
+    /// Its key alone (the configuration has no value).
+    Key,
+}
+
+impl Level {
+    /// The node an entry lands on: key and value beat a wildcard, which beats the key
+    /// alone.
+    fn matching(&self, key: &str, value: &str) -> Option<(usize, Matched<'_>)> {
+        if let Some(&n) = self.exact.get(key).and_then(|values| values.get(value)) {
+            return Some((n, Matched::Exact));
+        }
+        if let Some((pattern, n)) = self
+            .wildcards
+            .get(key)
+            .and_then(|ws| ws.iter().find(|(pattern, _)| glob(pattern, value)))
+        {
+            return Some((*n, Matched::Wildcard(pattern)));
+        }
+        self.any.get(key).map(|&n| (n, Matched::Key))
+    }
+}
+
+/// An entry's part of a metric key: `key_value` for a configured value (a shared wildcard's
+/// part before its first `*`), the request's value with `value_to_metric`, else `key`.
+fn metric_segment(key: &str, value: &str, matched: Matched<'_>, node: &Node) -> String {
+    match matched {
+        Matched::Exact => format!("{key}_{value}"),
+        Matched::Wildcard(pattern) if node.shares => {
+            format!("{key}_{}", pattern.split('*').next().unwrap_or_default())
+        }
+        Matched::Wildcard(_) | Matched::Key if node.value_to_metric => format!("{key}_{value}"),
+        Matched::Wildcard(pattern) => format!("{key}_{pattern}"),
+        Matched::Key => key.to_owned(),
+    }
+}
+
+/// The metric key of `detailed_metric`: every entry's key and value as the request sent
+/// them (a shared wildcard's part before its `*`).
+fn detailed_key(
+    domain: &str,
+    entries: &[(String, String)],
+    shared: Option<&[(String, String)]>,
+) -> Vec<String> {
+    let mut key = vec![domain.to_owned()];
+    for (i, (k, v)) in entries.iter().enumerate() {
+        let v = match shared.map(|s| s[i].1.as_str()) {
+            Some(pattern) if pattern != v => pattern.split('*').next().unwrap_or_default(),
+            _ => v.as_str(),
+        };
+        key.push(format!("{k}_{v}"));
+    }
+    key
 }
 
 /// Whether `value` matches `pattern`, where each `*` stands for any run of characters
@@ -683,6 +883,12 @@ fn check_descriptor(d: &DescriptorDoc, here: &str) -> Result<(), PolicyError> {
         return Err(PolicyError::field(
             format!("{here}.replaces"),
             "needs a rate_limit on the same descriptor",
+        ));
+    }
+    if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
+        return Err(PolicyError::field(
+            format!("{here}.share_threshold"),
+            "needs a wildcard value (containing *): the values it matches share one counter",
         ));
     }
     Ok(())
@@ -1057,5 +1263,91 @@ mod tests {
             "istio-example"
         );
         assert_eq!(policy_name("_x").unwrap().as_str(), "dx");
+    }
+
+    #[test]
+    fn upstreams_fields_are_read_with_their_meaning() {
+        // `replaces` where envoyproxy/ratelimit writes it, inside `rate_limit`.
+        let d = domain(json!({"domain": "d", "descriptors": [
+            {"key": "a", "rate_limit": {"unit": "second", "requests_per_unit": 1, "name": "a"}},
+            {"key": "b", "rate_limit": {"unit": "second", "requests_per_unit": 1, "name": "b",
+                "replaces": [{"name": "a"}]}, "quota_mode": true, "metadata": {"team": ["x"]}},
+        ]}))
+        .unwrap();
+        let b = d.find(&entries(&[("b", "v")])).unwrap();
+        assert_eq!((b.replaces.clone(), b.quota), (vec!["a".to_owned()], true));
+        // Refused as upstream refuses them, the field named.
+        let refused = |v: serde_json::Value| domain(v).unwrap_err().field;
+        assert_eq!(
+            refused(json!({"domain": "d", "descriptors": [
+                {"key": "a", "rate_limit": {"unit": "second", "requests_per_unit": 1, "name": "a",
+                    "replaces": [{"name": "a"}]}}]})),
+            "descriptors[0].rate_limit.replaces[0].name"
+        );
+        assert_eq!(
+            refused(json!({"domain": "d", "descriptors": [
+                {"key": "a", "value": "exact", "share_threshold": true,
+                    "rate_limit": {"unit": "second", "requests_per_unit": 1}}]})),
+            "descriptors[0].share_threshold"
+        );
+        assert_eq!(
+            refused(json!({"domain": "d", "descriptors": [{"key": "a", "metadata": 5}]})),
+            "descriptors[0].metadata"
+        );
+        // A domain with no descriptors loads: every request is OK.
+        let empty = domain(json!({"domain": "d", "descriptors": []})).unwrap();
+        assert_eq!(empty.find(&entries(&[("a", "b")])), None);
+    }
+
+    #[test]
+    fn metric_keys_are_named_as_upstream_names_its_statistics() {
+        let d = domain(json!({"domain": "d", "descriptors": [
+            {"key": "k", "value": "v", "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+            {"key": "any", "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+            {"key": "vtm", "value_to_metric": true, "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+            {"key": "w", "value": "p*", "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+            {"key": "s", "value": "p*", "share_threshold": true, "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+            {"key": "det", "detailed_metric": true, "rate_limit": {"unit": "second", "requests_per_unit": 1}},
+            {"key": "outer", "descriptors": [
+                {"key": "inner", "rate_limit": {"unit": "second", "requests_per_unit": 1}}]},
+        ]}))
+        .unwrap();
+        let key = |pairs: &[(&str, &str)]| d.lookup(&entries(pairs)).unwrap().metric_key;
+        assert_eq!(key(&[("k", "v")]), "d.k_v");
+        assert_eq!(key(&[("any", "x")]), "d.any");
+        assert_eq!(key(&[("vtm", "x")]), "d.vtm_x");
+        assert_eq!(key(&[("w", "pq")]), "d.w_p*");
+        assert_eq!(key(&[("s", "pq")]), "d.s_p");
+        assert_eq!(key(&[("det", "x")]), "d.det_x");
+        assert_eq!(key(&[("outer", "o"), ("inner", "i")]), "d.outer.inner");
+        let shared = d.lookup(&entries(&[("s", "pq")])).unwrap().shared;
+        assert_eq!(shared, Some(vec![("s".to_owned(), "p*".to_owned())]));
+    }
+
+    #[test]
+    fn a_domains_counting_is_kept_beside_its_file() {
+        let d = domain(json!({"domain": "d", "counting": "all_or_nothing", "descriptors": []}))
+            .unwrap();
+        assert_eq!(
+            (d.counting, d.counts),
+            (Some(Counting::AllOrNothing), Counting::AllOrNothing)
+        );
+        let written = serde_json::to_value(&d).unwrap();
+        assert_eq!(written["counting"], "all_or_nothing");
+        assert_eq!(domain(written).unwrap(), d);
+        assert_eq!(
+            domain(json!({"domain": "d", "counting": "sometimes"}))
+                .unwrap_err()
+                .field,
+            "counting"
+        );
+        let plain = domain(json!({"domain": "d"})).unwrap();
+        assert_eq!((plain.counting, plain.counts), (None, Counting::EveryHit));
+        assert!(
+            serde_json::to_value(&plain)
+                .unwrap()
+                .get("counting")
+                .is_none()
+        );
     }
 }

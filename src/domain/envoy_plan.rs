@@ -17,6 +17,11 @@
 //!   answers OK, and the denial is counted and shown;
 //! - `replaces`: a limit named in the `replaces` of another limit that applies to the same
 //!   request is not checked;
+//! - a `quota_mode` limit is counted after the enforced ones allowed (its own check): over it
+//!   answers OVER_LIMIT for that descriptor, and the request is over only when every
+//!   quota-mode descriptor of it is;
+//! - `share_threshold`: every value a wildcard matches is counted under the wildcard
+//!   itself, one counter for all;
 //! - a policy override of the descriptor's identifier (`envoy=...`) makes it unlimited or
 //!   blocks it, as it does for any identifier.
 
@@ -93,6 +98,8 @@ pub enum Target {
         rule: RuleRef,
         current: CurrentLimit,
         shadow: bool,
+        /// `quota_mode`: over it fails the request only when every quota descriptor is over.
+        quota: bool,
     },
 }
 
@@ -111,6 +118,9 @@ pub enum Group {
     Enforced,
     /// Shadow-mode limits: always OK; over the limit is marked (and was counted).
     Shadow,
+    /// Quota-mode limits: each over its limit answers so, and the request fails only when
+    /// every one is.
+    Quota,
     /// Read without consuming: the code is left as it is.
     Peek,
 }
@@ -135,14 +145,21 @@ pub struct Plan {
     statuses: Vec<DescriptorAnswer>,
     /// The first descriptor over without asking Redis (a limit of 0, or blocked).
     pub over_already: Option<usize>,
-    /// Counted together, all or nothing, at one cost.
+    /// Counted together, all or nothing, each at its own hits.
     pub enforced: Vec<usize>,
     /// Shadow-mode limits, counted per cost after the enforced ones allowed.
     pub shadows: Vec<usize>,
+    /// Quota-mode limits, counted per cost after the enforced ones allowed.
+    pub quotas: Vec<usize>,
+    /// Each descriptor's metric key (`domain.key_value.key`), when it found a limit in the
+    /// domain's file.
+    pub metric_keys: Vec<Option<String>>,
     /// Read without consuming.
     pub peeks: Vec<usize>,
     /// (a repeated descriptor, the one checked for it).
     repeats: Vec<(usize, usize)>,
+    /// The domain counts every hit, past the limit too (`Counting::EveryHit`).
+    every_hit: bool,
 }
 
 /// Plans `request` against `policy`, whose Envoy domain is `tree`, at `now_ms`.
@@ -158,22 +175,31 @@ pub fn plan(
         .iter()
         .map(|d| d.hits_addend.unwrap_or(default_cost))
         .collect();
-    let identifiers: Vec<Identifier> = request
-        .descriptors
-        .iter()
-        .map(|d| {
-            RequestDescriptor {
-                entries: d.entries.clone(),
-            }
-            .identifier()
-        })
-        .collect();
+    let n = costs.len();
+    let (mut identifiers, mut metric_keys) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let mut caller_rules = Vec::new();
-    let mut limits = Vec::with_capacity(costs.len());
-    let mut targets = Vec::with_capacity(costs.len());
+    let mut limits = Vec::with_capacity(n);
+    let mut targets = Vec::with_capacity(n);
     for (i, d) in request.descriptors.iter().enumerate() {
-        let (target, limit) = target_of(i, d, costs[i], tree, &mut caller_rules);
-        targets.push(target);
+        // A caller's own limit replaces the file's: it finds nothing there.
+        let found = d.limit.is_none().then(|| tree.lookup(&d.entries)).flatten();
+        let entries = found.as_ref().and_then(|f| f.shared.clone());
+        identifiers.push(
+            RequestDescriptor {
+                entries: entries.unwrap_or_else(|| d.entries.clone()),
+            }
+            .identifier(),
+        );
+        let limit = found.as_ref().map(|f| f.limit);
+        metric_keys.push(found.map(|f| f.metric_key));
+        let every_hit = tree.counts == envoy::Counting::EveryHit;
+        targets.push(target_of(
+            i,
+            d,
+            (costs[i], every_hit),
+            limit,
+            &mut caller_rules,
+        ));
         limits.push(limit);
     }
     apply_replaces(&mut targets, &limits);
@@ -195,48 +221,50 @@ pub fn plan(
         statuses,
         enforced: Vec::new(),
         shadows: Vec::new(),
+        quotas: Vec::new(),
         peeks: Vec::new(),
         repeats: Vec::new(),
+        metric_keys,
+        every_hit: tree.counts == envoy::Counting::EveryHit,
     };
     plan.sort_into_checks();
     plan.fold_repeats();
-    plan.one_cost_for_the_enforced()?;
     Ok(plan)
 }
 
-/// Descriptor `i`'s target: the caller's own limit, or the one its entries find in the
-/// tree (returned too, for `replaces`).
-fn target_of<'t>(
+/// Descriptor `i`'s target: the caller's own limit, or the one its entries found in the
+/// domain's file (`limit`).
+fn target_of(
     i: usize,
     d: &EnvoyDescriptor,
-    cost: u64,
-    tree: &'t EnvoyDomain,
+    (cost, every_hit): (u64, bool),
+    limit: Option<&Limit>,
     caller_rules: &mut Vec<Rule>,
-) -> (Target, Option<&'t Limit>) {
+) -> Target {
     if let Some((rpu, unit)) = d.limit {
         let current = CurrentLimit {
             name: String::new(),
             requests_per_unit: rpu,
             unit,
         };
-        let target = match (rpu, cost) {
+        return match (rpu, cost) {
             (0, 0) => Target::Free,
             (0, _) => Target::Over(Some(current)),
             _ => {
-                caller_rules.push(caller_rule(i, rpu, unit));
+                caller_rules.push(caller_rule(i, rpu, unit, every_hit));
                 Target::Count {
                     rule: RuleRef::Caller(caller_rules.len() - 1),
                     current,
                     shadow: false,
+                    quota: false,
                 }
             }
         };
-        return (target, None);
     }
-    let Some(limit) = tree.find(&d.entries) else {
-        return (Target::Free, None);
+    let Some(limit) = limit else {
+        return Target::Free;
     };
-    let target = match limit.allowance {
+    match limit.allowance {
         Allowance::Unlimited => Target::Unlimited,
         Allowance::Count {
             requests_per_unit,
@@ -256,11 +284,11 @@ fn target_of<'t>(
                     rule: RuleRef::Policy(r),
                     current,
                     shadow: limit.shadow,
+                    quota: limit.quota,
                 },
             }
         }
-    };
-    (target, Some(limit))
+    }
 }
 
 /// Frees every descriptor whose limit another limit of this request `replaces`.
@@ -307,11 +335,14 @@ impl Plan {
     /// already), shadow-mode ones, and the enforced rest.
     fn sort_into_checks(&mut self) {
         for (i, t) in self.targets.iter().enumerate() {
-            if let Target::Count { shadow, .. } = t {
-                if self.costs[i] == 0 || self.over_already.is_some() {
+            if let Target::Count { shadow, quota, .. } = t {
+                // Over already: the rest is only read, unless every hit counts.
+                if self.costs[i] == 0 || (self.over_already.is_some() && !self.every_hit) {
                     self.peeks.push(i);
                 } else if *shadow {
                     self.shadows.push(i);
+                } else if *quota {
+                    self.quotas.push(i);
                 } else {
                     self.enforced.push(i);
                 }
@@ -330,6 +361,7 @@ impl Plan {
         let mut groups = [
             std::mem::take(&mut self.enforced),
             std::mem::take(&mut self.shadows),
+            std::mem::take(&mut self.quotas),
             std::mem::take(&mut self.peeks),
         ];
         for group in &mut groups {
@@ -353,8 +385,8 @@ impl Plan {
                 .extend(copies.into_iter().map(|(copy, at)| (copy, kept[at])));
             *group = kept;
         }
-        let [enforced, shadows, peeks] = groups;
-        (self.enforced, self.shadows, self.peeks) = (enforced, shadows, peeks);
+        let [enforced, shadows, quotas, peeks] = groups;
+        (self.enforced, self.shadows, self.quotas, self.peeks) = (enforced, shadows, quotas, peeks);
     }
 
     /// What descriptor `i` counts on: its rule's name, its identifier and its hits.
@@ -380,27 +412,6 @@ impl Plan {
         }
     }
 
-    /// The enforced descriptors are one check of one cost: refused when their hits differ.
-    fn one_cost_for_the_enforced(&self) -> Result<(), PlanError> {
-        let Some(&first) = self.enforced.first() else {
-            return Ok(());
-        };
-        match self
-            .enforced
-            .iter()
-            .find(|&&i| self.costs[i] != self.costs[first])
-        {
-            None => Ok(()),
-            Some(&other) => Err(PlanError {
-                field: format!("descriptors[{other}].hits_addend"),
-                message: format!(
-                    "differs from descriptors[{first}]'s ({} against {}); the counted descriptors of one request must share their hits",
-                    self.costs[other], self.costs[first]
-                ),
-            }),
-        }
-    }
-
     /// The policy the request runs under.
     pub fn policy(&self) -> &Arc<Policy> {
         &self.policy
@@ -413,46 +424,47 @@ impl Plan {
         }
     }
 
-    /// The rule and identifier each of the counted descriptors `idx` is checked under.
-    pub fn entries(&self, idx: &[usize]) -> Vec<(&Rule, &Identifier)> {
+    /// The rule, identifier and hits each of the counted descriptors `idx` is checked
+    /// under.
+    pub fn entries(&self, idx: &[usize]) -> Vec<(&Rule, &Identifier, u64)> {
         idx.iter()
             .map(|&i| {
                 let Target::Count { rule, .. } = &self.targets[i] else {
                     unreachable!("only counted descriptors are checked")
                 };
-                (self.rule(*rule), &self.identifiers[i])
+                (self.rule(*rule), &self.identifiers[i], self.costs[i])
             })
             .collect()
-    }
-
-    /// The hits the enforced descriptors are counted at (one for all of them).
-    pub fn enforced_cost(&self) -> u64 {
-        self.enforced.first().map_or(0, |&i| self.costs[i])
     }
 
     /// The shadow-mode descriptors by cost (each cost is its own check), lowest first.
     pub fn shadow_checks(&self) -> Vec<(u64, Vec<usize>)> {
-        let mut costs: Vec<u64> = self.shadows.iter().map(|&i| self.costs[i]).collect();
-        costs.sort_unstable();
-        costs.dedup();
-        costs
-            .into_iter()
-            .map(|cost| {
-                let group = self
-                    .shadows
-                    .iter()
-                    .copied()
-                    .filter(|&i| self.costs[i] == cost)
-                    .collect();
-                (cost, group)
-            })
-            .collect()
+        by_cost(&self.shadows, &self.costs)
     }
 
-    /// The enforced check denied: the shadow-mode descriptors are then only read.
+    /// The enforced check denied: the shadow- and quota-mode descriptors are then only read
+    /// (unless every hit counts).
     pub fn enforced_denied(&mut self) {
+        if self.every_hit {
+            return;
+        }
         self.peeks.append(&mut self.shadows);
+        self.peeks.append(&mut self.quotas);
         self.peeks.sort_unstable();
+    }
+
+    /// The quota-mode descriptors by cost (each cost is its own check), lowest first.
+    pub fn quota_checks(&self) -> Vec<(u64, Vec<usize>)> {
+        by_cost(&self.quotas, &self.costs)
+    }
+
+    /// Whether the request is over its limits once every check has answered: a descriptor
+    /// over an enforced limit (or over without asking Redis), or every quota-mode one over.
+    pub fn over(&self) -> bool {
+        let over = |i: usize| !self.statuses[i].ok;
+        let quota = |i: usize| matches!(self.targets[i], Target::Count { quota: true, .. });
+        (0..self.statuses.len()).any(|i| over(i) && !quota(i))
+            || (!self.quotas.is_empty() && self.quotas.iter().all(|&i| over(i)))
     }
 
     /// Takes the answers of descriptors `idx` from `decision` (its results are in their
@@ -479,7 +491,21 @@ impl Plan {
                     }
                 }
                 Group::Shadow => s.shadow_denied = !result.outcome.allowed,
-                Group::Peek => {}
+                Group::Quota => {
+                    s.ok = result.outcome.allowed;
+                    if !s.ok {
+                        s.remaining = 0;
+                    }
+                }
+                // Read only: left OK, but when the domain counts every hit, a counter with
+                // nothing left (or past its limit) is over, as envoyproxy/ratelimit answers
+                // a descriptor of 0 hits there.
+                Group::Peek => {
+                    let shadow = matches!(self.targets[i], Target::Count { shadow: true, .. });
+                    if self.every_hit && !shadow && result.outcome.remaining == 0 {
+                        s.ok = false;
+                    }
+                }
             }
         }
     }
@@ -507,6 +533,20 @@ impl Plan {
     }
 }
 
+/// The descriptors `idx` grouped by their cost, lowest first.
+fn by_cost(idx: &[usize], costs: &[u64]) -> Vec<(u64, Vec<usize>)> {
+    let mut distinct: Vec<u64> = idx.iter().map(|&i| costs[i]).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    distinct
+        .into_iter()
+        .map(|cost| {
+            let group = idx.iter().copied().filter(|&i| costs[i] == cost).collect();
+            (cost, group)
+        })
+        .collect()
+}
+
 /// Milliseconds until the clock-aligned window of `unit` that holds `now_ms` ends.
 pub fn until_window_end(unit: Unit, now_ms: i64) -> u64 {
     let len = unit.seconds() * 1000;
@@ -514,8 +554,9 @@ pub fn until_window_end(unit: Unit, now_ms: i64) -> u64 {
 }
 
 /// The rule a caller's own limit runs as: named after its unit, so the count of one
-/// descriptor carries on while the caller changes the number.
-fn caller_rule(index: usize, requests_per_unit: u32, unit: Unit) -> Rule {
+/// descriptor carries on while the caller changes the number; counting denied hits when the
+/// domain counts every hit.
+fn caller_rule(index: usize, requests_per_unit: u32, unit: Unit, every_hit: bool) -> Rule {
     Rule::new(
         index,
         &format!("caller-{}", unit.as_str()),
@@ -524,7 +565,7 @@ fn caller_rule(index: usize, requests_per_unit: u32, unit: Unit) -> Rule {
             window_ms: unit.seconds() * 1000,
         },
         Some(vec![envoy::DIMENSION.to_owned()]),
-        false,
+        every_hit,
     )
     .expect("a valid name and window")
 }
@@ -536,8 +577,17 @@ mod tests {
     use super::*;
     use crate::domain::{FailureMode, Name, Outcome, RuleResult, overrides::Override};
 
-    /// The policy of a domain whose descriptors are `descriptors`, with `overrides`.
+    /// The policy of a domain whose descriptors are `descriptors`, with `overrides`,
+    /// counting all or nothing.
     fn policy(descriptors: serde_json::Value, overrides: &[serde_json::Value]) -> Arc<Policy> {
+        counting_policy(descriptors, overrides, envoy::Counting::AllOrNothing)
+    }
+
+    fn counting_policy(
+        descriptors: serde_json::Value,
+        overrides: &[serde_json::Value],
+        counting: envoy::Counting,
+    ) -> Arc<Policy> {
         let domain = EnvoyDomain::from_value(&json!({"domain": "d", "descriptors": descriptors}))
             .expect("a valid domain");
         let mut policy = Policy::from_envoy(domain, FailureMode::Open).expect("a valid policy");
@@ -545,6 +595,7 @@ mod tests {
             .iter()
             .map(|o| Override::from_document(o, "overrides[0]").expect("a valid override"))
             .collect();
+        policy.resolve_envoy_counting(counting);
         Arc::new(policy)
     }
 
@@ -707,28 +758,119 @@ mod tests {
     }
 
     #[test]
-    fn the_counted_descriptors_must_share_their_hits() {
+    fn each_counted_descriptor_keeps_its_own_hits() {
         let policy = policy(limits(), &[]);
         let mut heavy = descriptor(&[("path", "/b")]);
         heavy.hits_addend = Some(3);
-        // A shadow limit is its own check: its hits may differ. `/a` is replaced by `/b`.
+        let mut own = descriptor(&[("path", "/other")]);
+        own.limit = Some((7, Unit::Second));
+        own.hits_addend = Some(2);
+        // A shadow limit is its own check; `/a` is replaced by `/b`; the rest is one check,
+        // each at its own hits.
         let plan = planned(
             &policy,
             vec![
                 descriptor(&[("path", "/shadow")]),
                 descriptor(&[("path", "/a")]),
                 heavy,
+                own,
             ],
         )
         .unwrap();
-        assert_eq!((plan.enforced.clone(), plan.enforced_cost()), (vec![2], 3));
+        assert_eq!(plan.enforced, vec![2, 3]);
+        let hits: Vec<u64> = plan.entries(&plan.enforced).iter().map(|e| e.2).collect();
+        assert_eq!(hits, vec![3, 2]);
         assert_eq!(plan.shadow_checks(), vec![(1, vec![0])]);
-        let mut other = descriptor(&[("path", "/other")]);
-        other.limit = Some((7, Unit::Second));
-        other.hits_addend = Some(2);
-        let error = planned(&policy, vec![descriptor(&[("path", "/a")]), other]).unwrap_err();
-        assert_eq!(error.field, "descriptors[1].hits_addend");
-        assert!(error.message.contains("(2 against 1)"), "{}", error.message);
+    }
+
+    #[test]
+    fn when_every_hit_counts_nothing_is_only_read_and_an_empty_counter_is_over() {
+        let policy = counting_policy(limits(), &[], envoy::Counting::EveryHit);
+        assert!(policy.rules.iter().all(|r| r.count_denied));
+        // Over without Redis (`/zero`): `/a` is still counted, and so is the shadow limit.
+        let plan = planned(
+            &policy,
+            vec![
+                descriptor(&[("path", "/a")]),
+                descriptor(&[("path", "/zero")]),
+                descriptor(&[("path", "/shadow")]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (plan.enforced.clone(), plan.shadows.clone()),
+            (vec![0], vec![2])
+        );
+        assert!(plan.over());
+        // A denied enforced check leaves the shadow limit counted.
+        let mut plan = planned(
+            &policy,
+            vec![
+                descriptor(&[("path", "/a")]),
+                descriptor(&[("path", "/shadow")]),
+            ],
+        )
+        .unwrap();
+        plan.fill(&[0], &decision(&[false]), Group::Enforced, 1_000);
+        plan.enforced_denied();
+        assert_eq!(plan.shadows, vec![1]);
+        // A peek (0 hits) at a counter with nothing left is over; with some left, OK.
+        let mut peek = descriptor(&[("path", "/a")]);
+        peek.hits_addend = Some(0);
+        let mut plan = planned(&policy, vec![peek.clone()]).unwrap();
+        plan.fill(&[0], &decision(&[false]), Group::Peek, 1_000);
+        assert!(plan.over());
+        assert!(!plan.answers()[0].ok);
+        let mut plan = planned(&policy, vec![peek]).unwrap();
+        plan.fill(&[0], &decision(&[true]), Group::Peek, 1_000);
+        assert!(!plan.over());
+    }
+
+    #[test]
+    fn a_quota_descriptor_over_fails_the_request_only_with_every_other_quota() {
+        let policy = policy(
+            json!([
+                {"key": "q1", "quota_mode": true, "rate_limit": {"unit": "day", "requests_per_unit": 5}},
+                {"key": "q2", "quota_mode": true, "rate_limit": {"unit": "day", "requests_per_unit": 5}},
+            ]),
+            &[],
+        );
+        let both = || vec![descriptor(&[("q1", "x")]), descriptor(&[("q2", "x")])];
+        let mut plan = planned(&policy, both()).unwrap();
+        assert_eq!((plan.enforced.len(), plan.quotas.clone()), (0, vec![0, 1]));
+        plan.fill(&[0, 1], &decision(&[false, true]), Group::Quota, 1_000);
+        assert!(!plan.over(), "one quota of two over: OK");
+        assert!(!plan.answers()[0].ok, "but that descriptor says it is over");
+        let mut plan = planned(&policy, both()).unwrap();
+        plan.fill(&[0, 1], &decision(&[false, false]), Group::Quota, 1_000);
+        assert!(plan.over());
+    }
+
+    #[test]
+    fn values_a_shared_wildcard_matches_count_under_the_wildcard() {
+        let policy = policy(
+            json!([
+                {"key": "files", "value": "f/*", "share_threshold": true, "rate_limit": {"unit": "minute", "requests_per_unit": 5}},
+                {"key": "own", "value": "o/*", "rate_limit": {"unit": "minute", "requests_per_unit": 5}},
+            ]),
+            &[],
+        );
+        let plan = planned(
+            &policy,
+            vec![
+                descriptor(&[("files", "f/a.pdf")]),
+                descriptor(&[("files", "f/b.csv")]),
+                descriptor(&[("own", "o/a")]),
+                descriptor(&[("own", "o/b")]),
+            ],
+        )
+        .unwrap();
+        let ids: Vec<String> = plan.identifiers.iter().map(|i| i.to_string()).collect();
+        assert_eq!(ids[0], "envoy=files=f/*");
+        assert_eq!(ids[0], ids[1]);
+        assert_ne!(ids[2], ids[3]);
+        // Shared: counted once, as a repeated descriptor is.
+        assert_eq!(plan.enforced, vec![0, 2, 3]);
     }
 
     #[test]

@@ -176,6 +176,20 @@ impl Policy {
         })
     }
 
+    /// Sets how this policy, when it is an Envoy domain, counts a request over its limit: as
+    /// the domain says, or else `default` (the server's). Its rules then count denied hits
+    /// (every hit counts) or not (all or nothing).
+    pub fn resolve_envoy_counting(&mut self, default: super::envoy::Counting) {
+        let Some(domain) = &mut self.envoy else {
+            return;
+        };
+        domain.counts = domain.counting.unwrap_or(default);
+        let every_hit = domain.counts == super::envoy::Counting::EveryHit;
+        for rule in &mut self.rules {
+            rule.count_denied = every_hit;
+        }
+    }
+
     /// Every rule that can hold state for this policy: its own and those of its overrides.
     pub fn all_rules(&self) -> impl Iterator<Item = &Rule> {
         self.rules

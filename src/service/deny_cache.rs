@@ -55,8 +55,13 @@ impl DenyCache {
         cost: u64,
     ) -> Option<Decision> {
         // A rule that counts denials must see every request (an expiring override can swap
-        // such a rule in under the same policy version).
-        if cost == 0 || entries.iter().any(|e| e.rule.count_denied) {
+        // such a rule in under the same policy version); entries of their own costs are
+        // not the check's cost the cache keeps.
+        if cost == 0
+            || entries
+                .iter()
+                .any(|e| e.rule.count_denied || e.cost.is_some())
+        {
             return None;
         }
         let now = Instant::now();
@@ -113,7 +118,7 @@ impl DenyCache {
             || cost == 0
             || entries
                 .iter()
-                .any(|e| e.rule.count_denied || e.takes_lease())
+                .any(|e| e.rule.count_denied || e.takes_lease() || e.cost.is_some())
         {
             return;
         }

@@ -134,6 +134,9 @@ impl Service {
             denied_by,
             started,
         );
+        if !answer.degraded {
+            descriptor_metrics(&plan, &answer.statuses);
+        }
         Ok(answer)
     }
 
@@ -156,47 +159,63 @@ impl Service {
     }
 
     /// Makes `plan`'s checks and takes their answers: the enforced descriptors together
-    /// (all or nothing), then each cost of the shadow-mode ones (only read when the
-    /// enforced ones were denied), then the peeks. Whether the request is OK; the first
+    /// (all or nothing), then each cost of the shadow- and quota-mode ones (only read when
+    /// the enforced ones were denied), then the peeks. Whether the request is OK; the first
     /// Redis failure stops the rest.
     async fn count(&self, plan: &mut Plan) -> Result<bool, StoreError> {
-        let mut ok = plan.over_already.is_none();
         if !plan.enforced.is_empty() {
             let enforced = plan.enforced.clone();
-            let decision = self
-                .check_group(plan, &enforced, plan.enforced_cost())
-                .await?;
-            ok = decision.allowed;
+            let decision = self.check_group(plan, &enforced).await?;
             plan.fill(&enforced, &decision, Group::Enforced, super::now_ms());
             if !decision.allowed {
                 plan.enforced_denied();
             }
         }
-        for (cost, group) in plan.shadow_checks() {
-            let decision = self.check_group(plan, &group, cost).await?;
-            plan.fill(&group, &decision, Group::Shadow, super::now_ms());
+        for (group_of, checks) in [
+            (Group::Shadow, plan.shadow_checks()),
+            (Group::Quota, plan.quota_checks()),
+        ] {
+            for (_, group) in checks {
+                let decision = self.check_group(plan, &group).await?;
+                plan.fill(&group, &decision, group_of, super::now_ms());
+            }
         }
         if !plan.peeks.is_empty() {
             let peeks = plan.peeks.clone();
-            let decision = self.check_group(plan, &peeks, 0).await?;
+            let decision = self.check_group(plan, &peeks).await?;
             plan.fill(&peeks, &decision, Group::Peek, super::now_ms());
         }
-        Ok(ok)
+        Ok(!plan.over())
     }
 
-    /// Decides the counted descriptors `idx` of `plan` together at `cost`.
-    async fn check_group(
-        &self,
-        plan: &Plan,
-        idx: &[usize],
-        cost: u64,
-    ) -> Result<Decision, StoreError> {
-        let entries: Vec<CheckEntry<'_>> = plan
-            .entries(idx)
+    /// Decides the counted descriptors `idx` of `plan` together, all or nothing, each at its
+    /// own hits (the check's cost when they all share it).
+    async fn check_group(&self, plan: &Plan, idx: &[usize]) -> Result<Decision, StoreError> {
+        let entries = plan.entries(idx);
+        let first = entries.first().map_or(0, |&(_, _, hits)| hits);
+        let shared = entries.iter().all(|&(_, _, hits)| hits == first);
+        let entries: Vec<CheckEntry<'_>> = entries
             .into_iter()
-            .map(|(rule, identifier)| CheckEntry { rule, identifier })
+            .map(|(rule, identifier, hits)| CheckEntry {
+                cost: (!shared).then_some(hits),
+                ..CheckEntry::new(rule, identifier)
+            })
             .collect();
-        self.decide(plan.policy(), &entries, cost).await
+        self.decide(plan.policy(), &entries, first).await
+    }
+}
+
+/// Each descriptor's hits under its metric key (only those that found a limit in the
+/// domain's file: see `domain::envoy::Found`).
+fn descriptor_metrics(plan: &Plan, statuses: &[DescriptorAnswer]) {
+    for ((key, status), &hits) in plan.metric_keys.iter().zip(statuses).zip(&plan.costs) {
+        let Some(key) = key else { continue };
+        let status_label = match (status.ok, status.shadow_denied) {
+            (false, _) => "over_limit",
+            (true, true) => "shadow_mode",
+            (true, false) => "within_limit",
+        };
+        crate::metrics::envoy_hits(key, status_label, hits);
     }
 }
 

@@ -71,10 +71,7 @@ impl Service {
                             r.applies_to(id.dimension().as_str())
                                 && found.is_none_or(|name| *name == r.name)
                         })
-                        .map(|rule| CheckEntry {
-                            rule,
-                            identifier: id,
-                        })
+                        .map(|rule| CheckEntry::new(rule, id))
                         .collect();
                     if entries.is_empty() {
                         continue;

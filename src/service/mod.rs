@@ -127,6 +127,7 @@ impl Service {
 
     fn new(store: Store, config: &Config) -> Self {
         Self {
+            policies: policy_cache::PolicyCache::new(config.envoy.counting),
             webhook_targets: config.webhook_targets.clone(),
             keys: std::sync::Arc::new(keys::ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::Service;
 use crate::{
     audit::{Actor, Change},
-    domain::{Name, Policy},
+    domain::{Name, Policy, envoy::Counting},
     store::{Saved, Store, StoreError},
 };
 
@@ -216,10 +216,14 @@ impl Service {
     pub async fn save_envoy_domain(
         &self,
         actor: &Actor,
-        domain: crate::domain::envoy::EnvoyDomain,
-        failure_mode: Option<crate::domain::FailureMode>,
+        mut domain: crate::domain::envoy::EnvoyDomain,
+        (failure_mode, counting): (Option<crate::domain::FailureMode>, Option<Option<Counting>>),
         expected: Option<u64>,
     ) -> Result<Policy, ChangeError> {
+        let keep_counting = counting.is_none() && domain.counting.is_none();
+        if let Some(counting) = counting {
+            domain.counting = counting;
+        }
         let wanted = domain.doc.domain.clone();
         let policy = Policy::from_envoy(domain, failure_mode.unwrap_or_default()).map_err(|e| {
             ChangeError::Invalid {
@@ -231,11 +235,18 @@ impl Service {
         let policy = match &before {
             None => policy,
             Some(old) => match &old.envoy {
-                Some(tree) if tree.doc.domain == wanted => Policy {
-                    failure_mode: failure_mode.unwrap_or(old.failure_mode),
-                    overrides: old.overrides.clone(),
-                    ..policy
-                },
+                Some(tree) if tree.doc.domain == wanted => {
+                    let mut policy = Policy {
+                        failure_mode: failure_mode.unwrap_or(old.failure_mode),
+                        overrides: old.overrides.clone(),
+                        ..policy
+                    };
+                    // A file that does not say how it counts keeps the domain's setting.
+                    if keep_counting && let Some(domain) = &mut policy.envoy {
+                        domain.counting = tree.counting;
+                    }
+                    policy
+                }
                 Some(tree) => {
                     return Err(ChangeError::Taken {
                         field: "domain".into(),
@@ -341,5 +352,14 @@ fn keep_domain_settings(policy: &mut Policy, old: Option<Policy>) -> Result<(), 
             Ok(())
         }
         (_, None) => Ok(()),
+    }
+}
+
+impl Service {
+    /// How `policy`, an Envoy domain, counts a request over its limit: as it says, or as
+    /// this server does by default (`None` for a policy that is no domain).
+    pub fn envoy_counting(&self, policy: &Policy) -> Option<Counting> {
+        let domain = policy.envoy.as_ref()?;
+        Some(domain.counting.unwrap_or(self.policies.envoy_counting()))
     }
 }

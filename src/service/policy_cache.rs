@@ -12,7 +12,7 @@ use std::{
 };
 
 use crate::{
-    domain::Policy,
+    domain::{Policy, envoy::Counting},
     service::deny_cache::DenyCache,
     shutdown::Shutdown,
     store::{Event, Store, StoreError},
@@ -26,14 +26,29 @@ pub struct PolicyCache {
     snapshot: Arc<RwLock<Snapshot>>,
     generation: Arc<AtomicU64>,
     loaded: Arc<AtomicBool>,
+    /// How an Envoy domain that does not say counts a hit over its limit.
+    envoy_counting: Counting,
 }
 
 impl PolicyCache {
+    /// An empty cache whose Envoy domains count as `envoy_counting` unless they say.
+    pub fn new(envoy_counting: Counting) -> Self {
+        Self {
+            envoy_counting,
+            ..Self::default()
+        }
+    }
+
+    /// How an Envoy domain that does not say counts a hit over its limit.
+    pub fn envoy_counting(&self) -> Counting {
+        self.envoy_counting
+    }
+
     /// The current version of `name`.
     pub fn get(&self, name: &str) -> Option<Arc<Policy>> {
         self.snapshot
             .read()
-            .expect("policy cache lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(name)
             .cloned()
     }
@@ -82,7 +97,10 @@ impl PolicyCache {
         let policies = store.list_policies().await?;
         let map: HashMap<String, Arc<Policy>> = policies
             .into_iter()
-            .map(|p| (p.name.as_str().to_owned(), Arc::new(p)))
+            .map(|mut p| {
+                p.resolve_envoy_counting(self.envoy_counting);
+                (p.name.as_str().to_owned(), Arc::new(p))
+            })
             .collect();
         *self
             .snapshot

@@ -45,7 +45,7 @@ impl Service {
                     rules
                         .iter()
                         .filter(|r| r.applies_to(identifier.dimension().as_str()))
-                        .map(|rule| CheckEntry { rule, identifier }),
+                        .map(|rule| CheckEntry::new(rule, identifier)),
                 );
             }
         }

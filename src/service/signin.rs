@@ -97,18 +97,9 @@ impl Attempt {
     fn entries(&self) -> [CheckEntry<'_>; 3] {
         let limits = &*LIMITS;
         [
-            CheckEntry {
-                rule: &limits.per_user_and_ip,
-                identifier: &self.pair,
-            },
-            CheckEntry {
-                rule: &limits.per_ip,
-                identifier: &self.addr,
-            },
-            CheckEntry {
-                rule: &limits.per_user,
-                identifier: &self.user,
-            },
+            CheckEntry::new(&limits.per_user_and_ip, &self.pair),
+            CheckEntry::new(&limits.per_ip, &self.addr),
+            CheckEntry::new(&limits.per_user, &self.user),
         ]
     }
 

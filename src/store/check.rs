@@ -103,7 +103,7 @@ pub(crate) struct CheckContext {
 impl CheckContext {
     /// The context of a check of `rules` on the clock `now`: a token is drawn only for a
     /// check that takes leases.
-    pub(super) fn new(rules: &[(Algorithm, bool)], now: Now) -> Self {
+    pub(super) fn new(rules: &[(Algorithm, Counting)], now: Now) -> Self {
         // 0 when the check takes no lease.
         let token = if rules
             .iter()
@@ -141,6 +141,42 @@ impl CheckContext {
 pub struct CheckEntry<'a> {
     pub rule: &'a Rule,
     pub identifier: &'a Identifier,
+    /// This entry's own cost, when it is not the check's (an Envoy request whose
+    /// descriptors carry different hits): still one all-or-nothing decision.
+    pub cost: Option<u64>,
+}
+
+impl<'a> CheckEntry<'a> {
+    /// An entry counted at the check's cost.
+    pub fn new(rule: &'a Rule, identifier: &'a Identifier) -> Self {
+        Self {
+            rule,
+            identifier,
+            cost: None,
+        }
+    }
+}
+
+/// Entries of `(algorithm, count_denied)`, each counted at the check's cost.
+fn at_check_cost(rules: &[(Algorithm, bool)]) -> Vec<(Algorithm, Counting)> {
+    rules
+        .iter()
+        .map(|&(algorithm, count_denied)| {
+            let counting = Counting {
+                count_denied,
+                cost: None,
+            };
+            (algorithm, counting)
+        })
+        .collect()
+}
+
+/// How one entry counts, as the check script takes it: whether a denied check still counts
+/// it (`count_denied`), and its own cost when it has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Counting {
+    pub count_denied: bool,
+    pub cost: Option<u64>,
 }
 
 impl CheckEntry<'_> {
@@ -420,7 +456,7 @@ impl Store {
         let mut at_us = 0;
         for group in prepared.slot_groups(entries) {
             let reply = self
-                .run_report(&group.keys, &group.rules, cost, now)
+                .report_script(&group.keys, &group.rules, cost, now)
                 .await?;
             at_us = reply.now_us;
             group.place(reply.outcomes, &mut outcomes);
@@ -436,6 +472,17 @@ impl Store {
         &self,
         keys: &[String],
         rules: &[(Algorithm, bool)],
+        cost: i64,
+        now: Now,
+    ) -> Result<ScriptReply, StoreError> {
+        self.report_script(keys, &at_check_cost(rules), cost, now)
+            .await
+    }
+
+    async fn report_script(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, Counting)],
         cost: i64,
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
@@ -458,6 +505,7 @@ impl Store {
         cost: u64,
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
+        let rules = &at_check_cost(rules);
         let context = CheckContext::new(rules, now);
         self.run_script(keys, rules, cost, now, Mode::Check, &context)
             .await
@@ -476,7 +524,13 @@ impl Store {
                 .collect(),
             rules: entries
                 .iter()
-                .map(|e| (e.rule.algorithm, e.rule.count_denied))
+                .map(|e| {
+                    let counting = Counting {
+                        count_denied: e.rule.count_denied,
+                        cost: e.cost,
+                    };
+                    (e.rule.algorithm, counting)
+                })
                 .collect(),
         }
     }
@@ -484,7 +538,7 @@ impl Store {
     async fn run_script(
         &self,
         keys: &[String],
-        rules: &[(Algorithm, bool)],
+        rules: &[(Algorithm, Counting)],
         cost: u64,
         now: Now,
         mode: Mode,
@@ -519,7 +573,7 @@ impl Store {
 /// `count_denied`, per entry.
 struct Prepared {
     keys: Vec<String>,
-    rules: Vec<(Algorithm, bool)>,
+    rules: Vec<(Algorithm, Counting)>,
 }
 
 impl Prepared {
@@ -548,7 +602,7 @@ impl Prepared {
 struct SlotGroup {
     members: Vec<usize>,
     keys: Vec<String>,
-    rules: Vec<(Algorithm, bool)>,
+    rules: Vec<(Algorithm, Counting)>,
 }
 
 impl SlotGroup {
@@ -598,16 +652,21 @@ fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
         .collect()
 }
 
-/// One entry's five arguments to the check script: the algorithm's code, `count_denied`,
-/// and its three parameters (see the algorithm's Lua file): a concurrency rule's third is
+/// One entry's five arguments to the check script: the algorithm's code, `count_denied`
+/// (`1` or `0`, followed by `:<cost>` when the entry has a cost of its own), and its three
+/// parameters (see the algorithm's Lua file): a concurrency rule's third is
 /// the check's lease token, a quota's second the calendar boundaries around the check.
 pub(super) fn entry_args(
     cmd: &mut redis::Cmd,
-    (algorithm, count_denied): &(Algorithm, bool),
+    (algorithm, counting): &(Algorithm, Counting),
     context: &CheckContext,
 ) {
-    cmd.arg(algorithm.kind().code)
-        .arg(if *count_denied { "1" } else { "0" });
+    cmd.arg(algorithm.kind().code);
+    match (counting.count_denied, counting.cost) {
+        (true, None) => cmd.arg("1"),
+        (false, None) => cmd.arg("0"),
+        (count_denied, Some(cost)) => cmd.arg(format!("{}:{cost}", u8::from(count_denied))),
+    };
     match algorithm {
         Algorithm::Concurrency { limit, lease_ms } => {
             cmd.arg(limit).arg(lease_ms).arg(context.token);

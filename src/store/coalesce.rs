@@ -76,7 +76,7 @@ pub(super) struct Counted {
     /// Set once its call is sent: a caller that times out after that may still see Redis
     /// apply it.
     sent: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    pub rules: Vec<(Algorithm, bool)>,
+    pub rules: Vec<(Algorithm, super::check::Counting)>,
     /// One per entry: `<policy>|<dimension>=<value>`.
     pub labels: Vec<String>,
     /// The rate hash of the check's policy.
@@ -107,7 +107,7 @@ impl Coalescer {
     pub(super) async fn check(
         &self,
         keys: Vec<String>,
-        rules: Vec<(Algorithm, bool)>,
+        rules: Vec<(Algorithm, super::check::Counting)>,
         labels: Vec<String>,
         rate_key: String,
         cost: u64,

@@ -390,10 +390,7 @@ pub async fn admits_exactly_the_limit(stores: &[Store]) {
             let store = stores[i % stores.len()].clone();
             let (policy, user, rule) = (policy.clone(), user.clone(), rule.clone());
             tasks.spawn(async move {
-                let entry = CheckEntry {
-                    rule: &rule,
-                    identifier: &user,
-                };
+                let entry = CheckEntry::new(&rule, &user);
                 store
                     .check_and_consume(&policy, &[entry], 1, Now::Redis)
                     .await
@@ -439,10 +436,7 @@ pub async fn denied_checks_consume_nothing(store: &Store) {
     for algorithm in hundred_without_refill() {
         let policy = name(&format!("cost-{}", algorithm.name().replace('_', "-")));
         let rule = rule("r", algorithm);
-        let entry = [CheckEntry {
-            rule: &rule,
-            identifier: &user,
-        }];
+        let entry = [CheckEntry::new(&rule, &user)];
         let mut allowed = 0;
         for _ in 0..20 {
             if store
@@ -508,18 +502,9 @@ pub async fn one_denial_consumes_nothing_elsewhere(store: &Store) -> spillway::d
     // The identifier whose rule denies comes last, so on a cluster the first slot has
     // already consumed when the second denies.
     let entries = [
-        CheckEntry {
-            rule: &per_second,
-            identifier: &ip,
-        },
-        CheckEntry {
-            rule: &per_second,
-            identifier: &user,
-        },
-        CheckEntry {
-            rule: &strict,
-            identifier: &user,
-        },
+        CheckEntry::new(&per_second, &ip),
+        CheckEntry::new(&per_second, &user),
+        CheckEntry::new(&strict, &user),
     ];
     for _ in 0..3 {
         assert!(
@@ -604,10 +589,7 @@ async fn concurrent_counted_checks_share_calls_and_each_decides_alone() {
                 let user = Identifier::parse(user).unwrap();
                 let entries: Vec<_> = rules
                     .iter()
-                    .map(|rule| CheckEntry {
-                        rule,
-                        identifier: &user,
-                    })
+                    .map(|rule| CheckEntry::new(rule, &user))
                     .collect();
                 let decision = store
                     .check_and_count(&name(policy), &entries, 1)
@@ -662,10 +644,7 @@ async fn checks_survive_script_flush() {
             window_ms: LONG_MS,
         },
     );
-    let entry = [CheckEntry {
-        rule: &rule,
-        identifier: &user,
-    }];
+    let entry = [CheckEntry::new(&rule, &user)];
     assert_eq!(
         store
             .check_and_consume(&policy, &entry, 1, Now::Redis)
@@ -712,10 +691,7 @@ async fn a_fixed_windows_key_keeps_its_ttl_as_it_counts() {
             window_ms: 3_600_000,
         },
     );
-    let entry = [CheckEntry {
-        rule: &rule,
-        identifier: &user,
-    }];
+    let entry = [CheckEntry::new(&rule, &user)];
     let key = store
         .keys()
         .rule_state(&policy, &user, &rule.name, &rule.algorithm);
@@ -800,10 +776,7 @@ async fn every_key_has_a_ttl_after_100k_identifiers() {
                 let user = Identifier::parse(&format!("user={i}")).unwrap();
                 let entries: Vec<_> = rules
                     .iter()
-                    .map(|rule| CheckEntry {
-                        rule,
-                        identifier: &user,
-                    })
+                    .map(|rule| CheckEntry::new(rule, &user))
                     .collect();
                 assert!(
                     store
@@ -864,15 +837,7 @@ async fn tricky_values_get_their_own_keys_in_their_own_slot() {
     for (policy, id) in cases {
         let id = Identifier::parse(id).unwrap();
         let decision = store
-            .check_and_consume(
-                &name(policy),
-                &[CheckEntry {
-                    rule: &rule,
-                    identifier: &id,
-                }],
-                1,
-                Now::Redis,
-            )
+            .check_and_consume(&name(policy), &[CheckEntry::new(&rule, &id)], 1, Now::Redis)
             .await
             .unwrap();
         assert!(
@@ -1084,10 +1049,7 @@ async fn coalesced_checks_at_the_edges_never_fail() {
                 .enumerate()
             {
                 let rule = &rules[(worker as usize + i) % rules.len()];
-                let entries = [CheckEntry {
-                    rule,
-                    identifier: &user,
-                }];
+                let entries = [CheckEntry::new(rule, &user)];
                 let answer = store.check_and_count(&name("edges"), &entries, cost).await;
                 answers.push((rule.algorithm, cost, answer.map(|d| d.allowed)));
             }
@@ -1190,10 +1152,7 @@ async fn a_failing_check_does_not_fail_the_checks_that_share_its_call() {
                 format!("user={worker}")
             };
             let identifier = Identifier::parse(&user).unwrap();
-            let entries = [CheckEntry {
-                rule: &rule,
-                identifier: &identifier,
-            }];
+            let entries = [CheckEntry::new(&rule, &identifier)];
             (user, store.check_and_count(&policy, &entries, 1).await)
         });
     }
@@ -1242,10 +1201,7 @@ async fn a_gcra_refund_dated_earlier_gives_back_only_the_cost() {
         },
     );
     let user = Identifier::parse("user=1").unwrap();
-    let entries = [CheckEntry {
-        rule: &rule,
-        identifier: &user,
-    }];
+    let entries = [CheckEntry::new(&rule, &user)];
     let later = Now::At(T0 + 1_500_000);
     let d = store
         .check_and_consume(&policy, &entries, 5, later)

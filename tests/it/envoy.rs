@@ -108,6 +108,24 @@ pub(crate) async fn load(app: &TestApp, domain: &str, yaml: &str) {
     assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
 }
 
+/// Loads a domain that counts all or nothing (a request over any limit counts nowhere): what
+/// the tests written before every hit counted by default expect.
+pub(crate) async fn load_all_or_nothing(app: &TestApp, domain: &str, yaml: &str) {
+    let r = app
+        .client
+        .put(app.url(&format!(
+            "/api/v1/envoy/domains/{domain}?counting=all_or_nothing"
+        )))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body(yaml.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
+}
+
 pub(crate) const PER_IP: &str = r#"
 domain: edge_proxy_per_ip
 descriptors:
@@ -365,7 +383,7 @@ descriptors:
 async fn istios_documented_example_answers_as_the_task_says() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
-    load(&app, "ratelimit", ISTIO).await;
+    load_all_or_nothing(&app, "ratelimit", ISTIO).await;
     let mut c = client(&app).await;
     const MINUTE: i32 = 2;
     // The task's check: the first /productpage of the minute passes, the next is a 429.
@@ -418,7 +436,7 @@ async fn istios_documented_example_answers_as_the_task_says() {
 async fn a_request_over_any_limit_consumes_none() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
-    load(
+    load_all_or_nothing(
         &app,
         "two",
         "domain: two\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
@@ -578,7 +596,7 @@ descriptors:
 async fn hits_addend_caller_limits_and_peeks() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
-    load(&app, "h", "domain: h\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n").await;
+    load_all_or_nothing(&app, "h", "domain: h\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n").await;
     let mut c = client(&app).await;
     let mut r = request("h", vec![descriptor(&[("k", "a")])]);
     r.hits_addend = 4;
@@ -624,20 +642,22 @@ async fn hits_addend_caller_limits_and_peeks() {
         answers.push(a.overall_code);
     }
     assert_eq!(answers, [OK, OK, OVER]);
-    // Different hits on two counted descriptors of one request are refused, naming one.
+    // Two counted descriptors of one request, each at its own hits: one decision.
     let mut d1 = descriptor(&[("k", "x")]);
     d1.hits_addend = Some(UInt64Value { value: 1 });
     let mut d2 = descriptor(&[("k", "y")]);
     d2.hits_addend = Some(UInt64Value { value: 2 });
-    let err = c
-        .should_rate_limit(with_key(request("h", vec![d1, d2])))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(
-        err.message().contains("descriptors[1].hits_addend"),
-        "{}",
-        err.message()
+    let both = ask(&mut c, request("h", vec![d1.clone(), d2.clone()])).await;
+    let left: Vec<u32> = both.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!((both.overall_code, left), (OK, vec![9, 8]));
+    // ... all or nothing: over on one (9 more on y), nothing is counted on either.
+    d2.hits_addend = Some(UInt64Value { value: 9 });
+    let over = ask(&mut c, request("h", vec![d1.clone(), d2])).await;
+    assert_eq!(over.overall_code, OVER);
+    let x = one(&mut c, "h", &[("k", "x")]).await;
+    assert_eq!(
+        x.limit_remaining, 8,
+        "x counted 1 then this 1, not the denied request's"
     );
 }
 
@@ -1247,7 +1267,7 @@ async fn a_cluster_keeps_the_same_guarantees() {
     let urls = cluster.urls().join(",");
     let a = spawn_app_with(&unused, &[("REDIS_CLUSTER_URLS", urls.as_str())]).await;
     let b = spawn_app_with(&unused, &[("REDIS_CLUSTER_URLS", urls.as_str())]).await;
-    load(
+    load_all_or_nothing(
         &a,
         "two",
         "domain: two\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 30}\n",
@@ -1610,5 +1630,222 @@ async fn grpc_framing_keys_and_deadlines_are_kept_on_the_short_way() {
             .await
             .0,
         "3"
+    );
+}
+
+/// A token budget enforced at the gateway (Envoy's `apply_on_stream_done` with
+/// `hits_addend` from a response header): each request peeks (0 hits) before it runs, and
+/// its cost is reported once the response is done.
+async fn budget_run(c: &mut RateLimitServiceClient<Channel>, domain: &str) -> Vec<i32> {
+    clear_of_window_turn(Duration::from_secs(60)).await;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let mut peek = descriptor(&[("user", "alice")]);
+        peek.hits_addend = Some(UInt64Value { value: 0 });
+        let before = ask(c, request(domain, vec![peek])).await;
+        codes.push(before.overall_code);
+        if before.overall_code == OK {
+            let mut used = descriptor(&[("user", "alice")]);
+            used.hits_addend = Some(UInt64Value { value: 60 });
+            // Envoy ignores this answer: the response is gone already.
+            ask(c, request(domain, vec![used])).await;
+        }
+    }
+    codes
+}
+
+const BUDGET: &str = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+
+#[tokio::test]
+async fn a_cost_reported_after_the_response_always_lands() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "tokens", BUDGET).await;
+    let mut c = client(&app).await;
+    // 100 tokens a minute, 60 a response: as envoyproxy/ratelimit answers.
+    assert_eq!(budget_run(&mut c, "tokens").await, [OK, OK, OVER, OVER]);
+}
+
+#[tokio::test]
+async fn stop_cache_key_increment_when_overlimit_makes_all_or_nothing_the_default() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(
+        &redis,
+        &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],
+    )
+    .await;
+    load(&app, "tokens", BUDGET).await;
+    let mut c = client(&app).await;
+    // All or nothing: the second report (60 with 40 left) counts nowhere, so the budget is
+    // never seen spent. This is why it is not the default.
+    assert_eq!(budget_run(&mut c, "tokens").await, [OK, OK, OK, OK]);
+    // A domain that says how it counts wins over the server's default.
+    let r = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/tokens2?counting=every_hit"))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body(BUDGET.replace("tokens", "tokens2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(budget_run(&mut c, "tokens2").await, [OK, OK, OVER, OVER]);
+    // A new file without `counting` keeps the domain's.
+    load(
+        &app,
+        "tokens2",
+        &BUDGET.replace("tokens", "tokens2").replace("100", "1000"),
+    )
+    .await;
+    let policy: Value = app
+        .as_admin(Method::GET, "/api/v1/policies/tokens2", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policy["envoy"]["counting"], "every_hit", "{policy}");
+    let bad = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/tokens2?counting=sometimes"))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body(BUDGET.replace("tokens", "tokens2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let problem: Value = bad.json().await.unwrap();
+    assert_eq!(problem["field"], "counting", "{problem}");
+}
+
+/// Files written as envoyproxy/ratelimit's README and loader read them (our own fixtures,
+/// one per rule): every field upstream accepts loads, with its meaning.
+#[tokio::test]
+async fn upstreams_fields_load_with_their_meaning() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let accepted = [
+        // `replaces` inside `rate_limit`, as upstream writes it.
+        "domain: r\ndescriptors:\n  - key: a\n    rate_limit:\n      name: a\n      unit: minute\n      requests_per_unit: 1\n  - key: b\n    rate_limit:\n      unit: minute\n      requests_per_unit: 5\n      replaces:\n        - name: a\n",
+        // Every optional descriptor field.
+        "domain: f\ndescriptors:\n  - key: files\n    value: \"f/*\"\n    share_threshold: true\n    value_to_metric: true\n    detailed_metric: true\n    quota_mode: true\n    metadata:\n      owner: team-a\n      tags: [x, y]\n    rate_limit:\n      unit: minute\n      requests_per_unit: 2\n",
+        // No descriptors at all: every request is OK.
+        "domain: e\ndescriptors: []\n",
+    ];
+    for file in accepted {
+        let domain = file[8..9].to_owned();
+        let r = put_domain(&app, &domain, file).await;
+        let status = r.status();
+        assert!(
+            status.is_success(),
+            "{file}\n{status}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    let mut c = client(&app).await;
+    clear_of_window_turn(Duration::from_secs(60)).await;
+    // Empty: OK, nothing counted.
+    assert_eq!(one(&mut c, "e", &[("any", "thing")]).await.code, OK);
+    // `replaces`: b replaces a when both apply, so a (1 a minute) is not checked.
+    for _ in 0..3 {
+        let r = ask(
+            &mut c,
+            request(
+                "r",
+                vec![descriptor(&[("a", "1")]), descriptor(&[("b", "1")])],
+            ),
+        )
+        .await;
+        assert_eq!(r.overall_code, OK);
+    }
+    // `share_threshold`: every file under f/ shares one counter of 2.
+    let mut codes = Vec::new();
+    for file in ["f/a.pdf", "f/b.csv", "f/c.txt"] {
+        codes.push(one(&mut c, "f", &[("files", file)]).await.code);
+    }
+    assert_eq!(codes, [OK, OK, OVER]);
+    // `detailed_metric`: statistics under the request's values, the shared wildcard's prefix.
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(r#"spillway_envoy_hits_total{key="f.files_f/",status="within_limit"} 2"#),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("envoy_hits"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Refused as upstream refuses them, the field named.
+    let refused = [
+        (
+            "domain: x\ndescriptors:\n  - key: a\n    value: exact\n    share_threshold: true\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+            "descriptors[0].share_threshold",
+        ),
+        (
+            "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, name: a, replaces: [{name: a}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name",
+        ),
+        (
+            "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: \"\"}]}\n",
+            "descriptors[0].rate_limit.replaces[0].name",
+        ),
+        (
+            "domain: x\ndescriptors:\n  - key: a\n    metadata: 5\n",
+            "descriptors[0].metadata",
+        ),
+        (
+            "domain: x\ndescriptors:\n  - key: a\n    quota_mod: true\n",
+            "descriptors[0]",
+        ),
+    ];
+    for (file, field) in refused {
+        let r = put_domain(&app, "x", file).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{file}");
+        let problem: Value = r.json().await.unwrap();
+        assert!(
+            problem["field"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(field),
+            "{file}: {problem}"
+        );
+    }
+}
+
+/// `quota_mode`: a descriptor over its quota says so, but fails the request only when
+/// every quota descriptor of it is over.
+#[tokio::test]
+async fn quota_mode_fails_a_request_only_when_every_quota_is_over() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(
+        &app,
+        "q",
+        "domain: q\ndescriptors:\n  - key: small\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 1}\n  - key: big\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
+    )
+    .await;
+    let mut c = client(&app).await;
+    let both = || {
+        request(
+            "q",
+            vec![descriptor(&[("small", "s")]), descriptor(&[("big", "b")])],
+        )
+    };
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let r = ask(&mut c, both()).await;
+        let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+        seen.push((r.overall_code, codes));
+    }
+    assert_eq!(
+        seen,
+        [
+            (OK, vec![OK, OK]),
+            (OK, vec![OVER, OK]),
+            (OK, vec![OVER, OK]),
+            (OVER, vec![OVER, OVER]),
+        ]
     );
 }

@@ -34,10 +34,7 @@ async fn fill(store: &Store, algorithm: Algorithm, identifiers: usize, checks_ea
             for i in (worker..identifiers).step_by(32) {
                 let id = Identifier::new("user", &(100_000_000 + i).to_string()).unwrap();
                 for _ in 0..checks_each {
-                    let entry = CheckEntry {
-                        rule: &rule,
-                        identifier: &id,
-                    };
+                    let entry = CheckEntry::new(&rule, &id);
                     store
                         .check_and_consume(&policy, &[entry], 1, Now::Redis)
                         .await
@@ -261,10 +258,7 @@ async fn a_full_concurrency_rule_of_100k_leases() {
     let policy = Name::parse("api").unwrap();
     let rule = Rule::new(0, "per-minute", algorithm, None, false).unwrap();
     let id = Identifier::new("user", "100000000").unwrap();
-    let entry = [CheckEntry {
-        rule: &rule,
-        identifier: &id,
-    }];
+    let entry = [CheckEntry::new(&rule, &id)];
     let timings = |cost: u64| {
         let (store, policy, entry) = (&store, &policy, &entry);
         async move {

@@ -5,9 +5,9 @@ use leptos::prelude::*;
 
 use crate::app::error::AppError;
 
-#[cfg(feature = "ssr")]
-use super::{OverrideRow, VersionRow, document_of, rule_form};
 use super::{PolicySummary, PolicyView, RuleForm};
+#[cfg(feature = "ssr")]
+use super::{EnvoyCountingView, OverrideRow, VersionRow, document_of, rule_form};
 #[cfg(feature = "ssr")]
 use crate::domain::people::Action;
 
@@ -145,6 +145,12 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             .envoy
             .as_ref()
             .map(|t| serde_yaml::to_string(&t.doc).unwrap_or_default()),
+        envoy_counting: policy.envoy.as_ref().map(|t| EnvoyCountingView {
+            set: t.counting.map(|c| c.as_str().to_owned()),
+            counts: service
+                .envoy_counting(&policy)
+                .map_or_else(String::new, |c| c.as_str().to_owned()),
+        }),
     })
 }
 
@@ -198,8 +204,9 @@ pub async fn save_envoy_file(
     #[server(default)] name: String,
     #[server(default)] version: u64,
     #[server(default)] file: String,
+    #[server(default)] counting: String,
 ) -> Result<u64, AppError> {
-    use crate::domain::envoy::{EnvoyDomain, policy_name};
+    use crate::domain::envoy::{Counting, EnvoyDomain, policy_name};
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let value = crate::service::envoy::domain_yaml(file.as_bytes())
         .map_err(|e| AppError::bad_input("file", e))?;
@@ -219,9 +226,17 @@ pub async fn save_envoy_file(
             ),
         ));
     }
+    // `default`: the server's; left out (an older form): as the domain counts now.
+    let counting = match counting.trim() {
+        "" => None,
+        "default" => Some(None),
+        raw => Some(Some(
+            Counting::parse(raw).map_err(|m| AppError::bad_input("counting", m))?,
+        )),
+    };
     let saved = state()
         .service()
-        .save_envoy_domain(&caller.actor(), domain, None, Some(version))
+        .save_envoy_domain(&caller.actor(), domain, (None, counting), Some(version))
         .await
         .map_err(change_refused)?;
     Ok(saved.version)

@@ -110,4 +110,16 @@ pub struct PolicyView {
     /// For an Envoy domain: its file (YAML), which is edited instead of the rules.
     #[serde(default)]
     pub envoy_file: Option<String>,
+    /// For an Envoy domain: how it counts a request over its limit.
+    #[serde(default)]
+    pub envoy_counting: Option<EnvoyCountingView>,
+}
+
+/// How an Envoy domain counts a request over its limit, as its page shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnvoyCountingView {
+    /// `every_hit` or `all_or_nothing` when the domain says; `None`: the server's default.
+    pub set: Option<String>,
+    /// How it counts now (`every_hit` or `all_or_nothing`).
+    pub counts: String,
 }

@@ -234,9 +234,16 @@ pub fn PolicyPage() -> impl IntoView {
                         let (n1, n2, n3) = (p.name.clone(), p.name.clone(), p.name.clone());
                         let document = p.document.clone();
                         let preview_name = p.name.clone();
+                        let counting = p.envoy_counting.clone().unwrap_or_default();
                         let envoy_editor = p.envoy_file.clone().map(|file| {
                             let c = csrf.clone();
                             let n = p.name.clone();
+                            let set = counting.set.clone().unwrap_or_else(|| "default".into());
+                            let server_default = if counting.set.is_none() {
+                                counting_label(&counting.counts)
+                            } else {
+                                "as this server does by default"
+                            };
                             view! {
                                 <section class="card" aria-labelledby="envoy-heading">
                                     <h2 id="envoy-heading">{format!("Envoy domain file · version {}", p.version)}</h2>
@@ -248,6 +255,14 @@ pub fn PolicyPage() -> impl IntoView {
                                         <label>"File (YAML)"
                                             <textarea name="file" rows="16" spellcheck="false" class="code" disabled=!can_edit>{file}</textarea>
                                         </label>
+                                        <label>"A request over a limit"
+                                            <select name="counting" disabled=!can_edit>
+                                                <option value="default" selected=set == "default">{format!("The server's default: {server_default}")}</option>
+                                                <option value="every_hit" selected=set == "every_hit">"Every hit counts, past the limit too (envoyproxy/ratelimit's default; costs reported after the response always land)"</option>
+                                                <option value="all_or_nothing" selected=set == "all_or_nothing">"Counts nowhere when over any limit (all or nothing; upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)"</option>
+                                            </select>
+                                        </label>
+                                        <p class="muted">{format!("Now: {}.", counting_label(&counting.counts))}</p>
                                         {can_edit.then(|| view! { <button type="submit">"Save file"</button> })}
                                     </ActionForm>
                                 </section>
@@ -360,5 +375,13 @@ fn Preview(name: String, document: String) -> impl IntoView {
                 }
             }}
         </section>
+    }
+}
+
+/// How an Envoy domain's counting reads on its page.
+fn counting_label(counts: &str) -> &'static str {
+    match counts {
+        "all_or_nothing" => "a request over any limit counts nowhere",
+        _ => "every hit counts, past the limit too",
     }
 }
