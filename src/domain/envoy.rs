@@ -104,8 +104,18 @@ impl Unit {
 pub struct DomainDoc {
     #[serde(default)]
     pub domain: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// `descriptors:` with nothing after it (YAML's null) is none, as upstream reads it.
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub descriptors: Vec<DescriptorDoc>,
+}
+
+/// A list that may be written as null (`descriptors:` and nothing else): empty.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<DescriptorDoc>, D::Error> {
+    Ok(Option::<Vec<DescriptorDoc>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,7 +146,11 @@ pub struct DescriptorDoc {
     /// to its own extensions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<serde_json::Map<String, serde_json::Value>>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub descriptors: Vec<DescriptorDoc>,
 }
 
@@ -1294,9 +1308,14 @@ mod tests {
             refused(json!({"domain": "d", "descriptors": [{"key": "a", "metadata": 5}]})),
             "descriptors[0].metadata"
         );
-        // A domain with no descriptors loads: every request is OK.
+        // A domain with no descriptors loads, `descriptors:` left empty too: every request
+        // is OK.
         let empty = domain(json!({"domain": "d", "descriptors": []})).unwrap();
         assert_eq!(empty.find(&entries(&[("a", "b")])), None);
+        assert_eq!(
+            domain(json!({"domain": "d", "descriptors": null})).unwrap(),
+            empty
+        );
     }
 
     #[test]

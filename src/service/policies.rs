@@ -324,7 +324,7 @@ impl Service {
 }
 
 /// What an imported `policy` keeps of the stored one it replaces (`old`): a domain keeps its
-/// failure mode and overrides; a plain policy may not replace a domain, nor a domain a plain
+/// failure mode, overrides and (unless the file says) counting; a plain policy may not replace a domain, nor a domain a plain
 /// policy.
 fn keep_domain_settings(policy: &mut Policy, old: Option<Policy>) -> Result<(), ChangeError> {
     let taken = |message: String| ChangeError::Taken {
@@ -349,6 +349,12 @@ fn keep_domain_settings(policy: &mut Policy, old: Option<Policy>) -> Result<(), 
         (Some(_), Some(old)) => {
             policy.failure_mode = old.failure_mode;
             policy.overrides = old.overrides;
+            // A file that does not say how it counts keeps the domain's setting.
+            if let (Some(domain), Some(was)) = (&mut policy.envoy, &old.envoy)
+                && domain.counting.is_none()
+            {
+                domain.counting = was.counting;
+            }
             Ok(())
         }
         (_, None) => Ok(()),

@@ -300,3 +300,64 @@ async fn import_loads_envoy_domain_files_all_or_nothing() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// How an Envoy domain counts a request over its limit survives export and import, and a
+/// domain file imported without saying keeps the domain's setting.
+#[tokio::test]
+async fn a_domains_counting_survives_export_and_import() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let file = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+    let r = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/tokens?counting=all_or_nothing"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body(file)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let out = spillway(&redis, &["policy", "export"]);
+    assert!(out.status.success());
+    let export = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        export.contains(r#""counting": "all_or_nothing""#),
+        "{export}"
+    );
+    let counting = |app: &crate::helpers::TestApp| {
+        let request = app
+            .client
+            .get(app.url("/api/v1/policies/tokens"))
+            .bearer_auth(crate::helpers::ADMIN_KEY)
+            .send();
+        async move {
+            let policy: serde_json::Value = request.await.unwrap().json().await.unwrap();
+            policy["envoy"]["counting"].clone()
+        }
+    };
+    // Into a Redis that has lost everything.
+    let other = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("spillway-cli-counting-{}", other.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exported = dir.join("policies.json");
+    std::fs::write(&exported, &export).unwrap();
+    let out = spillway(&other, &["policy", "import", exported.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let restored = spawn_app(&other).await;
+    assert_eq!(counting(&restored).await, "all_or_nothing");
+    // The domain's file again, without `counting`: the domain keeps its setting.
+    let yaml = dir.join("tokens.yaml");
+    std::fs::write(&yaml, file).unwrap();
+    let out = spillway(&other, &["policy", "import", yaml.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(counting(&restored).await, "all_or_nothing");
+}

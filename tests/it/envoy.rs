@@ -1732,6 +1732,8 @@ async fn upstreams_fields_load_with_their_meaning() {
         "domain: f\ndescriptors:\n  - key: files\n    value: \"f/*\"\n    share_threshold: true\n    value_to_metric: true\n    detailed_metric: true\n    quota_mode: true\n    metadata:\n      owner: team-a\n      tags: [x, y]\n    rate_limit:\n      unit: minute\n      requests_per_unit: 2\n",
         // No descriptors at all: every request is OK.
         "domain: e\ndescriptors: []\n",
+        // ... written as upstream's duplicate_domain.yaml writes it.
+        "domain: n\ndescriptors:\n",
     ];
     for file in accepted {
         let domain = file[8..9].to_owned();

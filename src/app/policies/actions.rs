@@ -5,9 +5,9 @@ use leptos::prelude::*;
 
 use crate::app::error::AppError;
 
-use super::{PolicySummary, PolicyView, RuleForm};
 #[cfg(feature = "ssr")]
 use super::{EnvoyCountingView, OverrideRow, VersionRow, document_of, rule_form};
+use super::{PolicySummary, PolicyView, RuleForm};
 #[cfg(feature = "ssr")]
 use crate::domain::people::Action;
 
