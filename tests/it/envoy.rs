@@ -26,12 +26,12 @@ use crate::helpers::{
     ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, clear_of_window_turn, spawn_app, spawn_app_with,
 };
 
-const OK: i32 = Code::Ok as i32;
-const OVER: i32 = Code::OverLimit as i32;
+pub(crate) const OK: i32 = Code::Ok as i32;
+pub(crate) const OVER: i32 = Code::OverLimit as i32;
 
 /// A client of `app`'s gRPC port, made when a minute's turn is not near: most domains here
 /// count per minute, and a test's requests must not straddle a turn.
-async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
+pub(crate) async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
     clear_of_window_turn(Duration::from_secs(60)).await;
     RateLimitServiceClient::connect(format!("http://{}", app.grpc.unwrap()))
         .await
@@ -69,7 +69,7 @@ pub(crate) fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> Ra
 }
 
 /// `ShouldRateLimit` with the service key; panics on a gRPC error.
-async fn ask(
+pub(crate) async fn ask(
     c: &mut RateLimitServiceClient<Channel>,
     message: RateLimitRequest,
 ) -> RateLimitResponse {

@@ -14,6 +14,7 @@ mod engine;
 mod envoy;
 mod faults;
 mod fuzz;
+mod gateway;
 mod grpc_port;
 mod hardening;
 mod health;
