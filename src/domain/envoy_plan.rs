@@ -39,6 +39,9 @@ pub struct EnvoyRequest {
     pub descriptors: Vec<EnvoyDescriptor>,
     /// Hits for every descriptor that does not say (0 means 1).
     pub hits_addend: u64,
+    /// Kuadrant's `CheckRateLimit`: nothing is counted, and a descriptor is over when one
+    /// more hit would not fit.
+    pub check_only: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -160,6 +163,8 @@ pub struct Plan {
     repeats: Vec<(usize, usize)>,
     /// The domain counts every hit, past the limit too (`Counting::EveryHit`).
     every_hit: bool,
+    /// Only reading: a counter with nothing left is over (Kuadrant's `CheckRateLimit`).
+    check_only: bool,
 }
 
 /// Plans `request` against `policy`, whose Envoy domain is `tree`, at `now_ms`.
@@ -173,7 +178,10 @@ pub fn plan(
     let costs: Vec<u64> = request
         .descriptors
         .iter()
-        .map(|d| d.hits_addend.unwrap_or(default_cost))
+        .map(|d| match request.check_only {
+            true => 0,
+            false => d.hits_addend.unwrap_or(default_cost),
+        })
         .collect();
     let n = costs.len();
     let (mut identifiers, mut metric_keys) = (Vec::with_capacity(n), Vec::with_capacity(n));
@@ -226,6 +234,7 @@ pub fn plan(
         repeats: Vec::new(),
         metric_keys,
         every_hit: tree.counts == envoy::Counting::EveryHit,
+        check_only: request.check_only,
     };
     plan.sort_into_checks();
     plan.fold_repeats();
@@ -502,7 +511,10 @@ impl Plan {
                 // a descriptor of 0 hits there.
                 Group::Peek => {
                     let shadow = matches!(self.targets[i], Target::Count { shadow: true, .. });
-                    if self.every_hit && !shadow && result.outcome.remaining == 0 {
+                    if (self.every_hit || self.check_only)
+                        && !shadow
+                        && result.outcome.remaining == 0
+                    {
                         s.ok = false;
                     }
                 }
@@ -521,6 +533,18 @@ impl Plan {
             };
         }
         statuses
+    }
+
+    /// Every counted descriptor once (a repeated one by the copy checked for it), in order:
+    /// what a usage report adds to.
+    pub fn counted(&self) -> Vec<usize> {
+        let mut all: Vec<usize> = [&self.enforced, &self.shadows, &self.quotas, &self.peeks]
+            .into_iter()
+            .flatten()
+            .copied()
+            .collect();
+        all.sort_unstable();
+        all
     }
 
     /// The identifiers of the descriptors that found a limit (the others consume nothing).
@@ -613,7 +637,7 @@ mod tests {
         let request = EnvoyRequest {
             domain: "d".into(),
             descriptors,
-            hits_addend: 0,
+            ..EnvoyRequest::default()
         };
         plan(policy, policy.envoy.as_ref().unwrap(), &request, 1_000)
     }

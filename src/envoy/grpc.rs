@@ -97,6 +97,53 @@ fn authenticate(state: &AppState, metadata: &HeaderMap) -> Result<(), Status> {
 
 /// The method every Envoy check calls.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// Kuadrant's extension of the protocol (Limitador's `kuadrant.service.ratelimit.v1`, which
+/// Kuadrant's wasm-shim calls for its TokenRateLimitPolicy): the same messages.
+const CHECK_RATE_LIMIT: &str = "/kuadrant.service.ratelimit.v1.RateLimitService/CheckRateLimit";
+const REPORT: &str = "/kuadrant.service.ratelimit.v1.RateLimitService/Report";
+
+/// The methods the short way answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Method {
+    ShouldRateLimit,
+    CheckRateLimit,
+    Report,
+}
+
+impl Method {
+    fn of(path: &str) -> Option<Self> {
+        match path {
+            SHOULD_RATE_LIMIT => Some(Method::ShouldRateLimit),
+            CHECK_RATE_LIMIT => Some(Method::CheckRateLimit),
+            REPORT => Some(Method::Report),
+            _ => None,
+        }
+    }
+}
+
+/// Kuadrant's answers, as Limitador gives them: only the overall code (`UNKNOWN` for a
+/// request without a domain); `CheckRateLimit` counts nothing, `Report` always says OK.
+async fn kuadrant(
+    state: &AppState,
+    method: Method,
+    message: RateLimitRequest,
+) -> Result<RateLimitResponse, Status> {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    if message.domain.is_empty() {
+        return Ok(RateLimitResponse::default());
+    }
+    let request = wire::request(message).map_err(status_of)?;
+    let service = state.service();
+    let ok = match method {
+        Method::Report => service.report_envoy_usage(&request).await.map(|()| true),
+        _ => service.check_envoy_limits(&request).await,
+    }
+    .map_err(status_of)?;
+    Ok(RateLimitResponse {
+        overall_code: if ok { Code::Ok } else { Code::OverLimit } as i32,
+        ..RateLimitResponse::default()
+    })
+}
 
 /// The largest request message read. A `RateLimitRequest` is a domain and a few
 /// descriptors: Envoy sends a few hundred bytes, and 64 KiB holds hundreds of descriptors.
@@ -152,10 +199,10 @@ impl Body for Unary {
     }
 }
 
-/// Whether the short way takes `request`: a `ShouldRateLimit` call with an uncompressed
+/// Whether the short way takes `request`: a call of one of its methods with an uncompressed
 /// protobuf message (gRPC's only encoding without `grpc-encoding`).
 fn takes(request: &http::Request<Incoming>) -> bool {
-    request.uri().path() == SHOULD_RATE_LIMIT
+    Method::of(request.uri().path()).is_some()
         && request.method() == http::Method::POST
         && request
             .headers()
@@ -171,6 +218,7 @@ fn takes(request: &http::Request<Incoming>) -> bool {
 /// within the header-read timeout, decided within the caller's `grpc-timeout`
 /// (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such a call), answered.
 async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Response<Unary> {
+    let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
     let result = async {
         let deadline = request
             .headers()
@@ -188,7 +236,10 @@ async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Resp
                         read_within.as_millis()
                     ))
                 })??;
-            decide(&state, message).await
+            match method {
+                Method::ShouldRateLimit => decide(&state, message).await,
+                _ => kuadrant(&state, method, message).await,
+            }
         };
         match deadline {
             None => call.await,

@@ -191,6 +191,7 @@ fn parse(bytes: &[u8]) -> Result<EnvoyRequest, (String, String)> {
         domain: raw.domain,
         descriptors,
         hits_addend: raw.hits_addend.unwrap_or(0),
+        check_only: false,
     })
 }
 

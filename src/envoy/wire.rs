@@ -49,6 +49,7 @@ pub fn request(message: RateLimitRequest) -> Result<EnvoyRequest, EnvoyError> {
         domain: message.domain,
         descriptors,
         hits_addend: u64::from(message.hits_addend),
+        check_only: false,
     })
 }
 

@@ -205,6 +205,63 @@ impl Service {
     }
 }
 
+impl Service {
+    /// Kuadrant's `CheckRateLimit` (Limitador's semantics): whether one more hit of every
+    /// descriptor would fit, counting nothing. `false` when one would not.
+    pub async fn check_envoy_limits(&self, request: &EnvoyRequest) -> Result<bool, EnvoyError> {
+        let request = EnvoyRequest {
+            check_only: true,
+            ..request.clone()
+        };
+        Ok(self.should_rate_limit(&request).await?.ok)
+    }
+
+    /// Kuadrant's `Report` (Limitador's semantics): adds the request's hits (0 means 1) to
+    /// every descriptor's counter, past its limit too; a domain that does not exist counts
+    /// nothing.
+    pub async fn report_envoy_usage(&self, request: &EnvoyRequest) -> Result<(), EnvoyError> {
+        validate(request)?;
+        let Some(policy) = self.domain_policy(&request.domain)? else {
+            return Ok(());
+        };
+        let tree = policy
+            .envoy
+            .as_ref()
+            .expect("a domain's policy has its tree");
+        let hits = request.hits_addend.max(1);
+        let uniform = EnvoyRequest {
+            hits_addend: hits,
+            descriptors: request
+                .descriptors
+                .iter()
+                .map(|d| EnvoyDescriptor {
+                    hits_addend: None,
+                    ..d.clone()
+                })
+                .collect(),
+            ..request.clone()
+        };
+        let plan = envoy_plan::plan(&policy, tree, &uniform, super::now_ms())
+            .map_err(|e| invalid(e.field, e.message))?;
+        let counted = plan.counted();
+        let entries: Vec<CheckEntry<'_>> = plan
+            .entries(&counted)
+            .into_iter()
+            .map(|(rule, identifier, _)| CheckEntry::new(rule, identifier))
+            .collect();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let cost = i64::try_from(hits).unwrap_or(i64::MAX);
+        self.store
+            .report(&policy.name, &entries, cost, crate::store::Now::Redis)
+            .await
+            .map_err(EnvoyError::Unavailable)?;
+        crate::metrics::reported(policy.name.as_str(), cost);
+        Ok(())
+    }
+}
+
 /// Each descriptor's hits under its metric key (only those that found a limit in the
 /// domain's file: see `domain::envoy::Found`).
 fn descriptor_metrics(plan: &Plan, statuses: &[DescriptorAnswer]) {

@@ -1851,3 +1851,79 @@ async fn quota_mode_fails_a_request_only_when_every_quota_is_over() {
         ]
     );
 }
+
+/// One call of Kuadrant's `kuadrant.service.ratelimit.v1.RateLimitService/<method>` (the
+/// messages are Envoy's), with the service key.
+async fn kuadrant(app: &TestApp, method: &str, message: RateLimitRequest) -> RateLimitResponse {
+    let channel = Channel::from_shared(format!("http://{}", app.grpc.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = format!("/kuadrant.service.ratelimit.v1.RateLimitService/{method}")
+        .parse()
+        .unwrap();
+    let codec = tonic_prost::ProstCodec::<RateLimitRequest, RateLimitResponse>::default();
+    grpc.unary(with_key(message), path, codec)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Kuadrant's extension, with Limitador's semantics: `CheckRateLimit` says whether one more
+/// hit fits and counts nothing; `Report` adds the request's hits, past the limit too.
+#[tokio::test]
+async fn kuadrants_check_and_report_count_a_token_budget() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(&app, "llm", "domain: llm\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n").await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    let alice = || request("llm", vec![descriptor(&[("user", "alice")])]);
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let check = kuadrant(&app, "CheckRateLimit", alice()).await;
+        codes.push(check.overall_code);
+        assert!(
+            check.statuses.is_empty(),
+            "Limitador answers the overall code only"
+        );
+        if check.overall_code == OK {
+            let mut used = alice();
+            used.hits_addend = 60;
+            assert_eq!(kuadrant(&app, "Report", used).await.overall_code, OK);
+        }
+    }
+    assert_eq!(codes, [OK, OK, OVER, OVER]);
+    // Checking counted nothing: 120 of 100 used, all by the two reports.
+    let mut c = client(&app).await;
+    let mut peek = descriptor(&[("user", "alice")]);
+    peek.hits_addend = Some(UInt64Value { value: 0 });
+    let state = ask(&mut c, request("llm", vec![peek])).await.statuses[0].clone();
+    assert_eq!((state.code, state.limit_remaining), (OVER, 0));
+    let mut fresh = request("llm", vec![descriptor(&[("user", "bob")])]);
+    fresh.hits_addend = 99;
+    kuadrant(&app, "Report", fresh).await;
+    let bob = kuadrant(
+        &app,
+        "CheckRateLimit",
+        request("llm", vec![descriptor(&[("user", "bob")])]),
+    )
+    .await;
+    assert_eq!(bob.overall_code, OK, "99 of 100 used: one more fits");
+    // No domain: UNKNOWN, as Limitador answers; an unknown domain is OK and counts nothing.
+    assert_eq!(
+        kuadrant(&app, "CheckRateLimit", request("", vec![]))
+            .await
+            .overall_code,
+        0
+    );
+    let other = kuadrant(
+        &app,
+        "Report",
+        request("nowhere", vec![descriptor(&[("a", "b")])]),
+    )
+    .await;
+    assert_eq!(other.overall_code, OK);
+}
