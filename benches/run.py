@@ -38,6 +38,10 @@ GRPCLOAD = os.path.join(ROOT, "target", "release", "examples", "grpcload")
 GRPC = "Spillway, Envoy ShouldRateLimit over gRPC, 1 limit (fixed window)"
 H2C = "Spillway, 1 rule (fixed_window), HTTP/2 cleartext: 32 streams over 2 connections"
 LIMITADOR = "Limitador (Kuadrant), ShouldRateLimit over gRPC, 1 limit, Redis storage"
+ENVOY_BIN = os.path.join(ROOT, ".tools", "bin", "envoy")
+ENVOY_ALONE = "Envoy alone: no rate limit filter (route to its own direct_response)"
+ENVOY_SPILLWAY = "Envoy with Spillway: its rate limit filter, 1 limit per user"
+ENVOY_LIMITADOR = "Envoy with Limitador: its rate limit filter, 1 limit per user, Redis storage"
 # Limitador's server is not on crates.io: build it from its public source (README, "Benchmarks")
 # and point LIMITADOR_BIN at the binary; without it the row is left out.
 LIMITADOR_BIN = os.environ.get("LIMITADOR_BIN")
@@ -147,9 +151,9 @@ def to_ms(value, unit):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(port, env, path=None, connections=None):
-    """Closed-loop load: the check script, or a plain GET of `path`."""
-    target = ["-s", os.path.join(ROOT, "benches", "check.lua"), f"http://127.0.0.1:{port}"] if path is None \
+def wrk(port, env, path=None, connections=None, script="check.lua"):
+    """Closed-loop load: the check script (or another of benches/), or a plain GET of `path`."""
+    target = ["-s", os.path.join(ROOT, "benches", script), f"http://127.0.0.1:{port}"] if path is None \
         else [f"http://127.0.0.1:{port}{path}"]
     out = subprocess.run(
         ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections or CONNECTIONS}", f"-d{SECONDS}s", "--latency"] + target,
@@ -163,6 +167,88 @@ def wrk(port, env, path=None, connections=None):
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     result["non2xx"] = int(non2xx.group(1)) if non2xx else 0
     return result
+
+
+def envoy_config(tmp, port, rls_port=None):
+    """An Envoy on `port` whose route goes to its own second listener, which answers with
+    a direct_response (no backend is measured; the rate limit filter acts only on routes to
+    a cluster). With `rls_port`, its rate limit filter asks the rate limit service there
+    first (domain `bench`, descriptor `user` from the x-user header). One worker: Envoy is
+    pinned to one core."""
+    inner = free_port()
+    rate_filter = "" if rls_port is None else f"""
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: bench
+              timeout: 1s
+              failure_mode_deny: true
+              rate_limits:
+              - actions: [{{request_headers: {{header_name: x-user, descriptor_key: user}}}}]
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: rls}}
+                  initial_metadata: [{{key: x-spillway-key, value: "{SERVICE_KEY}"}}]"""
+    rls_cluster = "" if rls_port is None else f"""
+  - name: rls
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: rls
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {rls_port}}}}}}}}}]}}]"""
+    hcm = """      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"""
+    config = f"""
+static_resources:
+  listeners:
+  - address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+{hcm}
+          stat_prefix: bench
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: answer}}
+          http_filters:{rate_filter}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - address: {{socket_address: {{address: 127.0.0.1, port_value: {inner}}}}}
+    filter_chains:
+    - filters:
+{hcm}
+          stat_prefix: answer
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "ok"}}}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: answer
+    type: STATIC
+    load_assignment:
+      cluster_name: answer
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {inner}}}}}}}}}]}}]{rls_cluster}
+"""
+    path = os.path.join(tmp, f"envoy-{port}.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    return ["--concurrency", "1", "--disable-hot-restart", "-l", "error", "-c", path]
 
 
 def grpcload(port, domain, json_check=False, streams=None):
@@ -333,6 +419,17 @@ def main():
                           0, {"RUST_LOG": "error"})
         wait_port(limitador_port)
 
+    # Envoy in front of nothing (direct_response), of Spillway, and of Limitador when built:
+    # the same Envoy, the same load; each pinned with the rate limit service it asks.
+    envoys = {}
+    if os.path.exists(ENVOY_BIN):
+        for name, rls in ((ENVOY_ALONE, None), (ENVOY_SPILLWAY, grpc_port), (ENVOY_LIMITADOR, limitador_port)):
+            if name == ENVOY_LIMITADOR and not limitador:
+                continue
+            port = free_port()
+            envoys[name] = (port, start([ENVOY_BIN] + envoy_config(tmp, port, rls), 0))
+            wait_port(port)
+
     script = "\n".join(open(os.path.join(ROOT, "lua", f"{n}.lua")).read() for n in LUA_ORDER)
     sha = hashlib.sha1(script.encode()).hexdigest()
     # The server has already run it (the checks of `hot` above): the ceiling runs the very
@@ -389,6 +486,9 @@ def main():
                 if limitador:
                     measure(SAT_LIMITADOR, limitador_port, limitador, {},
                             lambda: grpcload(limitador_port, "bench", streams=SATURATED))
+        for name, (port, envoy) in envoys.items():
+            behind = {ENVOY_SPILLWAY: app, ENVOY_LIMITADOR: limitador}.get(name, envoy)
+            measure(name, port, behind, {}, lambda port=port: wrk(port, {}, script="envoy.lua"))
         # The floor of any answer from this server: no body, no key, no Redis.
         results.setdefault("HTTP floor: GET /healthz on the same server", []).append(wrk(app_port, {}, "/healthz"))
         for name, script_file in peers.items():
@@ -402,6 +502,8 @@ def main():
                                ("Redis ceiling: redis-benchmark EVALSHA, -P 16", 16)):
             results.setdefault(name, []).append(redis_benchmark(redis_port, sha, pipeline))
         print(f"run {run + 1}/{RUNS} done", file=sys.stderr)
+    for _, envoy in envoys.values():
+        stop(envoy)
     stop(app)
     if limitador:
         stop(limitador)
@@ -474,6 +576,20 @@ def main():
     if SAT_LIMITADOR in results:
         sat_lim = med(SAT_GRPC, "rps") / med(SAT_LIMITADOR, "rps")
         lines.append(f"| the same, saturated ({SATURATED} in flight): gRPC ≥ 2× Limitador's (Limitador p99 {med(SAT_LIMITADOR, 'p99'):.2f} ms) | {sat_lim:.2f}× | {'yes' if sat_lim >= 2.0 else 'no'} |")
+    if ENVOY_ALONE in results:
+        for name in (ENVOY_SPILLWAY, ENVOY_LIMITADOR):
+            if name not in results:
+                lines.append(f"| {name}: rate, p50, p99 against Envoy alone | not run (set LIMITADOR_BIN) | — |")
+                continue
+            rate = med(name, "rps") / med(ENVOY_ALONE, "rps")
+            p50 = med(name, "p50") / med(ENVOY_ALONE, "p50")
+            p99 = med(name, "p99") / med(ENVOY_ALONE, "p99")
+            lines.append(f"| {name}: rate, p50, p99 against Envoy alone (reference, no target) | {rate:.2f}×, {p50:.2f}×, {p99:.2f}× | — |")
+        if ENVOY_LIMITADOR in results:
+            ahead = med(ENVOY_SPILLWAY, "rps") / med(ENVOY_LIMITADOR, "rps")
+            lines.append(f"| through Envoy, Spillway ahead of Limitador (same Envoy, load, Redis, limit) | {ahead:.2f}× | {'yes' if ahead > 1.0 else 'no'} |")
+    else:
+        lines.append("| through Envoy | not run (scripts/deps.sh bench installs Envoy) | — |")
     cpu_one = statistics.median(e["cpu_us"] for e in extra[ONE])
     lines.append(f"| Spillway CPU per 1-rule check ≤ 12 µs (issue 18) | {cpu_one:.1f} µs | {'yes' if cpu_one <= 12 else 'no'} |")
     cpu_h2 = statistics.median(e["cpu_us"] for e in extra[H2C])
