@@ -74,6 +74,30 @@ pub(super) struct PutQuery {
     counting: Option<String>,
 }
 
+impl PutQuery {
+    /// The failure mode and counting the query asks for (`None`: as the domain has them).
+    fn settings(&self) -> Result<(Option<FailureMode>, Option<Counting>), ApiError> {
+        let failure_mode = match self.failure_mode.as_deref() {
+            None => None,
+            Some("open") => Some(FailureMode::Open),
+            Some("closed") => Some(FailureMode::Closed),
+            Some(other) => {
+                return Err(ApiError::bad(
+                    "failure_mode",
+                    format!("expected open or closed, got {other:?}"),
+                ));
+            }
+        };
+        let counting = self
+            .counting
+            .as_deref()
+            .map(Counting::parse)
+            .transpose()
+            .map_err(|m| ApiError::bad("counting", m))?;
+        Ok((failure_mode, counting))
+    }
+}
+
 /// Loads the domain's file as the next version of its policy (audited). The domain in the
 /// file must be the one in the path (or be left out). On any error the previous version
 /// stays in force.
@@ -106,17 +130,7 @@ pub(super) async fn put(
     if body.len() > MAX_FILE {
         return Err(ApiError::PayloadTooLarge);
     }
-    let failure_mode = match query.failure_mode.as_deref() {
-        None => None,
-        Some("open") => Some(FailureMode::Open),
-        Some("closed") => Some(FailureMode::Closed),
-        Some(other) => {
-            return Err(ApiError::bad(
-                "failure_mode",
-                format!("expected open or closed, got {other:?}"),
-            ));
-        }
-    };
+    let (failure_mode, counting) = query.settings()?;
     // Up to a megabyte of YAML and 10,000 descriptors: read off the request threads, so
     // other requests (checks) are not held up behind it.
     let yaml = format == Format::Yaml;
@@ -135,12 +149,6 @@ pub(super) async fn put(
         }
         _ => {}
     }
-    let counting = query
-        .counting
-        .as_deref()
-        .map(Counting::parse)
-        .transpose()
-        .map_err(|m| ApiError::bad("counting", m))?;
     let parsed = tokio::task::spawn_blocking(move || EnvoyDomain::from_value(&value))
         .await
         .map_err(|_| ApiError::bad("body", "could not be read"))??;

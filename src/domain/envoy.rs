@@ -550,72 +550,8 @@ impl EnvoyDomain {
         if !name.is_empty() {
             text(&format!("{here}.rate_limit.name"), &name)?;
         }
-        let replaces = d
-            .replaces
-            .iter()
-            .enumerate()
-            .map(|(j, r)| (format!("{here}.replaces[{j}].name"), r))
-            .chain(
-                rl.replaces
-                    .iter()
-                    .enumerate()
-                    .map(|(j, r)| (format!("{here}.rate_limit.replaces[{j}].name"), r)),
-            );
-        for (field, r) in replaces {
-            if r.name.is_empty() {
-                return Err(PolicyError::field(field, "is required"));
-            }
-            if r.name == name {
-                return Err(PolicyError::field(
-                    field,
-                    "names this descriptor's own limit; a limit cannot replace itself",
-                ));
-            }
-        }
-        let allowance = if rl.unlimited {
-            if rl.unit.is_some() {
-                return Err(PolicyError::field(
-                    format!("{here}.rate_limit.unit"),
-                    "must be left out when unlimited is true",
-                ));
-            }
-            if rl.requests_per_unit.is_some() {
-                return Err(PolicyError::field(
-                    format!("{here}.rate_limit.requests_per_unit"),
-                    "must be left out when unlimited is true",
-                ));
-            }
-            Allowance::Unlimited
-        } else {
-            let unit = match rl.unit.as_deref() {
-                None => {
-                    return Err(PolicyError::field(
-                        format!("{here}.rate_limit.unit"),
-                        "is required (second, minute, hour, day, week, month or year)",
-                    ));
-                }
-                Some(raw) => Unit::parse(raw).ok_or_else(|| {
-                    PolicyError::field(
-                        format!("{here}.rate_limit.unit"),
-                        format!(
-                            "{raw:?} is not a unit: second, minute, hour, day, week, month or year"
-                        ),
-                    )
-                })?,
-            };
-            let requests_per_unit = rl.requests_per_unit.unwrap_or(0);
-            if u64::from(requests_per_unit) > super::rule::MAX_AMOUNT {
-                return Err(PolicyError::field(
-                    format!("{here}.rate_limit.requests_per_unit"),
-                    format!("at most {}", super::rule::MAX_AMOUNT),
-                ));
-            }
-            Allowance::Count {
-                requests_per_unit,
-                unit,
-                rule: None,
-            }
-        };
+        check_replaces(rl, d, here, &name)?;
+        let allowance = allowance_of(rl, here)?;
         self.limits.push(Limit {
             name,
             allowance,
@@ -879,6 +815,87 @@ fn text(field: &str, value: &str) -> Result<(), PolicyError> {
             field,
             "must not contain control characters",
         ));
+    }
+    Ok(())
+}
+
+/// What a descriptor's `rate_limit` (found at `here`) allows: unlimited, or so many a unit
+/// (its rule numbered later, by `EnvoyDomain::rules`).
+fn allowance_of(rl: &RateLimitDoc, here: &str) -> Result<Allowance, PolicyError> {
+    Ok(if rl.unlimited {
+        if rl.unit.is_some() {
+            return Err(PolicyError::field(
+                format!("{here}.rate_limit.unit"),
+                "must be left out when unlimited is true",
+            ));
+        }
+        if rl.requests_per_unit.is_some() {
+            return Err(PolicyError::field(
+                format!("{here}.rate_limit.requests_per_unit"),
+                "must be left out when unlimited is true",
+            ));
+        }
+        Allowance::Unlimited
+    } else {
+        let unit = match rl.unit.as_deref() {
+            None => {
+                return Err(PolicyError::field(
+                    format!("{here}.rate_limit.unit"),
+                    "is required (second, minute, hour, day, week, month or year)",
+                ));
+            }
+            Some(raw) => Unit::parse(raw).ok_or_else(|| {
+                PolicyError::field(
+                    format!("{here}.rate_limit.unit"),
+                    format!(
+                        "{raw:?} is not a unit: second, minute, hour, day, week, month or year"
+                    ),
+                )
+            })?,
+        };
+        let requests_per_unit = rl.requests_per_unit.unwrap_or(0);
+        if u64::from(requests_per_unit) > super::rule::MAX_AMOUNT {
+            return Err(PolicyError::field(
+                format!("{here}.rate_limit.requests_per_unit"),
+                format!("at most {}", super::rule::MAX_AMOUNT),
+            ));
+        }
+        Allowance::Count {
+            requests_per_unit,
+            unit,
+            rule: None,
+        }
+    })
+}
+
+/// The names a limit `replaces` (beside its `rate_limit` or inside it, as upstream writes
+/// it): each given, and none its own `name`.
+fn check_replaces(
+    rl: &RateLimitDoc,
+    d: &DescriptorDoc,
+    here: &str,
+    name: &str,
+) -> Result<(), PolicyError> {
+    let beside = d
+        .replaces
+        .iter()
+        .enumerate()
+        .map(|(j, r)| (format!("{here}.replaces[{j}].name"), r));
+    let inside = rl
+        .replaces
+        .iter()
+        .enumerate()
+        .map(|(j, r)| (format!("{here}.rate_limit.replaces[{j}].name"), r));
+    for (field, r) in beside.chain(inside) {
+        if r.name.is_empty() {
+            return Err(PolicyError::field(field, "is required"));
+        }
+        if r.name == name {
+            return Err(PolicyError::field(
+                field,
+                "names this descriptor's own limit; a limit cannot replace itself",
+            ));
+        }
     }
     Ok(())
 }

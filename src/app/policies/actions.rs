@@ -70,6 +70,39 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
         .collect())
 }
 
+/// Each previous version of `policy` (`history`, newest first) with the change the version
+/// after it made, as the lines its document lost and gained.
+#[cfg(feature = "ssr")]
+fn version_rows(
+    policy: &crate::domain::Policy,
+    history: &[crate::domain::Policy],
+) -> Vec<VersionRow> {
+    let pretty =
+        |p: &crate::domain::Policy| serde_json::to_string_pretty(&p.document()).unwrap_or_default();
+    let mut newer = pretty(policy);
+    let mut rows = Vec::new();
+    for old in history {
+        let text = pretty(old);
+        let diff = similar::TextDiff::from_lines(&text, &newer)
+            .iter_all_changes()
+            .filter_map(|c| {
+                let tag = match c.tag() {
+                    similar::ChangeTag::Delete => '-',
+                    similar::ChangeTag::Insert => '+',
+                    similar::ChangeTag::Equal => return None,
+                };
+                Some((tag, c.value().trim_end().to_owned()))
+            })
+            .collect();
+        rows.push(VersionRow {
+            version: old.version,
+            diff,
+        });
+        newer = text;
+    }
+    rows
+}
+
 #[server(prefix = "/fn", endpoint = "policy")]
 pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, AppError> {
     use crate::domain::Name;
@@ -90,30 +123,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         .policy_versions(&name, 20)
         .await
         .map_err(unavailable)?;
-    let pretty =
-        |p: &crate::domain::Policy| serde_json::to_string_pretty(&p.document()).unwrap_or_default();
-    // Each previous version with the change the version after it made.
-    let mut newer = pretty(&policy);
-    let mut rows = Vec::new();
-    for old in &history {
-        let text = pretty(old);
-        let diff = similar::TextDiff::from_lines(&text, &newer)
-            .iter_all_changes()
-            .filter_map(|c| {
-                let tag = match c.tag() {
-                    similar::ChangeTag::Delete => '-',
-                    similar::ChangeTag::Insert => '+',
-                    similar::ChangeTag::Equal => return None,
-                };
-                Some((tag, c.value().trim_end().to_owned()))
-            })
-            .collect();
-        rows.push(VersionRow {
-            version: old.version,
-            diff,
-        });
-        newer = text;
-    }
+    let rows = version_rows(&policy, &history);
     let doc = policy.document();
     Ok(PolicyView {
         name: name.to_string(),
