@@ -368,4 +368,10 @@ impl Service {
         let domain = policy.envoy.as_ref()?;
         Some(domain.counting.unwrap_or(self.policies.envoy_counting()))
     }
+
+    /// How an Envoy domain that does not say counts on this server
+    /// (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+    pub fn envoy_counting_default(&self) -> Counting {
+        self.policies.envoy_counting()
+    }
 }

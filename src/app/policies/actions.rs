@@ -160,6 +160,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             counts: service
                 .envoy_counting(&policy)
                 .map_or_else(String::new, |c| c.as_str().to_owned()),
+            server_default: service.envoy_counting_default().as_str().to_owned(),
         }),
     })
 }

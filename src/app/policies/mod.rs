@@ -122,4 +122,6 @@ pub struct EnvoyCountingView {
     pub set: Option<String>,
     /// How it counts now (`every_hit` or `all_or_nothing`).
     pub counts: String,
+    /// How a domain that does not say counts on this server.
+    pub server_default: String,
 }

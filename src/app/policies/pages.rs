@@ -239,11 +239,7 @@ pub fn PolicyPage() -> impl IntoView {
                             let c = csrf.clone();
                             let n = p.name.clone();
                             let set = counting.set.clone().unwrap_or_else(|| "default".into());
-                            let server_default = if counting.set.is_none() {
-                                counting_label(&counting.counts)
-                            } else {
-                                "as this server does by default"
-                            };
+                            let server_default = counting_label(&counting.server_default);
                             view! {
                                 <section class="card" aria-labelledby="envoy-heading">
                                     <h2 id="envoy-heading">{format!("Envoy domain file · version {}", p.version)}</h2>
