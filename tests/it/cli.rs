@@ -308,15 +308,7 @@ async fn a_domains_counting_survives_export_and_import() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     let file = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
-    let r = app
-        .client
-        .put(app.url("/api/v1/envoy/domains/tokens?counting=all_or_nothing"))
-        .bearer_auth(crate::helpers::ADMIN_KEY)
-        .header("content-type", "application/yaml")
-        .body(file)
-        .send()
-        .await
-        .unwrap();
+    let r = crate::envoy::put_domain_with(&app, "tokens?counting=all_or_nothing", file).await;
     assert_eq!(r.status(), 201);
     let out = spillway(&redis, &["policy", "export"]);
     assert!(out.status.success());

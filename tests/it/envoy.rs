@@ -92,8 +92,13 @@ async fn one(
 }
 
 pub(crate) async fn put_domain(app: &TestApp, domain: &str, yaml: &str) -> reqwest::Response {
+    put_domain_with(app, domain, yaml).await
+}
+
+/// `PUT /api/v1/envoy/domains/<path>` (the domain and any query) with `yaml`, as an admin.
+pub(crate) async fn put_domain_with(app: &TestApp, path: &str, yaml: &str) -> reqwest::Response {
     app.client
-        .put(app.url(&format!("/api/v1/envoy/domains/{domain}")))
+        .put(app.url(&format!("/api/v1/envoy/domains/{path}")))
         .bearer_auth(ADMIN_KEY)
         .header("content-type", "application/yaml")
         .body(yaml.to_owned())
@@ -111,17 +116,7 @@ pub(crate) async fn load(app: &TestApp, domain: &str, yaml: &str) {
 /// Loads a domain that counts all or nothing (a request over any limit counts nowhere): what
 /// the tests written before every hit counted by default expect.
 pub(crate) async fn load_all_or_nothing(app: &TestApp, domain: &str, yaml: &str) {
-    let r = app
-        .client
-        .put(app.url(&format!(
-            "/api/v1/envoy/domains/{domain}?counting=all_or_nothing"
-        )))
-        .bearer_auth(ADMIN_KEY)
-        .header("content-type", "application/yaml")
-        .body(yaml.to_owned())
-        .send()
-        .await
-        .unwrap();
+    let r = put_domain_with(app, &format!("{domain}?counting=all_or_nothing"), yaml).await;
     let status = r.status();
     assert!(status.is_success(), "{status}: {}", r.text().await.unwrap());
 }
@@ -1680,15 +1675,12 @@ async fn stop_cache_key_increment_when_overlimit_makes_all_or_nothing_the_defaul
     // never seen spent. This is why it is not the default.
     assert_eq!(budget_run(&mut c, "tokens").await, [OK, OK, OK, OK]);
     // A domain that says how it counts wins over the server's default.
-    let r = app
-        .client
-        .put(app.url("/api/v1/envoy/domains/tokens2?counting=every_hit"))
-        .bearer_auth(ADMIN_KEY)
-        .header("content-type", "application/yaml")
-        .body(BUDGET.replace("tokens", "tokens2"))
-        .send()
-        .await
-        .unwrap();
+    let r = put_domain_with(
+        &app,
+        "tokens2?counting=every_hit",
+        &BUDGET.replace("tokens", "tokens2"),
+    )
+    .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     assert_eq!(budget_run(&mut c, "tokens2").await, [OK, OK, OVER, OVER]);
     // A new file without `counting` keeps the domain's.
@@ -1705,15 +1697,12 @@ async fn stop_cache_key_increment_when_overlimit_makes_all_or_nothing_the_defaul
         .await
         .unwrap();
     assert_eq!(policy["envoy"]["counting"], "every_hit", "{policy}");
-    let bad = app
-        .client
-        .put(app.url("/api/v1/envoy/domains/tokens2?counting=sometimes"))
-        .bearer_auth(ADMIN_KEY)
-        .header("content-type", "application/yaml")
-        .body(BUDGET.replace("tokens", "tokens2"))
-        .send()
-        .await
-        .unwrap();
+    let bad = put_domain_with(
+        &app,
+        "tokens2?counting=sometimes",
+        &BUDGET.replace("tokens", "tokens2"),
+    )
+    .await;
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     let problem: Value = bad.json().await.unwrap();
     assert_eq!(problem["field"], "counting", "{problem}");
