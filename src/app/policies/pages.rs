@@ -253,12 +253,13 @@ pub fn PolicyPage() -> impl IntoView {
                                         </label>
                                         <label>"A request over a limit"
                                             <select name="counting" disabled=!can_edit>
-                                                <option value="default" selected=set == "default">{format!("The server's default: {server_default}")}</option>
-                                                <option value="every_hit" selected=set == "every_hit">"Every hit counts, past the limit too (envoyproxy/ratelimit's default; costs reported after the response always land)"</option>
-                                                <option value="all_or_nothing" selected=set == "all_or_nothing">"Counts nowhere when over any limit (all or nothing; upstream's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT)"</option>
+                                                <option value="default" selected=set == "default">"This server's default"</option>
+                                                <option value="every_hit" selected=set == "every_hit">"Every hit counts"</option>
+                                                <option value="all_or_nothing" selected=set == "all_or_nothing">"All or nothing"</option>
                                             </select>
                                         </label>
-                                        <p class="muted">{format!("Now: {}.", counting_label(&counting.counts))}</p>
+                                        <p class="muted">{format!("Now: {}. This server's default: {server_default}.", counting_label(&counting.counts))}</p>
+                                        <p class="muted">"Every hit counts, past the limit too, as envoyproxy/ratelimit counts: a cost reported after the response always lands. All or nothing: a request over any limit counts nowhere, so a request that would overspend is turned away whole."</p>
                                         {can_edit.then(|| view! { <button type="submit">"Save file"</button> })}
                                     </ActionForm>
                                 </section>
