@@ -24,7 +24,7 @@ deps-test:
 	@scripts/deps.sh test
 
 build: deps-build
-	cargo leptos build --release --split || { echo 'build failed; free disk space:'; df -h .; exit 1; }
+	cargo leptos build --release --split --precompress || { echo 'build failed; free disk space:'; df -h .; exit 1; }
 
 run: deps-run build
 	@scripts/run.sh

@@ -149,8 +149,14 @@ impl Config {
         let file = Path::new(&leptos_toml)
             .exists()
             .then_some(leptos_toml.as_str());
-        let conf = leptos::config::get_configuration(file)
+        let mut conf = leptos::config::get_configuration(file)
             .map_err(|e| ConfigError::Leptos(e.to_string()))?;
+        if conf.leptos_options.hash_files && !hash_file_found(&conf.leptos_options) {
+            // A binary not built by cargo-leptos (`cargo run`, the tests) has no list of
+            // hashed names beside it: its pages name the files without hashes (and Leptos
+            // would stop at the missing list while rendering).
+            conf.leptos_options.hash_files = false;
+        }
         let (redis_url, redis_cluster_urls) = redis_urls(&lookup)?;
         let (service_keys, admin_keys) = api_keys(&lookup)?;
         let forward_auth_identifiers = forward_auth_identifiers(&lookup)?;
@@ -424,4 +430,12 @@ fn millis(
             }),
         },
     }
+}
+
+/// Whether the list of hashed file names (`hash.txt`) is beside the running binary.
+fn hash_file_found(options: &LeptosOptions) -> bool {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(options.hash_file.as_ref())))
+        .is_some_and(|file| file.is_file())
 }

@@ -43,6 +43,7 @@ pub fn router(state: AppState) -> Router {
             move || provide_server_context(&context_state),
             move || shell(leptos_options.clone()),
         )
+        .nest_service("/pkg", assets(&state))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -58,6 +59,16 @@ pub fn router(state: AppState) -> Router {
             close_while_draining,
         ))
         .with_state(state)
+}
+
+/// The dashboard's files (`/pkg`: wasm, JS, CSS), each sent brotli- or gzip-compressed
+/// when the browser takes it and the build wrote the compressed copy (`--precompress`).
+/// Their caching is set by the session middleware (`auth::session`).
+fn assets(state: &AppState) -> tower_http::services::ServeDir {
+    let options = &state.leptos_options;
+    tower_http::services::ServeDir::new(format!("{}/{}", options.site_root, options.site_pkg_dir))
+        .precompressed_br()
+        .precompressed_gzip()
 }
 
 /// The dashboard's routes, generated once per process. Generating them renders the app once

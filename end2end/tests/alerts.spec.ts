@@ -37,6 +37,7 @@ test("an admin adds an alert rule in the dashboard, sees a bad field named, and 
   await expect(page.getByTestId("firing")).toBeVisible();
   await page.screenshot({ path: test.info().outputPath("alerts.png"), fullPage: true });
 
+  await rules.getByRole("row", { name: new RegExp(name) }).getByText("Remove…").click();
   await rules.getByRole("button", { name: `Remove ${name}` }).click();
   await expect(page.getByTestId("alert-rules")).not.toContainText(name);
 });

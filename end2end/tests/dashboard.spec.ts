@@ -28,16 +28,21 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await rule.getByLabel("Name").fill("per-hour");
   await rule.getByLabel("Algorithm").selectOption("fixed_window");
   await rule.getByLabel("Limit").fill("0");
-  await rule.getByLabel("Window (ms)").fill("3600000");
+  await rule.getByLabel("Window", { exact: true }).fill("1");
+  await rule.getByLabel("Window unit").selectOption("h");
   await page.getByLabel("Description").fill("three an hour, from the browser test");
   await page.getByRole("button", { name: "Save policy" }).click();
-  // A bad value is named beside its field.
-  await expect(rule.locator("label", { hasText: "Limit" }).getByRole("alert")).toHaveText(
+  // A bad value is named beside its field, and at the top under its label; what was typed
+  // stays (with and without JavaScript).
+  const typed = page.getByRole("group", { name: "Rule per-hour" });
+  await expect(typed.locator("label", { hasText: "Limit" }).getByRole("alert")).toHaveText(
     "must be between 1 and 1000000000",
   );
-  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Name").fill("per-hour");
-  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Limit").fill("3");
-  await page.getByRole("group", { name: "Add a rule" }).first().getByLabel("Window (ms)").fill("3600000");
+  await expect(page.getByTestId("save-error")).toContainText("Rule 1 (per-hour) › Limit: must be between 1 and 1000000000");
+  await expect(typed.getByLabel("Window", { exact: true })).toHaveValue("1");
+  await expect(typed.getByLabel("Window unit")).toHaveValue("h");
+  await expect(page.getByLabel("Description")).toHaveValue("three an hour, from the browser test");
+  await typed.getByLabel("Limit").fill("3");
   await page.getByRole("button", { name: "Save policy" }).click();
   await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
   await expect(page.getByTestId("preview")).toContainText("50 requests: 3 allowed, 47 denied");
@@ -89,12 +94,15 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await expect(page.getByRole("heading", { level: 1, name: "Identifier inspector" })).toBeVisible();
   const card = page.getByRole("region", { name: `user=${user} in ${policy}` });
   await expect(card.getByTestId(`used-${policy}-per-hour`)).toHaveText("3 / 3");
-  await expect(card).toContainText("binds");
+  await expect(card).toContainText("blocks");
+  await expect(page.getByTestId("verdict")).toContainText(`Blocked now by ${policy} › per-hour on user=${user}`);
   if (hydrated) await waitForHydration(page);
   await shot(page, "inspector");
 
   // Reset that policy for it, with a reason.
-  await page.getByLabel("What").selectOption({ label: `Policy ${policy}` });
+  // The reset offers what blocks first.
+  await expect(page.getByLabel("What")).toHaveValue(`${policy}/per-hour user=${user}`);
+  await page.getByLabel("What").selectOption({ label: `user=${user}: policy ${policy}` });
   await page.getByLabel("Reason").fill("false positive, ticket 42");
   await page.getByRole("button", { name: "Reset counters" }).click();
   // Nothing left of it there: the policy joins those where it has no state.
@@ -137,6 +145,8 @@ test("an admin creates an API key, sees it once, and revokes it", async ({ page,
   await expect.poll(async () => (await check()).status(), { timeout: 2000 }).toBe(200);
   await page.reload();
   await expect(page.getByTestId("new-key")).toHaveCount(0);
+  // Nothing destructive on one click: the row asks first.
+  await page.getByRole("row", { name: new RegExp(name) }).getByText("Revoke…").click();
   await page.getByRole("button", { name: `Revoke ${name}` }).click();
   await expect(page.getByRole("row", { name: new RegExp(name) })).toContainText("revoked");
   await expect.poll(async () => (await check()).status(), { timeout: 1500 }).toBe(401);

@@ -16,10 +16,11 @@ test("a concurrency rule made in the editor holds a lease the inspector shows an
   const rule = page.getByRole("group", { name: "Add a rule" }).first();
   await rule.getByLabel("Name").fill("running");
   await rule.getByLabel("Algorithm").selectOption("concurrency");
-  await expect(rule.getByLabel("Lease (ms)")).toBeVisible();
-  await expect(rule.getByLabel("Window (ms)")).toBeHidden();
+  await expect(rule.getByLabel("Lease", { exact: true })).toBeVisible();
+  await expect(rule.getByLabel("Window", { exact: true })).toBeHidden();
   await rule.getByLabel("Limit").fill("2");
-  await rule.getByLabel("Lease (ms)").fill("600000");
+  await rule.getByLabel("Lease", { exact: true }).fill("10");
+  await rule.getByLabel("Lease unit").selectOption("min");
   await page.getByRole("button", { name: "Save policy" }).click();
   await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
   // A burst that never finishes: two get a lease.

@@ -266,11 +266,15 @@ pub fn AlertsPage() -> impl IntoView {
                                                     <td>{r.watches}</td>
                                                     <td class="url">{r.webhook_url}</td>
                                                     <td>{can_edit.then(|| view! {
-                                                        <ActionForm action=delete attr:class="inline">
-                                                            <CsrfField csrf=csrf/>
-                                                            <input type="hidden" name="name" value=name/>
-                                                            <button type="submit" class="small danger" aria-label=label>"Remove"</button>
-                                                        </ActionForm>
+                                                        <details class="confirm-step">
+                                                            <summary>"Remove…"</summary>
+                                                            <p class="small">"It stops watching at once; a firing it sent stays in the deliveries below."</p>
+                                                            <ActionForm action=delete attr:class="inline">
+                                                                <CsrfField csrf=csrf/>
+                                                                <input type="hidden" name="name" value=name/>
+                                                                <button type="submit" class="small danger" aria-label=label>"Yes, remove it"</button>
+                                                            </ActionForm>
+                                                        </details>
                                                     })}</td>
                                                 </tr>
                                             }

@@ -100,8 +100,10 @@ where
 async fn overview_events(
     State(state): State<AppState>,
     Extension(session): Extension<CurrentSession>,
+    Query(query): Query<OverviewQuery>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    let view = query.view();
     let Some(slot) = stream_slot(&state, &session) else {
         return too_many_streams();
     };
@@ -110,10 +112,13 @@ async fn overview_events(
         session,
         slot,
         None::<super::overview::OverviewData>,
-        |state, last| async move {
-            let data = super::overview::gather(&state).await;
-            let delta = super::overview::OverviewDelta::between(last.as_ref(), &data);
-            (delta, Some(data))
+        move |state, last| {
+            let view = view.clone();
+            async move {
+                let data = super::overview::gather(&state, &view).await;
+                let delta = super::overview::OverviewDelta::between(last.as_ref(), &data);
+                (delta, Some(data))
+            }
         },
     );
     Sse::new(stream)
@@ -129,6 +134,24 @@ fn stream_slot(state: &AppState, session: &CurrentSession) -> Option<StreamSlot>
         .map(|s| s.digest.as_str())
         .unwrap_or_default();
     state.streams.take(digest)
+}
+
+/// The overview stream's view: the filter box and `all=1`, as on the page.
+#[derive(Deserialize)]
+struct OverviewQuery {
+    #[serde(default)]
+    filter: String,
+    #[serde(default)]
+    all: Option<String>,
+}
+
+impl OverviewQuery {
+    fn view(&self) -> super::overview::View {
+        super::overview::View {
+            filter: self.filter.clone(),
+            all: self.all.as_deref() == Some("1"),
+        }
+    }
 }
 
 #[derive(Deserialize)]

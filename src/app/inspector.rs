@@ -68,23 +68,68 @@ fn reason_given(reason: &str) -> Result<&str, AppError> {
     Ok(reason)
 }
 
-/// Resets the identifier: `scope` is empty (every policy), `<policy>` or `<policy>/<rule>`.
+/// Resets counters. `what` (the inspector's choice) is `<scope> <identifier>`, a line
+/// per identifier when several are reset together; without it, `id` and `scope`. A scope
+/// is `*` (every policy), `<policy>` or `<policy>/<rule>`; an empty `scope` is every policy.
+/// Answers the keys deleted.
 #[server(prefix = "/fn", endpoint = "reset")]
 pub async fn reset_identifier(
     #[server(default)] csrf: String,
     #[server(default)] id: String,
     #[server(default)] scope: String,
+    #[server(default)] what: String,
     #[server(default)] reason: String,
 ) -> Result<u64, AppError> {
-    use crate::{domain::Identifier, service::identifiers::ResetError};
     let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let reason = reason_given(&reason)?;
+    let targets: Vec<(String, String)> = if what.trim().is_empty() {
+        vec![(scope, id)]
+    } else {
+        what.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let (scope, id) = l.trim().split_once(' ').unwrap_or(("*", l.trim()));
+                (
+                    if scope == "*" {
+                        String::new()
+                    } else {
+                        scope.to_owned()
+                    },
+                    id.to_owned(),
+                )
+            })
+            .collect()
+    };
+    if targets.len() > 1 + MAX_RESET_TOGETHER {
+        return Err(AppError::bad_input(
+            "what",
+            "names too many identifiers at once",
+        ));
+    }
+    let mut deleted = 0;
+    for (scope, id) in targets {
+        deleted += reset_one(&caller, &id, &scope, reason).await?;
+    }
+    Ok(deleted)
+}
+
+/// Identifiers one reset may take with the inspected one (those checked together with it).
+const MAX_RESET_TOGETHER: usize = 8;
+
+#[cfg(feature = "ssr")]
+async fn reset_one(
+    caller: &crate::app::guard::Caller,
+    id: &str,
+    scope: &str,
+    reason: &str,
+) -> Result<u64, AppError> {
+    use crate::{domain::Identifier, service::identifiers::ResetError};
     let state = expect_context::<crate::state::AppState>();
     let id = Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
-    let reason = reason_given(&reason)?;
     let (policy, rule) = match scope.split_once('/') {
         Some((p, r)) => (Some(p), Some(r)),
         None if scope.is_empty() => (None, None),
-        None => (Some(scope.as_str()), None),
+        None => (Some(scope), None),
     };
     match state
         .service()
@@ -153,23 +198,9 @@ fn follow_identifier(
     });
 }
 
-/// The `id` of a query string (with or without its `?`), decoded once. leptos_router's
-/// query map decodes again what the URL parser decoded: `%25` in an identifier came out as
-/// `%`, and an Envoy descriptor's escapes (`%C2%B7`) as the characters they stand for.
+/// The `id` of a query string (with or without its `?`), decoded once.
 fn id_of(search: &str) -> String {
-    search
-        .trim_start_matches('?')
-        .split('&')
-        .find_map(|pair| {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            (key == "id").then(|| {
-                let value = value.replace('+', " ");
-                percent_encoding::percent_decode_str(&value)
-                    .decode_utf8_lossy()
-                    .into_owned()
-            })
-        })
-        .unwrap_or_default()
+    crate::domain::query_value(search, "id").unwrap_or_default()
 }
 
 #[component]
@@ -178,9 +209,17 @@ pub fn InspectorPage() -> impl IntoView {
     let id = move || location.search.with(|search| id_of(search));
     let reset = ServerAction::<ResetIdentifier>::new();
     let release = ServerAction::<ReleaseLease>::new();
+    let exempt = ServerAction::<crate::app::policies::AddOverride>::new();
     let data = Resource::new(
-        move || (id(), reset.version().get(), release.version().get()),
-        |(id, _, _)| async move {
+        move || {
+            (
+                id(),
+                reset.version().get(),
+                release.version().get(),
+                exempt.version().get(),
+            )
+        },
+        |(id, _, _, _)| async move {
             if id.trim().is_empty() {
                 Ok(None)
             } else {
@@ -191,7 +230,7 @@ pub fn InspectorPage() -> impl IntoView {
     let denials = Resource::new(
         move || (id(), reset.version().get()),
         |(id, _)| async move {
-            if id.trim().is_empty() {
+            if crate::domain::Identifier::parse(id.trim()).is_err() {
                 Ok(Denials::default())
             } else {
                 identifier_denials(id).await
@@ -210,10 +249,11 @@ pub fn InspectorPage() -> impl IntoView {
             follow_identifier(id, live, history);
         }
     });
-    // After a reset or a release, show the fresh read at once rather than the last sample.
+    // After a change, show the fresh read at once rather than the last sample.
     Effect::new(move |_| {
         reset.version().track();
         release.version().track();
+        exempt.version().track();
         live.set(None);
     });
 
@@ -221,13 +261,14 @@ pub fn InspectorPage() -> impl IntoView {
         <Title text="Identifiers"/>
         <h1>"Identifier inspector"</h1>
         <Form method="GET" action="" attr:class="row">
-            <label>"Identifier"
-                <input name="id" placeholder="user=42" value=id prop:value=id required/>
+            <label>"Identifier or value"
+                <input name="id" placeholder="bob, user=42 or ip=203.0.113.7" value=id prop:value=id required
+                    list="recent-identifiers" autocomplete="off"/>
             </label>
             <button type="submit">"Inspect"</button>
         </Form>
         {move || reset.value().get().map(|r| match r {
-            Ok(n) => view! { <p class="notice" role="status">{format!("Reset: {n} keys deleted.")}</p> }.into_any(),
+            Ok(n) => view! { <p class="notice" role="status">{format!("Reset done: {n} keys deleted. The counters start again from nothing.")}</p> }.into_any(),
             Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
         })}
         {move || release.value().get().map(|r| match r {
@@ -235,21 +276,37 @@ pub fn InspectorPage() -> impl IntoView {
             Ok(false) => view! { <p class="notice" role="status">"That lease was no longer held."</p> }.into_any(),
             Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
         })}
+        {move || exempt.value().get().map(|r| match r {
+            Ok(()) => view! { <p class="notice" role="status">"Override added. It is listed on the policy's page, where it can be removed."</p> }.into_any(),
+            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+        })}
         <Suspense fallback=|| view! { <p>"Reading counters…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
                 match data.await {
                     Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-                    Ok(None) => view! { <p class="muted">"Type an identifier as dimension=value, such as user=42 or ip=203.0.113.7."</p> }.into_any(),
+                    Ok(None) => view! { <p class="muted">"Type what support was told (bob), or an identifier as dimension=value (user=42, ip=203.0.113.7)."</p> }.into_any(),
+                    Ok(Some(first)) if !first.candidates.is_empty() || (first.policies.is_empty() && first.typed.is_some()) => {
+                        view! { <Candidates inspection=first/> }.into_any()
+                    }
                     Ok(Some(first)) => {
                         let can_reset = s.may(Action::ResetIdentifier);
+                        let can_override = s.may(Action::ManageOverrides);
                         let csrf = s.csrf.clone();
                         let leases = view! { <Leases inspection=first.clone() can_release=can_reset csrf=csrf.clone() action=release/> };
+                        let recent = first.recent.clone();
                         let current = Signal::derive(move || live.get().unwrap_or_else(|| first.clone()));
                         view! {
+                            <datalist id="recent-identifiers">
+                                {recent.into_iter().map(|r| view! { <option value=r/> }).collect_view()}
+                            </datalist>
                             {move || current.get().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
+                            {move || view! { <VerdictBanner inspection=current.get()/> }}
+                            {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone()/> })}
+                            {move || view! { <Companions inspection=current.get()/> }}
                             {move || view! { <Policies inspection=current.get()/> }}
                             {leases}
+                            {can_override.then(|| view! { <OverrideForm action=exempt inspection=current csrf=csrf.clone()/> })}
                             <Suspense fallback=|| ()>
                                 {move || Suspend::new(async move {
                                     match denials.await {
@@ -259,13 +316,142 @@ pub fn InspectorPage() -> impl IntoView {
                                 })}
                             </Suspense>
                             <History history=history/>
-                            {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone()/> })}
                         }.into_any()
                     }
                 }
             })}
         </Suspense>
     }
+}
+
+/// What a bare value may mean, when it is not one identifier with state: those with state
+/// and the recent ones that contain it, each a link to inspect it.
+#[component]
+fn Candidates(inspection: Inspection) -> impl IntoView {
+    let typed = inspection.typed.clone().unwrap_or_default();
+    let link = |id: String| {
+        let href = format!("/identifiers?id={}", super::overview::encode(&id));
+        view! { <a href=href>{id}</a> }
+    };
+    view! {
+        <section class="card" aria-labelledby="candidates-heading" data-testid="candidates">
+            <h2 id="candidates-heading">{format!("What “{typed}” may be")}</h2>
+            {inspection.error.map(|e| view! { <p class="notice" role="status">{e}</p> })}
+            {(!inspection.candidates.is_empty()).then(|| view! {
+                <p>"These have state now:"</p>
+                <ul>{inspection.candidates.into_iter().map(|(id, policies)| view! {
+                    <li>{link(id)}<span class="muted">{format!(" — in {}", policies.join(", "))}</span></li>
+                }).collect_view()}</ul>
+            })}
+            {(!inspection.recent.is_empty()).then(|| view! {
+                <p>"Seen in the last two hours:"</p>
+                <ul>{inspection.recent.into_iter().map(|id| view! { <li>{link(id)}</li> }).collect_view()}</ul>
+            })}
+        </section>
+    }
+}
+
+/// The answer support is asked for: blocked now or not, by what, on which identifier, and
+/// when the next request passes.
+#[component]
+fn VerdictBanner(inspection: Inspection) -> impl IntoView {
+    use crate::domain::inspection::Verdict;
+    if inspection.error.is_some() {
+        return ().into_any();
+    }
+    let resolved = inspection.typed.clone().map(|t| {
+        view! { <p class="muted">{format!("Showing {} for “{t}”.", inspection.identifier)}</p> }
+    });
+    let verdict = match inspection.verdict() {
+        Verdict::Blocked {
+            policy,
+            rule,
+            identifier,
+            passes_in_ms,
+        } => {
+            let on = if identifier == inspection.identifier {
+                identifier
+            } else {
+                format!(
+                    "{identifier} (checked together with {})",
+                    inspection.identifier
+                )
+            };
+            let when = match passes_in_ms {
+                Some(ms) => format!("the next request passes in {}", seconds(ms)),
+                None if rule == "override" => "until the override is removed or expires".to_owned(),
+                None => "until a lease is released or the limit is raised".to_owned(),
+            };
+            view! {
+                <p class="verdict bad" role="status" data-testid="verdict">
+                    <strong>"Blocked now"</strong>{format!(" by {policy} › {rule} on {on} — {when}.")}
+                </p>
+            }
+            .into_any()
+        }
+        Verdict::NotBlocked { closest } => {
+            let closest = match closest {
+                Some((policy, rule, identifier, pct)) => {
+                    format!("; closest: {policy} › {rule} on {identifier} at {pct} %")
+                }
+                None => "; nothing used of any limit".to_owned(),
+            };
+            view! {
+                <p class="verdict ok" role="status" data-testid="verdict">
+                    <strong>"Not blocked"</strong>{format!("{closest}.")}
+                </p>
+            }
+            .into_any()
+        }
+    };
+    view! { {resolved} {verdict} }.into_any()
+}
+
+/// The identifiers it was checked together with in the last hour, each with its own state.
+#[component]
+fn Companions(inspection: Inspection) -> impl IntoView {
+    use crate::domain::inspection::Verdict;
+    if inspection.error.is_some() {
+        return ().into_any();
+    }
+    if inspection.companions.is_empty() {
+        return view! {
+            <p class="muted" data-testid="companions">"Checked with no other identifier in the last hour."</p>
+        }
+        .into_any();
+    }
+    let rows = inspection
+        .companions
+        .into_iter()
+        .map(|c| {
+            let state = match c.verdict() {
+                Verdict::Blocked {
+                    policy,
+                    rule,
+                    passes_in_ms,
+                    ..
+                } => format!(
+                    "blocked by {policy} › {rule}{}",
+                    passes_in_ms.map_or(String::new(), |ms| format!(", passes in {}", seconds(ms)))
+                ),
+                Verdict::NotBlocked {
+                    closest: Some((policy, rule, _, pct)),
+                } => {
+                    format!("not blocked; {policy} › {rule} at {pct} %")
+                }
+                Verdict::NotBlocked { closest: None } => "not blocked".to_owned(),
+            };
+            let href = format!("/identifiers?id={}", super::overview::encode(&c.identifier));
+            view! { <li><a href=href>{c.identifier.clone()}</a>" — "{state}</li> }
+        })
+        .collect_view();
+    view! {
+        <section class="card" aria-labelledby="companions-heading" data-testid="companions">
+            <h2 id="companions-heading">"Checked together with, last hour"</h2>
+            <ul>{rows}</ul>
+        </section>
+    }
+    .into_any()
 }
 
 #[component]
@@ -279,7 +465,7 @@ fn Policies(inspection: Inspection) -> impl IntoView {
     }
     let id = inspection.identifier.clone();
     // The policies where it has state (or an override) first; the ones it never touched
-    // fold into one line.
+    // fold away.
     let (touched, untouched): (Vec<PolicyState>, Vec<PolicyState>) =
         inspection.policies.into_iter().partition(|p| {
             p.status != "rules"
@@ -289,25 +475,21 @@ fn Policies(inspection: Inspection) -> impl IntoView {
         });
     let touched_any = !touched.is_empty();
     let folded = (!untouched.is_empty()).then(|| {
-        let names = untouched
-            .iter()
-            .map(|p| p.policy.clone())
-            .collect::<Vec<_>>()
-            .join(", ");
+        let count = untouched.len();
         view! {
-            <p class="muted untouched" data-testid="untouched">
-                {format!(
-                    "No state in {}{} {}: {names}.",
+            <details class="muted untouched" data-testid="untouched">
+                <summary>{format!(
+                    "No state in {}{count} {}",
                     if touched_any { "" } else { "any of its " },
-                    untouched.len(),
-                    match (touched_any, untouched.len()) {
+                    match (touched_any, count) {
                         (true, 1) => "other policy",
                         (true, _) => "other policies",
                         (false, 1) => "policy",
                         (false, _) => "policies",
                     }
-                )}
-            </p>
+                )}</summary>
+                <p>{untouched.iter().map(|p| p.policy.clone()).collect::<Vec<_>>().join(", ")}</p>
+            </details>
         }
     });
     let cards = touched
@@ -324,11 +506,15 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                 .map(|r| {
                     let used = r.limit.saturating_sub(r.remaining);
                     let pct = (used * 100).checked_div(r.limit).unwrap_or(0);
-                    // The binding rule only matters once something is used.
-                    let binds = r.binding && (used > 0 || r.retry_after_ms.is_some());
+                    let blocks = r.retry_after_ms.is_some() || r.remaining == 0;
+                    let next = match r.retry_after_ms {
+                        Some(ms) => format!("in {}", seconds(ms)),
+                        None if blocks => "when a lease is released".to_owned(),
+                        None => "now".to_owned(),
+                    };
                     view! {
-                        <tr class:binding=binds>
-                            <td data-label="Rule">{r.rule.clone()}{binds.then(|| view! { " " <span class="badge warn">"binds"</span> })}</td>
+                        <tr class:binding=blocks>
+                            <td data-label="Rule">{r.rule.clone()}{blocks.then(|| view! { " " <span class="badge bad">"blocks"</span> })}</td>
                             <td data-label="Algorithm">{r.algorithm}</td>
                             <td data-label="Used">
                                 <meter min="0" max=r.limit.to_string() value=used.to_string() high=(r.limit * 8 / 10).to_string()
@@ -336,9 +522,9 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                                 " "<span data-testid=format!("used-{}-{}", p.policy, r.rule)>{format!("{used} / {}", r.limit)}</span>
                                 <span class="muted">{format!(" ({pct} %)")}</span>
                             </td>
-                            <td data-label="Full again in">{seconds(r.reset_ms)}</td>
-                            <td data-label="Key TTL">{r.ttl_ms.map_or("no state".to_owned(), |t| seconds(t as u64))}</td>
-                            <td data-label="Retry after">{r.retry_after_ms.map_or("—".to_owned(), seconds)}</td>
+                            <td data-label="Next request passes">{next}</td>
+                            <td data-label="All used refills in">{if used == 0 { "—".to_owned() } else { seconds(r.reset_ms) }}</td>
+                            <td data-label="State kept for">{r.ttl_ms.map_or("no state".to_owned(), |t| seconds(t as u64))}</td>
                         </tr>
                     }
                 })
@@ -348,7 +534,7 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                     <h2>{p.policy.clone()}<span class="muted">{format!(" · version {}", p.version)}</span></h2>
                     {status}
                     <table class="cards-on-phone">
-                        <thead><tr><th>"Rule"</th><th>"Algorithm"</th><th>"Used"</th><th>"Full again in"</th><th>"Key TTL"</th><th>"Retry after"</th></tr></thead>
+                        <thead><tr><th>"Rule"</th><th>"Algorithm"</th><th>"Used"</th><th>"Next request passes"</th><th>"All used refills in"</th><th>"State kept for"</th></tr></thead>
                         <tbody>{rows}</tbody>
                     </table>
                 </section>
@@ -517,40 +703,138 @@ fn Leases(
     .into_any()
 }
 
+/// The reset's choices, what blocks first (and chosen): for the identifier and each one
+/// it was checked together with, every policy, each policy with state and each rule of
+/// those; and all of them at once. Policies without state are left out.
+fn reset_choices(i: &Inspection) -> (Vec<(String, String)>, String) {
+    use crate::domain::inspection::Verdict;
+    let mut opts: Vec<(String, String)> = Vec::new();
+    let with_state = |p: &PolicyState| {
+        p.status == "rules"
+            && p.rules
+                .iter()
+                .any(|r| r.ttl_ms.is_some() || r.remaining < r.limit)
+    };
+    for x in std::iter::once(i).chain(&i.companions) {
+        opts.push((
+            format!("* {}", x.identifier),
+            format!("{}: everything", x.identifier),
+        ));
+        for p in x.policies.iter().filter(|p| with_state(p)) {
+            opts.push((
+                format!("{} {}", p.policy, x.identifier),
+                format!("{}: policy {}", x.identifier, p.policy),
+            ));
+            for r in &p.rules {
+                opts.push((
+                    format!("{}/{} {}", p.policy, r.rule, x.identifier),
+                    format!("{}: rule {} of {}", x.identifier, r.rule, p.policy),
+                ));
+            }
+        }
+    }
+    if !i.companions.is_empty() {
+        let all: Vec<String> = std::iter::once(i)
+            .chain(&i.companions)
+            .map(|x| format!("* {}", x.identifier))
+            .collect();
+        opts.push((
+            all.join("\n"),
+            format!(
+                "{} and the {} checked with it: everything",
+                i.identifier,
+                i.companions.len()
+            ),
+        ));
+    }
+    let chosen = match i.verdict() {
+        Verdict::Blocked {
+            policy,
+            rule,
+            identifier,
+            ..
+        } if rule != "override" => format!("{policy}/{rule} {identifier}"),
+        _ => format!("* {}", i.identifier),
+    };
+    (opts, chosen)
+}
+
 #[component]
 fn ResetForm(
     action: ServerAction<ResetIdentifier>,
     inspection: Signal<Inspection>,
     csrf: String,
 ) -> impl IntoView {
-    let options = move || {
-        let i = inspection.get();
-        let mut opts = vec![("".to_owned(), "Everything (every policy)".to_owned())];
-        for p in &i.policies {
-            opts.push((p.policy.clone(), format!("Policy {}", p.policy)));
-            for r in &p.rules {
-                opts.push((
-                    format!("{}/{}", p.policy, r.rule),
-                    format!("Rule {} of {}", r.rule, p.policy),
-                ));
-            }
-        }
-        opts.into_iter()
-            .map(|(v, l)| view! { <option value=v>{l}</option> })
-            .collect_view()
-    };
+    // The choices as the page was read: a live sample must not change the selection
+    // under the person's hand.
+    let (opts, chosen) = inspection.with_untracked(reset_choices);
+    let options = opts
+        .into_iter()
+        .map(|(v, l)| {
+            let selected = v == chosen;
+            view! { <option value=v selected=selected>{l}</option> }
+        })
+        .collect_view();
     view! {
         <section class="card" aria-labelledby="reset-heading">
             <h2 id="reset-heading">"Reset"</h2>
             <ActionForm action=action attr:class="row">
                 <CsrfField csrf=csrf/>
-                <input type="hidden" name="id" value=move || inspection.get().identifier/>
-                <label>"What"<select name="scope">{options}</select></label>
+                <label>"What"<select name="what">{options}</select></label>
                 <label>"Reason"<input name="reason" required maxlength="500" placeholder="support ticket, false positive…"/></label>
                 <button type="submit" class="danger">"Reset counters"</button>
             </ActionForm>
+            <p class="muted small">"A reset deletes the counters: the next request starts from a full allowance. It is written to the audit log with the reason."</p>
         </section>
     }
+}
+
+/// Block or exempt the identifier in one policy for a while, with a reason: an override on
+/// its exact value.
+#[component]
+fn OverrideForm(
+    action: ServerAction<crate::app::policies::AddOverride>,
+    inspection: Signal<Inspection>,
+    csrf: String,
+) -> impl IntoView {
+    let i = inspection.get_untracked();
+    let Some((dimension, value)) = i
+        .identifier
+        .split_once('=')
+        .map(|(d, v)| (d.to_owned(), v.to_owned()))
+    else {
+        return ().into_any();
+    };
+    let policies: Vec<String> = i.policies.iter().map(|p| p.policy.clone()).collect();
+    // A `*` in the value would make the override a wildcard, not this identifier.
+    if policies.is_empty() || value.contains('*') {
+        return ().into_any();
+    }
+    let matcher = format!("{dimension}={value}");
+    view! {
+        <section class="card" aria-labelledby="override-heading">
+            <h2 id="override-heading">"Block or exempt"</h2>
+            <ActionForm action=action attr:class="row">
+                <CsrfField csrf=csrf/>
+                <input type="hidden" name="matcher" value=matcher/>
+                <label>"Policy"<select name="name">{policies.into_iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}</select></label>
+                <label>"Action"<select name="action">
+                    <option value="unlimited">"Exempt (let through without counting)"</option>
+                    <option value="block">"Block (deny every request)"</option>
+                </select></label>
+                <label>"For"<select name="expires_minutes">
+                    <option value="15">"15 minutes"</option>
+                    <option value="60" selected>"1 hour"</option>
+                    <option value="1440">"1 day"</option>
+                    <option value="10080">"7 days"</option>
+                    <option value="">"until removed"</option>
+                </select></label>
+                <label>"Reason"<input name="reason" required maxlength="500" placeholder="ticket 4711, partner load test…"/></label>
+                <button type="submit">"Add override"</button>
+            </ActionForm>
+        </section>
+    }
+    .into_any()
 }
 
 #[cfg(test)]

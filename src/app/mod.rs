@@ -18,7 +18,7 @@ pub mod policies;
 pub mod session;
 
 use leptos::prelude::*;
-use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
+use leptos_meta::{HashedStylesheet, MetaTags, Title, provide_meta_context};
 
 use crate::domain::people::Action;
 use leptos_router::{
@@ -73,6 +73,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta name="viewport" content="width=device-width, initial-scale=1"/>
                 <meta name="color-scheme" content="light dark"/>
                 <AutoReload options=options.clone()/>
+                <HashedStylesheet options=options.clone() id="leptos"/>
                 <HydrationScripts options/>
                 <MetaTags/>
             </head>
@@ -97,7 +98,6 @@ pub fn App() -> impl IntoView {
     let session: session::SessionResource = Resource::new(|| (), |_| session::whoami());
     provide_context(session);
     view! {
-        <Stylesheet id="leptos" href="/pkg/spillway.css"/>
         <Title formatter=|page: String| format!("{page} · Spillway")/>
         <Router>
             <header class="topbar">

@@ -13,6 +13,7 @@ use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
 
 use super::session::error_message;
+pub use crate::domain::throttle::Throttle;
 
 /// Redis as the server sees it at one moment.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,7 +82,9 @@ pub struct OverviewDelta {
     pub redis: RedisReport,
     pub keys: u64,
     pub gathered_us: u64,
-    pub throttled: Option<Vec<RankedRow>>,
+    pub degraded_last_hour: u64,
+    pub alerts_firing: Vec<String>,
+    pub throttled: Option<Vec<Throttle>>,
     pub near: Option<Vec<RankedRow>>,
     /// The policies (name, shadow mode) in order, when they changed.
     pub names: Option<Vec<(String, bool)>>,
@@ -104,6 +107,8 @@ impl OverviewDelta {
             redis: new.redis.clone(),
             keys: new.keys,
             gathered_us: new.gathered_us,
+            degraded_last_hour: new.degraded_last_hour,
+            alerts_firing: new.alerts_firing.clone(),
             ..OverviewDelta::default()
         };
         let Some(old) = old else {
@@ -178,6 +183,8 @@ impl OverviewData {
         self.redis = delta.redis;
         self.keys = delta.keys;
         self.gathered_us = delta.gathered_us;
+        self.degraded_last_hour = delta.degraded_last_hour;
+        self.alerts_firing = delta.alerts_firing;
         if let Some(t) = delta.throttled {
             self.throttled = t;
         }
@@ -241,37 +248,67 @@ pub struct OverviewData {
     pub second: i64,
     pub redis: RedisReport,
     pub policies: Vec<PolicyRate>,
-    /// Most denied over the last 5 minutes.
-    pub throttled: Vec<RankedRow>,
+    /// Most denied over the last 5 minutes, with what each denial was.
+    pub throttled: Vec<Throttle>,
     /// At 80 % or more of a limit in the last minute or two.
     pub near: Vec<RankedRow>,
     /// Keys in Redis (DBSIZE), for scale.
     pub keys: u64,
     /// Server time spent gathering this, µs.
     pub gathered_us: u64,
+    /// Checks answered without Redis in the last hour (every instance).
+    pub degraded_last_hour: u64,
+    /// Alert rules firing now.
+    pub alerts_firing: Vec<String>,
+}
+
+/// What the overview's tables show: the policies the filter box picks (a part of the name),
+/// and the top 10 of each table or, with `all`, the top 100.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct View {
+    pub filter: String,
+    pub all: bool,
+}
+
+impl View {
+    /// Rows of each table.
+    pub fn top(&self) -> usize {
+        if self.all { 100 } else { 10 }
+    }
+
+    /// The query string that shows this view (without `?`; empty for the default).
+    pub fn query(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.filter.is_empty() {
+            parts.push(format!("filter={}", encode(&self.filter)));
+        }
+        if self.all {
+            parts.push("all=1".to_owned());
+        }
+        parts.join("&")
+    }
 }
 
 /// Seconds of history the chart shows.
 pub const CHART_SECONDS: usize = 60;
 
-/// Gathers the overview (server only): the health probe and the counters, shaped for the
-/// page.
+/// Gathers the overview (server only) for `view`: the health probe and the counters,
+/// shaped for the page.
 #[cfg(feature = "ssr")]
-pub async fn gather(state: &crate::state::AppState) -> OverviewData {
+pub async fn gather(state: &crate::state::AppState, view: &View) -> OverviewData {
     let started = std::time::Instant::now();
-    let facts = state.service().overview(CHART_SECONDS as i64, 10).await;
+    let filter = view.filter.clone();
+    let only = move |p: &str| passes(p, &filter);
+    let facts = state
+        .service()
+        .overview(
+            CHART_SECONDS as i64,
+            view.top(),
+            (!view.filter.is_empty()).then_some(&only as &(dyn Fn(&str) -> bool + Sync)),
+        )
+        .await;
     let Ok(health) = facts.redis else {
         return OverviewData::default();
-    };
-    let rows = |ranked: Vec<crate::service::Ranked>| {
-        ranked
-            .into_iter()
-            .map(|r| RankedRow {
-                policy: r.policy,
-                identifier: r.identifier,
-                value: r.value,
-            })
-            .collect()
     };
     let (second, policies) = facts.rates.map_or((0, Vec::new()), |(now, series)| {
         let rates = series
@@ -292,27 +329,47 @@ pub async fn gather(state: &crate::state::AppState) -> OverviewData {
             round_trip_us: Some(health.round_trip_us),
         },
         policies,
-        throttled: rows(facts.throttled),
-        near: rows(facts.near),
+        throttled: facts.throttled,
+        near: facts
+            .near
+            .into_iter()
+            .map(|r| RankedRow {
+                policy: r.policy,
+                identifier: r.identifier,
+                value: r.value,
+            })
+            .collect(),
         keys: facts.keys,
         gathered_us: started.elapsed().as_micros() as u64,
+        degraded_last_hour: facts.degraded_last_hour,
+        alerts_firing: facts.alerts_firing,
     }
 }
 
 /// The overview, for the first render (and for anyone polling).
 #[server(prefix = "/fn", endpoint = "overview")]
-pub async fn overview() -> Result<OverviewData, AppError> {
+pub async fn overview(
+    #[server(default)] filter: String,
+    #[server(default)] all: bool,
+) -> Result<OverviewData, AppError> {
     crate::app::guard::require(crate::domain::people::Action::View)?;
-    Ok(gather(&expect_context::<crate::state::AppState>()).await)
+    Ok(gather(
+        &expect_context::<crate::state::AppState>(),
+        &View { filter, all },
+    )
+    .await)
 }
 
 /// Reads Redis's status on the server by running the health script.
 #[server(prefix = "/fn", endpoint = "redis_status")]
 pub async fn redis_status() -> Result<RedisReport, AppError> {
     crate::app::guard::require(crate::domain::people::Action::View)?;
-    Ok(gather(&expect_context::<crate::state::AppState>())
-        .await
-        .redis)
+    Ok(gather(
+        &expect_context::<crate::state::AppState>(),
+        &View::default(),
+    )
+    .await
+    .redis)
 }
 
 /// Formats epoch milliseconds as a UTC time of day with milliseconds.
@@ -331,19 +388,36 @@ fn clock(ms: i64) -> String {
 /// names in a folded list, so a few hundred policies fit one screen.
 pub const CHARTED: usize = 12;
 
+/// The overview's view as the page's query gives it (`filter`, `all=1`).
+fn view_of(query: &leptos_router::params::ParamsMap) -> View {
+    View {
+        filter: query.get("filter").unwrap_or_default(),
+        all: query.get("all").as_deref() == Some("1"),
+    }
+}
+
 #[component]
 pub fn OverviewPage() -> impl IntoView {
     let query = leptos_router::hooks::use_query_map();
     let range = move || query.with(|q| q.get("range").unwrap_or_default());
     let filter = filter_text();
-    let initial = Resource::new(|| (), |_| overview());
+    let view = Memo::new(move |_| query.with(view_of));
+    let initial = Resource::new(move || view.get(), |v| overview(v.filter, v.all));
     let live = RwSignal::new(None::<OverviewData>);
     #[cfg(feature = "hydrate")]
     Effect::new(move |_| {
+        let v = view.get();
+        live.set(None);
         if !matches!(range().as_str(), "" | "live") {
             return;
         }
-        super::follow_events("/events/overview", move |delta: OverviewDelta| {
+        let q = v.query();
+        let path = if q.is_empty() {
+            "/events/overview".to_owned()
+        } else {
+            format!("/events/overview?{q}")
+        };
+        super::follow_events(&path, move |delta: OverviewDelta| {
             live.update(|current| match current {
                 Some(data) => data.apply(delta),
                 None => {
@@ -391,7 +465,7 @@ pub fn OverviewPage() -> impl IntoView {
                         match initial.await {
                             Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
                             Ok(first) => view! {
-                                <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone()))/>
+                                <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone())) view=view/>
                             }.into_any(),
                         }
                     })}
@@ -418,8 +492,12 @@ pub fn filter_text() -> impl Fn() -> String + Copy {
     move || query.with(|q| q.get("filter").unwrap_or_default())
 }
 
+/// Busy seconds in the minute below which a policy is a row of the "more busy" table rather
+/// than a chart: a short spike does not take a chart's height.
+const SHORT_LIVED: usize = 6;
+
 #[component]
-fn Live(data: Signal<OverviewData>) -> impl IntoView {
+fn Live(data: Signal<OverviewData>, view: Memo<View>) -> impl IntoView {
     let filter = filter_text();
     let policies = move || {
         let d = data.get();
@@ -441,19 +519,29 @@ fn Live(data: Signal<OverviewData>) -> impl IntoView {
                 .then(tb.0.cmp(&ta.0))
                 .then_with(|| a.policy.cmp(&b.policy))
         });
-        let rest = busy.split_off(busy.len().min(CHARTED));
-        let charts = busy
+        let (steady, short): (Vec<PolicyRate>, Vec<PolicyRate>) =
+            busy.into_iter().partition(|p| p.busy.len() >= SHORT_LIVED);
+        let mut steady = steady;
+        let mut rest = steady.split_off(steady.len().min(CHARTED));
+        rest.extend(short);
+        let charts = steady
             .into_iter()
             .map(|p| view! { <RateChart rate=p/> })
             .collect_view();
         let rows = (!rest.is_empty()).then(|| view! {
-            <table data-testid="more-busy">
-                <thead><tr><th>"More busy policies"</th><th class="num">"allowed"</th><th class="num">"denied"</th></tr></thead>
+            <table data-testid="more-busy" class="cards-on-phone">
+                <thead><tr><th>"More busy policies"</th><th class="num">"allowed"</th><th class="num">"denied"</th><th class="num">"busy seconds"</th></tr></thead>
                 <tbody>
                     {rest.into_iter().map(|p| {
                         let (a, d) = p.totals();
                         let href = format!("/history?policy={}", encode(&p.policy));
-                        view! { <tr><td><a href=href>{p.policy}</a></td><td class="num">{a}</td><td class="num">{d}</td></tr> }
+                        let seconds = p.busy.len();
+                        view! { <tr>
+                            <td data-label="Policy"><a href=href>{p.policy}</a></td>
+                            <td data-label="allowed" class="num">{a}</td>
+                            <td data-label="denied" class="num">{d}</td>
+                            <td data-label="busy seconds" class="num">{seconds}</td>
+                        </tr> }
                     }).collect_view()}
                 </tbody>
             </table>
@@ -472,21 +560,31 @@ fn Live(data: Signal<OverviewData>) -> impl IntoView {
         });
         view! { {charts} {rows} {folded} }.into_any()
     };
+    let scope = move || {
+        let v = view.get();
+        if v.filter.is_empty() {
+            "every policy".to_owned()
+        } else {
+            format!("policies matching “{}”", v.filter)
+        }
+    };
     view! {
+        <StatusStrip data=data/>
         <div class="grid">
             <section class="card wide" aria-labelledby="rates-heading">
                 <h2 id="rates-heading">"Checks per second, last minute"</h2>
                 <p class="muted legend"><span class="swatch allowed"></span>"allowed "<span class="swatch denied"></span>"denied"</p>
                 {policies}
             </section>
-            <section class="card" aria-labelledby="throttled-heading">
+            <section class="card wide" aria-labelledby="throttled-heading">
                 <h2 id="throttled-heading">"Throttled now"</h2>
-                <p class="muted">"Most denied in the last 5 minutes"</p>
-                {move || ranked_table(data.get().throttled, "denials", "throttled", "Nobody is being throttled.")}
+                <p class="muted">{move || format!("Most denied in the last 5 minutes, {}", scope())}</p>
+                {move || throttled_table(&data.get())}
+                <ShowAll view=view/>
             </section>
             <section class="card" aria-labelledby="near-heading">
                 <h2 id="near-heading">"Near their limit"</h2>
-                <p class="muted">"80 % or more of a limit used in the last minute"</p>
+                <p class="muted">{move || format!("80 % or more of a limit used in the last minute, {}", scope())}</p>
                 {move || ranked_table(data.get().near, "of limit", "near", "Nobody is close to a limit.")}
             </section>
             <section class="card" aria-labelledby="redis-heading">
@@ -519,6 +617,166 @@ fn Live(data: Signal<OverviewData>) -> impl IntoView {
             </section>
         </div>
     }
+}
+
+/// "Show all" (the top 100) or "Show the top 10", keeping the filter.
+#[component]
+fn ShowAll(view: Memo<View>) -> impl IntoView {
+    move || {
+        let v = view.get();
+        let other = View {
+            all: !v.all,
+            ..v.clone()
+        };
+        let q = other.query();
+        let href = if q.is_empty() {
+            "/".to_owned()
+        } else {
+            format!("/?{q}")
+        };
+        let text = if v.all {
+            "Show the top 10"
+        } else {
+            "Show all (top 100)"
+        };
+        view! { <p><a href=href data-testid="show-all">{text}</a></p> }
+    }
+}
+
+/// The first thing on the overview: is anything wrong? Each figure turns amber or red when
+/// it should worry someone, and links to where to look.
+#[component]
+fn StatusStrip(data: Signal<OverviewData>) -> impl IntoView {
+    move || {
+        let d = data.get();
+        let last_full = CHART_SECONDS - 2;
+        let (mut per_second, mut allowed, mut denied) = (0u64, 0u64, 0u64);
+        for p in &d.policies {
+            for (i, a, x) in &p.busy {
+                allowed += a;
+                denied += x;
+                if usize::from(*i) == last_full {
+                    per_second += a + x;
+                }
+            }
+        }
+        let deny_pct = (denied * 1000)
+            .checked_div(allowed + denied)
+            .map_or(0.0, |permille| permille as f64 / 10.0);
+        let deny_level = if deny_pct >= 25.0 {
+            "bad"
+        } else if deny_pct >= 5.0 {
+            "warn"
+        } else {
+            "ok"
+        };
+        let degraded_level = if d.degraded_last_hour > 0 {
+            "bad"
+        } else {
+            "ok"
+        };
+        let firing = d.alerts_firing.len();
+        let alerts_level = if firing > 0 { "bad" } else { "ok" };
+        let redis_level = if d.redis.up { "ok" } else { "bad" };
+        let redis_text = if d.redis.up {
+            d.redis.round_trip_us.map_or("up".to_owned(), |us| {
+                format!("up · {:.1} ms", us as f64 / 1000.0)
+            })
+        } else {
+            "down".to_owned()
+        };
+        let firing_text = if firing == 0 {
+            "none".to_owned()
+        } else {
+            d.alerts_firing.join(", ")
+        };
+        view! {
+            <ul class="status-strip" aria-label="Status" data-testid="status-strip">
+                <li class="ok"><a href="#rates-heading">
+                    <span class="what">"Checks"</span>
+                    <strong data-testid="status-rate">{format!("{per_second}/s")}</strong>
+                </a></li>
+                <li class=deny_level><a href="#throttled-heading">
+                    <span class="what">"Denied, last minute"</span>
+                    <strong data-testid="status-deny">{format!("{deny_pct:.1} %")}</strong>
+                </a></li>
+                <li class=degraded_level><a href="/history?range=1h">
+                    <span class="what">"Answered without Redis, last hour"</span>
+                    <strong data-testid="status-degraded">{d.degraded_last_hour}</strong>
+                </a></li>
+                <li class=alerts_level><a href="/alerts">
+                    <span class="what">"Alerts firing"</span>
+                    <strong data-testid="status-alerts">{firing_text}</strong>
+                </a></li>
+                <li class=redis_level><a href="#redis-heading">
+                    <span class="what">"Redis"</span>
+                    <strong data-testid="status-redis">{redis_text}</strong>
+                </a></li>
+            </ul>
+        }
+    }
+}
+
+/// `then` as "12 s ago" from `now_ms`.
+fn ago(now_ms: i64, then: i64) -> String {
+    let s = ((now_ms - then).max(0) + 500) / 1000;
+    if s < 90 {
+        format!("{s} s ago")
+    } else {
+        format!("{} min ago", (s + 30) / 60)
+    }
+}
+
+/// Whether and until when a throttled identifier is blocked, read at `now_ms`.
+fn blocked_text(t: &Throttle, now_ms: i64) -> String {
+    match (t.until_ms, t.blocked_at(now_ms)) {
+        (Some(until), true) => {
+            format!("blocked {} s more", (until - now_ms + 999) / 1000)
+        }
+        (None, true) => "blocked (no end known)".to_owned(),
+        _ => "passes now".to_owned(),
+    }
+}
+
+fn throttled_table(d: &OverviewData) -> AnyView {
+    if d.throttled.is_empty() {
+        return view! { <p class="empty" data-testid="throttled">"Nobody is being throttled."</p> }
+            .into_any();
+    }
+    // Redis's clock (the second the counters were read at), not the browser's.
+    let now_ms = d.second * 1000 + 999;
+    let link = |id: &str| {
+        let href = format!("/identifiers?id={}", encode(id));
+        view! { <a href=href>{crate::domain::envoy::readable(id).to_owned()}</a> }
+    };
+    view! {
+        <table data-testid="throttled" class="cards-on-phone">
+            <thead><tr>
+                <th>"Denied through"</th><th>"Checked with"</th><th>"Policy › rule"</th>
+                <th class="num">"denials"</th><th>"since"</th><th>"last"</th><th>"blocked"</th>
+            </tr></thead>
+            <tbody>
+                {d.throttled.iter().map(|t| {
+                    let others: Vec<_> = t.others().map(|o| view! { {link(o)}" " }).collect();
+                    let rule = t.rule.clone().map_or(t.policy.clone(), |r| format!("{} › {r}", t.policy));
+                    let blocked = blocked_text(t, now_ms);
+                    let is_blocked = t.blocked_at(now_ms);
+                    view! {
+                        <tr>
+                            <td data-label="Denied through">{link(&t.identifier)}</td>
+                            <td data-label="Checked with">{if others.is_empty() { view! { <span class="muted">"—"</span> }.into_any() } else { others.collect_view().into_any() }}</td>
+                            <td data-label="Policy › rule">{rule}</td>
+                            <td data-label="denials" class="num">{t.denials}</td>
+                            <td data-label="since">{t.first_ms.map_or("—".to_owned(), |f| ago(now_ms, f))}</td>
+                            <td data-label="last">{t.last_ms.map_or("—".to_owned(), |l| ago(now_ms, l))}</td>
+                            <td data-label="blocked"><span class=if is_blocked { "badge bad" } else { "badge ok" }>{blocked}</span></td>
+                        </tr>
+                    }
+                }).collect_view()}
+            </tbody>
+        </table>
+    }
+    .into_any()
 }
 
 fn ranked_table(
@@ -602,10 +860,15 @@ fn RateChart(rate: PolicyRate) -> impl IntoView {
                 <span class="muted">{format!(" · {now_a}/s allowed · {now_d}/s denied · peak {busiest}/s · ")}</span>
                 <a href=format!("/history?policy={}", encode(&policy))>"history"</a>
             </figcaption>
-            <svg viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label=label>
-                <title>{summary}</title>
-                {bars}
-            </svg>
+            <div class="plot">
+                <div class="y-axis" aria-hidden="true"><span>{format!("{peak}/s")}</span><span>{format!("{}/s", peak / 2)}</span><span>"0"</span></div>
+                <svg viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label=label>
+                    <title>{summary}</title>
+                    <line class="tick" x1="0" x2=W.to_string() y1=format!("{:.1}", H / 2.0) y2=format!("{:.1}", H / 2.0)/>
+                    {bars}
+                </svg>
+            </div>
+            <div class="x-axis" aria-hidden="true"><span>"60 s ago"</span><span>"30 s ago"</span><span>"now"</span></div>
         </figure>
     }
 }
@@ -682,7 +945,7 @@ mod tests {
             let mut a = data(s0, old.iter().map(|(n, b)| (n.as_str(), b.clone())).collect());
             let mut b = data(s0 + step, new.iter().map(|(n, b)| (n.as_str(), b.clone())).collect());
             if throttled {
-                b.throttled = vec![RankedRow { policy: "a".into(), identifier: "user=1".into(), value: 3 }];
+                b.throttled = vec![Throttle { policy: "a".into(), identifier: "user=1".into(), denials: 3, ..Throttle::default() }];
             } else {
                 a.near = vec![RankedRow { policy: "b".into(), identifier: "user=2".into(), value: 90 }];
             }

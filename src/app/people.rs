@@ -243,10 +243,25 @@ pub fn PeoplePage() -> impl IntoView {
         .collect::<Vec<_>>()
     };
 
+    let done = move || {
+        let ok = |r: Option<Result<(), AppError>>| r.is_some_and(|r| r.is_ok());
+        [
+            (ok(add.value().get()), "User added."),
+            (ok(set_role.value().get()), "Role set."),
+            (ok(remove.value().get()), "User removed and signed out."),
+            (ok(revoke.value().get()), "Key revoked."),
+        ]
+        .into_iter()
+        .filter(|(done, _)| *done)
+        .map(|(_, text)| text)
+        .collect::<Vec<_>>()
+    };
+
     view! {
         <Title text="Users and keys"/>
         <h1>"Users and API keys"</h1>
         {move || errors().into_iter().map(|e| view! { <p class="alert" role="alert">{e}</p> }).collect_view()}
+        {move || done().into_iter().map(|t| view! { <p class="notice" role="status">{t}</p> }).collect_view()}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match data.await {
@@ -267,24 +282,33 @@ pub fn PeoplePage() -> impl IntoView {
                                 <tr>
                                     <td>{name}{is_me.then_some(" (you)")}</td>
                                     <td>
-                                        <ActionForm action=set_role attr:class="inline">
-                                            <CsrfField csrf=c1/>
-                                            <input type="hidden" name="username" value=n1/>
-                                            <select name="role" aria-label=role_label>
-                                                {Role::ALL.iter().map(|r| view! {
-                                                    <option value=r.as_str() selected=*r == role>{r.as_str()}</option>
-                                                }).collect_view()}
-                                            </select>
-                                            <button type="submit" class="small">"Set role"</button>
-                                        </ActionForm>
+                                        {role.as_str()}
+                                        <details class="confirm-step">
+                                            <summary>"Change…"</summary>
+                                            <ActionForm action=set_role attr:class="inline">
+                                                <CsrfField csrf=c1/>
+                                                <input type="hidden" name="username" value=n1/>
+                                                <select name="role" aria-label=role_label>
+                                                    {Role::ALL.iter().map(|r| view! {
+                                                        <option value=r.as_str() selected=*r == role>{r.as_str()}</option>
+                                                    }).collect_view()}
+                                                </select>
+                                                <button type="submit" class="small">"Set role"</button>
+                                            </ActionForm>
+                                            <p class="muted small">"Takes effect on their next request; their sessions stay signed in."</p>
+                                        </details>
                                     </td>
                                     <td>{utc_minutes(Some(u.created_at_ms))}</td>
                                     <td>
-                                        <ActionForm action=remove attr:class="inline">
-                                            <CsrfField csrf=c2/>
-                                            <input type="hidden" name="username" value=n2/>
-                                            <button type="submit" class="small danger" aria-label=remove_label>"Remove"</button>
-                                        </ActionForm>
+                                        <details class="confirm-step">
+                                            <summary>"Remove…"</summary>
+                                            <p class="small">{format!("{n2} is signed out everywhere and can no longer sign in. Their audit records stay.")}</p>
+                                            <ActionForm action=remove attr:class="inline">
+                                                <CsrfField csrf=c2/>
+                                                <input type="hidden" name="username" value=n2.clone()/>
+                                                <button type="submit" class="small danger" aria-label=remove_label>{format!("Yes, remove {n2}")}</button>
+                                            </ActionForm>
+                                        </details>
                                     </td>
                                 </tr>
                             }
@@ -306,11 +330,15 @@ pub fn PeoplePage() -> impl IntoView {
                                         None => view! { <span class="badge ok">"active"</span> }.into_any(),
                                     }}</td>
                                     <td>{revoked.is_none().then(|| view! {
-                                        <ActionForm action=revoke attr:class="inline">
-                                            <CsrfField csrf=c/>
-                                            <input type="hidden" name="id" value=id/>
-                                            <button type="submit" class="small danger" aria-label=label>"Revoke"</button>
-                                        </ActionForm>
+                                        <details class="confirm-step">
+                                            <summary>"Revoke…"</summary>
+                                            <p class="small">"Every service using this key is refused (401) from its next call. A revoked key cannot be restored: make a new one."</p>
+                                            <ActionForm action=revoke attr:class="inline">
+                                                <CsrfField csrf=c/>
+                                                <input type="hidden" name="id" value=id/>
+                                                <button type="submit" class="small danger" aria-label=label>"Yes, revoke it"</button>
+                                            </ActionForm>
+                                        </details>
                                     })}</td>
                                 </tr>
                             }
@@ -320,7 +348,8 @@ pub fn PeoplePage() -> impl IntoView {
                                 <section class="card notice" aria-labelledby="new-key">
                                     <h2 id="new-key">"New API key"</h2>
                                     <p>"Copy it now: it is not shown again."</p>
-                                    <code data-testid="new-key">{k}</code>
+                                    <code data-testid="new-key">{k.clone()}</code>
+                                    <CopyButton text=k/>
                                 </section>
                             })}
                             <section class="card" aria-labelledby="users-heading">
@@ -370,5 +399,23 @@ pub fn PeoplePage() -> impl IntoView {
                 }
             })}
         </Suspense>
+    }
+}
+
+/// Copies `text` to the clipboard (needs JavaScript; without it the text is there to select).
+#[component]
+fn CopyButton(text: String) -> impl IntoView {
+    let copied = RwSignal::new(false);
+    let copy = move |_| {
+        #[cfg(feature = "hydrate")]
+        if let Some(window) = web_sys::window() {
+            let _ = window.navigator().clipboard().write_text(&text);
+            copied.set(true);
+        }
+        #[cfg(not(feature = "hydrate"))]
+        let _ = &text;
+    };
+    view! {
+        <button type="button" class="small" on:click=copy>{move || if copied.get() { "Copied" } else { "Copy" }}</button>
     }
 }

@@ -205,7 +205,7 @@ async fn read(
 
 /// The page for a dashboard request whose session could not be read: 503, the reason, and
 /// a way back; the visitor stays signed in.
-fn session_unreadable() -> Response {
+fn session_unreadable(stylesheet: &str) -> Response {
     (
         StatusCode::SERVICE_UNAVAILABLE,
         [
@@ -218,12 +218,13 @@ fn session_unreadable() -> Response {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <title>Can't reach Redis · Spillway</title>\
-         <link rel=\"stylesheet\" href=\"/pkg/spillway.css\"></head><body><main>\
+         <link rel=\"stylesheet\" href=\"STYLESHEET\"></head><body><main>\
          <section class=\"card\"><h1>Can't reach Redis</h1>\
          <p>Spillway could not read your session from Redis just now, so this page cannot \
          be shown. You are still signed in: <a href=\"\">try again</a> in a moment. If it \
          keeps happening, Redis is down or slow; checks answer by each policy's failure \
-         mode meanwhile.</p></section></main></body></html>",
+         mode meanwhile.</p></section></main></body></html>"
+            .replace("STYLESHEET", stylesheet),
     )
         .into_response()
 }
@@ -280,11 +281,18 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
             None,
         );
     }
+    // Read again once before giving up: a failover or a blip of Redis should not cost a
+    // page (and an error never signs anyone out).
     let session = match read(&state, req.headers()).await {
+        Ok(session) => Ok(session),
+        Err(_) => read(&state, req.headers()).await,
+    };
+    let session = match session {
         Ok(session) => session,
         Err(error) => {
             tracing::warn!(%error, "could not read a session");
-            return secured(session_unreadable(), None);
+            let css = stylesheet_href(&state.leptos_options);
+            return secured(session_unreadable(&css), None);
         }
     };
     let signed_in = session.as_ref().is_some_and(|s| s.user().is_some());
@@ -301,6 +309,18 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
     };
     if !signed_in && !is_open(&path) {
         return secured(to_sign_in(&req), None);
+    }
+    if signed_in && path == "/login" && req.method() == Method::GET {
+        // Already signed in: on to where the sign-in would have led.
+        let next = req
+            .uri()
+            .query()
+            .and_then(|q| crate::domain::query_value(q, "next"))
+            .unwrap_or_default();
+        return secured(
+            axum::response::Redirect::to(safe_next(&next)).into_response(),
+            None,
+        );
     }
     req.extensions_mut().insert(CurrentSession(session));
     let nonce = to_hex(&random_bytes::<16>());
@@ -319,9 +339,33 @@ fn outside_dashboard(path: &str, mut response: Response) -> Response {
         response = (StatusCode::NOT_FOUND, "Not found").into_response();
     }
     if path.starts_with("/pkg/") {
+        if response.status().is_success() || response.status() == StatusCode::NOT_MODIFIED {
+            response
+                .headers_mut()
+                .insert(header::CACHE_CONTROL, asset_caching(path));
+        }
         return with_security_headers(response, HeaderValue::from_static(API_CSP));
     }
     secure_api_response(response)
+}
+
+/// How long a browser keeps a dashboard file: a year for one whose name carries its
+/// content's hash (`spillway.3f9a…c1.wasm`: a new build is a new name), otherwise it asks
+/// again each time (and gets 304 while the file is unchanged).
+fn asset_caching(path: &str) -> HeaderValue {
+    let file = path.rsplit('/').next().unwrap_or_default();
+    let parts: Vec<&str> = file.split('.').collect();
+    // name.<hash>.ext (cargo-leptos's hash-files); the unhashed split loader's name has a
+    // run of underscores where the hash goes.
+    let hashed = parts.len() >= 3
+        && parts[1..parts.len() - 1]
+            .iter()
+            .any(|p| p.len() >= 10 && p.bytes().any(|b| b != b'_'));
+    HeaderValue::from_static(if hashed {
+        "public, max-age=31536000, immutable"
+    } else {
+        "no-cache"
+    })
 }
 
 /// `req` with its body read within the form limit, for server functions and the sign-in
@@ -543,4 +587,27 @@ mod tests {
         assert!(!c.contains("Secure"));
         assert!(cookie("ab", true).to_str().unwrap().contains("Secure"));
     }
+}
+
+/// The stylesheet's address (`/pkg/spillway.<hash>.css` when the build hashes file
+/// names), for pages rendered outside the app; read once.
+fn stylesheet_href(options: &leptos::config::LeptosOptions) -> String {
+    static HREF: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HREF.get_or_init(|| {
+        let hash = options
+            .hash_files
+            .then(|| {
+                let exe = std::env::current_exe().ok()?;
+                let file = exe.parent()?.join(options.hash_file.as_ref());
+                let text = std::fs::read_to_string(file).ok()?;
+                text.lines()
+                    .find_map(|l| l.trim().strip_prefix("css:").map(|h| h.trim().to_owned()))
+            })
+            .flatten();
+        match hash {
+            Some(h) => format!("/{}/{}.{h}.css", options.site_pkg_dir, options.output_name),
+            None => format!("/{}/{}.css", options.site_pkg_dir, options.output_name),
+        }
+    })
+    .clone()
 }

@@ -547,6 +547,24 @@ impl Plan {
         all
     }
 
+    /// The name of the rule descriptor `i` counts under, as the dashboard shows a denial:
+    /// the limit's name, or `override` / `limit-0` for one over without Redis.
+    pub fn rule_of(&self, i: usize) -> String {
+        match self.targets.get(i) {
+            Some(Target::Count {
+                rule: RuleRef::Policy(r),
+                ..
+            }) => self.policy.rules[*r].name.to_string(),
+            Some(Target::Count {
+                rule: RuleRef::Caller(r),
+                ..
+            }) => self.caller_rules[*r].name.to_string(),
+            Some(Target::Over(Some(_))) => "limit-0".into(),
+            Some(Target::Over(None)) => "override".into(),
+            _ => String::new(),
+        }
+    }
+
     /// The identifiers of the descriptors that found a limit (the others consume nothing).
     pub fn limited(&self) -> impl Iterator<Item = &Identifier> {
         self.targets

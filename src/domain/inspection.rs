@@ -51,4 +51,170 @@ pub struct Inspection {
     pub policies: Vec<PolicyState>,
     /// Why nothing could be shown (a malformed identifier, Redis down).
     pub error: Option<String>,
+    /// What the person typed, when it was a bare value (`bob`) or a descriptor without
+    /// its `envoy=` that was resolved to `identifier`.
+    #[serde(default)]
+    pub typed: Option<String>,
+    /// What the typed text may mean, when it did not resolve to one identifier: each
+    /// identifier with state now and the policies it has state in.
+    #[serde(default)]
+    pub candidates: Vec<(String, Vec<String>)>,
+    /// Identifiers of the last two hours' traffic that contain the typed text.
+    #[serde(default)]
+    pub recent: Vec<String>,
+    /// The identifiers it was checked together with in the last hour, each as inspected
+    /// now (a check of bob is denied when his address is blocked).
+    #[serde(default)]
+    pub companions: Vec<Inspection>,
+}
+
+/// Whether the identifier's next request passes, and why not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verdict {
+    /// A request now is denied by `policy` › `rule` on `identifier` (itself or one it is
+    /// checked with); it passes in `passes_in_ms` (`None`: no time is known, such as an
+    /// override's block).
+    Blocked {
+        policy: String,
+        rule: String,
+        identifier: String,
+        passes_in_ms: Option<u64>,
+    },
+    /// Not blocked; the rule it has used most of, if any.
+    NotBlocked {
+        closest: Option<(String, String, String, u64)>,
+    },
+}
+
+impl Inspection {
+    /// The verdict over the identifier and those it is checked with: the block that lasts
+    /// longest, or the rule closest to its limit.
+    pub fn verdict(&self) -> Verdict {
+        let mut blocked: Option<(String, String, String, Option<u64>)> = None;
+        let mut closest: Option<(String, String, String, u64)> = None;
+        let longer = |a: Option<u64>, b: Option<u64>| a.unwrap_or(u64::MAX) > b.unwrap_or(u64::MAX);
+        for inspection in std::iter::once(self).chain(&self.companions) {
+            for p in &inspection.policies {
+                if p.status == "blocked" {
+                    if blocked.as_ref().is_none_or(|b| longer(None, b.3)) {
+                        blocked = Some((
+                            p.policy.clone(),
+                            "override".into(),
+                            inspection.identifier.clone(),
+                            None,
+                        ));
+                    }
+                    continue;
+                }
+                for r in &p.rules {
+                    let full = r.limit == 0 || r.remaining == 0;
+                    if r.retry_after_ms.is_some() || full {
+                        if blocked
+                            .as_ref()
+                            .is_none_or(|b| longer(r.retry_after_ms, b.3))
+                        {
+                            blocked = Some((
+                                p.policy.clone(),
+                                r.rule.clone(),
+                                inspection.identifier.clone(),
+                                r.retry_after_ms,
+                            ));
+                        }
+                    } else if r.limit > 0 {
+                        let pct = r.limit.saturating_sub(r.remaining) * 100 / r.limit;
+                        if pct > 0 && closest.as_ref().is_none_or(|c| pct > c.3) {
+                            closest = Some((
+                                p.policy.clone(),
+                                r.rule.clone(),
+                                inspection.identifier.clone(),
+                                pct,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        match blocked {
+            Some((policy, rule, identifier, passes_in_ms)) => Verdict::Blocked {
+                policy,
+                rule,
+                identifier,
+                passes_in_ms,
+            },
+            None => Verdict::NotBlocked { closest },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(name: &str, limit: u64, remaining: u64, retry: Option<u64>) -> RuleState {
+        RuleState {
+            rule: name.into(),
+            limit,
+            remaining,
+            retry_after_ms: retry,
+            ..RuleState::default()
+        }
+    }
+
+    fn inspection(id: &str, rules: Vec<RuleState>) -> Inspection {
+        Inspection {
+            identifier: id.into(),
+            policies: vec![PolicyState {
+                policy: "demo".into(),
+                status: "rules".into(),
+                rules,
+                ..PolicyState::default()
+            }],
+            ..Inspection::default()
+        }
+    }
+
+    #[test]
+    fn bob_is_blocked_through_his_address() {
+        let mut bob = inspection("user=bob", vec![rule("per-minute", 100, 9, None)]);
+        bob.companions = vec![inspection(
+            "ip=203.0.113.11",
+            vec![rule("per-minute", 100, 0, Some(38_000))],
+        )];
+        assert_eq!(
+            bob.verdict(),
+            Verdict::Blocked {
+                policy: "demo".into(),
+                rule: "per-minute".into(),
+                identifier: "ip=203.0.113.11".into(),
+                passes_in_ms: Some(38_000),
+            }
+        );
+        bob.companions.clear();
+        assert_eq!(
+            bob.verdict(),
+            Verdict::NotBlocked {
+                closest: Some(("demo".into(), "per-minute".into(), "user=bob".into(), 91))
+            }
+        );
+    }
+
+    #[test]
+    fn an_override_block_outlasts_any_window() {
+        let mut i = inspection("user=eve", vec![rule("per-second", 5, 0, Some(900))]);
+        i.policies.push(PolicyState {
+            policy: "api".into(),
+            status: "blocked".into(),
+            ..PolicyState::default()
+        });
+        assert!(matches!(
+            i.verdict(),
+            Verdict::Blocked { ref policy, passes_in_ms: None, .. } if policy == "api"
+        ));
+    }
+
+    #[test]
+    fn nothing_used_has_no_closest() {
+        let i = inspection("user=new", vec![rule("per-minute", 100, 100, None)]);
+        assert_eq!(i.verdict(), Verdict::NotBlocked { closest: None });
+    }
 }

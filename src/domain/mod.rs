@@ -46,6 +46,7 @@ pub mod people;
 pub mod policy;
 pub mod preview;
 pub mod rule;
+pub mod throttle;
 pub mod time;
 
 use std::fmt;
@@ -133,4 +134,20 @@ pub fn percent_encode(raw: &str) -> String {
         }
     }
     out
+}
+
+/// The value of `key` in a query string (with or without its `?`), decoded once.
+/// leptos_router's query map decodes again what the URL parser decoded: `%25` in a value
+/// came out as `%`, and an Envoy descriptor's escapes (`%C2%B7`) as the characters they
+/// stand for.
+pub fn query_value(search: &str, key: &str) -> Option<String> {
+    search.trim_start_matches('?').split('&').find_map(|pair| {
+        let (k, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == key).then(|| {
+            let value = value.replace('+', " ");
+            percent_encoding::percent_decode_str(&value)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    })
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::Service;
+use super::{Service, live::Denial};
 use crate::{
     domain::{
         Decision, FailureMode, Identifier, Mode, Name, Outcome, Policy, RuleResult, RulesFor,
@@ -83,9 +83,26 @@ impl Service {
                 }
             }
         };
-        let denied_by = (!checked.decision.allowed)
-            .then(|| checked.decision.binding().map(|b| &b.identifier))
+        let binding = (!checked.decision.allowed)
+            .then(|| checked.decision.binding())
             .flatten();
+        if !checked.degraded {
+            let now_ms = super::now_ms();
+            self.live.checked_together(&request.identifiers, now_ms);
+            if let Some(b) = binding {
+                self.live.denied(
+                    checked.policy.name.as_str(),
+                    Denial {
+                        identifier: &b.identifier,
+                        rule: b.rule.as_str(),
+                        retry_after_ms: b.outcome.retry_after_ms,
+                    },
+                    &request.identifiers,
+                    now_ms,
+                );
+            }
+        }
+        let denied_by = binding.map(|b| &b.identifier);
         self.answered(
             &checked.policy,
             checked.outcome(),

@@ -121,12 +121,29 @@ impl Service {
                 }
             }
         };
-        let denied_by = answer
+        let denied_by_index = answer
             .statuses
             .iter()
             .position(|s| !s.ok || s.shadow_denied)
-            .filter(|_| !answer.degraded)
-            .map(|i| &plan.identifiers[i]);
+            .filter(|_| !answer.degraded);
+        if !answer.degraded {
+            let now_ms = super::now_ms();
+            self.live.checked_together(&plan.identifiers, now_ms);
+            if let Some(i) = denied_by_index {
+                let rule = plan.rule_of(i);
+                self.live.denied(
+                    policy.name.as_str(),
+                    super::live::Denial {
+                        identifier: &plan.identifiers[i],
+                        rule: &rule,
+                        retry_after_ms: answer.statuses[i].reset_ms,
+                    },
+                    plan.limited(),
+                    now_ms,
+                );
+            }
+        }
+        let denied_by = denied_by_index.map(|i| &plan.identifiers[i]);
         self.answered(
             &policy,
             answer.outcome(),

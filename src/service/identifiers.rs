@@ -142,30 +142,72 @@ impl Service {
             .collect())
     }
 
-    /// As [`Service::inspect`] for what a person typed (`user=42`): a malformed identifier
-    /// or Redis failing is said in the inspection's `error`, for the page to show.
+    /// As [`Service::inspect`] for what a person typed: `user=42`, a bare value (`bob`,
+    /// looked up in every dimension in use), or a descriptor as the overview shows it
+    /// (`path=/x` for `envoy=path=/x`). One identifier with state is inspected, with the
+    /// identifiers it was checked together with; several are offered as candidates.
+    /// Redis failing is said in the inspection's `error`, for the page to show.
     pub async fn inspect_typed(&self, raw: &str) -> Inspection {
-        let failed = |error: String| Inspection {
-            identifier: raw.trim().to_owned(),
-            at_ms: now_ms(),
-            error: Some(error),
-            ..Inspection::default()
-        };
-        let id = match Identifier::parse(raw.trim()) {
-            Ok(id) => id,
-            Err(e) => {
-                return failed(format!(
-                    "identifier: {e} (write it as dimension=value, such as user=42)"
-                ));
-            }
-        };
-        match self.inspect(&id).await {
+        let typed = raw.trim();
+        match self.resolve_and_inspect(typed).await {
             Ok(inspection) => inspection,
             Err(error) => {
                 tracing::warn!(%error, "inspector: Redis call failed");
-                failed("Redis is unavailable; the counters cannot be read".into())
+                Inspection {
+                    identifier: typed.to_owned(),
+                    at_ms: now_ms(),
+                    error: Some("Redis is unavailable; the counters cannot be read".into()),
+                    ..Inspection::default()
+                }
             }
         }
+    }
+
+    async fn resolve_and_inspect(&self, typed: &str) -> Result<Inspection, StoreError> {
+        let parsed = Identifier::parse(typed).ok();
+        let direct = match &parsed {
+            Some(id) => !self.policies_with_state(id).await?.is_empty(),
+            None => false,
+        };
+        let (id, resolved_from, lookup) = if direct {
+            (parsed.expect("parsed above"), None, Lookup::default())
+        } else {
+            let lookup = self.lookup(typed).await?;
+            match (lookup.with_state.as_slice(), parsed) {
+                ([(only, _)], _) => {
+                    let from = (only.to_string() != typed).then(|| typed.to_owned());
+                    (only.clone(), from, lookup)
+                }
+                ([], Some(id)) => (id, None, lookup),
+                _ => {
+                    return Ok(Inspection {
+                        identifier: typed.to_owned(),
+                        at_ms: now_ms(),
+                        error: lookup.with_state.is_empty().then(|| {
+                            format!(
+                                "nothing with the value “{typed}” has state now; \
+                                 write it as dimension=value, such as user={typed}"
+                            )
+                        }),
+                        candidates: lookup
+                            .with_state
+                            .into_iter()
+                            .map(|(id, p)| (id.to_string(), p))
+                            .collect(),
+                        recent: lookup.recent,
+                        typed: Some(typed.to_owned()),
+                        ..Inspection::default()
+                    });
+                }
+            }
+        };
+        let mut inspection = self.inspect(&id).await?;
+        inspection.typed = resolved_from;
+        inspection.recent = lookup.recent;
+        for companion in self.companions(&id).await?.into_iter().take(MAX_COMPANIONS) {
+            inspection.companions.push(self.inspect(&companion).await?);
+        }
+        Ok(inspection)
     }
 
     /// Resets `id`'s counters: everywhere, in one policy, or for one rule of it; every
@@ -275,4 +317,140 @@ fn chosen_policies<'a>(
         });
     }
     Ok(vec![p])
+}
+
+/// What a lookup of what a person typed found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lookup {
+    /// The identifiers it may mean that have state now: (identifier, policies with state).
+    pub with_state: Vec<(Identifier, Vec<String>)>,
+    /// Identifiers from the last two hours' traffic whose text contains it, most checked
+    /// first (at most 20).
+    pub recent: Vec<String>,
+}
+
+/// Companions the inspector reads the state of, at most.
+const MAX_COMPANIONS: usize = 4;
+
+/// Most identifiers a lookup tries, whatever the number of dimensions in use.
+const LOOKUP_CANDIDATES: usize = 32;
+
+impl Service {
+    /// What `typed` may mean: `bob` as `user=bob`, `ip=bob`… (every dimension a policy
+    /// names or recent traffic used), `path=/x` as the Envoy descriptor `envoy=path=/x`;
+    /// those with state now, and recent identifiers that contain the text.
+    pub async fn lookup(&self, typed: &str) -> Result<Lookup, StoreError> {
+        let typed = typed.trim();
+        let policies = self.policies.all();
+        let recent = self.recent_identifiers().await?;
+        let mut dimensions: Vec<String> = Vec::new();
+        let mut add = |d: &str| {
+            if !dimensions.iter().any(|x| x == d) {
+                dimensions.push(d.to_owned());
+            }
+        };
+        for p in &policies {
+            for r in p.all_rules() {
+                for d in r.dimensions.iter().flatten() {
+                    add(d.as_str());
+                }
+            }
+            for o in &p.overrides {
+                add(o.dimension.as_str());
+            }
+        }
+        for id in &recent {
+            if let Some((d, _)) = id.split_once('=') {
+                add(d);
+            }
+        }
+        let mut candidates: Vec<Identifier> = Vec::new();
+        if let Ok(id) = Identifier::parse(typed) {
+            candidates.push(id);
+        }
+        if policies.iter().any(|p| p.envoy.is_some())
+            && let Ok(id) = Identifier::parse(&format!("envoy={typed}"))
+        {
+            candidates.push(id);
+        }
+        for d in &dimensions {
+            if let Ok(id) = Identifier::parse(&format!("{d}={typed}"))
+                && !candidates.contains(&id)
+            {
+                candidates.push(id);
+            }
+        }
+        candidates.truncate(LOOKUP_CANDIDATES);
+        let mut with_state = Vec::new();
+        for id in candidates {
+            let held = self.policies_with_state(&id).await?;
+            if !held.is_empty() {
+                with_state.push((id, held));
+            }
+        }
+        let needle = typed.to_lowercase();
+        let recent = recent
+            .into_iter()
+            .filter(|id| !needle.is_empty() && id.to_lowercase().contains(&needle))
+            .take(20)
+            .collect();
+        Ok(Lookup { with_state, recent })
+    }
+
+    /// The policies where `id` has state now (one pipelined read of its keys' TTLs).
+    async fn policies_with_state(&self, id: &Identifier) -> Result<Vec<String>, StoreError> {
+        let now_ms = now_ms();
+        let mut out = Vec::new();
+        for policy in self.policies.all() {
+            let RulesFor::Rules(rules) = policy.rules_for(id, now_ms) else {
+                continue;
+            };
+            let entries: Vec<CheckEntry<'_>> = rules
+                .iter()
+                .filter(|r| r.applies_to(id.dimension().as_str()))
+                .map(|rule| CheckEntry::new(rule, id))
+                .collect();
+            if entries.is_empty() {
+                continue;
+            }
+            let ttls = self.store.rule_ttls(&policy.name, &entries).await?;
+            if ttls.iter().any(|t| *t != -2) {
+                out.push(policy.name.to_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The identifiers of the last two hours' lists of the most checked and most denied,
+    /// most first.
+    async fn recent_identifiers(&self) -> Result<Vec<String>, StoreError> {
+        use crate::domain::history::{self, ALL, Step, TopKind};
+        let now = now_ms();
+        let hour = Step::Hour.period_of(now);
+        let mut out: Vec<String> = Vec::new();
+        for kind in [TopKind::Denied, TopKind::Checked] {
+            let top = self
+                .store
+                .history_top(ALL, kind, Step::Hour, hour - 1..=hour, 200)
+                .await?;
+            for (member, _) in top {
+                let (_, id) = history::split_member(&member);
+                if !out.iter().any(|o| o == id) {
+                    out.push(id.to_owned());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The identifiers `id` was checked together with in the last hour.
+    pub async fn companions(&self, id: &Identifier) -> Result<Vec<Identifier>, StoreError> {
+        Ok(self
+            .store
+            .companions(&id.to_string())
+            .await?
+            .iter()
+            .filter_map(|c| Identifier::parse(c).ok())
+            .collect())
+    }
 }

@@ -6,9 +6,17 @@ use std::sync::Arc;
 
 use super::{RedisHealth, Service, StoreError};
 use crate::{
-    domain::Policy,
+    domain::{
+        Policy,
+        history::{ALL, Range},
+        throttle::Throttle,
+    },
     store::stats::{Ranked, SecondCount},
 };
+
+/// Policies a filtered overview reads each one's own list of the most denied for, at most;
+/// past that it picks them out of the list of every policy.
+const OWN_LISTS: usize = 25;
 
 /// A policy and its last seconds, oldest first.
 pub type PolicySeconds = (Arc<Policy>, Vec<SecondCount>);
@@ -20,18 +28,28 @@ pub struct OverviewFacts {
     /// The policies this instance holds, each with its last seconds (oldest first), ending
     /// at Redis's second `rates_until` (`None` when the counters could not be read).
     pub rates: Option<(i64, Vec<PolicySeconds>)>,
-    /// Most denied over the last 5 minutes.
-    pub throttled: Vec<Ranked>,
+    /// Most denied over the last 5 minutes, with what each denial was.
+    pub throttled: Vec<Throttle>,
     /// At 80 % or more of a limit in the last minute or two.
     pub near: Vec<Ranked>,
     /// Keys in Redis (DBSIZE), for scale.
     pub keys: u64,
+    /// Checks answered without Redis (the failure mode) in the last hour, every instance.
+    pub degraded_last_hour: u64,
+    /// The alert rules firing now, by name.
+    pub alerts_firing: Vec<String>,
 }
 
 impl Service {
     /// The overview's facts, over the last `seconds` seconds; `top` identifiers of each
-    /// list. The counters are read at once (one round trip each, together).
-    pub async fn overview(&self, seconds: i64, top: usize) -> OverviewFacts {
+    /// list, of the policies `only` picks (every one when `None`). The counters are read
+    /// at once (one round trip each, together).
+    pub async fn overview(
+        &self,
+        seconds: i64,
+        top: usize,
+        only: Option<&(dyn Fn(&str) -> bool + Sync)>,
+    ) -> OverviewFacts {
         let redis = self.store.health().await;
         if let Err(error) = &redis {
             tracing::warn!(%error, "redis health probe failed");
@@ -41,24 +59,73 @@ impl Service {
                 throttled: Vec::new(),
                 near: Vec::new(),
                 keys: 0,
+                degraded_last_hour: 0,
+                alerts_firing: Vec::new(),
             };
         }
         let policies = self.policies.all();
         let names: Vec<String> = policies.iter().map(|p| p.name.to_string()).collect();
-        let (rates, throttled, near, keys) = tokio::join!(
+        let picked: Option<Vec<String>> =
+            only.map(|f| names.iter().filter(|n| f(n)).cloned().collect());
+        // A filter that picks a few policies reads their own lists; one that picks many,
+        // more of the list of every policy.
+        let (own, wide) = match &picked {
+            Some(p) if p.len() <= OWN_LISTS => (Some(p.as_slice()), top),
+            Some(_) => (None, top * 20),
+            None => (None, top),
+        };
+        let keep = |p: &str| {
+            picked
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n == p))
+        };
+        let step = Range::Hour.default_step();
+        let all = [ALL.to_owned()];
+        let (rates, throttled, near, keys, degraded, firing) = tokio::join!(
             self.store.policy_rates(&names, seconds),
-            self.store.top_denied(5, top),
-            self.store.near_limit(top),
+            self.store.throttled(5, wide, own),
+            self.store.near_limit(wide),
             self.store.key_count(),
+            self.store.history_totals(
+                &all,
+                step,
+                Range::Hour.periods(step, super::now_ms())
+            ),
+            self.store.alert_firing(),
         );
+        let mut throttled = throttled.unwrap_or_default();
+        throttled.retain(|t| keep(&t.policy));
+        throttled.truncate(top);
+        let mut near = near.unwrap_or_default();
+        near.retain(|r| keep(&r.policy));
+        near.truncate(top);
+        let mut alerts_firing: Vec<String> = firing.unwrap_or_default().into_keys().collect();
+        alerts_firing.sort();
         OverviewFacts {
             redis,
             rates: rates
                 .ok()
                 .map(|(now, series)| (now, policies.into_iter().zip(series).collect())),
-            throttled: throttled.unwrap_or_default(),
-            near: near.unwrap_or_default(),
+            throttled,
+            near,
             keys: keys.unwrap_or(0),
+            degraded_last_hour: degraded
+                .ok()
+                .and_then(|t| t.into_iter().next())
+                .map_or(0, |c| c.degraded),
+            alerts_firing,
         }
+    }
+}
+
+impl Service {
+    /// `policy`'s checks over the last minute, allowed and denied (every instance): what a
+    /// change to it would touch.
+    pub async fn policy_last_minute(&self, policy: &str) -> Result<(u64, u64), StoreError> {
+        let (_, series) = self.store.policy_rates(&[policy.to_owned()], 60).await?;
+        Ok(series
+            .iter()
+            .flatten()
+            .fold((0, 0), |(a, d), s| (a + s.allowed, d + s.denied)))
     }
 }

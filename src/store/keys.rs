@@ -170,6 +170,29 @@ impl Keys {
         format!("{}:{{stats}}:near:{minute}", self.namespace)
     }
 
+    /// What `policy`'s denials of minute `minute` were (see `lua/stats_detail.lua`).
+    pub fn stats_denial_details(&self, policy: &str, minute: i64) -> String {
+        format!(
+            "{}:{{stats}}:ddetail:{}:{minute}",
+            self.namespace,
+            escape(policy)
+        )
+    }
+
+    /// `policy`'s own most denied of minute `minute`.
+    pub fn stats_policy_denied(&self, policy: &str, minute: i64) -> String {
+        format!(
+            "{}:{{stats}}:pdenied:{}:{minute}",
+            self.namespace,
+            escape(policy)
+        )
+    }
+
+    /// The identifiers checked together in ten minutes `slot` (ms / 600 000).
+    pub fn stats_companions(&self, slot: i64) -> String {
+        format!("{}:{{stats}}:together:{slot}", self.namespace)
+    }
+
     /// History (see `store/history.rs`): one block of `step` counts of `scope` (a policy,
     /// or `*` for every policy together), a hash with a TTL past its retention.
     pub fn history_counts(&self, scope: &str, step: Step, block: i64) -> String {

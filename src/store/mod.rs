@@ -44,6 +44,8 @@ struct Scripts {
     policy_import: Script,
     session_touch: Script,
     stats_flush: Script,
+    stats_detail: Script,
+    companions: Script,
     alerts_lease: Script,
     leases: Script,
 }
@@ -58,6 +60,8 @@ impl Scripts {
             session_touch: sessions::touch_script(),
             alerts_lease: Script::new(include_str!("../../lua/alerts_lease.lua")),
             leases: leases::script(),
+            stats_detail: Script::new(include_str!("../../lua/stats_detail.lua")),
+            companions: Script::new(include_str!("../../lua/companions.lua")),
             stats_flush: Script::new(
                 &[
                     include_str!("../../lua/stats.lua"),

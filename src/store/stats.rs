@@ -4,7 +4,10 @@
 use std::collections::HashMap;
 
 use super::{CheckEntry, Store, StoreError};
-use crate::domain::Name;
+use crate::domain::{
+    Name,
+    throttle::{Throttle, parse_detail},
+};
 
 /// Seconds the rate circle holds.
 pub const RATE_SECONDS: i64 = 300;
@@ -42,6 +45,24 @@ fn split_label(label: &str) -> (String, String) {
 
 pub(super) fn minute_of(now_ms: i64) -> i64 {
     now_ms.div_euclid(60_000)
+}
+
+fn ten_minutes_of(now_ms: i64) -> i64 {
+    now_ms.div_euclid(600_000)
+}
+
+/// What one instance saw of an identifier's denials under a policy in the last second.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenialNote {
+    /// The identifier that bound, `dimension=value`.
+    pub identifier: String,
+    pub denials: u64,
+    pub first_ms: i64,
+    pub last_ms: i64,
+    pub until_ms: Option<i64>,
+    pub rule: String,
+    /// Every identifier of the last denied check.
+    pub identifiers: Vec<String>,
 }
 
 pub(super) use crate::clock::now_ms;
@@ -174,6 +195,172 @@ impl Store {
         ranked.sort_by(|a, b| b.value.cmp(&a.value).then(a.identifier.cmp(&b.identifier)));
         ranked.truncate(n);
         Ok(ranked)
+    }
+
+    /// Adds what this instance learned of `policy`'s denials in the last second: each
+    /// denied identifier's rule, first and last denial, until when and its check's
+    /// identifiers, and the policy's own list of the most denied (`lua/stats_detail.lua`).
+    pub async fn add_denial_details(
+        &self,
+        policy: &str,
+        notes: &[DenialNote],
+    ) -> Result<(), StoreError> {
+        if notes.is_empty() {
+            return Ok(());
+        }
+        let minute = minute_of(now_ms());
+        let mut invocation = self.scripts.stats_detail.prepare_invoke();
+        invocation
+            .key(self.keys.stats_denial_details(policy, minute))
+            .key(self.keys.stats_policy_denied(policy, minute));
+        for n in notes {
+            invocation
+                .arg(&n.identifier)
+                .arg(n.denials)
+                .arg(n.first_ms)
+                .arg(n.last_ms)
+                .arg(n.until_ms.unwrap_or(0))
+                .arg(&n.rule)
+                .arg(n.identifiers.join("\n"));
+        }
+        let _: i64 = self.invoke(&invocation).await?;
+        Ok(())
+    }
+
+    /// Adds identifiers checked together (`lua/companions.lua`): per identifier, the others.
+    pub async fn add_companions(&self, pairs: &[(String, Vec<String>)]) -> Result<(), StoreError> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let mut invocation = self.scripts.companions.prepare_invoke();
+        invocation.key(self.keys.stats_companions(ten_minutes_of(now_ms())));
+        for (id, others) in pairs {
+            invocation.arg(id).arg(others.join("\n"));
+        }
+        let _: i64 = self.invoke(&invocation).await?;
+        Ok(())
+    }
+
+    /// The identifiers `identifier` was checked together with in the last hour, most recent
+    /// first.
+    pub async fn companions(&self, identifier: &str) -> Result<Vec<String>, StoreError> {
+        let current = ten_minutes_of(now_ms());
+        let mut pipe = redis::pipe();
+        for slot in (current - 6..=current).rev() {
+            pipe.cmd("HGET")
+                .arg(self.keys.stats_companions(slot))
+                .arg(identifier);
+        }
+        let found: Vec<Option<String>> = self.query_pipe(&pipe).await?;
+        let mut out: Vec<String> = Vec::new();
+        for c in found.iter().flatten().flat_map(|v| v.split('\n')) {
+            if !c.is_empty() && c != identifier && !out.iter().any(|o| o == c) {
+                out.push(c.to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The identifiers denied most over the last `minutes` minutes, with what is known of
+    /// their denials: of every policy (the counters the check script keeps), or of the
+    /// `policies` named (each one's own list).
+    pub async fn throttled(
+        &self,
+        minutes: i64,
+        n: usize,
+        policies: Option<&[String]>,
+    ) -> Result<Vec<Throttle>, StoreError> {
+        let ranked = match policies {
+            None => self.top_denied(minutes, n).await?,
+            Some(names) => self.top_denied_of(names, minutes, n).await?,
+        };
+        self.with_details(ranked, minutes).await
+    }
+
+    /// The most denied of each of `policies` (each minute's top 50 of each, summed).
+    async fn top_denied_of(
+        &self,
+        policies: &[String],
+        minutes: i64,
+        n: usize,
+    ) -> Result<Vec<Ranked>, StoreError> {
+        let current = minute_of(now_ms());
+        let mut pipe = redis::pipe();
+        for p in policies {
+            for m in (current - minutes + 1)..=current {
+                pipe.cmd("ZREVRANGE")
+                    .arg(self.keys.stats_policy_denied(p, m))
+                    .arg(0)
+                    .arg(49)
+                    .arg("WITHSCORES");
+            }
+        }
+        let pages: Vec<Vec<(String, f64)>> = self.query_pipe(&pipe).await?;
+        let mut sums: HashMap<(usize, String), u64> = HashMap::new();
+        for (i, page) in pages.into_iter().enumerate() {
+            let policy = i / minutes.max(1) as usize;
+            for (member, score) in page {
+                *sums.entry((policy, member)).or_default() += score.max(0.0) as u64;
+            }
+        }
+        let mut ranked: Vec<Ranked> = sums
+            .into_iter()
+            .map(|((p, identifier), value)| Ranked {
+                policy: policies[p].clone(),
+                identifier,
+                value,
+            })
+            .collect();
+        ranked.sort_by(|a, b| b.value.cmp(&a.value).then(a.identifier.cmp(&b.identifier)));
+        ranked.truncate(n);
+        Ok(ranked)
+    }
+
+    /// `ranked` with the details of its denials over the last `minutes` minutes: the
+    /// earliest first denial, and the rest from the latest.
+    async fn with_details(
+        &self,
+        ranked: Vec<Ranked>,
+        minutes: i64,
+    ) -> Result<Vec<Throttle>, StoreError> {
+        if ranked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let current = minute_of(now_ms());
+        let mut pipe = redis::pipe();
+        for r in &ranked {
+            for m in (current - minutes + 1)..=current {
+                pipe.cmd("HGET")
+                    .arg(self.keys.stats_denial_details(&r.policy, m))
+                    .arg(&r.identifier);
+            }
+        }
+        let found: Vec<Option<String>> = self.query_pipe(&pipe).await?;
+        let per = minutes.max(1) as usize;
+        Ok(ranked
+            .into_iter()
+            .zip(found.chunks(per))
+            .map(|(r, details)| {
+                let mut t = Throttle {
+                    policy: r.policy,
+                    identifier: r.identifier,
+                    denials: r.value,
+                    ..Throttle::default()
+                };
+                for (first, last, until, rule, ids) in
+                    details.iter().flatten().filter_map(|d| parse_detail(d))
+                {
+                    t.first_ms = Some(t.first_ms.map_or(first, |f: i64| f.min(first)));
+                    if t.last_ms.is_none_or(|l| last >= l) {
+                        t.last_ms = Some(last);
+                        t.until_ms = until;
+                        t.rule = Some(rule);
+                        t.identifiers = ids;
+                    }
+                }
+                t
+            })
+            .collect())
     }
 
     /// The remaining TTL (ms) of each entry's state key; -2 when there is no state.

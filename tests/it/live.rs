@@ -56,7 +56,8 @@ async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
         .arg("spw:{stats}:*")
         .query(&mut conn)
         .unwrap();
-    assert_eq!(keys.len(), 3, "{keys:?}");
+    // The rates, the denied and near sets, and the denials' details with the policy's own list.
+    assert_eq!(keys.len(), 5, "{keys:?}");
     for k in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).unwrap();
         assert!(ttl > 0, "{k} has no TTL");

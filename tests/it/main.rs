@@ -4,6 +4,7 @@
 mod helpers;
 
 mod alerts;
+mod answers;
 mod api;
 mod architecture;
 mod auth;

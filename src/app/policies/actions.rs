@@ -125,6 +125,8 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         .map_err(unavailable)?;
     let rows = version_rows(&policy, &history);
     let doc = policy.document();
+    // What a change would touch; the page works without it when the counters cannot be read.
+    let last_minute = service.policy_last_minute(name.as_str()).await.ok();
     Ok(PolicyView {
         name: name.to_string(),
         exists: true,
@@ -150,6 +152,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             })
             .collect(),
         history: rows,
+        last_minute,
         document: doc.to_string(),
         envoy_file: policy
             .envoy
@@ -177,12 +180,68 @@ pub async fn save_policy(
     #[server(default)] failure_closed: String,
     #[server(default)] rules: Vec<RuleForm>,
 ) -> Result<u64, AppError> {
-    use crate::domain::Policy;
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
-    let doc = document_of(&description, shadow == "on", failure_closed == "on", &rules);
+    let saved = save_fields(
+        &caller,
+        &name,
+        version,
+        &description,
+        &shadow,
+        &failure_closed,
+        &rules,
+    )
+    .await;
+    if let Err(e) = &saved {
+        keep_the_draft(
+            &name,
+            super::Draft {
+                description,
+                shadow: shadow == "on",
+                failure_closed: failure_closed == "on",
+                rules,
+                field: e.field().unwrap_or_default().to_owned(),
+                message: e.message(),
+            },
+        );
+    }
+    saved
+}
+
+/// A form posted without JavaScript that failed goes back to the editor with what was typed
+/// (`draft=`), not to the stored policy: nothing typed is lost. (With JavaScript the page
+/// keeps what it sent; this leaves it alone.)
+#[cfg(feature = "ssr")]
+fn keep_the_draft(name: &str, draft: super::Draft) {
+    let from_a_form = use_context::<axum::http::request::Parts>().is_some_and(|p| {
+        p.headers
+            .get(axum::http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/html"))
+    });
+    if from_a_form {
+        leptos_axum::redirect(&format!(
+            "/policy?name={}&draft={}#edit-heading",
+            crate::domain::percent_encode(name.trim()),
+            draft.to_query()
+        ));
+    }
+}
+
+#[cfg(feature = "ssr")]
+async fn save_fields(
+    caller: &crate::app::guard::Caller,
+    name: &str,
+    version: u64,
+    description: &str,
+    shadow: &str,
+    failure_closed: &str,
+    rules: &[RuleForm],
+) -> Result<u64, AppError> {
+    use crate::domain::Policy;
+    let doc = document_of(description, shadow == "on", failure_closed == "on", rules);
     let mut policy = Policy::from_document(name.trim(), &doc)
         .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
-        .map_err(|e| AppError::bad_input(&e.field, e.message))?;
+        .map_err(|e| AppError::bad_input(&super::field_in_form(&e.field, rules), e.message))?;
     let state = state();
     // Overrides are edited on their own; keep them.
     if let Some(before) = state
@@ -301,10 +360,17 @@ pub async fn rollback_policy(
 pub async fn delete_policy(
     #[server(default)] csrf: String,
     #[server(default)] name: String,
+    #[server(default)] confirm: String,
 ) -> Result<(), AppError> {
     use crate::{domain::Name, service::policies::ChangeError};
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     let name = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
+    if confirm.trim() != name.as_str() {
+        return Err(AppError::bad_input(
+            "confirm",
+            format!("type the policy's name, {name}, to delete it"),
+        ));
+    }
     match state()
         .service()
         .delete_policy(&caller.actor(), &name)
@@ -314,7 +380,10 @@ pub async fn delete_policy(
         Ok(()) | Err(ChangeError::UnknownPolicy(_)) => {}
         Err(other) => return Err(change_refused(other)),
     }
-    leptos_axum::redirect("/policies");
+    leptos_axum::redirect(&format!(
+        "/policies?deleted={}",
+        crate::domain::percent_encode(name.as_str())
+    ));
     Ok(())
 }
 

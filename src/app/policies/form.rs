@@ -21,6 +21,32 @@ impl RuleForm {
         }
     }
 
+    /// The unit field of a duration input (`window_ms` → `window_unit`).
+    fn unit(&self, input: &str) -> Option<&str> {
+        match input {
+            "window_ms" => Some(&self.window_unit),
+            "bucket_ms" => Some(&self.bucket_unit),
+            "period_ms" => Some(&self.period_unit),
+            "lease_ms" => Some(&self.lease_unit),
+            _ => None,
+        }
+    }
+
+    fn unit_mut(&mut self, input: &str) -> Option<&mut String> {
+        match input {
+            "window_ms" => Some(&mut self.window_unit),
+            "bucket_ms" => Some(&mut self.bucket_unit),
+            "period_ms" => Some(&mut self.period_unit),
+            "lease_ms" => Some(&mut self.lease_unit),
+            _ => None,
+        }
+    }
+
+    /// Whether the form's rule counts: not marked for removal, and something typed.
+    pub fn kept(&self) -> bool {
+        self.remove != "on" && (!self.name.trim().is_empty() || !self.limit.trim().is_empty())
+    }
+
     fn input_mut(&mut self, input: &str) -> &mut String {
         match input {
             "limit" => &mut self.limit,
@@ -34,6 +60,71 @@ impl RuleForm {
             "lease_ms" => &mut self.lease_ms,
             other => unreachable!("the algorithm table names no input {other:?}"),
         }
+    }
+}
+
+/// The duration units the editor offers: (name, label, milliseconds).
+pub const UNITS: [(&str, &str, u64); 5] = [
+    ("ms", "ms", 1),
+    ("s", "seconds", 1_000),
+    ("min", "minutes", 60_000),
+    ("h", "hours", 3_600_000),
+    ("d", "days", 86_400_000),
+];
+
+/// A duration as typed, `raw` in `unit`, in milliseconds: the number itself when it is not
+/// a whole number (the policy's parser names the field), or for an unknown unit.
+fn in_ms(raw: &str, unit: &str) -> serde_json::Value {
+    let raw = raw.trim();
+    let factor = UNITS.iter().find(|u| u.0 == unit).map_or(1, |u| u.2);
+    match raw.parse::<u64>() {
+        Ok(n) => n.checked_mul(factor).map_or_else(
+            || serde_json::Value::String(raw.to_owned()),
+            serde_json::Value::from,
+        ),
+        Err(_) => serde_json::Value::String(raw.to_owned()),
+    }
+}
+
+/// `ms` as (a number, the largest unit that holds it whole).
+fn with_unit(ms: &str) -> (String, String) {
+    match ms.trim().parse::<u64>() {
+        Ok(n) if n > 0 => {
+            let (unit, _, factor) = UNITS
+                .iter()
+                .rev()
+                .find(|u| n % u.2 == 0)
+                .copied()
+                .unwrap_or(UNITS[0]);
+            ((n / factor).to_string(), unit.to_owned())
+        }
+        _ => (ms.to_owned(), "ms".to_owned()),
+    }
+}
+
+/// The index in the form of the rule the document's rule `index` came from (the document
+/// leaves out blank and removed rules).
+pub fn form_index(rules: &[RuleForm], index: usize) -> usize {
+    rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.kept())
+        .nth(index)
+        .map_or(index, |(i, _)| i)
+}
+
+/// A field the policy's parser named (`rules[0].limit`, counting the document's rules) as
+/// the form's field (`rules[2].limit`, counting its fieldsets).
+pub fn field_in_form(field: &str, rules: &[RuleForm]) -> String {
+    let Some(rest) = field.strip_prefix("rules[") else {
+        return field.to_owned();
+    };
+    match rest.split_once(']') {
+        Some((n, tail)) => match n.parse::<usize>() {
+            Ok(i) => format!("rules[{}]{tail}", form_index(rules, i)),
+            Err(_) => field.to_owned(),
+        },
+        None => field.to_owned(),
     }
 }
 
@@ -53,12 +144,15 @@ pub fn document_of(
     };
     let rules: Vec<Value> = rules
         .iter()
-        .filter(|r| !r.name.trim().is_empty() || !r.limit.trim().is_empty())
+        .filter(|r| r.kept())
         .map(|r| {
             let mut doc = json!({ "name": r.name.trim(), "algorithm": r.algorithm });
             if let Some(kind) = AlgorithmKind::named(&r.algorithm) {
                 for p in kind.params {
-                    doc[p.field] = num(r.input(p.input));
+                    doc[p.field] = match r.unit(p.input) {
+                        Some(unit) => in_ms(r.input(p.input), unit),
+                        None => num(r.input(p.input)),
+                    };
                 }
             }
             if r.algorithm == "quota" {
@@ -116,7 +210,15 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
     };
     if let Some(kind) = AlgorithmKind::named(&form.algorithm) {
         for p in kind.params {
-            *form.input_mut(p.input) = s(p.field);
+            let value = s(p.field);
+            match form.unit_mut(p.input) {
+                Some(unit) => {
+                    let (n, u) = with_unit(&value);
+                    *unit = u;
+                    *form.input_mut(p.input) = n;
+                }
+                None => *form.input_mut(p.input) = value,
+            }
         }
     }
     if form.algorithm == "quota" {
@@ -162,7 +264,8 @@ mod tests {
             name: "running".into(),
             algorithm: "concurrency".into(),
             limit: "10".into(),
-            lease_ms: "30000".into(),
+            lease_ms: "30".into(),
+            lease_unit: "s".into(),
             ..RuleForm::default()
         };
         let quota = RuleForm {
@@ -210,6 +313,35 @@ mod tests {
         for (form, rule) in forms.iter().zip(doc["rules"].as_array().unwrap()) {
             assert_eq!(&rule_form(rule), form);
         }
+        // A duration typed in ms reads back in the largest unit that holds it whole.
+        let typed = RuleForm {
+            name: "per-minute".into(),
+            algorithm: "fixed_window".into(),
+            limit: "100".into(),
+            window_ms: "60000".into(),
+            ..RuleForm::default()
+        };
+        let doc = document_of("", false, false, std::slice::from_ref(&typed));
+        assert_eq!(doc["rules"][0]["window_ms"], 60_000);
+        let back = rule_form(&doc["rules"][0]);
+        assert_eq!(
+            (back.window_ms.as_str(), back.window_unit.as_str()),
+            ("1", "min")
+        );
+        // Blank and removed rules are left out; an error's index maps back to the form's.
+        let removed = RuleForm {
+            remove: "on".into(),
+            ..typed.clone()
+        };
+        let forms = [RuleForm::default(), removed, typed];
+        assert_eq!(
+            document_of("", false, false, &forms)["rules"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(form_index(&forms, 0), 2);
         // A zone the server does not know is named.
         let bad = RuleForm {
             time_zone: "Mars/Olympus".into(),

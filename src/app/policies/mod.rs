@@ -10,7 +10,7 @@ mod form;
 mod pages;
 
 pub use actions::*;
-pub use form::{document_of, rule_form};
+pub use form::{UNITS, document_of, field_in_form, rule_form};
 pub use pages::{PoliciesPage, PolicyPage};
 
 use serde::{Deserialize, Serialize};
@@ -72,6 +72,46 @@ pub struct RuleForm {
     /// "on" when checked.
     #[serde(default)]
     pub count_denied: String,
+    /// The unit of each duration (`ms`, `s`, `min`, `h`, `d`; empty for ms), so a person
+    /// writes "1 minute" rather than 60000.
+    #[serde(default)]
+    pub window_unit: String,
+    #[serde(default)]
+    pub bucket_unit: String,
+    #[serde(default)]
+    pub period_unit: String,
+    #[serde(default)]
+    pub lease_unit: String,
+    /// "on": leave this rule out when saving.
+    #[serde(default)]
+    pub remove: String,
+}
+
+/// What a person typed into the editor, kept when a save fails so nothing is lost: shown
+/// again in place of the stored policy, with the error beside its field. Without
+/// JavaScript it travels in the page's address (`draft=`, JSON, percent-encoded).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Draft {
+    pub description: String,
+    pub shadow: bool,
+    pub failure_closed: bool,
+    pub rules: Vec<RuleForm>,
+    /// The field the save refused (`rules[0].limit`; empty for none) and why.
+    pub field: String,
+    pub message: String,
+}
+
+impl Draft {
+    /// The `draft` query value that carries it.
+    pub fn to_query(&self) -> String {
+        crate::domain::percent_encode(&serde_json::to_string(self).unwrap_or_default())
+    }
+
+    /// The draft in a query string (with or without its `?`), if it has one.
+    pub fn from_search(search: &str) -> Option<Self> {
+        let raw = crate::domain::query_value(search, "draft")?;
+        serde_json::from_str(&raw).ok()
+    }
 }
 
 /// An override as listed.
@@ -105,6 +145,10 @@ pub struct PolicyView {
     pub rules: Vec<RuleForm>,
     pub overrides: Vec<OverrideRow>,
     pub history: Vec<VersionRow>,
+    /// Its checks over the last minute, (allowed, denied), when they could be read: what a
+    /// change or a delete would touch.
+    #[serde(default)]
+    pub last_minute: Option<(u64, u64)>,
     /// The policy document (JSON), for the preview.
     pub document: String,
     /// For an Envoy domain: its file (YAML), which is edited instead of the rules.

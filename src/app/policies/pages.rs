@@ -10,8 +10,8 @@ use leptos_router::{
 };
 
 use super::{
-    AddOverride, DeletePolicy, RemoveOverride, RollbackPolicy, RuleForm, SaveEnvoyFile, SavePolicy,
-    list_policies, policy_detail,
+    AddOverride, DeletePolicy, Draft, RemoveOverride, RollbackPolicy, RuleForm, SaveEnvoyFile,
+    SavePolicy, UNITS, list_policies, policy_detail,
 };
 use crate::{
     app::session::{CsrfField, error_message, use_session},
@@ -28,9 +28,12 @@ use crate::{
 pub fn PoliciesPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| list_policies());
     let session = use_session();
+    let query = use_query_map();
+    let deleted = move || query.with(|q| q.get("deleted"));
     view! {
         <Title text="Policies"/>
         <h1>"Policies"</h1>
+        {move || deleted().map(|n| view! { <p class="notice" role="status">{format!("Deleted policy {n}.")}</p> })}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -71,6 +74,117 @@ pub fn PoliciesPage() -> impl IntoView {
     }
 }
 
+/// A field the save named, as the form labels it: `rules[2].refill_period_ms` is
+/// "Rule 3 (per-second) › Period".
+fn field_label(field: &str, rules: &[RuleForm]) -> String {
+    let Some(rest) = field.strip_prefix("rules[") else {
+        return match field {
+            "" => String::new(),
+            "description" => "Description".into(),
+            "version" => "Version".into(),
+            "name" => "Name".into(),
+            "rules" => "Rules".into(),
+            other => other.to_owned(),
+        };
+    };
+    let Some((n, tail)) = rest.split_once(']') else {
+        return field.to_owned();
+    };
+    let i: usize = n.parse().unwrap_or(0);
+    let rule = match rules
+        .get(i)
+        .map(|r| r.name.trim())
+        .filter(|n| !n.is_empty())
+    {
+        Some(name) => format!("Rule {} ({name})", i + 1),
+        None => format!("Rule {}", i + 1),
+    };
+    let input = match tail.trim_start_matches('.') {
+        "name" => "Name",
+        "algorithm" => "Algorithm",
+        "limit" => "Limit",
+        "window_ms" => "Window",
+        "bucket_ms" => "Bucket",
+        "capacity" => "Capacity",
+        "refill_tokens" | "leak_tokens" => "Tokens per period",
+        "refill_period_ms" | "leak_period_ms" | "period_ms" => "Period",
+        "rate" => "Rate",
+        "burst" => "Burst",
+        "lease_ms" => "Lease",
+        "period" => "Quota period",
+        "time_zone" => "Time zone",
+        "start_day" => "Starts on day",
+        "start_month" => "Starts in month",
+        "dimensions" => "Dimensions",
+        "" => return rule,
+        other => other,
+    };
+    format!("{rule} › {input}")
+}
+
+/// A rule in plain words ("100 requests per 1 minute, for each ip and user"), from its
+/// fields as typed.
+fn rule_summary(r: &RuleForm) -> String {
+    if r.limit.trim().is_empty() && r.name.trim().is_empty() {
+        return "Fill in a name and a limit to add this rule; leave it blank to add none.".into();
+    }
+    let unit = |u: &str| {
+        UNITS
+            .iter()
+            .find(|x| x.0 == u)
+            .map_or("ms", |x| x.1)
+            .to_owned()
+    };
+    let per = |n: &str, u: &str| format!("{} {}", n.trim(), unit(u));
+    let who = if r.dimensions.trim().is_empty() {
+        "each identifier of a check".to_owned()
+    } else {
+        format!("each {}", r.dimensions.trim())
+    };
+    let what = match r.algorithm.as_str() {
+        "fixed_window" | "sliding_window" | "sliding_log" => {
+            format!(
+                "{} requests per {}",
+                r.limit.trim(),
+                per(&r.window_ms, &r.window_unit)
+            )
+        }
+        "bucketed_window" => format!(
+            "{} requests per {}, counted in buckets of {}",
+            r.limit.trim(),
+            per(&r.window_ms, &r.window_unit),
+            per(&r.bucket_ms, &r.bucket_unit)
+        ),
+        "token_bucket" => format!(
+            "bursts of up to {}, refilled by {} every {}",
+            r.capacity.trim(),
+            r.tokens.trim(),
+            per(&r.period_ms, &r.period_unit)
+        ),
+        "leaky_bucket" => format!(
+            "up to {} queued, {} leaving every {}",
+            r.capacity.trim(),
+            r.tokens.trim(),
+            per(&r.period_ms, &r.period_unit)
+        ),
+        "gcra" => format!(
+            "{} requests per {}, bursts of {}",
+            r.rate.trim(),
+            per(&r.period_ms, &r.period_unit),
+            r.burst.trim()
+        ),
+        "concurrency" => format!("{} at a time", r.limit.trim()),
+        "quota" => format!("{} per {}", r.limit.trim(), r.period.trim()),
+        other => other.to_owned(),
+    };
+    let removed = if r.remove == "on" {
+        " (removed when saved)"
+    } else {
+        ""
+    };
+    format!("{what}, for {who}{removed}.")
+}
+
 /// The field a failed save names (empty for none) and its message, to sit beside the field.
 fn field_error(e: &AppError) -> (String, String) {
     (e.field().unwrap_or_default().to_owned(), e.message())
@@ -101,11 +215,39 @@ pub fn PolicyPage() -> impl IntoView {
         |(n, ..)| policy_detail(n),
     );
     let session = use_session();
+    // What was typed, kept when a save fails: with JavaScript the page holds what it sent;
+    // without, the server sends the form back in the address (`draft=`).
+    let sent = RwSignal::new(None::<Draft>);
+    Effect::new(move |_| {
+        if let Some(input) = save.input().get() {
+            sent.set(Some(Draft {
+                description: input.description,
+                shadow: input.shadow == "on",
+                failure_closed: input.failure_closed == "on",
+                rules: input.rules,
+                ..Draft::default()
+            }));
+        }
+    });
+    let location = leptos_router::hooks::use_location();
+    let draft = move || -> Option<Draft> {
+        match save.value().get() {
+            Some(Err(e)) => sent.get().map(|d| {
+                let (field, message) = field_error(&e);
+                Draft {
+                    field,
+                    message,
+                    ..d
+                }
+            }),
+            Some(Ok(_)) => None,
+            None => location.search.with(|s| Draft::from_search(s)),
+        }
+    };
     let save_error = move || {
-        save.value()
-            .get()
-            .and_then(|r| r.err())
-            .map(|e| field_error(&e))
+        draft()
+            .filter(|d| !d.message.is_empty())
+            .map(|d| (d.field, d.message))
     };
     let error_for = move |field: String| {
         move || {
@@ -125,19 +267,31 @@ pub fn PolicyPage() -> impl IntoView {
         .into_iter()
         .flatten()
         .map(|e| error_message(&e))
-        .chain(
-            save_error()
-                .filter(|(f, _)| f.is_empty() || f == "version" || f == "name" || f == "body")
-                .map(|(f, m)| if f.is_empty() { m } else { format!("{f}: {m}") }),
-        )
         .collect::<Vec<_>>()
+    };
+    // A failed save, said at the top under the field's label; what was typed stays below.
+    let save_summary = move || {
+        draft().filter(|d| !d.message.is_empty()).map(|d| {
+            let label = field_label(&d.field, &d.rules);
+            view! {
+                <div class="alert" role="alert" data-testid="save-error">
+                    <strong>"Not saved. "</strong>
+                    {if label.is_empty() { d.message.clone() } else { format!("{label}: {}", d.message) }}
+                    " What you typed is kept below; correct it and save again."
+                </div>
+            }
+        })
     };
 
     view! {
         <Title text="Policy"/>
         <p><A href="/policies">"← Policies"</A></p>
         {move || other_errors().into_iter().map(|e| view! { <p class="alert" role="alert">{e}</p> }).collect_view()}
+        {save_summary}
         {move || save.value().get().and_then(|r| r.ok()).or_else(|| save_envoy.value().get().and_then(|r| r.ok())).map(|v| view! { <p class="notice" role="status">{format!("Saved as version {v}.")}</p> })}
+        {move || rollback.value().get().and_then(|r| r.ok()).map(|v| view! { <p class="notice" role="status">{format!("Rolled back: saved as version {v}.")}</p> })}
+        {move || add_ov.value().get().and_then(|r| r.ok()).map(|()| view! { <p class="notice" role="status">"Override added."</p> })}
+        {move || remove_ov.value().get().and_then(|r| r.ok()).map(|()| view! { <p class="notice" role="status">"Override removed."</p> })}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -148,15 +302,30 @@ pub fn PolicyPage() -> impl IntoView {
                         let can_override = s.may(Action::ManageOverrides);
                         let csrf = s.csrf.clone();
                         let title = if p.exists { format!("Policy {}", p.name) } else { format!("New policy {}", p.name) };
-                        let mut rows = p.rules.clone();
-                        rows.push(RuleForm { algorithm: "fixed_window".into(), ..RuleForm::default() });
+                        let kept = draft();
+                        let (description, shadow, failure_closed) = match &kept {
+                            Some(d) => (d.description.clone(), d.shadow, d.failure_closed),
+                            None => (p.description.clone(), p.shadow, p.failure_closed),
+                        };
+                        let mut rows = kept.map_or_else(|| p.rules.clone(), |d| d.rules);
+                        if rows.iter().all(RuleForm::kept) {
+                            rows.push(RuleForm { algorithm: "fixed_window".into(), ..RuleForm::default() });
+                        }
                         let rule_rows = rows.into_iter().enumerate().map(|(i, r)| {
                             let f = |k: &str| format!("rules[{i}][{k}]");
                             let e = |k: &str| error_for(format!("rules[{i}].{k}"));
                             let alg = r.algorithm.clone();
+                            let unit = |name: String, chosen: String, label: &'static str| view! {
+                                <select name=name aria-label=label class="unit">
+                                    {UNITS.iter().map(|(u, l, _)| view! { <option value=*u selected=chosen == *u || (chosen.is_empty() && *u == "ms")>{*l}</option> }).collect_view()}
+                                </select>
+                            };
+                            let blank = r.name.is_empty() && r.limit.is_empty();
+                            let summary = rule_summary(&r);
+                            let lease_unit = if r.lease_unit.is_empty() && r.lease_ms.is_empty() { "s".to_owned() } else { r.lease_unit.clone() };
                             view! {
                                 <fieldset class="rule" disabled=!can_edit>
-                                    <legend>{if r.name.is_empty() { "Add a rule".to_owned() } else { format!("Rule {}", r.name) }}</legend>
+                                    <legend>{if blank { "Add a rule".to_owned() } else { format!("Rule {}", if r.name.is_empty() { (i + 1).to_string() } else { r.name.clone() }) }}</legend>
                                     <label>"Name"<input name=f("name") value=r.name.clone() placeholder="per-second"/>{e("name")}</label>
                                     <label>"Algorithm"
                                         <select name=f("algorithm")>
@@ -164,15 +333,15 @@ pub fn PolicyPage() -> impl IntoView {
                                         </select>{e("algorithm")}
                                     </label>
                                     <label class="f-limit">"Limit"<input name=f("limit") value=r.limit inputmode="numeric"/>{e("limit")}</label>
-                                    <label class="f-window">"Window (ms)"<input name=f("window_ms") value=r.window_ms inputmode="numeric"/>{e("window_ms")}</label>
-                                    <label class="f-bucket">"Bucket (ms)"<input name=f("bucket_ms") value=r.bucket_ms inputmode="numeric"/>{e("bucket_ms")}</label>
+                                    <span class="f-window duration"><label>"Window"<input name=f("window_ms") value=r.window_ms inputmode="numeric"/>{e("window_ms")}</label>{unit(f("window_unit"), r.window_unit.clone(), "Window unit")}</span>
+                                    <span class="f-bucket duration"><label>"Bucket"<input name=f("bucket_ms") value=r.bucket_ms inputmode="numeric"/>{e("bucket_ms")}</label>{unit(f("bucket_unit"), r.bucket_unit.clone(), "Bucket unit")}</span>
                                     <label class="f-capacity">"Capacity"<input name=f("capacity") value=r.capacity inputmode="numeric"/>{e("capacity")}</label>
                                     <label class="f-tokens">"Tokens per period"<input name=f("tokens") value=r.tokens inputmode="numeric"/>{e("refill_tokens")}{e("leak_tokens")}</label>
-                                    <label class="f-period">"Period (ms)"<input name=f("period_ms") value=r.period_ms inputmode="numeric"/>{e("refill_period_ms")}{e("leak_period_ms")}{e("period_ms")}</label>
+                                    <span class="f-period duration"><label>"Period"<input name=f("period_ms") value=r.period_ms inputmode="numeric"/>{e("refill_period_ms")}{e("leak_period_ms")}{e("period_ms")}</label>{unit(f("period_unit"), r.period_unit.clone(), "Period unit")}</span>
                                     <label class="f-rate">"Rate"<input name=f("rate") value=r.rate inputmode="numeric"/>{e("rate")}</label>
                                     <label class="f-burst">"Burst"<input name=f("burst") value=r.burst inputmode="numeric"/>{e("burst")}</label>
-                                    <label class="f-lease">"Lease (ms)"<input name=f("lease_ms") value=r.lease_ms inputmode="numeric" placeholder="30000"/>{e("lease_ms")}</label>
-                                    <label class="f-calendar">"Period"
+                                    <span class="f-lease duration"><label>"Lease"<input name=f("lease_ms") value=r.lease_ms inputmode="numeric" placeholder="30"/>{e("lease_ms")}</label>{unit(f("lease_unit"), lease_unit, "Lease unit")}</span>
+                                    <label class="f-calendar">"Quota period"
                                         <select name=f("period")>
                                             {Period::ALL.iter().map(|p| view! { <option value=p.name() selected=r.period == p.name()>{p.name()}</option> }).collect_view()}
                                         </select>{e("period")}
@@ -182,6 +351,8 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label class="f-calendar">"Starts in month"<input name=f("start_month") value=r.start_month inputmode="numeric" placeholder="1"/>{e("start_month")}</label>
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
+                                    {(!blank).then(|| view! { <label class="check remove"><input type="checkbox" name=f("remove") checked=r.remove == "on"/>"Remove this rule when saving"</label> })}
+                                    <p class="muted rule-summary">{summary}</p>
                                 </fieldset>
                             }.into_any()
                         }).collect_view();
@@ -195,12 +366,15 @@ pub fn PolicyPage() -> impl IntoView {
                                     <td>{o.expires_at_ms.map_or("never".to_owned(), |t| utc_minutes(Some(t)))}</td>
                                     <td>{o.reason.clone()}</td>
                                     <td>{can_override.then(|| view! {
-                                        <ActionForm action=remove_ov attr:class="inline">
-                                            <CsrfField csrf=c/>
-                                            <input type="hidden" name="name" value=n/>
-                                            <input type="hidden" name="index" value=i.to_string()/>
-                                            <button type="submit" class="small danger">"Remove"</button>
-                                        </ActionForm>
+                                        <details class="confirm-step">
+                                            <summary>"Remove…"</summary>
+                                            <ActionForm action=remove_ov attr:class="inline">
+                                                <CsrfField csrf=c/>
+                                                <input type="hidden" name="name" value=n/>
+                                                <input type="hidden" name="index" value=i.to_string()/>
+                                                <button type="submit" class="small danger">"Yes, remove it"</button>
+                                            </ActionForm>
+                                        </details>
                                     })}</td>
                                 </tr>
                             }.into_any()
@@ -220,12 +394,16 @@ pub fn PolicyPage() -> impl IntoView {
                                         <pre class="diff">{lines}</pre>
                                     </details>
                                     {can_edit.then(|| view! {
-                                        <ActionForm action=rollback attr:class="inline">
-                                            <CsrfField csrf=c/>
-                                            <input type="hidden" name="name" value=n/>
-                                            <input type="hidden" name="to_version" value=version.to_string()/>
-                                            <button type="submit" class="small">{format!("Roll back to version {version}")}</button>
-                                        </ActionForm>
+                                        <details class="confirm-step">
+                                            <summary>{format!("Roll back to version {version}…")}</summary>
+                                            <p class="muted">{format!("Saves version {version}'s rules as a new version; the current rules stay in this history, so you can roll forward again.")}</p>
+                                            <ActionForm action=rollback attr:class="inline">
+                                                <CsrfField csrf=c/>
+                                                <input type="hidden" name="name" value=n/>
+                                                <input type="hidden" name="to_version" value=version.to_string()/>
+                                                <button type="submit" class="small">{format!("Yes, roll back to version {version}")}</button>
+                                            </ActionForm>
+                                        </details>
                                     })}
                                 </li>
                             }.into_any()
@@ -275,9 +453,9 @@ pub fn PolicyPage() -> impl IntoView {
                                     <CsrfField csrf=c1/>
                                     <input type="hidden" name="name" value=n1/>
                                     <input type="hidden" name="version" value=p.version.to_string()/>
-                                    <label>"Description"<input name="description" value=p.description.clone() disabled=!can_edit/>{error_for("description".into())}</label>
-                                    <label class="check"><input type="checkbox" name="shadow" checked=p.shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
-                                    <label class="check"><input type="checkbox" name="failure_closed" checked=p.failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
+                                    <label>"Description"<input name="description" value=description disabled=!can_edit/>{error_for("description".into())}</label>
+                                    <label class="check"><input type="checkbox" name="shadow" checked=shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
+                                    <label class="check"><input type="checkbox" name="failure_closed" checked=failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
                                     {error_for("rules".into())}
                                     {rule_rows}
                                     {can_edit.then(|| view! { <button type="submit">"Save policy"</button> })}
@@ -308,13 +486,30 @@ pub fn PolicyPage() -> impl IntoView {
                                     <ul class="history-list">{history}</ul>
                                 </section>
                             }.into_any())}
-                            {(p.exists && can_edit).then(|| view! {
-                                <ActionForm action=delete attr:class="inline">
-                                    <CsrfField csrf=c3/>
-                                    <input type="hidden" name="name" value=n3/>
-                                    <button type="submit" class="danger">"Delete policy"</button>
-                                </ActionForm>
-                            }.into_any())}
+                            {(p.exists && can_edit).then(|| {
+                                let radius = match p.last_minute {
+                                    Some((a, d)) if a + d > 0 => format!(
+                                        "{} answered {} checks in the last minute ({:.1}/s, {d} denied). Once it is deleted, every check that names it is refused as an unknown policy (404), and the services that call it allow or refuse by their own error handling.",
+                                        p.name, a + d, (a + d) as f64 / 60.0
+                                    ),
+                                    Some(_) => format!("{} answered no check in the last minute. Once it is deleted, a check that names it is refused as an unknown policy (404).", p.name),
+                                    None => format!("Once {} is deleted, every check that names it is refused as an unknown policy (404).", p.name),
+                                };
+                                let overrides = p.overrides.len();
+                                view! {
+                                    <details class="card confirm" data-testid="delete">
+                                        <summary>"Delete this policy…"</summary>
+                                        <p>{radius}</p>
+                                        <p>{format!("Its {overrides} override{} and its counters go with it. The audit log keeps its last version.", if overrides == 1 { "" } else { "s" })}</p>
+                                        <ActionForm action=delete attr:class="row">
+                                            <CsrfField csrf=c3/>
+                                            <input type="hidden" name="name" value=n3.clone()/>
+                                            <label>{format!("Type {n3} to confirm")}<input name="confirm" required autocomplete="off"/></label>
+                                            <button type="submit" class="danger">"Delete policy"</button>
+                                        </ActionForm>
+                                    </details>
+                                }.into_any()
+                            })}
                         }.into_any()
                     }
                 }

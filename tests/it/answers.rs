@@ -1,0 +1,408 @@
+//! The dashboard answers its users' questions (issue 34): who is throttled, by which rule,
+//! since and until when, with every identifier of the denied check; is bob blocked right
+//! now and why (through his address); a failed save keeps what was typed, without
+//! JavaScript too; a delete takes the policy's name typed; the dashboard's files go out
+//! compressed and cached by their hashed names.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{StatusCode, header};
+use serde_json::{Value, json};
+use spillway::domain::{
+    inspection::{Inspection, Verdict},
+    people::Role,
+};
+
+use crate::{
+    auth::{Visitor, add_user, store},
+    helpers::{RedisServer, TestApp, app_state, clear_of_window_turn, serve, spawn_app},
+};
+
+/// Evaluates `$body` (an `Option`) until it is `Some`, for at most 10 s: the live views are
+/// written once a second by each instance.
+macro_rules! eventually {
+    ($what:expr, $body:expr) => {{
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(v) = $body {
+                break v;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {}", $what);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }};
+}
+
+async fn admin(app: &TestApp, redis: &RedisServer) -> Visitor {
+    add_user(&store(redis).await, "ada", Role::Admin).await;
+    Visitor::signed_in(app, "ada").await
+}
+
+async fn overview(v: &mut Visitor, form: &[(&str, &str)]) -> Value {
+    let r = v.post_form("/fn/overview", form, None).await;
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn throttled_now_names_the_rule_since_and_until_when_and_every_identifier() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "scrape",
+        json!({"rules": [
+            {"name": "per-minute", "algorithm": "fixed_window", "limit": 2, "window_ms": 60000, "dimensions": ["ip"]},
+            {"name": "per-hour", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3600000, "dimensions": ["user"]}
+        ]}),
+    )
+    .await;
+    clear_of_window_turn(Duration::from_secs(60)).await;
+    for _ in 0..5 {
+        app.check(json!({"policy": "scrape", "identifiers": {"user": "scraper", "ip": "192.0.2.66"}}))
+            .await;
+    }
+    let mut v = admin(&app, &redis).await;
+    let row = eventually!("the denial's details", {
+        let o = overview(&mut v, &[]).await;
+        let row = o["throttled"][0].clone();
+        (row["rule"].is_string() && row["denials"] == 3).then_some(row)
+    });
+    assert_eq!(row["policy"], "scrape");
+    assert_eq!(row["identifier"], "ip=192.0.2.66", "{row}");
+    assert_eq!(row["rule"], "per-minute");
+    let ids: Vec<&str> = row["identifiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"user=scraper") && ids.contains(&"ip=192.0.2.66"), "{ids:?}");
+    let (first, last, until) = (
+        row["first_ms"].as_i64().unwrap(),
+        row["last_ms"].as_i64().unwrap(),
+        row["until_ms"].as_i64().unwrap(),
+    );
+    assert!(first <= last && until > last, "{row}");
+    assert!(until - last <= 60_000, "blocked until the window ends: {row}");
+    // The page shows the same, rendered on the server.
+    let page = v.get("/").await.text().await.unwrap();
+    for text in ["user=scraper", "scrape › per-minute", "blocked", "data-testid=\"status-strip\""] {
+        assert!(page.contains(text), "the overview shows {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_filtered_overview_lists_its_policy_however_many_others_are_busier() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000}]});
+    app.put_policy("quiet", rule.clone()).await;
+    for i in 0..12 {
+        app.put_policy(&format!("noisy-{i}"), rule.clone()).await;
+    }
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    app.check(json!({"policy": "quiet", "identifiers": {"user": "bob"}}))
+        .await;
+    app.check(json!({"policy": "quiet", "identifiers": {"user": "bob"}}))
+        .await;
+    for i in 0..12 {
+        for _ in 0..4 {
+            app.check(json!({"policy": format!("noisy-{i}"), "identifiers": {"user": "x"}}))
+                .await;
+        }
+    }
+    let mut v = admin(&app, &redis).await;
+    let listed = |o: &Value, policy: &str| {
+        o["throttled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["policy"] == policy)
+    };
+    let everything = eventually!("every noisy policy's denials", {
+        let o = overview(&mut v, &[]).await;
+        let rows = o["throttled"].as_array().unwrap();
+        (rows.len() == 10 && rows.iter().all(|r| r["denials"] == 3)).then_some(o.clone())
+    });
+    assert!(!listed(&everything, "quiet"), "crowded out of the top 10");
+    let filtered = eventually!("quiet's own list", {
+        let o = overview(&mut v, &[("filter", "quiet")]).await;
+        listed(&o, "quiet").then_some(o)
+    });
+    assert_eq!(filtered["throttled"].as_array().unwrap().len(), 1);
+    assert_eq!(filtered["throttled"][0]["identifier"], "user=bob");
+    // "Show all" lists past the top 10.
+    let all = overview(&mut v, &[("all", "true")]).await;
+    assert_eq!(all["throttled"].as_array().unwrap().len(), 13);
+}
+
+#[tokio::test]
+async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "shop",
+        json!({"rules": [
+            {"name": "per-ip", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000, "dimensions": ["ip"]},
+            {"name": "per-user", "algorithm": "fixed_window", "limit": 100, "window_ms": 3600000, "dimensions": ["user"]}
+        ]}),
+    )
+    .await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    for _ in 0..2 {
+        app.check(json!({"policy": "shop", "identifiers": {"user": "bob", "ip": "203.0.113.11"}}))
+            .await;
+    }
+    let mut v = admin(&app, &redis).await;
+    // Support types what bob said: "bob".
+    let inspection: Inspection = eventually!("bob's companions", {
+        let r = v.post_form("/fn/inspect", &[("id", "bob")], None).await;
+        let i: Inspection = r.json().await.unwrap();
+        (!i.companions.is_empty()).then_some(i)
+    });
+    assert_eq!(inspection.identifier, "user=bob");
+    assert_eq!(inspection.typed.as_deref(), Some("bob"));
+    assert_eq!(inspection.companions[0].identifier, "ip=203.0.113.11");
+    match inspection.verdict() {
+        Verdict::Blocked {
+            policy,
+            rule,
+            identifier,
+            passes_in_ms,
+        } => {
+            assert_eq!((policy.as_str(), rule.as_str()), ("shop", "per-ip"));
+            assert_eq!(identifier, "ip=203.0.113.11");
+            assert!(passes_in_ms.is_some_and(|ms| ms <= 3_600_000));
+        }
+        other => panic!("bob is blocked through his address: {other:?}"),
+    }
+    let page = v.get("/identifiers?id=bob").await.text().await.unwrap();
+    assert!(page.contains("Blocked now"), "the verdict comes first");
+    assert!(page.contains("by shop › per-ip on ip=203.0.113.11 (checked together with user=bob)"));
+    // The reset's default is what blocks.
+    assert!(page.contains(r#"<option value="shop/per-ip ip=203.0.113.11" selected"#), "{}", &page[page.find("name=\"what\"").unwrap_or(0)..][..600.min(page.len())]);
+
+    // One action resets bob and the address he was checked with.
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form(
+            "/fn/reset",
+            &[
+                ("csrf", &csrf),
+                ("what", "* user=bob\n* ip=203.0.113.11"),
+                ("reason", "ticket 4711"),
+            ],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<u64>().await.unwrap(), 2);
+    let r = v.post_form("/fn/inspect", &[("id", "user=bob")], None).await;
+    let after: Inspection = r.json().await.unwrap();
+    assert!(
+        matches!(after.verdict(), Verdict::NotBlocked { .. }),
+        "{:?}",
+        after.verdict()
+    );
+}
+
+/// A value that is nobody's (or several dimensions') gets candidates, never an error alone.
+#[tokio::test]
+async fn a_bare_value_with_several_meanings_offers_each() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "api",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 10, "window_ms": 3600000, "dimensions": ["user", "tenant"]}]}),
+    )
+    .await;
+    app.check(json!({"policy": "api", "identifiers": {"user": "acme"}}))
+        .await;
+    app.check(json!({"policy": "api", "identifiers": {"tenant": "acme"}}))
+        .await;
+    let mut v = admin(&app, &redis).await;
+    let r = v.post_form("/fn/inspect", &[("id", "acme")], None).await;
+    let i: Inspection = r.json().await.unwrap();
+    let mut found: Vec<&str> = i.candidates.iter().map(|(id, _)| id.as_str()).collect();
+    found.sort();
+    assert_eq!(found, ["tenant=acme", "user=acme"]);
+    let r = v.post_form("/fn/inspect", &[("id", "nobody")], None).await;
+    let i: Inspection = r.json().await.unwrap();
+    assert!(i.error.unwrap().contains("nothing with the value “nobody” has state now"));
+}
+
+#[tokio::test]
+async fn a_failed_save_without_javascript_comes_back_with_what_was_typed() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    // A form post as a browser without JavaScript sends it (and not following redirects).
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(app.url("/fn/policy_save"))
+        .header(header::COOKIE, v.cookie_header().unwrap())
+        .header(header::ORIGIN, v.origin())
+        .header(header::ACCEPT, "text/html,application/xhtml+xml")
+        .header(header::REFERER, app.url("/policy?name=typed"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("name", "typed"),
+            ("version", "0"),
+            ("description", "typed by hand"),
+            ("rules[0][name]", ""),
+            ("rules[0][algorithm]", "fixed_window"),
+            ("rules[1][name]", "burst"),
+            ("rules[1][algorithm]", "token_bucket"),
+            ("rules[1][capacity]", "10"),
+            ("rules[1][tokens]", "5"),
+            ("rules[1][period_ms]", ""),
+            ("rules[1][period_unit]", "s"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FOUND);
+    let location = r.headers()[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(location.starts_with("/policy?name=typed&draft="), "{location}");
+    let page = v.get(&location).await.text().await.unwrap();
+    for text in [
+        "Not saved.",
+        "Rule 2 (burst) › Period",
+        r#"value="typed by hand""#,
+        r#"<option value="token_bucket" selected"#,
+        r#"value="10""#,
+    ] {
+        assert!(page.contains(text), "the page keeps {text:?}");
+    }
+    // Nothing was stored.
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/typed", None)
+        .await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn a_delete_takes_the_policys_name_typed() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "keep-me",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]}),
+    )
+    .await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    for confirm in ["", "keep", "KEEP-ME"] {
+        let r = v
+            .post_form(
+                "/fn/policy_delete",
+                &[("csrf", &csrf), ("name", "keep-me"), ("confirm", confirm)],
+                Some(&origin),
+            )
+            .await;
+        assert_eq!(r.status(), 400, "{confirm:?}");
+        assert!(r.text().await.unwrap().contains("type the policy's name"));
+    }
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
+        .await;
+    assert_eq!(r.status(), 200);
+    let r = v
+        .post_form(
+            "/fn/policy_delete",
+            &[("csrf", &csrf), ("name", "keep-me"), ("confirm", "keep-me")],
+            Some(&origin),
+        )
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
+        .await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn assets_go_out_compressed_and_cached_by_their_hashed_names() {
+    let redis = RedisServer::start();
+    let root = std::env::temp_dir().join(format!("spillway-site-{}", std::process::id()));
+    let pkg = root.join("pkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let wasm = "spillway.Xq3bW9zyjtv1VB1gxHiTeQ.wasm";
+    std::fs::write(pkg.join(wasm), vec![0u8; 4096]).unwrap();
+    std::fs::write(pkg.join(format!("{wasm}.br")), b"brotli bytes").unwrap();
+    std::fs::write(pkg.join(format!("{wasm}.gz")), b"gzip bytes").unwrap();
+    std::fs::write(pkg.join("spillway.css"), b"body{}").unwrap();
+    let toml = root.join("Leptos.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[package.metadata.leptos]\noutput-name = \"spillway\"\nsite-root = {:?}\nsite-pkg-dir = \"pkg\"\n",
+            root.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let state = app_state(&redis, &[("SPILLWAY_LEPTOS_TOML", &toml.to_string_lossy())]).await;
+    let app = serve(state).await;
+    let get = |path: String, encoding: &'static str| {
+        let client = reqwest::Client::builder().no_gzip().build().unwrap();
+        async move {
+            client
+                .get(path)
+                .header(header::ACCEPT_ENCODING, encoding)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = get(app.url(&format!("/pkg/{wasm}")), "br, gzip").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[header::CONTENT_ENCODING], "br");
+    assert_eq!(
+        r.headers()[header::CACHE_CONTROL],
+        "public, max-age=31536000, immutable"
+    );
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"brotli bytes");
+    let r = get(app.url(&format!("/pkg/{wasm}")), "gzip").await;
+    assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+    let r = get(app.url(&format!("/pkg/{wasm}")), "identity").await;
+    assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(r.bytes().await.unwrap().len(), 4096);
+    // A name without a hash is asked for again each time.
+    let r = get(app.url("/pkg/spillway.css"), "br").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[header::CACHE_CONTROL], "no-cache");
+    let r = get(app.url("/pkg/missing.js"), "br").await;
+    assert_eq!(r.status(), 404);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+#[tokio::test]
+async fn a_signed_in_visitor_to_the_sign_in_page_is_sent_on() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let v = admin(&app, &redis).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for (path, to) in [
+        ("/login", "/"),
+        ("/login?next=%2Fpolicies", "/policies"),
+        ("/login?next=https%3A%2F%2Fevil.example", "/"),
+    ] {
+        let r = client
+            .get(app.url(path))
+            .header(header::COOKIE, v.cookie_header().unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_redirection(), "{path}: {}", r.status());
+        assert_eq!(r.headers()[header::LOCATION], to, "{path}");
+    }
+}
