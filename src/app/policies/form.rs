@@ -333,15 +333,16 @@ mod tests {
             remove: "on".into(),
             ..typed.clone()
         };
-        let forms = [RuleForm::default(), removed, typed];
+        let with_gaps = [RuleForm::default(), removed, typed];
         assert_eq!(
-            document_of("", false, false, &forms)["rules"]
+            document_of("", false, false, &with_gaps)["rules"]
                 .as_array()
                 .unwrap()
                 .len(),
             1
         );
-        assert_eq!(form_index(&forms, 0), 2);
+        assert_eq!(form_index(&with_gaps, 0), 2);
+        assert_eq!(field_in_form("rules[0].limit", &with_gaps), "rules[2].limit");
         // A zone the server does not know is named.
         let bad = RuleForm {
             time_zone: "Mars/Olympus".into(),
