@@ -519,9 +519,13 @@ fn Live(data: Signal<OverviewData>, view: Memo<View>) -> impl IntoView {
                 .then(tb.0.cmp(&ta.0))
                 .then_with(|| a.policy.cmp(&b.policy))
         });
-        let (steady, short): (Vec<PolicyRate>, Vec<PolicyRate>) =
-            busy.into_iter().partition(|p| p.busy.len() >= SHORT_LIVED);
-        let mut steady = steady;
+        // The busiest policy is always a chart; the others only when busy for a while.
+        let mut order = 0;
+        let (mut steady, short): (Vec<PolicyRate>, Vec<PolicyRate>) =
+            busy.into_iter().partition(|p| {
+                order += 1;
+                order == 1 || p.busy.len() >= SHORT_LIVED
+            });
         let mut rest = steady.split_off(steady.len().min(CHARTED));
         rest.extend(short);
         let charts = steady

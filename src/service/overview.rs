@@ -86,11 +86,8 @@ impl Service {
             self.store.throttled(5, wide, own),
             self.store.near_limit(wide),
             self.store.key_count(),
-            self.store.history_totals(
-                &all,
-                step,
-                Range::Hour.periods(step, super::now_ms())
-            ),
+            self.store
+                .history_totals(&all, step, Range::Hour.periods(step, super::now_ms())),
             self.store.alert_firing(),
         );
         let mut throttled = throttled.unwrap_or_default();

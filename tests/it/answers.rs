@@ -58,8 +58,10 @@ async fn throttled_now_names_the_rule_since_and_until_when_and_every_identifier(
     .await;
     clear_of_window_turn(Duration::from_secs(60)).await;
     for _ in 0..5 {
-        app.check(json!({"policy": "scrape", "identifiers": {"user": "scraper", "ip": "192.0.2.66"}}))
-            .await;
+        app.check(
+            json!({"policy": "scrape", "identifiers": {"user": "scraper", "ip": "192.0.2.66"}}),
+        )
+        .await;
     }
     let mut v = admin(&app, &redis).await;
     let row = eventually!("the denial's details", {
@@ -76,17 +78,28 @@ async fn throttled_now_names_the_rule_since_and_until_when_and_every_identifier(
         .iter()
         .map(|i| i.as_str().unwrap())
         .collect();
-    assert!(ids.contains(&"user=scraper") && ids.contains(&"ip=192.0.2.66"), "{ids:?}");
+    assert!(
+        ids.contains(&"user=scraper") && ids.contains(&"ip=192.0.2.66"),
+        "{ids:?}"
+    );
     let (first, last, until) = (
         row["first_ms"].as_i64().unwrap(),
         row["last_ms"].as_i64().unwrap(),
         row["until_ms"].as_i64().unwrap(),
     );
     assert!(first <= last && until > last, "{row}");
-    assert!(until - last <= 60_000, "blocked until the window ends: {row}");
+    assert!(
+        until - last <= 60_000,
+        "blocked until the window ends: {row}"
+    );
     // The page shows the same, rendered on the server.
     let page = v.get("/").await.text().await.unwrap();
-    for text in ["user=scraper", "scrape › per-minute", "blocked", "data-testid=\"status-strip\""] {
+    for text in [
+        "user=scraper",
+        "scrape › per-minute",
+        "blocked",
+        "data-testid=\"status-strip\"",
+    ] {
         assert!(page.contains(text), "the overview shows {text:?}");
     }
 }
@@ -180,7 +193,11 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
     assert!(page.contains("Blocked now"), "the verdict comes first");
     assert!(page.contains("by shop › per-ip on ip=203.0.113.11 (checked together with user=bob)"));
     // The reset's default is what blocks.
-    assert!(page.contains(r#"<option value="shop/per-ip ip=203.0.113.11" selected"#), "{}", &page[page.find("name=\"what\"").unwrap_or(0)..][..600.min(page.len())]);
+    assert!(
+        page.contains(r#"<option value="shop/per-ip ip=203.0.113.11" selected"#),
+        "{}",
+        &page[page.find("name=\"what\"").unwrap_or(0)..][..600.min(page.len())]
+    );
 
     // One action resets bob and the address he was checked with.
     let csrf = v.csrf().await;
@@ -198,7 +215,9 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
         .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<u64>().await.unwrap(), 2);
-    let r = v.post_form("/fn/inspect", &[("id", "user=bob")], None).await;
+    let r = v
+        .post_form("/fn/inspect", &[("id", "user=bob")], None)
+        .await;
     let after: Inspection = r.json().await.unwrap();
     assert!(
         matches!(after.verdict(), Verdict::NotBlocked { .. }),
@@ -229,7 +248,11 @@ async fn a_bare_value_with_several_meanings_offers_each() {
     assert_eq!(found, ["tenant=acme", "user=acme"]);
     let r = v.post_form("/fn/inspect", &[("id", "nobody")], None).await;
     let i: Inspection = r.json().await.unwrap();
-    assert!(i.error.unwrap().contains("nothing with the value “nobody” has state now"));
+    assert!(
+        i.error
+            .unwrap()
+            .contains("nothing with the value “nobody” has state now")
+    );
 }
 
 #[tokio::test]
@@ -268,7 +291,10 @@ async fn a_failed_save_without_javascript_comes_back_with_what_was_typed() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::FOUND);
     let location = r.headers()[header::LOCATION].to_str().unwrap().to_owned();
-    assert!(location.starts_with("/policy?name=typed&draft="), "{location}");
+    assert!(
+        location.starts_with("/policy?name=typed&draft="),
+        "{location}"
+    );
     let page = v.get(&location).await.text().await.unwrap();
     for text in [
         "Not saved.",

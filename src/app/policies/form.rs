@@ -342,7 +342,10 @@ mod tests {
             1
         );
         assert_eq!(form_index(&with_gaps, 0), 2);
-        assert_eq!(field_in_form("rules[0].limit", &with_gaps), "rules[2].limit");
+        assert_eq!(
+            field_in_form("rules[0].limit", &with_gaps),
+            "rules[2].limit"
+        );
         // A zone the server does not know is named.
         let bad = RuleForm {
             time_zone: "Mars/Olympus".into(),

@@ -1,0 +1,149 @@
+import { type Page } from "@playwright/test";
+import { expect, test } from "./fixtures/test";
+import { E2E_SERVICE_KEY, signIn, waitForHydration } from "./fixtures/people";
+
+// The tasks the dashboard is for, as its people do them: an admin's first look, support
+// with "bob says he is blocked", and a delete that asks first. Each runs hydrated and with
+// JavaScript off (the two projects), asserts on what a person sees, and keeps a screenshot.
+
+async function shot(page: Page, name: string) {
+  await page.screenshot({ path: test.info().outputPath(`${name}.png`), fullPage: true });
+}
+
+/** Stores a policy through the admin API with the signed-in session, as automation would. */
+async function putPolicy(page: Page, name: string, doc: object) {
+  const base = test.info().project.use.baseURL!;
+  const r = await page.request.put(`/api/v1/policies/${name}`, {
+    headers: { Origin: base },
+    data: doc,
+  });
+  expect(r.status(), await r.text()).toBeLessThan(300);
+}
+
+const hour = (name: string, limit: number, dimension: string) => ({
+  name,
+  algorithm: "fixed_window",
+  limit,
+  window_ms: 3_600_000,
+  dimensions: [dimension],
+});
+
+async function check(page: Page, policy: string, identifiers: object) {
+  return (
+    await page.request.post("/api/v1/check", {
+      headers: { Authorization: `Bearer ${E2E_SERVICE_KEY}` },
+      data: { policy, identifiers },
+    })
+  ).status();
+}
+
+test("an admin's first look: is anything wrong, who is throttled, by which rule", async ({ page }, testInfo) => {
+  const policy = `scrape-${testInfo.project.name}`;
+  const scraper = `scraper-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-ip", 2, "ip"), hour("per-user", 1000, "user")] });
+  const statuses = [];
+  for (let i = 0; i < 5; i++) statuses.push(await check(page, policy, { user: scraper, ip: "192.0.2.66" }));
+  expect(statuses).toEqual([200, 200, 429, 429, 429]);
+
+  await page.goto(`/?filter=${policy}`);
+  const strip = page.getByRole("list", { name: "Status" });
+  await expect(strip).toContainText("Checks");
+  await expect(strip).toContainText("Denied, last minute");
+  await expect(strip).toContainText("Alerts firing");
+  await expect(strip.getByTestId("status-redis")).toContainText("up");
+  // The denial's details are written within a second: the page shows them on a reload (or
+  // live, hydrated).
+  const throttled = page.getByTestId("throttled");
+  await expect(async () => {
+    if (testInfo.project.name !== "hydrated") await page.reload();
+    await expect(throttled).toContainText(`${policy} › per-ip`, { timeout: 1000 });
+  }).toPass({ timeout: 10_000 });
+  const row = throttled.getByRole("row", { name: new RegExp(`ip=192.0.2.66`) });
+  await expect(row).toContainText(`user=${scraper}`);
+  await expect(row).toContainText("blocked");
+  await expect(row).toContainText("s ago");
+  await shot(page, "first-look");
+});
+
+test("support: bob says he is blocked; he is, through his address; one reset frees him", async ({ page }, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  const policy = `shop-${testInfo.project.name}`;
+  const bob = `bob-${testInfo.project.name}`;
+  const ip = hydrated ? "203.0.113.11" : "203.0.113.12";
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-ip", 1, "ip"), hour("per-user", 100, "user")] });
+  expect(await check(page, policy, { user: bob, ip })).toBe(200);
+  expect(await check(page, policy, { user: bob, ip })).toBe(429);
+
+  // Support signs in on their own (a signed-in visitor to the sign-in page is sent on).
+  await page.context().clearCookies();
+  await signIn(page, "e2e-support", "/identifiers");
+  if (hydrated) await waitForHydration(page);
+  // What support is told is "bob": the inspector finds user=bob, and the address he was
+  // checked with (written within a second).
+  await expect(async () => {
+    await page.getByLabel("Identifier or value").fill(bob);
+    await page.getByRole("button", { name: "Inspect" }).click();
+    await expect(page.getByTestId("verdict")).toContainText("Blocked now", { timeout: 1000 });
+  }).toPass({ timeout: 10_000 });
+  const verdict = page.getByTestId("verdict");
+  await expect(verdict).toContainText(`by ${policy} › per-ip on ip=${ip} (checked together with user=${bob})`);
+  await expect(verdict).toContainText("the next request passes in");
+  await expect(page.getByTestId("companions")).toContainText(`ip=${ip} — blocked by ${policy} › per-ip`);
+  await shot(page, "support-bob");
+
+  // The reset offers what blocks first; support resets bob and his address in one go.
+  const what = page.getByLabel("What");
+  await expect(what).toHaveValue(`${policy}/per-ip ip=${ip}`);
+  await what.selectOption({ label: `user=${bob} and the 1 checked with it: everything` });
+  await page.getByRole("region", { name: "Reset" }).getByLabel("Reason").fill("bob's ticket 4711");
+  await page.getByRole("button", { name: "Reset counters" }).click();
+  if (hydrated) await expect(page.getByRole("status").filter({ hasText: "Reset done" })).toBeVisible();
+  await expect(page.getByTestId("verdict")).toContainText("Not blocked");
+  expect(await check(page, policy, { user: bob, ip })).toBe(200);
+  await shot(page, "support-bob-reset");
+});
+
+test("deleting a policy states what it touches and takes its name typed", async ({ page }, testInfo) => {
+  const policy = `doomed-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-user", 5, "user")] });
+  for (let i = 0; i < 3; i++) await check(page, policy, { user: "1" });
+  await page.goto(`/policy?name=${policy}`);
+  if (testInfo.project.name === "hydrated") await waitForHydration(page);
+  const box = page.getByTestId("delete");
+  await box.getByText("Delete this policy…").click();
+  await expect(box).toContainText(`${policy} answered 3 checks in the last minute`);
+  await expect(box).toContainText("refused as an unknown policy (404)");
+  await box.getByLabel(`Type ${policy} to confirm`).fill(policy);
+  await shot(page, "delete-confirm");
+  await box.getByRole("button", { name: "Delete policy" }).click();
+  await expect(page.getByRole("status")).toContainText(`Deleted policy ${policy}.`);
+  await expect(page.getByTestId("policies")).not.toContainText(policy);
+  await shot(page, "deleted");
+});
+
+test("the overview hydrates within 2 s on a Slow 4G connection", async ({ page }, testInfo) => {
+  test.skip(testInfo.project.name !== "hydrated", "hydration needs JavaScript");
+  await signIn(page);
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send("Network.enable");
+  await cdp.send("Network.setCacheDisabled", { cacheDisabled: true });
+  // Chrome's "Slow 4G" preset: 1.6 Mbit/s down, 750 kbit/s up, 150 ms.
+  await cdp.send("Network.emulateNetworkConditions", {
+    offline: false,
+    latency: 150,
+    downloadThroughput: (1.6 * 1024 * 1024) / 8,
+    uploadThroughput: (750 * 1024) / 8,
+  });
+  let bytes = 0;
+  cdp.on("Network.loadingFinished", (e) => (bytes += e.encodedDataLength));
+  const started = Date.now();
+  await page.goto("/", { waitUntil: "commit" });
+  await waitForHydration(page);
+  const ms = Date.now() - started;
+  testInfo.annotations.push({ type: "slow-4g", description: `hydrated in ${ms} ms, ${bytes} bytes` });
+  console.log(`slow 4G: hydrated in ${ms} ms after ${bytes} bytes`);
+  expect(ms).toBeLessThan(2000);
+});
