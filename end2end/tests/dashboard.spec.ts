@@ -103,7 +103,7 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   // The reset offers what blocks first.
   await expect(page.getByLabel("What")).toHaveValue(`${policy}/per-hour user=${user}`);
   await page.getByLabel("What").selectOption({ label: `user=${user}: policy ${policy}` });
-  await page.getByLabel("Reason").fill("false positive, ticket 42");
+  await page.getByRole("region", { name: "Reset" }).getByLabel("Reason").fill("false positive, ticket 42");
   await page.getByRole("button", { name: "Reset counters" }).click();
   // Nothing left of it there: the policy joins those where it has no state.
   await expect(page.getByTestId("untouched")).toContainText(policy);

@@ -13,8 +13,11 @@ async function shot(page: Page, name: string) {
 /** Stores a policy through the admin API with the signed-in session, as automation would. */
 async function putPolicy(page: Page, name: string, doc: object) {
   const base = test.info().project.use.baseURL!;
+  // A signed-in browser's change carries its session's CSRF token.
+  const who = await page.request.post("/fn/whoami", { headers: { Origin: base } });
+  const csrf = (await who.json()).csrf;
   const r = await page.request.put(`/api/v1/policies/${name}`, {
-    headers: { Origin: base },
+    headers: { Origin: base, "X-CSRF-Token": csrf },
     data: doc,
   });
   expect(r.status(), await r.text()).toBeLessThan(300);

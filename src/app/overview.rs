@@ -405,11 +405,15 @@ pub fn OverviewPage() -> impl IntoView {
     let initial = Resource::new(move || view.get(), |v| overview(v.filter, v.all));
     let live = RwSignal::new(None::<OverviewData>);
     #[cfg(feature = "hydrate")]
-    Effect::new(move |_| {
+    Effect::new(move |previous: Option<View>| {
         let v = view.get();
-        live.set(None);
+        // Another filter: the stream starts over (a change of range alone swaps the live
+        // part out, and must not touch what it is still reading while it goes).
+        if previous.as_ref().is_some_and(|p| *p != v) {
+            live.set(None);
+        }
         if !matches!(range().as_str(), "" | "live") {
-            return;
+            return v;
         }
         let q = v.query();
         let path = if q.is_empty() {
@@ -429,7 +433,8 @@ pub fn OverviewPage() -> impl IntoView {
                     *current = Some(data);
                 }
             })
-        })
+        });
+        v
     });
 
     view! {
