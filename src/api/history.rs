@@ -38,7 +38,8 @@ pub(super) struct HistoryQuery {
     step: Option<String>,
     /// Identifiers in each top list, 0 to 100 (default 10).
     top: Option<String>,
-    /// `json` (default) or `csv`.
+    /// `json` (default), `csv` (the series) or `csv-top` (the top lists:
+    /// list,policy,identifier,count).
     format: Option<String>,
 }
 
@@ -64,17 +65,21 @@ pub(super) async fn read(
             query.policy.as_deref(),
             asked.range,
             asked.step,
-            if asked.csv { 0 } else { asked.top },
+            match asked.csv {
+                Csv::Series => 0,
+                Csv::Top | Csv::No => asked.top,
+            },
         )
         .await
         .map_err(|e| match e {
             HistoryError::Invalid { field, message } => ApiError::bad(field, message),
             HistoryError::Store(error) => ApiError::RedisUnavailable(error),
         })?;
-    if asked.csv {
-        return Ok(csv_answer(&found));
-    }
-    Ok(json_answer(&found))
+    Ok(match asked.csv {
+        Csv::Series => csv_answer(&found),
+        Csv::Top => csv_top_answer(&found),
+        Csv::No => json_answer(&found),
+    })
 }
 
 /// What a query asks for, once its parameters are parsed.
@@ -84,8 +89,19 @@ struct Asked {
     step: Option<Step>,
     /// Identifiers in each top list.
     top: usize,
-    /// Whether the answer is CSV (`format=csv`, or no format and `Accept: text/csv`).
-    csv: bool,
+    /// Whether the answer is CSV (`format=csv`, or no format and `Accept: text/csv`), and
+    /// of what.
+    csv: Csv,
+}
+
+/// Which CSV an answer is, if it is one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Csv {
+    No,
+    /// The series (`format=csv`).
+    Series,
+    /// The top lists (`format=csv-top`).
+    Top,
 }
 
 impl Asked {
@@ -111,16 +127,20 @@ impl Asked {
                 })?,
         };
         let csv = match query.format.as_deref() {
-            Some("csv") => true,
-            Some("json") => false,
-            None | Some("") => headers
-                .get(header::ACCEPT)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|a| a.contains("text/csv")),
+            Some("csv") => Csv::Series,
+            Some("csv-top") => Csv::Top,
+            Some("json") => Csv::No,
+            None | Some("") => {
+                let asks = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|a| a.contains("text/csv"));
+                if asks { Csv::Series } else { Csv::No }
+            }
             Some(f) => {
                 return Err(ApiError::bad(
                     "format",
-                    format!("expected json or csv, got {f:?}"),
+                    format!("expected json, csv or csv-top, got {f:?}"),
                 ));
             }
         };
@@ -157,6 +177,52 @@ fn csv_answer(found: &History) -> Response {
         body,
     )
         .into_response()
+}
+
+/// The top lists as a CSV download: list,policy,identifier,count (`denied` then
+/// `checked`, most first).
+fn csv_top_answer(found: &History) -> Response {
+    let mut body = String::from("list,policy,identifier,count\n");
+    for (list, rows) in [("denied", &found.top_denied), ("checked", &found.top_checked)] {
+        for (member, count) in rows {
+            let (policy, identifier) = if found.policy == history::ALL {
+                history::split_member(member)
+            } else {
+                (found.policy.as_str(), member.as_str())
+            };
+            body.push_str(&format!(
+                "{list},{},{},{count}\n",
+                csv_field(policy),
+                csv_field(identifier)
+            ));
+        }
+    }
+    (
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"history-top.csv\"",
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// A CSV field: quoted when it holds a comma, a quote or a line break (RFC 4180); a field
+/// a spreadsheet would run as a formula starts with a quote mark.
+fn csv_field(raw: &str) -> String {
+    let safe = if raw.starts_with(['=', '+', '-', '@']) {
+        format!("'{raw}")
+    } else {
+        raw.to_owned()
+    };
+    if safe.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", safe.replace('"', "\"\""))
+    } else {
+        safe
+    }
 }
 
 /// The series, totals and top lists as the JSON document.

@@ -30,8 +30,11 @@ pub struct AlertsData {
     pub rules: Vec<RuleRow>,
     /// (rule, subject, since, figures)
     pub firing: Vec<(String, String, String, String)>,
-    /// (at, rule, event, attempt, outcome, detail)
+    /// (at, rule, event, attempt, outcome, detail), newest first.
     pub deliveries: Vec<(String, String, String, u64, String, String)>,
+    /// Each delivery's id, beside `deliveries` (its attempts share one).
+    #[serde(default)]
+    pub delivery_ids: Vec<String>,
 }
 
 /// What a rule watches, in words.
@@ -90,7 +93,7 @@ pub async fn load_alerts() -> Result<AlertsData, AppError> {
                     text(&f["rule"]),
                     text(&f["subject"]),
                     utc_seconds(f["since_ms"].as_i64().unwrap_or_default()),
-                    f["figures"].to_string(),
+                    readable_figures(&f["figures"]),
                 )
             })
             .collect(),
@@ -108,7 +111,59 @@ pub async fn load_alerts() -> Result<AlertsData, AppError> {
                 )
             })
             .collect(),
+        delivery_ids: view.deliveries.iter().map(|d| text(&d["id"])).collect(),
     })
+}
+
+/// A firing's figures in words: `denials_per_second: 25.3` as "denials per second 25.3".
+#[cfg(feature = "ssr")]
+fn readable_figures(figures: &serde_json::Value) -> String {
+    match figures.as_object() {
+        Some(map) => map
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    serde_json::Value::Number(n) => n
+                        .as_f64()
+                        .map_or_else(|| n.to_string(), |f| format!("{}", (f * 10.0).round() / 10.0)),
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                format!("{} {value}", k.replace('_', " "))
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        None => figures.to_string(),
+    }
+}
+
+/// Sends a rule a test delivery now; says what the receiver answered.
+#[server(prefix = "/fn", endpoint = "alert_test")]
+pub async fn test_alert_rule(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+) -> Result<String, AppError> {
+    use crate::{app::guard, domain::people::Action, service::alerts::AlertError};
+    let caller = guard::require_change(Action::EditPolicies, &csrf)?;
+    expect_context::<crate::state::AppState>()
+        .service()
+        .test_alert(&caller.actor(), &name)
+        .await
+        .map_err(|e| match e {
+            AlertError::Unavailable(e) => AppError::unavailable("a test delivery", e),
+            other => AppError::bad_input("name", other),
+        })
+}
+
+/// How many alert rules fire now (the navigation's badge).
+#[server(prefix = "/fn", endpoint = "alerts_firing")]
+pub async fn alerts_firing() -> Result<usize, AppError> {
+    crate::app::guard::require(crate::domain::people::Action::View)?;
+    expect_context::<crate::state::AppState>()
+        .service()
+        .alerts_firing()
+        .await
+        .map_err(|e| AppError::unavailable("alerts", e))
 }
 
 /// Adds or replaces a rule from the page's form.
@@ -121,6 +176,7 @@ pub async fn save_alert_rule(
     #[server(default)] per_second: String,
     #[server(default)] for_seconds: String,
     #[server(default)] minutes: String,
+    #[server(default)] seconds: String,
     #[server(default)] webhook_url: String,
     #[server(default)] secret: String,
 ) -> Result<(), AppError> {
@@ -150,7 +206,11 @@ pub async fn save_alert_rule(
             for_seconds: whole("condition.for_seconds", &for_seconds)?,
         },
         "degraded" => Condition::Degraded {
-            seconds: whole("condition.seconds", &for_seconds)?,
+            // Its own field; an older form sent it as for_seconds.
+            seconds: whole(
+                "condition.seconds",
+                if seconds.trim().is_empty() { &for_seconds } else { &seconds },
+            )?,
         },
         "identifier_throttled" => Condition::IdentifierThrottled {
             policy: Some(policy.trim().to_owned()).filter(|p| !p.is_empty()),
@@ -206,8 +266,18 @@ pub async fn delete_alert_rule(
 pub fn AlertsPage() -> impl IntoView {
     let save = ServerAction::<SaveAlertRule>::new();
     let delete = ServerAction::<DeleteAlertRule>::new();
+    let test = ServerAction::<TestAlertRule>::new();
+    let session = super::session::use_session();
+    let form_ref = NodeRef::<leptos::html::Form>::new();
+    Effect::new(move |_| {
+        if let Some(Ok(())) = save.value().get()
+            && let Some(form) = form_ref.get()
+        {
+            form.reset();
+        }
+    });
     let data = Resource::new(
-        move || (save.version().get(), delete.version().get()),
+        move || (save.version().get(), delete.version().get(), test.version().get()),
         |_| load_alerts(),
     );
     let save_error = move || save.value().get().and_then(|r| r.err());
@@ -236,12 +306,23 @@ pub fn AlertsPage() -> impl IntoView {
                 )
             })
             .or_else(|| delete.value().get().and_then(|r| r.err()))
+            .or_else(|| test.value().get().and_then(|r| r.err()))
             .map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })
+    };
+    let done = move || {
+        if let Some(Ok(outcome)) = test.value().get() {
+            return Some(format!("Test delivery {outcome}."));
+        }
+        if let Some(Ok(())) = save.value().get() {
+            return Some("Rule saved.".to_owned());
+        }
+        delete.value().get().and_then(|r| r.ok()).map(|()| "Rule removed.".to_owned())
     };
     view! {
         <Title text="Alerts"/>
         <h1>"Alerts"</h1>
         {other_error}
+        {move || done().map(|t| view! { <p class="notice" role="status">{t}</p> })}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 match data.await {
@@ -266,6 +347,11 @@ pub fn AlertsPage() -> impl IntoView {
                                                     <td>{r.watches}</td>
                                                     <td class="url">{r.webhook_url}</td>
                                                     <td>{can_edit.then(|| view! {
+                                                        <ActionForm action=test attr:class="inline">
+                                                            <CsrfField csrf=csrf.clone()/>
+                                                            <input type="hidden" name="name" value=name.clone()/>
+                                                            <button type="submit" class="small quiet" aria-label=format!("Send {name} a test delivery")>"Send a test"</button>
+                                                        </ActionForm>
                                                         <details class="confirm-step">
                                                             <summary>"Remove…"</summary>
                                                             <p class="small">"It stops watching at once; a firing it sent stays in the deliveries below."</p>
@@ -289,8 +375,15 @@ pub fn AlertsPage() -> impl IntoView {
                             view! {
                                 <table data-testid="firing">
                                     <thead><tr><th>"Rule"</th><th>"Subject"</th><th>"Since"</th><th>"Figures"</th></tr></thead>
-                                    <tbody>{a.firing.into_iter().map(|(r, s, t, f)| view! {
-                                        <tr><td>{r}</td><td>{crate::domain::envoy::readable(&s).to_owned()}</td><td>{t}</td><td class="url">{f}</td></tr>
+                                    <tbody>{a.firing.into_iter().map(|(r, s, t, f)| {
+                                        // An identifier links to the inspector.
+                                        let subject = if s.contains('=') {
+                                            let href = format!("/identifiers?id={}", super::overview::encode(&s));
+                                            view! { <a href=href>{crate::domain::envoy::readable(&s).to_owned()}</a> }.into_any()
+                                        } else {
+                                            view! { {s} }.into_any()
+                                        };
+                                        view! { <tr><td>{r}</td><td>{subject}</td><td>{t}</td><td>{f}</td></tr> }
                                     }).collect_view()}</tbody>
                                 </table>
                             }.into_any()
@@ -300,36 +393,21 @@ pub fn AlertsPage() -> impl IntoView {
                         } else {
                             view! {
                                 <table data-testid="deliveries">
-                                    <thead><tr><th>"At"</th><th>"Rule"</th><th>"Event"</th><th class="num">"Attempt"</th><th>"Outcome"</th><th>"Detail"</th></tr></thead>
-                                    <tbody>{a.deliveries.into_iter().map(|(at, r, e, n, o, d)| view! {
-                                        <tr><td>{at}</td><td>{r}</td><td>{e}</td><td class="num">{n}</td><td>{o}</td><td class="url">{d}</td></tr>
+                                    <thead><tr><th>"Last attempt"</th><th>"Rule"</th><th>"Event"</th><th class="num">"Attempts"</th><th>"Outcome"</th><th>"Detail"</th></tr></thead>
+                                    <tbody>{grouped(a.deliveries, a.delivery_ids).into_iter().map(|attempts| {
+                                        let (at, r, e, n, o, d) = attempts[0].clone();
+                                        let earlier = (attempts.len() > 1).then(|| view! {
+                                            <details><summary>{format!("{} earlier", attempts.len() - 1)}</summary>
+                                                <ul class="small">{attempts[1..].iter().map(|(at, _, _, n, o, d)| view! { <li>{format!("{at}: attempt {n} {o} {d}")}</li> }).collect_view()}</ul>
+                                            </details>
+                                        });
+                                        view! {
+                                            <tr><td>{at}</td><td>{r}</td><td>{e}</td><td class="num">{n}</td><td>{o}</td><td class="url">{d}{earlier}</td></tr>
+                                        }
                                     }).collect_view()}</tbody>
                                 </table>
                             }.into_any()
                         };
-                        let form = can_edit.then(|| view! {
-                            <section class="card" aria-labelledby="new-alert-heading">
-                                <h2 id="new-alert-heading">"Add or replace a rule"</h2>
-                                <ActionForm action=save attr:class="stack">
-                                    <CsrfField csrf=a.csrf.clone()/>
-                                    <label>"Name" <input name="name" required/> {field_error("name")}</label>
-                                    <label>"Watch"
-                                        <select name="kind">
-                                            <option value="policy_denials">"a policy's denials a second"</option>
-                                            <option value="identifier_throttled">"an identifier throttled for minutes"</option>
-                                            <option value="degraded">"checks failing on Redis (degraded)"</option>
-                                        </select>
-                                    </label>
-                                    <label>"Policy" <input name="policy" placeholder="any (for identifiers)"/> {field_error("condition.policy")}</label>
-                                    <label>"Denials a second above" <input name="per_second" inputmode="decimal" value="10"/> {field_error("condition.per_second")}</label>
-                                    <label>"Averaged over (s), or failing on Redis for (s)" <input name="for_seconds" inputmode="numeric" value="60"/> {field_error("condition.for_seconds")} {field_error("condition.seconds")}</label>
-                                    <label>"Throttled in each of the last (min)" <input name="minutes" inputmode="numeric" value="3"/> {field_error("condition.minutes")}</label>
-                                    <label>"Webhook URL" <input name="webhook_url" type="url" required/> {field_error("webhook_url")}</label>
-                                    <label>"Secret (16 to 256 characters, signs each delivery)" <input name="secret" type="password" autocomplete="off" required/> {field_error("secret")}</label>
-                                    <button type="submit">"Save rule"</button>
-                                </ActionForm>
-                            </section>
-                        });
                         view! {
                             <div class="grid">
                                 <section class="card wide" aria-labelledby="rules-heading">
@@ -346,11 +424,55 @@ pub fn AlertsPage() -> impl IntoView {
                                     {deliveries}
                                 </section>
                             </div>
-                            {form}
                         }.into_any()
                     }
                 }
             })}
         </Suspense>
+        // Outside the list's Suspense: a save that fails keeps what was typed; one that
+        // succeeds clears the form.
+        <Suspense fallback=|| ()>
+            {move || Suspend::new(async move {
+                let s = session.await.unwrap_or_default();
+                s.may(crate::domain::people::Action::EditPolicies).then(|| view! {
+                    <section class="card" aria-labelledby="new-alert-heading">
+                                <h2 id="new-alert-heading">"Add or replace a rule"</h2>
+                                <ActionForm action=save attr:class="stack" node_ref=form_ref>
+                                    <CsrfField csrf=s.csrf.clone()/>
+                                    <label>"Name" <input name="name" required/> {field_error("name")}</label>
+                                    <label>"Watch"
+                                        <select name="kind">
+                                            <option value="policy_denials">"a policy's denials a second"</option>
+                                            <option value="identifier_throttled">"an identifier throttled for minutes"</option>
+                                            <option value="degraded">"checks failing on Redis (degraded)"</option>
+                                        </select>
+                                    </label>
+                                    <label class="k-denials k-throttled">"Policy" <input name="policy" placeholder="any (for identifiers)"/> {field_error("condition.policy")}</label>
+                                    <label class="k-denials">"Denials a second above" <input name="per_second" inputmode="decimal" value="10"/> {field_error("condition.per_second")}</label>
+                                    <label class="k-denials">"Averaged over (s)" <input name="for_seconds" inputmode="numeric" value="60"/> {field_error("condition.for_seconds")}</label>
+                                    <label class="k-throttled">"Throttled in each of the last (min)" <input name="minutes" inputmode="numeric" value="3"/> {field_error("condition.minutes")}</label>
+                                    <label class="k-degraded">"Failing on Redis for more than (s)" <input name="seconds" inputmode="numeric" value="30"/> {field_error("condition.seconds")}</label>
+                                    <label>"Webhook URL" <input name="webhook_url" type="url" required/> {field_error("webhook_url")}</label>
+                                    <label>"Secret (16 to 256 characters, signs each delivery)" <input name="secret" type="password" autocomplete="off" required/> {field_error("secret")}</label>
+                                    <button type="submit">"Save rule"</button>
+                                </ActionForm>
+                            </section>
+                })
+            })}
+        </Suspense>
     }
+}
+
+/// The deliveries' attempts grouped per delivery (by id), each group newest first, the
+/// groups in the order of their newest attempt.
+fn grouped<T: Clone>(rows: Vec<T>, ids: Vec<String>) -> Vec<Vec<T>> {
+    let mut groups: Vec<(String, Vec<T>)> = Vec::new();
+    for (i, row) in rows.into_iter().enumerate() {
+        let id = ids.get(i).cloned().unwrap_or_default();
+        match groups.iter_mut().find(|(g, _)| !id.is_empty() && *g == id) {
+            Some((_, rows)) => rows.push(row),
+            None => groups.push((id, vec![row])),
+        }
+    }
+    groups.into_iter().map(|(_, rows)| rows).collect()
 }

@@ -36,7 +36,12 @@ pub struct HistoryData {
 
 /// The history of `policy` (empty: every policy) over `range`.
 #[server(prefix = "/fn", endpoint = "history")]
-pub async fn load_history(policy: String, range: String) -> Result<HistoryData, AppError> {
+pub async fn load_history(
+    policy: String,
+    range: String,
+    #[server(default)] all: bool,
+    #[server(default)] find: String,
+) -> Result<HistoryData, AppError> {
     use crate::{domain::history::ALL, service::history::HistoryError};
     crate::app::guard::require(crate::domain::people::Action::View)?;
     let state = expect_context::<crate::state::AppState>();
@@ -47,15 +52,22 @@ pub async fn load_history(policy: String, range: String) -> Result<HistoryData, 
     };
     let found = state
         .service()
-        .history(Some(policy.as_str()), range, None, 10)
+        .history(
+            Some(policy.as_str()),
+            range,
+            None,
+            if all { crate::domain::history::TOP_KEPT } else { 10 },
+        )
         .await
         .map_err(|e| match e {
             HistoryError::Invalid { field, message } => AppError::bad_input(field, message),
             HistoryError::Store(error) => AppError::unavailable("history", error),
         })?;
     let all = found.policy == ALL;
+    let needle = find.trim().to_lowercase();
     let rows = |list: Vec<(String, u64)>| {
         list.into_iter()
+            .filter(|(member, _)| needle.is_empty() || member.to_lowercase().contains(&needle))
             .map(|(member, n)| {
                 if all {
                     let (p, id) = crate::domain::history::split_member(&member);
@@ -100,10 +112,36 @@ pub fn HistoryPage() -> impl IntoView {
     let query = use_query_map();
     let policy = move || query.with(|q| q.get("policy").unwrap_or_default());
     let range = move || query.with(|q| q.get("range").unwrap_or_default());
-    let data = Resource::new(move || (policy(), range()), |(p, r)| load_history(p, r));
+    let all = move || query.with(|q| q.get("all").as_deref() == Some("1"));
+    let find = move || query.with(|q| q.get("find").unwrap_or_default());
+    let data = Resource::new(
+        move || (policy(), range(), all(), find()),
+        |(p, r, a, f)| load_history(p, r, a, f),
+    );
+    let names = Resource::new(|| (), |_| super::policies::list_policies());
     view! {
         <Title text="History"/>
         <h1>{move || if policy().is_empty() { "History · every policy".to_owned() } else { format!("History · {}", policy()) }}</h1>
+        <leptos_router::components::Form method="GET" action="" attr:class="row filter" attr:aria-label="Policy">
+            <input type="hidden" name="range" value=range/>
+            <label>"Policy "
+                <select name="policy">
+                    <option value="">"every policy"</option>
+                    <Suspense fallback=|| ()>
+                        {move || Suspend::new(async move {
+                            let chosen = policy();
+                            names.await.unwrap_or_default().into_iter().map(|p| {
+                                let selected = p.name == chosen;
+                                view! { <option value=p.name.clone() selected=selected>{p.name.clone()}</option> }
+                            }).collect_view()
+                        })}
+                    </Suspense>
+                </select>
+            </label>
+            <label>"Identifiers containing " <input type="search" name="find" value=find placeholder="bob, 203.0.113."/></label>
+            <input type="hidden" name="all" value=move || if all() { "1" } else { "0" }/>
+            <button type="submit">"Show"</button>
+        </leptos_router::components::Form>
         <nav class="ranges" aria-label="Time range">
             {Range::ALL.into_iter().map(|r| {
                 let href = move || {
@@ -133,7 +171,7 @@ pub fn HistoryPage() -> impl IntoView {
 #[component]
 pub fn RangeOverview(range: String) -> impl IntoView {
     let filter = super::overview::filter_text();
-    let data = Resource::new(move || range.clone(), |r| load_history(String::new(), r));
+    let data = Resource::new(move || range.clone(), |r| load_history(String::new(), r, false, String::new()));
     view! {
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
@@ -226,6 +264,33 @@ fn HistoryBody(h: HistoryData) -> impl IntoView {
                 {top_table(h.top_checked, "checks", "top-checked", "Nothing was checked in this range.")}
             </section>
         </div>
+        <p class="row">{top_links(&h.policy, &h.range)}</p>
+    }
+}
+
+/// "Show the top 64" (or 10), and the CSV downloads of the series and of the top lists.
+fn top_links(policy: &str, range: &str) -> impl IntoView {
+    let query = use_query_map();
+    let all = query.with_untracked(|q| q.get("all").as_deref() == Some("1"));
+    let base = if policy.is_empty() {
+        format!("range={range}")
+    } else {
+        format!("policy={}&range={range}", encode(policy))
+    };
+    let other = if all {
+        (format!("/history?{base}"), "Show the top 10")
+    } else {
+        (format!("/history?{base}&all=1"), "Show the top 64")
+    };
+    let api = if policy.is_empty() {
+        format!("range={range}")
+    } else {
+        format!("policy={}&range={range}", encode(policy))
+    };
+    view! {
+        <a href=other.0 data-testid="top-all">{other.1}</a>
+        " · "<a href=format!("/api/v1/history?{api}&format=csv") download="history.csv">"Download CSV (the series)"</a>
+        " · "<a href=format!("/api/v1/history?{api}&format=csv-top&top=100") download="history-top.csv">"Download CSV (the top identifiers)"</a>
     }
 }
 
@@ -266,11 +331,16 @@ fn top_table(
     .into_any()
 }
 
-/// `10:00`, or `11-24` for days.
-fn tick_label(ms: i64, step_ms: i64) -> String {
+/// `10:00`, with the date (`11-24 10:00`) where a new day starts or at the first tick;
+/// `11-24` for days.
+fn tick_label(ms: i64, step_ms: i64, previous: Option<i64>) -> String {
     let text = crate::domain::time::utc_minutes(Some(ms)); // 2026-11-24 10:58 UTC
     if step_ms >= Step::Day.ms() {
-        text[5..10].to_owned()
+        return text[5..10].to_owned();
+    }
+    let new_day = previous.is_none_or(|p| p.div_euclid(86_400_000) != ms.div_euclid(86_400_000));
+    if new_day && step_ms >= Step::Hour.ms() {
+        text[5..16].to_owned()
     } else {
         text[11..16].to_owned()
     }
@@ -338,9 +408,13 @@ fn HistoryChart(points: Vec<(i64, Counts)>, step_ms: i64) -> impl IntoView {
         .map(|k| {
             let i = if ticks <= 1 { 0 } else { k * (n - 1) / (ticks - 1) };
             let x = LEFT + i as f64 * bar + bar / 2.0;
+            let previous = (k > 0)
+                .then(|| (k - 1) * (n - 1) / (ticks - 1).max(1))
+                .and_then(|j| points.get(j))
+                .map(|(at, _)| *at);
             let label = points
                 .get(i)
-                .map(|(at, _)| tick_label(*at, step_ms))
+                .map(|(at, _)| tick_label(*at, step_ms, previous))
                 .unwrap_or_default();
             let anchor = if k == 0 { "start" } else if k + 1 == ticks { "end" } else { "middle" };
             view! {

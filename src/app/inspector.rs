@@ -114,6 +114,7 @@ pub async fn reset_identifier(
 }
 
 /// Identifiers one reset may take with the inspected one (those checked together with it).
+#[cfg(feature = "ssr")]
 const MAX_RESET_TOGETHER: usize = 8;
 
 #[cfg(feature = "ssr")]

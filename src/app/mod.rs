@@ -97,6 +97,8 @@ pub fn App() -> impl IntoView {
     });
     let session: session::SessionResource = Resource::new(|| (), |_| session::whoami());
     provide_context(session);
+    // The alert rules firing now, as a badge on "Alerts" (read with each page).
+    let firing = Resource::new(|| (), |_| alerts::alerts_firing());
     view! {
         <Title formatter=|page: String| format!("{page} · Spillway")/>
         <Router>
@@ -114,7 +116,15 @@ pub fn App() -> impl IntoView {
                                     <A href="/identifiers">"Identifiers"</A>
                                     <A href="/policies">"Policies"</A>
                                     <A href="/audit">"Audit"</A>
-                                    <A href="/alerts">"Alerts"</A>
+                                    <A href="/alerts">"Alerts"
+                                        <Suspense fallback=|| ()>
+                                            {move || Suspend::new(async move {
+                                                firing.await.ok().filter(|n| *n > 0).map(|n| view! {
+                                                    <span class="nav-badge" data-testid="firing-badge" title=format!("{n} firing")>{n}</span>
+                                                })
+                                            })}
+                                        </Suspense>
+                                    </A>
                                     {admin.then(|| view! { <A href="/people">"Users & keys"</A> })}
                                 </nav>
                                 <form method="post" action="/auth/logout" class="whoami">

@@ -19,7 +19,14 @@ pub struct BurstPreview {
     pub first_denied: Option<(u64, u64)>,
     /// How many denials each rule caused (the rule that denied; several may).
     pub denials_by_rule: Vec<(String, u64)>,
+    /// The burst in `TIMELINE` equal slices of its time (or of its requests, when they come
+    /// all at once): (allowed, denied) in each.
+    #[serde(default)]
+    pub timeline: Vec<(u64, u64)>,
 }
+
+/// Slices of a burst's timeline.
+pub const TIMELINE: usize = 40;
 
 /// The most requests a preview simulates.
 pub const MAX_REQUESTS: u64 = 100_000;
@@ -40,6 +47,7 @@ pub fn burst(rules: &[Rule], requests: u64, over_ms: u64) -> BurstPreview {
     let mut out = BurstPreview {
         requests,
         denials_by_rule: rules.iter().map(|r| (r.name.to_string(), 0)).collect(),
+        timeline: vec![(0, 0); if requests == 0 { 0 } else { TIMELINE }],
         ..BurstPreview::default()
     };
     for i in 0..requests {
@@ -50,10 +58,19 @@ pub fn burst(rules: &[Rule], requests: u64, over_ms: u64) -> BurstPreview {
         };
         let (after, outcomes) = evaluate(&states, start_us + offset_us, 1, &entries);
         states = after;
+        // Its slice: by time, or by its number when the burst has no duration.
+        let slice = if over_ms == 0 {
+            (i as u128 * TIMELINE as u128 / requests as u128) as usize
+        } else {
+            (offset_us as u128 * TIMELINE as u128 / (over_ms as u128 * 1000 + 1)) as usize
+        }
+        .min(TIMELINE - 1);
         if outcomes.iter().all(|o| o.allowed) {
             out.allowed += 1;
+            out.timeline[slice].0 += 1;
         } else {
             out.denied += 1;
+            out.timeline[slice].1 += 1;
             out.first_denied
                 .get_or_insert((i + 1, offset_us as u64 / 1000));
             for (k, o) in outcomes.iter().enumerate() {
@@ -70,6 +87,26 @@ pub fn burst(rules: &[Rule], requests: u64, over_ms: u64) -> BurstPreview {
 mod tests {
     use super::*;
     use crate::domain::Algorithm;
+
+    #[test]
+    fn the_timeline_shows_where_the_denials_fall() {
+        // 10 a second, 40 requests over 2 s: the first slices allowed, then denials until
+        // the next window, which allows 10 again.
+        let rules = [rule(
+            "per-second",
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 1000,
+            },
+        )];
+        let p = burst(&rules, 40, 2000);
+        assert_eq!(p.timeline.len(), TIMELINE);
+        let (a, d) = p.timeline.iter().fold((0, 0), |(a, d), (x, y)| (a + x, d + y));
+        assert_eq!((a, d), (p.allowed, p.denied));
+        assert!(p.timeline[0].0 > 0 && p.timeline[0].1 == 0);
+        assert!(p.timeline[TIMELINE / 2 - 1].1 > 0, "{:?}", p.timeline);
+        assert!(p.timeline[TIMELINE / 2].0 > 0, "{:?}", p.timeline);
+    }
 
     fn rule(name: &str, algorithm: Algorithm) -> Rule {
         Rule::new(0, name, algorithm, None, false).unwrap()

@@ -225,6 +225,55 @@ impl Service {
         Ok(())
     }
 
+    /// Sends rule `name` a test delivery now, signed as a real one (event `test`), and
+    /// lists it with the deliveries; audited as `alert.test`. What the receiver answered.
+    pub async fn test_alert(&self, actor: &Actor, name: &str) -> Result<String, AlertError> {
+        let rule = rules(&self.store)
+            .await?
+            .into_iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| AlertError::Unknown(name.to_owned()))?;
+        let now = now_ms();
+        let id = format!("test-{}", crate::ids::random_hex::<8>());
+        let body = json!({
+            "event": "test",
+            "rule": rule.name,
+            "text": format!("A test delivery of the alert rule {} from Spillway", rule.name),
+            "at_ms": now,
+        })
+        .to_string();
+        let sent = Webhooks::new(self.webhook_targets.clone())
+            .deliver(&rule.webhook_url, &rule.secret, &id, &body, now / 1000)
+            .await;
+        let (outcome, detail) = match &sent {
+            Ok(status) => ("delivered", status.to_string()),
+            Err(error) => ("failed", error.clone()),
+        };
+        let log = json!({"id": id, "rule": rule.name, "event": "test", "url": rule.webhook_url,
+            "attempt": 1, "outcome": outcome, "detail": detail, "at_ms": now});
+        self.store.log_alert_attempt(&log.to_string()).await?;
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action: "alert.test",
+                    target: name,
+                    after: json!({"outcome": outcome}).to_string(),
+                    ..Change::default()
+                },
+            )
+            .await;
+        Ok(match sent {
+            Ok(status) => format!("delivered: the receiver answered {status}"),
+            Err(error) => format!("not delivered: {error}"),
+        })
+    }
+
+    /// How many alert rules fire now.
+    pub async fn alerts_firing(&self) -> Result<usize, StoreError> {
+        Ok(self.store.alert_firing().await?.len())
+    }
+
     /// The rules, what fires and the latest deliveries. Webhook URLs are often credentials
     /// (Slack's, Discord's) and a delivery's detail tells what answered at an address: with
     /// `full` false (anyone but an admin) each URL is cut to its scheme and host, and the

@@ -102,3 +102,29 @@ impl Service {
         Ok(AuditPage { entries, older })
     }
 }
+
+impl Service {
+    /// When each policy was last changed, as far as the newest `records` records of the
+    /// audit log tell (saves, rollbacks, overrides, Envoy files, imports).
+    pub async fn policy_changes(
+        &self,
+        records: usize,
+    ) -> Result<std::collections::HashMap<String, i64>, StoreError> {
+        let entries = self
+            .store
+            .read_audit(&AuditFilter::default(), records, None)
+            .await?;
+        let mut out = std::collections::HashMap::new();
+        for e in entries {
+            let changes_policies = ["policy.", "override.", "envoy."]
+                .iter()
+                .any(|p| e.action.starts_with(p));
+            if changes_policies {
+                for name in e.target.split(',') {
+                    out.entry(name.trim().to_owned()).or_insert(e.time_ms);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

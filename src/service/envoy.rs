@@ -373,3 +373,26 @@ mod yaml_tests {
         assert_eq!(good["domain"], "d");
     }
 }
+
+/// Each domain file of a text that holds one or several (YAML documents separated by
+/// `---`, as a folder of upstream's files pasted together), as JSON values; an empty
+/// document is skipped. The error names the document (`document 2: …`).
+pub fn domain_files(text: &str) -> Result<Vec<serde_json::Value>, String> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let yaml = serde_yaml::Value::deserialize(document)
+            .map_err(|e| format!("document {}: is not valid YAML: {e}", i + 1))?;
+        if yaml.is_null() {
+            continue;
+        }
+        out.push(
+            serde_json::to_value(yaml)
+                .map_err(|e| format!("document {}: is not a configuration file: {e}", i + 1))?,
+        );
+    }
+    if out.is_empty() {
+        return Err("holds no domain file".into());
+    }
+    Ok(out)
+}

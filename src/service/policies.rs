@@ -274,6 +274,75 @@ impl Service {
 }
 
 impl Service {
+    /// Loads one or several Envoy domain files from `text` (YAML, upstream's format;
+    /// several as documents separated by `---`), all or none: a new domain fails open, one
+    /// that exists keeps its failure mode, overrides and counting. Names the domains loaded.
+    pub async fn load_envoy_files(
+        &self,
+        actor: &Actor,
+        text: &str,
+    ) -> Result<Vec<String>, ChangeError> {
+        let invalid = |message: String| ChangeError::Invalid {
+            field: "file".into(),
+            message,
+        };
+        let files = super::envoy::domain_files(text).map_err(invalid)?;
+        let several = files.len() > 1;
+        let mut policies = Vec::with_capacity(files.len());
+        for (i, value) in files.iter().enumerate() {
+            let at = |message: String| {
+                if several {
+                    invalid(format!("document {}: {message}", i + 1))
+                } else {
+                    invalid(message)
+                }
+            };
+            let domain = crate::domain::envoy::EnvoyDomain::from_value(value)
+                .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
+            let policy = Policy::from_envoy(domain, crate::domain::FailureMode::default())
+                .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
+            if policies.iter().any(|p: &Policy| p.name == policy.name) {
+                return Err(at(format!("the domain {} is in the text twice", policy.name)));
+            }
+            policies.push(policy);
+        }
+        let names = policies.iter().map(|p| p.name.to_string()).collect();
+        self.import_policies(actor, policies).await?;
+        Ok(names)
+    }
+}
+
+impl Service {
+    /// Brings back policy `name` as it was when it was last deleted (the delete's audit
+    /// record keeps it), as a new policy; audited as `policy.restore`. Refused when a policy
+    /// of that name exists again, or no delete of it is in the newest records.
+    pub async fn restore_policy(&self, actor: &Actor, name: &Name) -> Result<Policy, ChangeError> {
+        let deletes = crate::domain::people::AuditFilter {
+            action: "policy.delete".into(),
+            ..Default::default()
+        };
+        let records = self.store.read_audit(&deletes, 500, None).await?;
+        let before = records
+            .iter()
+            .find(|e| e.target == name.as_str() && !e.before.is_empty())
+            .map(|e| e.before.clone())
+            .ok_or_else(|| ChangeError::UnknownPolicy(name.to_string()))?;
+        let doc: Value = serde_json::from_str(&before).map_err(|e| ChangeError::Invalid {
+            field: "name".into(),
+            message: format!("its last version could not be read: {e}"),
+        })?;
+        let policy = Policy::from_document(name.as_str(), &doc).map_err(|e| {
+            ChangeError::Invalid {
+                field: e.field,
+                message: e.message,
+            }
+        })?;
+        self.save_policy(actor, policy, Some(0), "policy.restore", "")
+            .await
+    }
+}
+
+impl Service {
     /// Every stored policy, read from Redis (not this instance's cache).
     pub async fn stored_policies(&self) -> Result<Vec<Policy>, StoreError> {
         self.store.list_policies().await

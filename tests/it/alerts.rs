@@ -15,7 +15,7 @@ use sha2::Sha256;
 
 use crate::helpers::{ADMIN_KEY, RedisServer, TestApp, spawn_app_with};
 
-const SECRET: &str = "a shared secret of the sink";
+pub(crate) const SECRET: &str = "a shared secret of the sink";
 /// Evaluated often, delivering to the sink on this machine (loopback is refused unless
 /// allowed).
 const FAST: &[(&str, &str)] = &[
@@ -105,7 +105,7 @@ pub(crate) async fn start_sink(fail_first: usize) -> (Sink, SocketAddr) {
     (sink, addr)
 }
 
-async fn put_alert(app: &TestApp, name: &str, doc: Value) -> (u16, Value) {
+pub(crate) async fn put_alert(app: &TestApp, name: &str, doc: Value) -> (u16, Value) {
     let r = app
         .client
         .put(app.url(&format!("/api/v1/alerts/{name}")))

@@ -351,6 +351,31 @@ async fn a_delete_takes_the_policys_name_typed() {
         .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
         .await;
     assert_eq!(r.status(), 404);
+    // Undo: it comes back as it was.
+    let r = v
+        .post_form(
+            "/fn/policy_restore",
+            &[("csrf", &csrf), ("name", "keep-me")],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let back: Value = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(back["rules"][0]["limit"], 1);
+    // Once there again, it cannot be restored over.
+    let r = v
+        .post_form(
+            "/fn/policy_restore",
+            &[("csrf", &csrf), ("name", "keep-me")],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
 }
 
 #[tokio::test]
@@ -431,4 +456,118 @@ async fn a_signed_in_visitor_to_the_sign_in_page_is_sent_on() {
         assert!(r.status().is_redirection(), "{path}: {}", r.status());
         assert_eq!(r.headers()[header::LOCATION], to, "{path}");
     }
+}
+
+/// An engineer pastes two domain files at once: both load, or, when one is wrong, neither,
+/// with the document named; the list tells domains from policies, with traffic.
+#[tokio::test]
+async fn envoy_domains_are_loaded_from_the_dashboard_all_or_none() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let two = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n---\ndomain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let broken = format!("{two}---\ndomain: third\ndescriptors:\n  - key: user\n    rate_limit: {{unit: fortnight, requests_per_unit: 5}}\n");
+    let r = v
+        .post_form("/fn/envoy_import", &[("csrf", &csrf), ("file", &broken)], Some(&origin))
+        .await;
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("document 3"), "{text}");
+    for name in ["edge", "api", "third"] {
+        let r = app
+            .as_admin(reqwest::Method::GET, &format!("/api/v1/policies/{name}"), None)
+            .await;
+        assert_eq!(r.status(), 404, "{name}: all or none");
+    }
+    let r = v
+        .post_form("/fn/envoy_import", &[("csrf", &csrf), ("file", two)], Some(&origin))
+        .await;
+    assert_eq!(r.status(), 200);
+    let names: Vec<String> = r.json().await.unwrap();
+    assert_eq!(names, ["edge", "api"]);
+    let list: Value = v.post_form("/fn/policies", &[], None).await.json().await.unwrap();
+    let row = |name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(row("edge")["envoy_domain"], "edge");
+    assert!(row("demo")["envoy_domain"].is_null());
+    assert!(row("edge")["changed_ms"].as_i64().is_some(), "the import is in the audit log");
+    // The domain's page says how to wire Envoy to it.
+    let page = v.get("/policy?name=edge").await.text().await.unwrap();
+    assert!(page.contains("Wire Envoy to this domain"));
+    assert!(page.contains("envoy.filters.http.ratelimit"));
+    assert!(page.contains("remote_address: {}"));
+}
+
+#[tokio::test]
+async fn an_alert_rule_sends_a_signed_test_delivery_on_demand() {
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app_with(
+        &redis,
+        &[("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "127.0.0.1")],
+    )
+    .await;
+    let (sink, addr) = crate::alerts::start_sink(0).await;
+    let (status, _) = crate::alerts::put_alert(
+        &app,
+        "pager",
+        json!({"condition": {"kind": "degraded", "seconds": 30},
+            "webhook_url": format!("http://{addr}/hook"), "secret": crate::alerts::SECRET}),
+    )
+    .await;
+    assert!(status < 300);
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form("/fn/alert_test", &[("csrf", &csrf), ("name", "pager")], Some(&origin))
+        .await;
+    assert_eq!(r.status(), 200);
+    let said: String = r.json().await.unwrap();
+    assert_eq!(said, "delivered: the receiver answered 200");
+    let seen = sink.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    let (_, event, signed, body) = &seen[0];
+    assert_eq!(event, "test");
+    assert!(signed, "signed with the rule's secret");
+    assert_eq!(body["rule"], "pager");
+    // It is listed with the deliveries.
+    let page = v.get("/alerts").await.text().await.unwrap();
+    assert!(page.contains("test") && page.contains("delivered"));
+}
+
+#[tokio::test]
+async fn the_top_identifiers_download_as_csv() {
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_HISTORY_FLUSH_MS", "100")]).await;
+    app.put_policy(
+        "csv",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000}]}),
+    )
+    .await;
+    for user in ["a,b", "=cmd", "a,b"] {
+        app.check(json!({"policy": "csv", "identifiers": {"user": user}}))
+            .await;
+    }
+    let body = eventually!("the history's top lists", {
+        let r = app
+            .as_admin(reqwest::Method::GET, "/api/v1/history?policy=csv&range=1h&format=csv-top", None)
+            .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/csv; charset=utf-8");
+        let body = r.text().await.unwrap();
+        body.contains("denied,").then_some(body)
+    });
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(lines[0], "list,policy,identifier,count");
+    assert!(lines.contains(&"denied,csv,\"user=a,b\",1"), "{body}");
+    assert!(lines.contains(&"checked,csv,\"user=a,b\",2"), "{body}");
+    assert!(lines.contains(&"checked,csv,user==cmd,1"), "{body}");
 }

@@ -52,20 +52,33 @@ impl From<crate::service::policies::ChangeError> for PageError {
 #[server(prefix = "/fn", endpoint = "policies")]
 pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
     crate::app::guard::require(Action::View)?;
-    let policies = state()
-        .service()
-        .stored_policies()
-        .await
-        .map_err(unavailable)?;
+    let service = state().service().clone();
+    let policies = service.stored_policies().await.map_err(unavailable)?;
+    // Traffic and last change help find one among many; the list works without them.
+    let (totals, changes) = tokio::join!(
+        service.policy_totals(crate::domain::history::Range::Hour),
+        service.policy_changes(500),
+    );
+    let totals = totals.unwrap_or_default();
+    let changes = changes.unwrap_or_default();
     Ok(policies
         .into_iter()
-        .map(|p| PolicySummary {
-            name: p.name.to_string(),
-            description: p.description.clone(),
-            shadow: p.mode == crate::domain::Mode::Shadow,
-            rules: p.rules.len(),
-            overrides: p.overrides.len(),
-            version: p.version,
+        .map(|p| {
+            let name = p.name.to_string();
+            PolicySummary {
+                last_hour: totals
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, c)| (c.total(), c.denied)),
+                changed_ms: changes.get(&name).copied(),
+                envoy_domain: p.envoy.as_ref().map(|t| t.doc.domain.clone()),
+                description: p.description.clone(),
+                shadow: p.mode == crate::domain::Mode::Shadow,
+                rules: p.rules.len(),
+                overrides: p.overrides.len(),
+                version: p.version,
+                name,
+            }
         })
         .collect())
 }
@@ -164,6 +177,14 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
                 .envoy_counting(&policy)
                 .map_or_else(String::new, |c| c.as_str().to_owned()),
             server_default: service.envoy_counting_default().as_str().to_owned(),
+        }),
+        envoy_wiring: policy.envoy.as_ref().map_or_else(Vec::new, |t| {
+            let envoy = &state().envoy;
+            crate::domain::envoy::wiring(
+                &t.doc,
+                envoy.grpc_addr.map(|a| a.port()),
+                envoy.require_key,
+            )
         }),
     })
 }
@@ -264,6 +285,27 @@ async fn save_fields(
         .await
         .map_err(change_refused)?;
     Ok(saved.version)
+}
+
+/// Loads one or several new Envoy domain files (pasted or uploaded YAML; several as
+/// documents separated by `---`), all or none. Names the domains loaded.
+#[server(prefix = "/fn", endpoint = "envoy_import")]
+pub async fn import_envoy_files(
+    #[server(default)] csrf: String,
+    #[server(default)] file: String,
+) -> Result<Vec<String>, AppError> {
+    let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
+    if file.trim().is_empty() {
+        return Err(AppError::bad_input(
+            "file",
+            "is empty: paste a domain file, or choose one",
+        ));
+    }
+    state()
+        .service()
+        .load_envoy_files(&caller.actor(), &file)
+        .await
+        .map_err(change_refused)
 }
 
 /// Loads a new version of an Envoy domain's file (YAML, envoyproxy/ratelimit's format) for
@@ -385,6 +427,35 @@ pub async fn delete_policy(
         crate::domain::percent_encode(name.as_str())
     ));
     Ok(())
+}
+
+/// Brings a deleted policy back as it was (undo of a delete).
+#[server(prefix = "/fn", endpoint = "policy_restore")]
+pub async fn restore_policy(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+) -> Result<u64, AppError> {
+    let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
+    let name =
+        crate::domain::Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
+    let saved = state()
+        .service()
+        .restore_policy(&caller.actor(), &name)
+        .await
+        .map_err(|e| match e {
+            crate::service::policies::ChangeError::UnknownPolicy(_) => {
+                AppError::bad_input("name", "no delete of it is in the recent audit log")
+            }
+            crate::service::policies::ChangeError::Conflict { .. } => {
+                AppError::bad_input("name", "a policy of that name exists again")
+            }
+            other => change_refused(other),
+        })?;
+    leptos_axum::redirect(&format!(
+        "/policy?name={}",
+        crate::domain::percent_encode(name.as_str())
+    ));
+    Ok(saved.version)
 }
 
 /// Adds an override (support may): `matcher` such as `user=vip-*`, an action, and an expiry

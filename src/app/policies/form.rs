@@ -128,6 +128,32 @@ pub fn field_in_form(field: &str, rules: &[RuleForm]) -> String {
     }
 }
 
+/// The rules of the editor's form from its fields as posted (`rules[2][limit]` = `5`), in
+/// the order of their numbers: what the burst preview reads while a person types.
+pub fn rule_forms_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<RuleForm> {
+    let mut rules: std::collections::BTreeMap<usize, serde_json::Map<String, serde_json::Value>> =
+        Default::default();
+    for (key, value) in pairs {
+        let Some(rest) = key.strip_prefix("rules[") else {
+            continue;
+        };
+        let Some((index, field)) = rest.split_once("][") else {
+            continue;
+        };
+        let (Ok(index), Some(field)) = (index.parse::<usize>(), field.strip_suffix(']')) else {
+            continue;
+        };
+        rules
+            .entry(index)
+            .or_default()
+            .insert(field.to_owned(), serde_json::Value::String(value.to_owned()));
+    }
+    rules
+        .into_values()
+        .filter_map(|m| serde_json::from_value(serde_json::Value::Object(m)).ok())
+        .collect()
+}
+
 /// The policy document the editor's fields describe (errors are found by parsing it).
 pub fn document_of(
     description: &str,
@@ -346,6 +372,17 @@ mod tests {
             field_in_form("rules[0].limit", &with_gaps),
             "rules[2].limit"
         );
+        // The fields as a form posts them read back as its rules, in their numbers' order.
+        let read = rule_forms_from_pairs([
+            ("rules[1][name]", "b"),
+            ("rules[0][name]", "a"),
+            ("rules[0][limit]", "5"),
+            ("rules[0][window_unit]", "s"),
+            ("csrf", "x"),
+        ]);
+        assert_eq!(read.len(), 2);
+        assert_eq!((read[0].name.as_str(), read[0].limit.as_str(), read[0].window_unit.as_str()), ("a", "5", "s"));
+        assert_eq!(read[1].name, "b");
         // A zone the server does not know is named.
         let bad = RuleForm {
             time_zone: "Mars/Olympus".into(),

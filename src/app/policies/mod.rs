@@ -10,7 +10,7 @@ mod form;
 mod pages;
 
 pub use actions::*;
-pub use form::{UNITS, document_of, field_in_form, rule_form};
+pub use form::{UNITS, document_of, field_in_form, rule_form, rule_forms_from_pairs};
 pub use pages::{PoliciesPage, PolicyPage};
 
 use serde::{Deserialize, Serialize};
@@ -24,6 +24,15 @@ pub struct PolicySummary {
     pub rules: usize,
     pub overrides: usize,
     pub version: u64,
+    /// The Envoy domain it was loaded from, if it is one.
+    #[serde(default)]
+    pub envoy_domain: Option<String>,
+    /// Checks over the last hour, (all, denied), when the history could be read.
+    #[serde(default)]
+    pub last_hour: Option<(u64, u64)>,
+    /// When it last changed, as far as the recent audit log tells.
+    #[serde(default)]
+    pub changed_ms: Option<i64>,
 }
 
 /// One rule as the editor's fields hold it. Which fields count depends on the algorithm.
@@ -157,6 +166,9 @@ pub struct PolicyView {
     /// For an Envoy domain: how it counts a request over its limit.
     #[serde(default)]
     pub envoy_counting: Option<EnvoyCountingView>,
+    /// For an Envoy domain: what to add to Envoy's configuration, (where, YAML).
+    #[serde(default)]
+    pub envoy_wiring: Vec<(String, String)>,
 }
 
 /// How an Envoy domain counts a request over its limit, as its page shows it.

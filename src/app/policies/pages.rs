@@ -10,8 +10,8 @@ use leptos_router::{
 };
 
 use super::{
-    AddOverride, DeletePolicy, Draft, RemoveOverride, RollbackPolicy, RuleForm, SaveEnvoyFile,
-    SavePolicy, UNITS, list_policies, policy_detail,
+    AddOverride, DeletePolicy, Draft, ImportEnvoyFiles, PolicySummary, RemoveOverride,
+    RestorePolicy, RollbackPolicy, RuleForm, SaveEnvoyFile, SavePolicy, UNITS, list_policies, policy_detail,
 };
 use crate::{
     app::session::{CsrfField, error_message, use_session},
@@ -26,51 +26,160 @@ use crate::{
 
 #[component]
 pub fn PoliciesPage() -> impl IntoView {
-    let data = Resource::new(|| (), |_| list_policies());
+    let import = ServerAction::<ImportEnvoyFiles>::new();
+    let restore = ServerAction::<RestorePolicy>::new();
+    let data = Resource::new(move || import.version().get(), |_| list_policies());
     let session = use_session();
     let query = use_query_map();
     let deleted = move || query.with(|q| q.get("deleted"));
+    let search = move || query.with(|q| q.get("q").unwrap_or_default());
     view! {
         <Title text="Policies"/>
         <h1>"Policies"</h1>
-        {move || deleted().map(|n| view! { <p class="notice" role="status">{format!("Deleted policy {n}.")}</p> })}
+        {move || deleted().map(|n| view! {
+            <div class="notice" role="status">
+                {format!("Deleted policy {n}. ")}
+                <Suspense fallback=|| ()>
+                    {let n = n.clone(); move || { let n = n.clone(); Suspend::new(async move {
+                        let s = session.await.unwrap_or_default();
+                        s.may(Action::EditPolicies).then(|| view! {
+                            <ActionForm action=restore attr:class="inline">
+                                <CsrfField csrf=s.csrf.clone()/>
+                                <input type="hidden" name="name" value=n.clone()/>
+                                <button type="submit" class="small">"Undo: restore it"</button>
+                            </ActionForm>
+                        })
+                    })}}
+                </Suspense>
+            </div>
+        })}
+        {move || restore.value().get().and_then(|r| r.err()).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
+        {move || import.value().get().map(|r| match r {
+            Ok(names) => view! {
+                <p class="notice" role="status">
+                    {format!("Loaded {} Envoy domain{}: ", names.len(), if names.len() == 1 { "" } else { "s" })}
+                    {names.into_iter().map(|n| view! { <A href=format!("/policy?name={n}")>{n.clone()}</A>" " }).collect_view()}
+                </p>
+            }.into_any(),
+            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
+        })}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
                 match data.await {
                     Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-                    Ok(list) => view! {
-                        {s.may(Action::EditPolicies).then(|| view! {
-                            <form method="get" action="/policy" class="row card">
-                                <label>"New policy name"<input name="name" required pattern="[a-z0-9][a-z0-9_\\-]{0,63}" placeholder="checkout"/></label>
-                                <button type="submit">"Create"</button>
-                            </form>
-                        })}
-                        {if list.is_empty() {
-                            view! { <p class="empty">"No policies yet."</p> }.into_any()
-                        } else {
-                            view! {
-                                <table data-testid="policies">
-                                    <thead><tr><th>"Name"</th><th>"Description"</th><th>"Mode"</th><th class="num">"Rules"</th><th class="num">"Overrides"</th><th class="num">"Version"</th></tr></thead>
-                                    <tbody>
-                                        {list.into_iter().map(|p| view! {
-                                            <tr>
-                                                <td><A href=format!("/policy?name={}", p.name)>{p.name.clone()}</A></td>
-                                                <td>{p.description}</td>
-                                                <td>{if p.shadow { view! { <span class="badge warn">"shadow"</span> }.into_any() } else { view! { "enforce" }.into_any() }}</td>
-                                                <td class="num">{p.rules}</td>
-                                                <td class="num">{p.overrides}</td>
-                                                <td class="num">{p.version}</td>
-                                            </tr>
-                                        }).collect_view()}
-                                    </tbody>
-                                </table>
-                            }.into_any()
-                        }}
-                    }.into_any(),
+                    Ok(list) => {
+                        let csrf = s.csrf.clone();
+                        let needle = search().trim().to_lowercase();
+                        let total = list.len();
+                        let shown: Vec<PolicySummary> = list
+                            .into_iter()
+                            .filter(|p| {
+                                needle.is_empty()
+                                    || p.name.to_lowercase().contains(&needle)
+                                    || p.description.to_lowercase().contains(&needle)
+                                    || p.envoy_domain.as_ref().is_some_and(|d| d.to_lowercase().contains(&needle))
+                            })
+                            .collect();
+                        view! {
+                            {s.may(Action::EditPolicies).then(|| view! {
+                                <div class="grid">
+                                    <form method="get" action="/policy" class="stack card">
+                                        <h2>"New policy"</h2>
+                                        <label>"New policy name"<input name="name" required pattern="[a-z0-9][a-z0-9_\\-]{0,63}" placeholder="checkout"/></label>
+                                        <button type="submit">"Create"</button>
+                                    </form>
+                                    <NewEnvoyDomain action=import csrf=csrf.clone()/>
+                                </div>
+                            })}
+                            <Form method="GET" action="" attr:role="search" attr:class="filter">
+                                <label>"Find " <input type="search" name="q" value=search() placeholder="name, description or domain"/></label>
+                                <button type="submit">"Find"</button>
+                            </Form>
+                            {if shown.is_empty() {
+                                view! { <p class="empty">{if total == 0 { "No policies yet.".to_owned() } else { format!("None of the {total} policies matches.") }}</p> }.into_any()
+                            } else {
+                                view! { <PolicyTable list=shown/> }.into_any()
+                            }}
+                        }.into_any()
+                    }
                 }
             })}
         </Suspense>
+    }
+}
+
+#[component]
+fn PolicyTable(list: Vec<PolicySummary>) -> impl IntoView {
+    view! {
+        <table data-testid="policies" class="cards-on-phone">
+            <thead><tr><th>"Name"</th><th>"Type"</th><th>"Mode"</th><th class="num">"Rules"</th><th class="num">"Checks, last hour"</th><th>"Last changed"</th><th class="num">"Version"</th></tr></thead>
+            <tbody>
+                {list.into_iter().map(|p| view! {
+                    <tr>
+                        <td data-label="Name"><A href=format!("/policy?name={}", p.name)>{p.name.clone()}</A><br/><span class="muted small">{p.description}</span></td>
+                        <td data-label="Type">{match p.envoy_domain {
+                            Some(d) => view! { <span class="badge kind">"Envoy domain"</span>" "<code>{d}</code> }.into_any(),
+                            None => view! { "policy" }.into_any(),
+                        }}</td>
+                        <td data-label="Mode">{if p.shadow { view! { <span class="badge warn">"shadow"</span> }.into_any() } else { view! { "enforce" }.into_any() }}</td>
+                        <td data-label="Rules" class="num">{p.rules}{(p.overrides > 0).then(|| format!(" (+{} overrides)", p.overrides))}</td>
+                        <td data-label="Checks, last hour" class="num">{match p.last_hour {
+                            Some((0, _)) => "—".to_owned(),
+                            Some((n, 0)) => n.to_string(),
+                            Some((n, d)) => format!("{n} ({d} denied)"),
+                            None => "?".to_owned(),
+                        }}</td>
+                        <td data-label="Last changed">{p.changed_ms.map_or("—".to_owned(), |t| utc_minutes(Some(t)))}</td>
+                        <td data-label="Version" class="num">{p.version}</td>
+                    </tr>
+                }).collect_view()}
+            </tbody>
+        </table>
+    }
+}
+
+/// Loads Envoy domain files: pasted, or (with JavaScript) read from a chosen file into the
+/// text box first.
+#[component]
+fn NewEnvoyDomain(action: ServerAction<ImportEnvoyFiles>, csrf: String) -> impl IntoView {
+    let text = RwSignal::new(String::new());
+    #[cfg(feature = "hydrate")]
+    let on_file = move |ev: leptos::ev::Event| {
+        use wasm_bindgen::JsCast;
+        let Some(input) = ev
+            .target()
+            .and_then(|t| t.dyn_into::<web_sys::HtmlInputElement>().ok())
+        else {
+            return;
+        };
+        let Some(file) = input.files().and_then(|f| f.get(0)) else {
+            return;
+        };
+        leptos::task::spawn_local(async move {
+            if let Ok(value) = wasm_bindgen_futures::JsFuture::from(file.text()).await
+                && let Some(s) = value.as_string()
+            {
+                text.set(s);
+            }
+        });
+    };
+    #[cfg(not(feature = "hydrate"))]
+    let on_file = move |_: leptos::ev::Event| {};
+    view! {
+        <section class="card" aria-labelledby="envoy-new-heading">
+            <h2 id="envoy-new-heading">"New Envoy domain"</h2>
+            <ActionForm action=action attr:class="stack">
+                <CsrfField csrf=csrf/>
+                <label>"Domain file (YAML, envoyproxy/ratelimit's format; several separated by ---)"
+                    <textarea name="file" rows="8" spellcheck="false" class="code" required
+                        placeholder="domain: edge_proxy_per_ip&#10;descriptors:&#10;  - key: remote_address&#10;    rate_limit: {unit: second, requests_per_unit: 10}"
+                        prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))></textarea>
+                </label>
+                <label>"Or choose a file"<input type="file" accept=".yaml,.yml,text/yaml" on:change=on_file/></label>
+                <button type="submit">"Load domain"</button>
+            </ActionForm>
+        </section>
     }
 }
 
@@ -249,6 +358,19 @@ pub fn PolicyPage() -> impl IntoView {
             .filter(|d| !d.message.is_empty())
             .map(|d| (d.field, d.message))
     };
+    // The rules as typed so far (hydrated: read from the form at each change), for the
+    // burst preview before saving.
+    let draft_rules = RwSignal::new(None::<Result<Vec<crate::domain::Rule>, String>>);
+    let read_draft = move |ev: leptos::ev::Event| {
+        #[cfg(feature = "hydrate")]
+        if let Some(pairs) = form_pairs(&ev) {
+            let name = query.with_untracked(|q| q.get("name").unwrap_or_default());
+            let forms = super::rule_forms_from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            draft_rules.set(Some(rules_of(&name, &forms)));
+        }
+        #[cfg(not(feature = "hydrate"))]
+        let _ = (&ev, draft_rules);
+    };
     let error_for = move |field: String| {
         move || {
             save_error()
@@ -411,8 +533,12 @@ pub fn PolicyPage() -> impl IntoView {
                         let (c1, c2, c3) = (csrf.clone(), csrf.clone(), csrf.clone());
                         let (n1, n2, n3) = (p.name.clone(), p.name.clone(), p.name.clone());
                         let document = p.document.clone();
+                        // Without JavaScript a draft that came back in the address is
+                        // previewed on the server; hydrated, the form is read as it changes.
+                        let typed_rules = draft().map(|d| rules_of(&p.name, &d.rules));
                         let preview_name = p.name.clone();
                         let counting = p.envoy_counting.clone().unwrap_or_default();
+                        let wiring = p.envoy_wiring.clone();
                         let envoy_editor = p.envoy_file.clone().map(|file| {
                             let c = csrf.clone();
                             let n = p.name.clone();
@@ -441,6 +567,14 @@ pub fn PolicyPage() -> impl IntoView {
                                         {can_edit.then(|| view! { <button type="submit">"Save file"</button> })}
                                     </ActionForm>
                                 </section>
+                                <section class="card" aria-labelledby="wire-heading" data-testid="wire-envoy">
+                                    <h2 id="wire-heading">"Wire Envoy to this domain"</h2>
+                                    <p class="muted">"Add these to Envoy's configuration. Each action of rate_limits makes one descriptor entry; adjust the header names to your requests."</p>
+                                    {wiring.into_iter().map(|(title, yaml)| view! {
+                                        <h3 class="small">{title}</h3>
+                                        <pre class="code">{yaml}</pre>
+                                    }).collect_view()}
+                                </section>
                             }
                         });
                         let is_envoy = envoy_editor.is_some();
@@ -457,11 +591,11 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label class="check"><input type="checkbox" name="shadow" checked=shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
                                     <label class="check"><input type="checkbox" name="failure_closed" checked=failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
                                     {error_for("rules".into())}
-                                    {rule_rows}
+                                    <div class="rules" on:input=read_draft on:change=read_draft>{rule_rows}</div>
                                     {can_edit.then(|| view! { <button type="submit">"Save policy"</button> })}
                                 </ActionForm>
                             </section>
-                            {p.exists.then(|| view! { <Preview name=preview_name document=document/> }.into_any())}
+                            <Preview name=preview_name document=document typed=typed_rules draft=draft_rules/>
                             {p.exists.then(|| view! {
                                 <section class="card" aria-labelledby="overrides-heading">
                                     <h2 id="overrides-heading">"Overrides"</h2>
@@ -518,10 +652,43 @@ pub fn PolicyPage() -> impl IntoView {
     }
 }
 
+/// The rules the editor's fields describe, or why they do not make a policy yet.
+fn rules_of(name: &str, forms: &[RuleForm]) -> Result<Vec<crate::domain::Rule>, String> {
+    let doc = super::document_of("", false, false, forms);
+    let name = if name.is_empty() { "draft" } else { name };
+    crate::domain::Policy::from_document(name, &doc)
+        .map(|p| p.rules)
+        .map_err(|e| format!("{}: {}", field_label(&super::field_in_form(&e.field, forms), forms), e.message))
+}
+
+/// The form's fields as (name, value), read from the form an input event came from.
+#[cfg(feature = "hydrate")]
+fn form_pairs(ev: &leptos::ev::Event) -> Option<Vec<(String, String)>> {
+    use wasm_bindgen::JsCast;
+    let target = ev.target()?.dyn_into::<web_sys::Element>().ok()?;
+    let form = target.closest("form").ok()??.dyn_into::<web_sys::HtmlFormElement>().ok()?;
+    let data = web_sys::FormData::new_with_form(&form).ok()?;
+    let mut out = Vec::new();
+    for entry in js_sys::try_iter(&data).ok()??.flatten() {
+        let pair = js_sys::Array::from(&entry);
+        if let (Some(k), Some(v)) = (pair.get(0).as_string(), pair.get(1).as_string()) {
+            out.push((k, v));
+        }
+    }
+    Some(out)
+}
+
 /// How a burst would be treated: a GET form (`burst_n`, `burst_s`), computed with the
-/// domain model from the saved policy — in the browser when hydrated.
+/// domain model — in the browser when hydrated — from the rules as typed (`draft`, read at
+/// each change; `typed`, a failed save's), else from the saved policy; a sentence and a
+/// timeline of the burst.
 #[component]
-fn Preview(name: String, document: String) -> impl IntoView {
+fn Preview(
+    name: String,
+    document: String,
+    typed: Option<Result<Vec<crate::domain::Rule>, String>>,
+    draft: RwSignal<Option<Result<Vec<crate::domain::Rule>, String>>>,
+) -> impl IntoView {
     let query = use_query_map();
     let n = move || {
         query.with(|q| {
@@ -537,14 +704,17 @@ fn Preview(name: String, document: String) -> impl IntoView {
                 .unwrap_or(1.0)
         })
     };
-    let rules = serde_json::from_str::<serde_json::Value>(&document)
+    let saved = serde_json::from_str::<serde_json::Value>(&document)
         .ok()
         .and_then(|d| crate::domain::Policy::from_document(&name, &d).ok())
         .map(|p| p.rules)
         .unwrap_or_default();
-    let result = move || -> BurstPreview {
-        let ms = (secs().clamp(0.0, 86_400.0) * 1000.0) as u64;
-        burst(&rules, n(), ms)
+    let rules = move || -> Result<(Vec<crate::domain::Rule>, bool), String> {
+        match draft.get().or_else(|| typed.clone()) {
+            Some(Ok(r)) => Ok((r, true)),
+            Some(Err(e)) => Err(e),
+            None => Ok((saved.clone(), false)),
+        }
     };
     view! {
         <section class="card" aria-labelledby="preview-heading">
@@ -555,18 +725,57 @@ fn Preview(name: String, document: String) -> impl IntoView {
                 <label>"Over (seconds)"<input name="burst_s" inputmode="decimal" value=move || secs().to_string() prop:value=move || secs().to_string()/></label>
                 <button type="submit">"Preview"</button>
             </Form>
-            {move || {
-                let r = result();
-                let first = r.first_denied.map_or("none is denied".to_owned(), |(k, ms)| format!("the first denial is request {k}, at {ms} ms"));
-                let by_rule = r.denials_by_rule.iter().filter(|(_, d)| *d > 0).map(|(rule, d)| format!("{rule}: {d}")).collect::<Vec<_>>().join(", ");
-                view! {
-                    <p data-testid="preview">
-                        {format!("{} requests: {} allowed, {} denied; {first}.", r.requests, r.allowed, r.denied)}
-                        {(!by_rule.is_empty()).then(|| format!(" Denied by {by_rule}."))}
-                    </p>
+            {move || match rules() {
+                Err(e) => view! { <p class="muted" data-testid="preview">{format!("The rules as typed do not make a policy yet: {e}")}</p> }.into_any(),
+                Ok((rules, drafted)) if rules.is_empty() => view! { <p class="muted" data-testid="preview">{if drafted { "Add a rule to preview a burst." } else { "No rules yet." }}</p> }.into_any(),
+                Ok((rules, drafted)) => {
+                    let ms = (secs().clamp(0.0, 86_400.0) * 1000.0) as u64;
+                    let r = burst(&rules, n(), ms);
+                    let first = r.first_denied.map_or("none is denied".to_owned(), |(k, ms)| format!("the first denial is request {k}, at {ms} ms"));
+                    let by_rule = r.denials_by_rule.iter().filter(|(_, d)| *d > 0).map(|(rule, d)| format!("{rule}: {d}")).collect::<Vec<_>>().join(", ");
+                    let which = if drafted { " (the rules as typed, not saved yet)" } else { "" };
+                    view! {
+                        <p data-testid="preview">
+                            {format!("{} requests: {} allowed, {} denied; {first}.", r.requests, r.allowed, r.denied)}
+                            {(!by_rule.is_empty()).then(|| format!(" Denied by {by_rule}."))}
+                            <span class="muted">{which}</span>
+                        </p>
+                        <BurstTimeline timeline=r.timeline.clone() over_ms=ms/>
+                    }.into_any()
                 }
             }}
         </section>
+    }
+}
+
+/// The burst's timeline: a bar per slice, allowed below and denied above.
+#[component]
+fn BurstTimeline(timeline: Vec<(u64, u64)>, over_ms: u64) -> impl IntoView {
+    const W: f64 = 600.0;
+    const H: f64 = 60.0;
+    let peak = timeline.iter().map(|(a, d)| a + d).max().unwrap_or(0).max(1);
+    let bar = W / timeline.len().max(1) as f64;
+    let bars = timeline
+        .iter()
+        .enumerate()
+        .map(|(i, (a, d))| {
+            let x = i as f64 * bar;
+            let ha = *a as f64 / peak as f64 * H;
+            let hd = *d as f64 / peak as f64 * H;
+            view! {
+                <rect class="allowed" x=format!("{x:.1}") y=format!("{:.1}", H - ha) width=format!("{:.1}", bar * 0.85) height=format!("{ha:.1}")/>
+                <rect class="denied" x=format!("{x:.1}") y=format!("{:.1}", H - ha - hd) width=format!("{:.1}", bar * 0.85) height=format!("{hd:.1}")/>
+            }
+        })
+        .collect_view();
+    let end = if over_ms == 0 { "all at once".to_owned() } else { format!("{:.1} s", over_ms as f64 / 1000.0) };
+    view! {
+        <figure class="chart" data-testid="preview-timeline">
+            <svg viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="The burst over time: allowed below, denied above">
+                {bars}
+            </svg>
+            <div class="x-axis flat" aria-hidden="true"><span>"first request"</span><span>{end}</span></div>
+        </figure>
     }
 }
 
