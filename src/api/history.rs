@@ -183,7 +183,10 @@ fn csv_answer(found: &History) -> Response {
 /// `checked`, most first).
 fn csv_top_answer(found: &History) -> Response {
     let mut body = String::from("list,policy,identifier,count\n");
-    for (list, rows) in [("denied", &found.top_denied), ("checked", &found.top_checked)] {
+    for (list, rows) in [
+        ("denied", &found.top_denied),
+        ("checked", &found.top_checked),
+    ] {
         for (member, count) in rows {
             let (policy, identifier) = if found.policy == history::ALL {
                 history::split_member(member)

@@ -56,7 +56,11 @@ pub async fn load_history(
             Some(policy.as_str()),
             range,
             None,
-            if all { crate::domain::history::TOP_KEPT } else { 10 },
+            if all {
+                crate::domain::history::TOP_KEPT
+            } else {
+                10
+            },
         )
         .await
         .map_err(|e| match e {
@@ -171,7 +175,10 @@ pub fn HistoryPage() -> impl IntoView {
 #[component]
 pub fn RangeOverview(range: String) -> impl IntoView {
     let filter = super::overview::filter_text();
-    let data = Resource::new(move || range.clone(), |r| load_history(String::new(), r, false, String::new()));
+    let data = Resource::new(
+        move || range.clone(),
+        |r| load_history(String::new(), r, false, String::new()),
+    );
     view! {
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {

@@ -944,7 +944,11 @@ fn repeated(d: &DescriptorDoc, here: &str, first: &str) -> PolicyError {
 /// (where it goes, YAML): the rate limit filter, a route's `rate_limits` with one action per
 /// top-level descriptor key, and the cluster for a gRPC port `grpc_port` (`None`: Envoy's
 /// protocol is off on this server). Each part is a YAML document of its own.
-pub fn wiring(doc: &DomainDoc, grpc_port: Option<u16>, key_required: bool) -> Vec<(String, String)> {
+pub fn wiring(
+    doc: &DomainDoc,
+    grpc_port: Option<u16>,
+    key_required: bool,
+) -> Vec<(String, String)> {
     let key = if key_required {
         "\n      initial_metadata:\n        - {key: authorization, value: \"Bearer spw_svc_...\"}  # a service key"
     } else {
@@ -979,9 +983,18 @@ pub fn wiring(doc: &DomainDoc, grpc_port: Option<u16>, key_required: bool) -> Ve
         "{off}- name: spillway\n  type: STRICT_DNS\n  typed_extension_protocol_options:\n    envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n      \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n      explicit_http_config: {{http2_protocol_options: {{}}}}\n  load_assignment:\n    cluster_name: spillway\n    endpoints:\n      - lb_endpoints:\n          - endpoint: {{address: {{socket_address: {{address: spillway, port_value: {port}}}}}}}\n"
     );
     vec![
-        ("The HTTP connection manager's http_filters, before the router".to_owned(), filter),
-        ("The route or virtual host: what each request is counted by".to_owned(), route),
-        ("The clusters: Spillway's gRPC port (HTTP/2)".to_owned(), cluster),
+        (
+            "The HTTP connection manager's http_filters, before the router".to_owned(),
+            filter,
+        ),
+        (
+            "The route or virtual host: what each request is counted by".to_owned(),
+            route,
+        ),
+        (
+            "The clusters: Spillway's gRPC port (HTTP/2)".to_owned(),
+            cluster,
+        ),
     ]
 }
 
@@ -999,7 +1012,8 @@ mod wiring_tests {
         let filter: serde_yaml::Value = serde_yaml::from_str(&parts[0].1).unwrap();
         assert_eq!(filter[0]["typed_config"]["domain"], "edge");
         assert_eq!(
-            filter[0]["typed_config"]["rate_limit_service"]["grpc_service"]["initial_metadata"][0]["key"],
+            filter[0]["typed_config"]["rate_limit_service"]["grpc_service"]["initial_metadata"][0]
+                ["key"],
             "authorization"
         );
         let route: serde_yaml::Value = serde_yaml::from_str(&parts[1].1).unwrap();
@@ -1008,7 +1022,8 @@ mod wiring_tests {
         assert_eq!(actions[1]["request_headers"]["descriptor_key"], "user");
         let cluster: serde_yaml::Value = serde_yaml::from_str(&parts[2].1).unwrap();
         assert_eq!(
-            cluster[0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"],
+            cluster[0]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["socket_address"]["port_value"],
             9091
         );
         let without_key = wiring(&doc, None, false);

@@ -101,7 +101,10 @@ mod tests {
         )];
         let p = burst(&rules, 40, 2000);
         assert_eq!(p.timeline.len(), TIMELINE);
-        let (a, d) = p.timeline.iter().fold((0, 0), |(a, d), (x, y)| (a + x, d + y));
+        let (a, d) = p
+            .timeline
+            .iter()
+            .fold((0, 0), |(a, d), (x, y)| (a + x, d + y));
         assert_eq!((a, d), (p.allowed, p.denied));
         assert!(p.timeline[0].0 > 0 && p.timeline[0].1 == 0);
         assert!(p.timeline[TIMELINE / 2 - 1].1 > 0, "{:?}", p.timeline);

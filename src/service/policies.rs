@@ -302,7 +302,10 @@ impl Service {
             let policy = Policy::from_envoy(domain, crate::domain::FailureMode::default())
                 .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
             if policies.iter().any(|p: &Policy| p.name == policy.name) {
-                return Err(at(format!("the domain {} is in the text twice", policy.name)));
+                return Err(at(format!(
+                    "the domain {} is in the text twice",
+                    policy.name
+                )));
             }
             policies.push(policy);
         }
@@ -331,12 +334,11 @@ impl Service {
             field: "name".into(),
             message: format!("its last version could not be read: {e}"),
         })?;
-        let policy = Policy::from_document(name.as_str(), &doc).map_err(|e| {
-            ChangeError::Invalid {
+        let policy =
+            Policy::from_document(name.as_str(), &doc).map_err(|e| ChangeError::Invalid {
                 field: e.field,
                 message: e.message,
-            }
-        })?;
+            })?;
         self.save_policy(actor, policy, Some(0), "policy.restore", "")
             .await
     }

@@ -468,26 +468,45 @@ async fn envoy_domains_are_loaded_from_the_dashboard_all_or_none() {
     let csrf = v.csrf().await;
     let origin = v.origin();
     let two = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n---\ndomain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
-    let broken = format!("{two}---\ndomain: third\ndescriptors:\n  - key: user\n    rate_limit: {{unit: fortnight, requests_per_unit: 5}}\n");
+    let broken = format!(
+        "{two}---\ndomain: third\ndescriptors:\n  - key: user\n    rate_limit: {{unit: fortnight, requests_per_unit: 5}}\n"
+    );
     let r = v
-        .post_form("/fn/envoy_import", &[("csrf", &csrf), ("file", &broken)], Some(&origin))
+        .post_form(
+            "/fn/envoy_import",
+            &[("csrf", &csrf), ("file", &broken)],
+            Some(&origin),
+        )
         .await;
     assert_eq!(r.status(), 400);
     let text = r.text().await.unwrap();
     assert!(text.contains("document 3"), "{text}");
     for name in ["edge", "api", "third"] {
         let r = app
-            .as_admin(reqwest::Method::GET, &format!("/api/v1/policies/{name}"), None)
+            .as_admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/policies/{name}"),
+                None,
+            )
             .await;
         assert_eq!(r.status(), 404, "{name}: all or none");
     }
     let r = v
-        .post_form("/fn/envoy_import", &[("csrf", &csrf), ("file", two)], Some(&origin))
+        .post_form(
+            "/fn/envoy_import",
+            &[("csrf", &csrf), ("file", two)],
+            Some(&origin),
+        )
         .await;
     assert_eq!(r.status(), 200);
     let names: Vec<String> = r.json().await.unwrap();
     assert_eq!(names, ["edge", "api"]);
-    let list: Value = v.post_form("/fn/policies", &[], None).await.json().await.unwrap();
+    let list: Value = v
+        .post_form("/fn/policies", &[], None)
+        .await
+        .json()
+        .await
+        .unwrap();
     let row = |name: &str| {
         list.as_array()
             .unwrap()
@@ -498,7 +517,10 @@ async fn envoy_domains_are_loaded_from_the_dashboard_all_or_none() {
     };
     assert_eq!(row("edge")["envoy_domain"], "edge");
     assert!(row("demo")["envoy_domain"].is_null());
-    assert!(row("edge")["changed_ms"].as_i64().is_some(), "the import is in the audit log");
+    assert!(
+        row("edge")["changed_ms"].as_i64().is_some(),
+        "the import is in the audit log"
+    );
     // The domain's page says how to wire Envoy to it.
     let page = v.get("/policy?name=edge").await.text().await.unwrap();
     assert!(page.contains("Wire Envoy to this domain"));
@@ -527,7 +549,11 @@ async fn an_alert_rule_sends_a_signed_test_delivery_on_demand() {
     let csrf = v.csrf().await;
     let origin = v.origin();
     let r = v
-        .post_form("/fn/alert_test", &[("csrf", &csrf), ("name", "pager")], Some(&origin))
+        .post_form(
+            "/fn/alert_test",
+            &[("csrf", &csrf), ("name", "pager")],
+            Some(&origin),
+        )
         .await;
     assert_eq!(r.status(), 200);
     let said: String = r.json().await.unwrap();
@@ -558,7 +584,11 @@ async fn the_top_identifiers_download_as_csv() {
     }
     let body = eventually!("the history's top lists", {
         let r = app
-            .as_admin(reqwest::Method::GET, "/api/v1/history?policy=csv&range=1h&format=csv-top", None)
+            .as_admin(
+                reqwest::Method::GET,
+                "/api/v1/history?policy=csv&range=1h&format=csv-top",
+                None,
+            )
             .await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()[header::CONTENT_TYPE], "text/csv; charset=utf-8");

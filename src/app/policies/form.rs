@@ -130,7 +130,9 @@ pub fn field_in_form(field: &str, rules: &[RuleForm]) -> String {
 
 /// The rules of the editor's form from its fields as posted (`rules[2][limit]` = `5`), in
 /// the order of their numbers: what the burst preview reads while a person types.
-pub fn rule_forms_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Vec<RuleForm> {
+pub fn rule_forms_from_pairs<'a>(
+    pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<RuleForm> {
     let mut rules: std::collections::BTreeMap<usize, serde_json::Map<String, serde_json::Value>> =
         Default::default();
     for (key, value) in pairs {
@@ -143,10 +145,10 @@ pub fn rule_forms_from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a s
         let (Ok(index), Some(field)) = (index.parse::<usize>(), field.strip_suffix(']')) else {
             continue;
         };
-        rules
-            .entry(index)
-            .or_default()
-            .insert(field.to_owned(), serde_json::Value::String(value.to_owned()));
+        rules.entry(index).or_default().insert(
+            field.to_owned(),
+            serde_json::Value::String(value.to_owned()),
+        );
     }
     rules
         .into_values()
@@ -381,7 +383,14 @@ mod tests {
             ("csrf", "x"),
         ]);
         assert_eq!(read.len(), 2);
-        assert_eq!((read[0].name.as_str(), read[0].limit.as_str(), read[0].window_unit.as_str()), ("a", "5", "s"));
+        assert_eq!(
+            (
+                read[0].name.as_str(),
+                read[0].limit.as_str(),
+                read[0].window_unit.as_str()
+            ),
+            ("a", "5", "s")
+        );
         assert_eq!(read[1].name, "b");
         // A zone the server does not know is named.
         let bad = RuleForm {

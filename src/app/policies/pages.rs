@@ -11,16 +11,13 @@ use leptos_router::{
 
 use super::{
     AddOverride, DeletePolicy, Draft, ImportEnvoyFiles, PolicySummary, RemoveOverride,
-    RestorePolicy, RollbackPolicy, RuleForm, SaveEnvoyFile, SavePolicy, UNITS, list_policies, policy_detail,
+    RestorePolicy, RollbackPolicy, RuleForm, SaveEnvoyFile, SavePolicy, UNITS, list_policies,
+    policy_detail,
 };
 use crate::{
     app::session::{CsrfField, error_message, use_session},
     domain::{
-        calendar::Period,
-        people::Action,
-        preview::{BurstPreview, burst},
-        rule::ALGORITHMS,
-        time::utc_minutes,
+        calendar::Period, people::Action, preview::burst, rule::ALGORITHMS, time::utc_minutes,
     },
 };
 
@@ -365,7 +362,8 @@ pub fn PolicyPage() -> impl IntoView {
         #[cfg(feature = "hydrate")]
         if let Some(pairs) = form_pairs(&ev) {
             let name = query.with_untracked(|q| q.get("name").unwrap_or_default());
-            let forms = super::rule_forms_from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            let forms =
+                super::rule_forms_from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
             draft_rules.set(Some(rules_of(&name, &forms)));
         }
         #[cfg(not(feature = "hydrate"))]
@@ -658,7 +656,13 @@ fn rules_of(name: &str, forms: &[RuleForm]) -> Result<Vec<crate::domain::Rule>, 
     let name = if name.is_empty() { "draft" } else { name };
     crate::domain::Policy::from_document(name, &doc)
         .map(|p| p.rules)
-        .map_err(|e| format!("{}: {}", field_label(&super::field_in_form(&e.field, forms), forms), e.message))
+        .map_err(|e| {
+            format!(
+                "{}: {}",
+                field_label(&super::field_in_form(&e.field, forms), forms),
+                e.message
+            )
+        })
 }
 
 /// The form's fields as (name, value), read from the form an input event came from.
@@ -666,7 +670,11 @@ fn rules_of(name: &str, forms: &[RuleForm]) -> Result<Vec<crate::domain::Rule>, 
 fn form_pairs(ev: &leptos::ev::Event) -> Option<Vec<(String, String)>> {
     use wasm_bindgen::JsCast;
     let target = ev.target()?.dyn_into::<web_sys::Element>().ok()?;
-    let form = target.closest("form").ok()??.dyn_into::<web_sys::HtmlFormElement>().ok()?;
+    let form = target
+        .closest("form")
+        .ok()??
+        .dyn_into::<web_sys::HtmlFormElement>()
+        .ok()?;
     let data = web_sys::FormData::new_with_form(&form).ok()?;
     let mut out = Vec::new();
     for entry in js_sys::try_iter(&data).ok()??.flatten() {
@@ -753,7 +761,12 @@ fn Preview(
 fn BurstTimeline(timeline: Vec<(u64, u64)>, over_ms: u64) -> impl IntoView {
     const W: f64 = 600.0;
     const H: f64 = 60.0;
-    let peak = timeline.iter().map(|(a, d)| a + d).max().unwrap_or(0).max(1);
+    let peak = timeline
+        .iter()
+        .map(|(a, d)| a + d)
+        .max()
+        .unwrap_or(0)
+        .max(1);
     let bar = W / timeline.len().max(1) as f64;
     let bars = timeline
         .iter()
@@ -768,7 +781,11 @@ fn BurstTimeline(timeline: Vec<(u64, u64)>, over_ms: u64) -> impl IntoView {
             }
         })
         .collect_view();
-    let end = if over_ms == 0 { "all at once".to_owned() } else { format!("{:.1} s", over_ms as f64 / 1000.0) };
+    let end = if over_ms == 0 {
+        "all at once".to_owned()
+    } else {
+        format!("{:.1} s", over_ms as f64 / 1000.0)
+    };
     view! {
         <figure class="chart" data-testid="preview-timeline">
             <svg viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="The burst over time: allowed below, denied above">
