@@ -522,6 +522,29 @@ pub fn safe_next(next: &str) -> &str {
     }
 }
 
+/// The stylesheet's address (`/pkg/spillway.<hash>.css` when the build hashes file
+/// names), for pages rendered outside the app; read once.
+fn stylesheet_href(options: &leptos::config::LeptosOptions) -> String {
+    static HREF: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HREF.get_or_init(|| {
+        let hash = options
+            .hash_files
+            .then(|| {
+                let exe = std::env::current_exe().ok()?;
+                let file = exe.parent()?.join(options.hash_file.as_ref());
+                let text = std::fs::read_to_string(file).ok()?;
+                text.lines()
+                    .find_map(|l| l.trim().strip_prefix("css:").map(|h| h.trim().to_owned()))
+            })
+            .flatten();
+        match hash {
+            Some(h) => format!("/{}/{}.{h}.css", options.site_pkg_dir, options.output_name),
+            None => format!("/{}/{}.css", options.site_pkg_dir, options.output_name),
+        }
+    })
+    .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -587,27 +610,4 @@ mod tests {
         assert!(!c.contains("Secure"));
         assert!(cookie("ab", true).to_str().unwrap().contains("Secure"));
     }
-}
-
-/// The stylesheet's address (`/pkg/spillway.<hash>.css` when the build hashes file
-/// names), for pages rendered outside the app; read once.
-fn stylesheet_href(options: &leptos::config::LeptosOptions) -> String {
-    static HREF: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HREF.get_or_init(|| {
-        let hash = options
-            .hash_files
-            .then(|| {
-                let exe = std::env::current_exe().ok()?;
-                let file = exe.parent()?.join(options.hash_file.as_ref());
-                let text = std::fs::read_to_string(file).ok()?;
-                text.lines()
-                    .find_map(|l| l.trim().strip_prefix("css:").map(|h| h.trim().to_owned()))
-            })
-            .flatten();
-        match hash {
-            Some(h) => format!("/{}/{}.{h}.css", options.site_pkg_dir, options.output_name),
-            None => format!("/{}/{}.css", options.site_pkg_dir, options.output_name),
-        }
-    })
-    .clone()
 }

@@ -120,16 +120,17 @@ impl Inspection {
                                 r.retry_after_ms,
                             ));
                         }
-                    } else if r.limit > 0 {
-                        let pct = r.limit.saturating_sub(r.remaining) * 100 / r.limit;
-                        if pct > 0 && closest.as_ref().is_none_or(|c| pct > c.3) {
-                            closest = Some((
-                                p.policy.clone(),
-                                r.rule.clone(),
-                                inspection.identifier.clone(),
-                                pct,
-                            ));
-                        }
+                    } else if let Some(pct) =
+                        (r.limit.saturating_sub(r.remaining) * 100).checked_div(r.limit)
+                        && pct > 0
+                        && closest.as_ref().is_none_or(|c| pct > c.3)
+                    {
+                        closest = Some((
+                            p.policy.clone(),
+                            r.rule.clone(),
+                            inspection.identifier.clone(),
+                            pct,
+                        ));
                     }
                 }
             }

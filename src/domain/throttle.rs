@@ -46,9 +46,12 @@ impl Throttle {
     }
 }
 
+/// A stored detail read back: (first ms, last ms, blocked-until ms, rule, identifiers).
+pub type Detail = (i64, i64, Option<i64>, String, Vec<String>);
+
 /// One stored detail (`first,last,until,rule` then the identifiers, a line each), read
-/// back: `(first_ms, last_ms, until_ms, rule, identifiers)`. `None` when it does not parse.
-pub fn parse_detail(raw: &str) -> Option<(i64, i64, Option<i64>, String, Vec<String>)> {
+/// back. `None` when it does not parse.
+pub fn parse_detail(raw: &str) -> Option<Detail> {
     let mut lines = raw.split('\n');
     let head = lines.next()?;
     let mut parts = head.splitn(4, ',');

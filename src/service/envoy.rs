@@ -357,23 +357,6 @@ pub fn domain_yaml(text: &[u8]) -> Result<serde_json::Value, String> {
     serde_json::to_value(yaml).map_err(|e| format!("is not a configuration file: {e}"))
 }
 
-#[cfg(test)]
-mod yaml_tests {
-    #[test]
-    fn a_repeated_key_is_refused_with_its_line() {
-        let file = b"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      unit: minute\n      requests_per_unit: 1\n";
-        let error = super::domain_yaml(file).unwrap_err();
-        assert!(
-            error.contains("duplicate entry with key \"unit\""),
-            "{error}"
-        );
-        assert!(error.contains("descriptors[0].rate_limit"), "{error}");
-        assert!(error.contains("line 5"), "{error}");
-        let good = super::domain_yaml(b"domain: d\ndescriptors: []\n").unwrap();
-        assert_eq!(good["domain"], "d");
-    }
-}
-
 /// Each domain file of a text that holds one or several (YAML documents separated by
 /// `---`, as a folder of upstream's files pasted together), as JSON values; an empty
 /// document is skipped. The error names the document (`document 2: …`).
@@ -395,4 +378,21 @@ pub fn domain_files(text: &str) -> Result<Vec<serde_json::Value>, String> {
         return Err("holds no domain file".into());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod yaml_tests {
+    #[test]
+    fn a_repeated_key_is_refused_with_its_line() {
+        let file = b"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      unit: minute\n      requests_per_unit: 1\n";
+        let error = super::domain_yaml(file).unwrap_err();
+        assert!(
+            error.contains("duplicate entry with key \"unit\""),
+            "{error}"
+        );
+        assert!(error.contains("descriptors[0].rate_limit"), "{error}");
+        assert!(error.contains("line 5"), "{error}");
+        let good = super::domain_yaml(b"domain: d\ndescriptors: []\n").unwrap();
+        assert_eq!(good["domain"], "d");
+    }
 }
