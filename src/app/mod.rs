@@ -72,6 +72,8 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
                 <meta charset="utf-8"/>
                 <meta name="viewport" content="width=device-width, initial-scale=1"/>
                 <meta name="color-scheme" content="light dark"/>
+                // No icon: a browser would otherwise ask for /favicon.ico on every first load.
+                <link rel="icon" href="data:,"/>
                 <AutoReload options=options.clone()/>
                 <HashedStylesheet options=options.clone() id="leptos"/>
                 <HydrationScripts options/>

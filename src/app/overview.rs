@@ -404,6 +404,14 @@ pub fn OverviewPage() -> impl IntoView {
     let view = Memo::new(move |_| query.with(view_of));
     let initial = Resource::new(move || view.get(), |v| overview(v.filter, v.all));
     let live = RwSignal::new(None::<OverviewData>);
+    // What the page shows: the stream's state, else the first read. Made here, not in the
+    // Suspense: a new filter reloads the first read and renders the live part anew, and
+    // the old part must not be left reading a signal that went with it.
+    let data = Signal::derive(move || {
+        live.get()
+            .or_else(|| initial.get().and_then(Result::ok))
+            .unwrap_or_default()
+    });
     #[cfg(feature = "hydrate")]
     Effect::new(move |previous: Option<View>| {
         let v = view.get();
@@ -469,9 +477,7 @@ pub fn OverviewPage() -> impl IntoView {
                     {move || Suspend::new(async move {
                         match initial.await {
                             Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-                            Ok(first) => view! {
-                                <Live data=Signal::derive(move || live.get().unwrap_or_else(|| first.clone())) view=view/>
-                            }.into_any(),
+                            Ok(_) => view! { <Live data=data view=view/> }.into_any(),
                         }
                     })}
                 </Suspense>

@@ -173,12 +173,25 @@ impl Service {
             (parsed.expect("parsed above"), None, Lookup::default())
         } else {
             let lookup = self.lookup(typed).await?;
+            // Nothing with state: one recent identifier of exactly that value is still who
+            // was meant (bob, just reset, is "not blocked", not "unknown").
+            let recent_one = || {
+                let mut exact = lookup
+                    .recent
+                    .iter()
+                    .filter(|r| r.split_once('=').is_some_and(|(_, v)| v == typed));
+                match (exact.next(), exact.next()) {
+                    (Some(one), None) => Identifier::parse(one).ok(),
+                    _ => None,
+                }
+            };
             match (lookup.with_state.as_slice(), parsed) {
                 ([(only, _)], _) => {
                     let from = (only.to_string() != typed).then(|| typed.to_owned());
                     (only.clone(), from, lookup)
                 }
                 ([], Some(id)) => (id, None, lookup),
+                ([], None) if let Some(id) = recent_one() => (id, Some(typed.to_owned()), lookup),
                 _ => {
                     return Ok(Inspection {
                         identifier: typed.to_owned(),

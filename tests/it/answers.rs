@@ -224,6 +224,13 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
         "{:?}",
         after.verdict()
     );
+    // With no state left, "bob" is still bob (from recent traffic), not blocked.
+    let again: Inspection = eventually!("bob in the recent traffic", {
+        let r = v.post_form("/fn/inspect", &[("id", "bob")], None).await;
+        let i: Inspection = r.json().await.unwrap();
+        (i.identifier == "user=bob").then_some(i)
+    });
+    assert!(matches!(again.verdict(), Verdict::NotBlocked { .. }));
 }
 
 /// A value that is nobody's (or several dimensions') gets candidates, never an error alone.
