@@ -509,7 +509,9 @@ const SHORT_LIVED: usize = 6;
 
 #[component]
 fn Live(data: Signal<OverviewData>, view: Memo<View>) -> impl IntoView {
-    let filter = filter_text();
+    // From the page's view, not a query memo of this part's own: a new filter renders this
+    // part anew, and its old closures must not read a memo that went with it.
+    let filter = move || view.with(|v| v.filter.clone());
     let policies = move || {
         let d = data.get();
         if d.policies.is_empty() {
