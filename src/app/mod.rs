@@ -109,6 +109,10 @@ pub fn App() -> impl IntoView {
                 <Suspense fallback=|| ()>
                     {move || Suspend::new(async move {
                         let s = session.await.unwrap_or_default();
+                        // Read with the session, in the same boundary: a second boundary
+                        // inside the navigation hydrated on its own and raced the lazily
+                        // loaded page's hydration.
+                        let firing = firing.await.unwrap_or(0);
                         s.user.clone().map(|user| {
                             let admin = s.may(Action::ManagePeople);
                             view! {
@@ -119,13 +123,9 @@ pub fn App() -> impl IntoView {
                                     <A href="/policies">"Policies"</A>
                                     <A href="/audit">"Audit"</A>
                                     <A href="/alerts">"Alerts"
-                                        <Suspense fallback=|| ()>
-                                            {move || Suspend::new(async move {
-                                                firing.await.ok().filter(|n| *n > 0).map(|n| view! {
-                                                    <span class="nav-badge" data-testid="firing-badge" title=format!("{n} firing")>{n}</span>
-                                                })
-                                            })}
-                                        </Suspense>
+                                        {(firing > 0).then(|| view! {
+                                            <span class="nav-badge" data-testid="firing-badge" title=format!("{firing} firing")>{firing}</span>
+                                        })}
                                     </A>
                                     {admin.then(|| view! { <A href="/people">"Users & keys"</A> })}
                                 </nav>
