@@ -241,13 +241,14 @@ pub fn InspectorPage() -> impl IntoView {
     let session = use_session();
     let live = RwSignal::new(None::<Inspection>);
     let history = RwSignal::new(Vec::<Inspection>::new());
-    // Another identifier: forget the last one's samples. The stream itself is followed from
-    // inside the loaded part (`Follow`), once that part is hydrated: a sample arriving while
-    // the lazily loaded page was still hydrating changed what it was hydrating.
+    #[cfg(feature = "hydrate")]
     Effect::new(move |_| {
-        id();
+        let id = id();
         live.set(None);
         history.set(Vec::new());
+        if !id.trim().is_empty() {
+            follow_identifier(id, live, history);
+        }
     });
     // After a change, show the fresh read at once rather than the last sample.
     Effect::new(move |_| {
@@ -297,7 +298,6 @@ pub fn InspectorPage() -> impl IntoView {
                         let recent = first.recent.clone();
                         let current = Signal::derive(move || live.get().unwrap_or_else(|| first.clone()));
                         view! {
-                            <Follow id=id() live=live history=history/>
                             <datalist id="recent-identifiers">
                                 {recent.into_iter().map(|r| view! { <option value=r/> }).collect_view()}
                             </datalist>
@@ -323,24 +323,6 @@ pub fn InspectorPage() -> impl IntoView {
             })}
         </Suspense>
     }
-}
-
-/// Follows the identifier's live samples while it is shown (hydrated only): started by an
-/// effect of the loaded part, so only once that part is hydrated; closed with it.
-#[component]
-fn Follow(
-    id: String,
-    live: RwSignal<Option<Inspection>>,
-    history: RwSignal<Vec<Inspection>>,
-) -> impl IntoView {
-    #[cfg(feature = "hydrate")]
-    Effect::new(move |_| {
-        if !id.trim().is_empty() {
-            follow_identifier(id.clone(), live, history);
-        }
-    });
-    #[cfg(not(feature = "hydrate"))]
-    let _ = (id, live, history);
 }
 
 /// What a bare value may mean, when it is not one identifier with state: those with state
