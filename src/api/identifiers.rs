@@ -4,7 +4,7 @@
 use axum::{
     Json, Router,
     extract::{Path, Query, State},
-    routing::get,
+    routing::{get, post},
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -13,10 +13,12 @@ use super::{Admin, ApiError, may};
 use crate::{domain::Identifier, state::AppState};
 
 pub fn router() -> Router<AppState> {
-    Router::new().route(
-        "/api/v1/identifiers/{dimension}/{value}",
-        get(inspect).delete(reset),
-    )
+    Router::new()
+        .route(
+            "/api/v1/identifiers/{dimension}/{value}",
+            get(inspect).delete(reset),
+        )
+        .route("/api/v1/resets/{token}/undo", post(undo_reset))
 }
 
 fn identifier(dimension: &str, value: &str) -> Result<Identifier, ApiError> {
@@ -82,7 +84,27 @@ pub(super) async fn reset(
             reason,
         )
         .await?;
+    let undo = done
+        .undo
+        .map(|u| json!({ "token": u.token, "until_ms": u.until_ms }));
     Ok(Json(
-        json!({ "identifier": id.to_string(), "policies": done.policies, "deleted_keys": done.deleted_keys }),
+        json!({ "identifier": id.to_string(), "policies": done.policies, "deleted_keys": done.deleted_keys, "undo": undo }),
+    ))
+}
+
+/// Puts back the counters a reset deleted, each with the time it had left: within a
+/// minute of the reset, once. A check made since the reset is replaced by the state
+/// before it.
+#[utoipa::path(post, path = "/api/v1/resets/{token}/undo", tag = "identifiers", operation_id = "undo_reset",
+    params(("token" = String, Path, description = "The reset's `undo.token`")),
+    responses((status = 200, description = "What was put back", body = crate::api::openapi::ResetUndone), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, description = "No reset of that token can be undone (over a minute old, or undone)", body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn undo_reset(
+    State(state): State<AppState>,
+    Admin(actor, _): Admin<may::ResetIdentifier>,
+    Path(token): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let done = state.service().undo_reset(&actor, &token).await?;
+    Ok(Json(
+        json!({ "identifiers": done.identifiers, "restored_keys": done.restored_keys }),
     ))
 }

@@ -339,6 +339,24 @@ pub struct ResetResult {
     /// The policies whose counters were reset.
     policies: Vec<String>,
     deleted_keys: u64,
+    /// Present when counters were deleted: how to put them back within a minute.
+    undo: Option<ResetUndoOffer>,
+}
+
+/// A reset's counters are kept for a minute: `POST /api/v1/resets/{token}/undo` puts them
+/// back, once.
+#[derive(Serialize, ToSchema)]
+pub struct ResetUndoOffer {
+    token: String,
+    /// Until when (Unix ms).
+    until_ms: i64,
+}
+
+/// What an undo put back.
+#[derive(Serialize, ToSchema)]
+pub struct ResetUndone {
+    identifiers: Vec<String>,
+    restored_keys: u64,
 }
 
 /// One audit record: who did what to what, when, from where and why.
@@ -592,6 +610,7 @@ pub struct HistoryRanked {
         super::policies::remove_override,
         super::identifiers::inspect,
         super::identifiers::reset,
+        super::identifiers::undo_reset,
         super::audit::list,
         super::history::read,
         super::alerts::list,
@@ -602,7 +621,7 @@ pub struct HistoryRanked {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, AuditRecord, AuditPage,
+        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,

@@ -82,6 +82,7 @@ impl From<ResetError> for ApiError {
             ResetError::Invalid { field, message } => ApiError::bad(field, message),
             ResetError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
             ResetError::Forbidden(why) => ApiError::Forbidden(why),
+            e @ ResetError::NothingToUndo => ApiError::NotFound(e.to_string()),
             ResetError::Unavailable(error) => ApiError::RedisUnavailable(error),
         }
     }

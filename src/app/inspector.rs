@@ -71,7 +71,8 @@ fn reason_given(reason: &str) -> Result<&str, AppError> {
 /// Resets counters. `what` (the inspector's choice) is `<scope> <identifier>`, a line
 /// per identifier when several are reset together; without it, `id` and `scope`. A scope
 /// is `*` (every policy), `<policy>` or `<policy>/<rule>`; an empty `scope` is every policy.
-/// Answers the keys deleted.
+/// All of it is one change, undone together: the page comes back (`id`, else the first
+/// identifier) saying how many keys went, with the undo for a minute.
 #[server(prefix = "/fn", endpoint = "reset")]
 pub async fn reset_identifier(
     #[server(default)] csrf: String,
@@ -80,37 +81,84 @@ pub async fn reset_identifier(
     #[server(default)] what: String,
     #[server(default)] reason: String,
 ) -> Result<u64, AppError> {
+    use crate::service::identifiers::ResetTarget;
     let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let reason = reason_given(&reason)?;
-    let targets: Vec<(String, String)> = if what.trim().is_empty() {
-        vec![(scope, id)]
+    let pairs: Vec<(&str, &str)> = if what.trim().is_empty() {
+        vec![(scope.trim(), id.trim())]
     } else {
         what.lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| {
-                let (scope, id) = l.trim().split_once(' ').unwrap_or(("*", l.trim()));
-                (
-                    if scope == "*" {
-                        String::new()
-                    } else {
-                        scope.to_owned()
-                    },
-                    id.to_owned(),
-                )
-            })
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|l| l.split_once(' ').unwrap_or(("*", l)))
             .collect()
     };
-    if targets.len() > 1 + MAX_RESET_TOGETHER {
+    if pairs.len() > 1 + MAX_RESET_TOGETHER {
         return Err(AppError::bad_input(
             "what",
             "names too many identifiers at once",
         ));
     }
-    let mut deleted = 0;
-    for (scope, id) in targets {
-        deleted += reset_one(&caller, &id, &scope, reason).await?;
-    }
-    Ok(deleted)
+    let targets: Vec<ResetTarget> = pairs
+        .iter()
+        .map(|(scope, id)| {
+            let (policy, rule) = match scope.split_once('/') {
+                Some((p, r)) => (Some(p), Some(r)),
+                None if scope.is_empty() || *scope == "*" => (None, None),
+                None => (Some(*scope), None),
+            };
+            ResetTarget {
+                identifier: id.trim().to_owned(),
+                policy: policy.map(str::to_owned),
+                rule: rule.map(str::to_owned),
+            }
+        })
+        .collect();
+    let done = state()
+        .service()
+        .reset_identifiers(&caller.actor(), &targets, reason)
+        .await
+        .map_err(reset_refused)?;
+    let page_id = if id.trim().is_empty() {
+        targets
+            .first()
+            .map(|t| t.identifier.clone())
+            .unwrap_or_default()
+    } else {
+        id.trim().to_owned()
+    };
+    let undo = done
+        .undo
+        .map(|u| format!("&undo={}", u.token))
+        .unwrap_or_default();
+    leptos_axum::redirect(&format!(
+        "/identifiers?id={}&reset={}{undo}",
+        crate::domain::percent_encode(&page_id),
+        done.deleted_keys
+    ));
+    Ok(done.deleted_keys)
+}
+
+/// Puts back the counters of the reset `token` names (within a minute of it, once), and
+/// comes back to `id`'s page saying so.
+#[server(prefix = "/fn", endpoint = "reset_undo")]
+pub async fn undo_reset(
+    #[server(default)] csrf: String,
+    #[server(default)] id: String,
+    #[server(default)] token: String,
+) -> Result<u64, AppError> {
+    let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
+    let done = state()
+        .service()
+        .undo_reset(&caller.actor(), &token)
+        .await
+        .map_err(reset_refused)?;
+    leptos_axum::redirect(&format!(
+        "/identifiers?id={}&undone={}",
+        crate::domain::percent_encode(id.trim()),
+        done.restored_keys
+    ));
+    Ok(done.restored_keys)
 }
 
 /// Identifiers one reset may take with the inspected one (those checked together with it).
@@ -118,32 +166,23 @@ pub async fn reset_identifier(
 const MAX_RESET_TOGETHER: usize = 8;
 
 #[cfg(feature = "ssr")]
-async fn reset_one(
-    caller: &crate::app::guard::Caller,
-    id: &str,
-    scope: &str,
-    reason: &str,
-) -> Result<u64, AppError> {
-    use crate::{domain::Identifier, service::identifiers::ResetError};
-    let state = expect_context::<crate::state::AppState>();
-    let id = Identifier::parse(id.trim()).map_err(|m| AppError::bad_input("id", m))?;
-    let (policy, rule) = match scope.split_once('/') {
-        Some((p, r)) => (Some(p), Some(r)),
-        None if scope.is_empty() => (None, None),
-        None => (Some(scope), None),
-    };
-    match state
-        .service()
-        .reset_identifier(&caller.actor(), &id, policy, rule, reason)
-        .await
-    {
-        Ok(done) => Ok(done.deleted_keys),
-        Err(ResetError::Invalid { field, message }) => Err(AppError::bad_input(field, message)),
-        Err(ResetError::UnknownPolicy(_)) => Err(AppError::bad_input("scope", "no such policy")),
-        Err(ResetError::Forbidden(why)) => {
-            Err(AppError::refused(axum::http::StatusCode::FORBIDDEN, why))
-        }
-        Err(ResetError::Unavailable(error)) => Err(AppError::unavailable("reset", error)),
+fn state() -> crate::state::AppState {
+    expect_context::<crate::state::AppState>()
+}
+
+/// A reset or undo refused, as the page says it.
+#[cfg(feature = "ssr")]
+fn reset_refused(e: crate::service::identifiers::ResetError) -> AppError {
+    use crate::service::identifiers::ResetError;
+    match e {
+        ResetError::Invalid { field, message } => AppError::bad_input(field, message),
+        ResetError::UnknownPolicy(_) => AppError::bad_input("scope", "no such policy"),
+        ResetError::Forbidden(why) => AppError::refused(axum::http::StatusCode::FORBIDDEN, why),
+        ResetError::NothingToUndo => AppError::bad_input(
+            "token",
+            "no reset to undo: a reset can be undone for a minute, once",
+        ),
+        ResetError::Unavailable(error) => AppError::unavailable("reset", error),
     }
 }
 
@@ -209,6 +248,7 @@ pub fn InspectorPage() -> impl IntoView {
     let location = leptos_router::hooks::use_location();
     let id = move || location.search.with(|search| id_of(search));
     let reset = ServerAction::<ResetIdentifier>::new();
+    let undo = ServerAction::<UndoReset>::new();
     let release = ServerAction::<ReleaseLease>::new();
     let exempt = ServerAction::<crate::app::policies::AddOverride>::new();
     let data = Resource::new(
@@ -218,9 +258,10 @@ pub fn InspectorPage() -> impl IntoView {
                 reset.version().get(),
                 release.version().get(),
                 exempt.version().get(),
+                undo.version().get(),
             )
         },
-        |(id, _, _, _)| async move {
+        |(id, _, _, _, _)| async move {
             if id.trim().is_empty() {
                 Ok(None)
             } else {
@@ -229,8 +270,8 @@ pub fn InspectorPage() -> impl IntoView {
         },
     );
     let denials = Resource::new(
-        move || (id(), reset.version().get()),
-        |(id, _)| async move {
+        move || (id(), reset.version().get(), undo.version().get()),
+        |(id, _, _)| async move {
             if crate::domain::Identifier::parse(id.trim()).is_err() {
                 Ok(Denials::default())
             } else {
@@ -253,6 +294,7 @@ pub fn InspectorPage() -> impl IntoView {
     // After a change, show the fresh read at once rather than the last sample.
     Effect::new(move |_| {
         reset.version().track();
+        undo.version().track();
         release.version().track();
         exempt.version().track();
         live.set(None);
@@ -268,10 +310,9 @@ pub fn InspectorPage() -> impl IntoView {
             </label>
             <button type="submit">"Inspect"</button>
         </Form>
-        {move || reset.value().get().map(|r| match r {
-            Ok(n) => view! { <p class="notice" role="status">{format!("Reset done: {n} keys deleted. The counters start again from nothing.")}</p> }.into_any(),
-            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-        })}
+        <ResetNotice undo=undo/>
+        {move || reset.value().get().and_then(Result::err).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
+        {move || undo.value().get().and_then(Result::err).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
         {move || release.value().get().map(|r| match r {
             Ok(true) => view! { <p class="notice" role="status">"Lease released."</p> }.into_any(),
             Ok(false) => view! { <p class="notice" role="status">"That lease was no longer held."</p> }.into_any(),
@@ -303,7 +344,7 @@ pub fn InspectorPage() -> impl IntoView {
                             </datalist>
                             {move || current.get().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
                             {move || view! { <VerdictBanner inspection=current.get()/> }}
-                            {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone()/> })}
+                            {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone() page_id=id()/> })}
                             {move || view! { <Companions inspection=current.get()/> }}
                             {move || view! { <Policies inspection=current.get()/> }}
                             {leases}
@@ -704,6 +745,52 @@ fn Leases(
     .into_any()
 }
 
+/// What a reset or its undo did, read from the address the action came back to (so it is
+/// said with and without JavaScript): the keys deleted and, for a minute, the undo.
+#[component]
+fn ResetNotice(undo: ServerAction<UndoReset>) -> impl IntoView {
+    let query = leptos_router::hooks::use_query_map();
+    let session = use_session();
+    move || {
+        let (id, reset, token, undone) = query.with(|q| {
+            (
+                q.get("id").unwrap_or_default(),
+                q.get("reset"),
+                q.get("undo"),
+                q.get("undone"),
+            )
+        });
+        if let Some(n) = undone {
+            return view! { <p class="notice" role="status">{format!("Reset undone: {n} keys put back as they were.")}</p> }.into_any();
+        }
+        let Some(n) = reset else {
+            return ().into_any();
+        };
+        let undo_form = token.map(|token| view! {
+            <Suspense fallback=|| ()>
+                {let (id, token) = (id.clone(), token.clone()); move || { let (id, token) = (id.clone(), token.clone()); Suspend::new(async move {
+                    let s = session.await.unwrap_or_default();
+                    view! {
+                        <ActionForm action=undo attr:class="inline">
+                            <CsrfField csrf=s.csrf.clone()/>
+                            <input type="hidden" name="id" value=id/>
+                            <input type="hidden" name="token" value=token/>
+                            <button type="submit" class="small">"Undo (for a minute)"</button>
+                        </ActionForm>
+                    }
+                })}}
+            </Suspense>
+        });
+        view! {
+            <div class="notice" role="status">
+                {format!("Reset done: {n} keys deleted. The counters start again from nothing. ")}
+                {undo_form}
+            </div>
+        }
+        .into_any()
+    }
+}
+
 /// The reset's choices, what blocks first (and chosen): for the identifier and each one
 /// it was checked together with, every policy, each policy with state and each rule of
 /// those; and all of them at once. Policies without state are left out.
@@ -765,6 +852,8 @@ fn ResetForm(
     action: ServerAction<ResetIdentifier>,
     inspection: Signal<Inspection>,
     csrf: String,
+    /// What the page was asked for (`bob`), to come back to.
+    page_id: String,
 ) -> impl IntoView {
     // The choices as the page was read: a live sample must not change the selection
     // under the person's hand.
@@ -781,11 +870,12 @@ fn ResetForm(
             <h2 id="reset-heading">"Reset"</h2>
             <ActionForm action=action attr:class="row">
                 <CsrfField csrf=csrf/>
+                <input type="hidden" name="id" value=page_id/>
                 <label>"What"<select name="what">{options}</select></label>
                 <label>"Reason"<input name="reason" required maxlength="500" placeholder="support ticket, false positive…"/></label>
                 <button type="submit" class="danger">"Reset counters"</button>
             </ActionForm>
-            <p class="muted small">"A reset deletes the counters: the next request starts from a full allowance. It is written to the audit log with the reason."</p>
+            <p class="muted small">"A reset deletes the counters: the next request starts from a full allowance. It is written to the audit log with the reason, and can be undone for a minute."</p>
         </section>
     }
 }

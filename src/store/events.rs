@@ -56,27 +56,29 @@ impl Store {
     }
 
     /// Deletes the state `identifier` has under `policies` (every rule, or only `rule`), and
-    /// tells every instance. Returns how many keys were deleted.
+    /// tells every instance. The keys are kept for `undo.1` in a stash named by `undo.0`
+    /// (`lua/reset.lua`), for [`Store::undo_reset`]. Returns how many keys were deleted.
     pub async fn reset_identifier(
         &self,
         policies: &[&Policy],
         identifier: &Identifier,
         rule: Option<&Name>,
         all_policies: bool,
+        undo: (&str, std::time::Duration),
     ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for policy in policies {
-            let keys: Vec<String> = policy
-                .all_rules()
-                .filter(|r| rule.is_none_or(|name| &r.name == name))
-                .map(|r| {
-                    self.keys
-                        .rule_state(&policy.name, identifier, &r.name, &r.algorithm)
-                })
-                .collect();
+            let keys = self.state_keys(policy, identifier, rule);
             if !keys.is_empty() {
-                // One identifier's keys under one policy share a slot: one DEL.
-                let n: u64 = self.query_for_write(redis::cmd("DEL").arg(&keys)).await?;
+                // One identifier's keys under one policy share a slot (the stash's too).
+                let mut invocation = self.scripts.reset.prepare_invoke();
+                invocation
+                    .key(self.keys.reset_stash(&policy.name, identifier, undo.0))
+                    .arg(undo.1.as_millis() as u64);
+                for key in &keys {
+                    invocation.key(key);
+                }
+                let n: u64 = self.invoke_write(&invocation).await?;
                 deleted += n;
             }
         }
@@ -91,6 +93,76 @@ impl Store {
         };
         self.forget_denials(&scope, identifier).await?;
         Ok(deleted)
+    }
+
+    /// Puts back the state a reset stashed under `token` (`lua/reset_undo.lua`), each key
+    /// with the time it had left; the stash goes. Returns how many keys came back.
+    pub async fn undo_reset(
+        &self,
+        policies: &[&Policy],
+        identifier: &Identifier,
+        rule: Option<&Name>,
+        token: &str,
+    ) -> Result<u64, StoreError> {
+        let mut restored = 0;
+        for policy in policies {
+            let keys = self.state_keys(policy, identifier, rule);
+            let mut invocation = self.scripts.reset_undo.prepare_invoke();
+            invocation.key(self.keys.reset_stash(&policy.name, identifier, token));
+            for key in &keys {
+                invocation.key(key);
+            }
+            let n: u64 = self.invoke_write(&invocation).await?;
+            restored += n;
+        }
+        Ok(restored)
+    }
+
+    /// The state keys of `identifier` under `policy`: every rule's, or only `rule`'s.
+    fn state_keys(
+        &self,
+        policy: &Policy,
+        identifier: &Identifier,
+        rule: Option<&Name>,
+    ) -> Vec<String> {
+        policy
+            .all_rules()
+            .filter(|r| rule.is_none_or(|name| &r.name == name))
+            .map(|r| {
+                self.keys
+                    .rule_state(&policy.name, identifier, &r.name, &r.algorithm)
+            })
+            .collect()
+    }
+
+    /// Keeps what an undo needs to know of a reset (`record`, the service's) under `token`
+    /// for `ttl`.
+    pub async fn put_reset_record(
+        &self,
+        token: &str,
+        record: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.query_for_write(
+            redis::cmd("SET")
+                .arg(self.keys.reset_record(token))
+                .arg(record)
+                .arg("PX")
+                .arg(ttl.as_millis() as u64),
+        )
+        .await
+    }
+
+    /// The record of the reset `token` names, while it can be undone.
+    pub async fn reset_record(&self, token: &str) -> Result<Option<String>, StoreError> {
+        self.query_for_write(redis::cmd("GET").arg(self.keys.reset_record(token)))
+            .await
+    }
+
+    /// Takes the record of the reset `token` names, once: a second undo finds nothing.
+    pub async fn take_reset_record(&self, token: &str) -> Result<Option<String>, StoreError> {
+        self.query_for_write(redis::cmd("GETDEL").arg(self.keys.reset_record(token)))
+            .await
     }
 
     /// Tells every instance to forget its cached denials of `identifier` under `scope`

@@ -49,6 +49,23 @@ impl Keys {
         out.push('}');
     }
 
+    /// Where a reset keeps `identifier`'s state under `policy` for an undo (the state's
+    /// slot): a hash, `lua/reset.lua`.
+    pub fn reset_stash(&self, policy: &Name, identifier: &Identifier, token: &str) -> String {
+        let mut out = format!("{}:", self.namespace);
+        self.push_tag(&mut out, policy, identifier);
+        out.push_str(":undo:");
+        escape_into(&mut out, token);
+        out
+    }
+
+    /// What an undo of the reset `token` must put back (the service's record), for a minute.
+    pub fn reset_record(&self, token: &str) -> String {
+        let mut out = format!("{}:{{resets}}:", self.namespace);
+        escape_into(&mut out, token);
+        out
+    }
+
     /// Where `rule` keeps its state for `identifier` under `policy`. On the check path:
     /// built in one allocation.
     pub fn rule_state(

@@ -48,6 +48,8 @@ struct Scripts {
     companions: Script,
     alerts_lease: Script,
     leases: Script,
+    reset: Script,
+    reset_undo: Script,
 }
 
 impl Scripts {
@@ -62,6 +64,8 @@ impl Scripts {
             leases: leases::script(),
             stats_detail: Script::new(include_str!("../../lua/stats_detail.lua")),
             companions: Script::new(include_str!("../../lua/companions.lua")),
+            reset: Script::new(include_str!("../../lua/reset.lua")),
+            reset_undo: Script::new(include_str!("../../lua/reset_undo.lua")),
             stats_flush: Script::new(
                 &[
                     include_str!("../../lua/stats.lua"),

@@ -214,7 +214,23 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
         )
         .await;
     assert_eq!(r.status(), 200);
+    // The page comes back saying what went, with the undo (the address carries it, so it
+    // is said without JavaScript too).
+    let back = r
+        .headers()
+        .get(header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     assert_eq!(r.json::<u64>().await.unwrap(), 2);
+    assert!(
+        back.starts_with("/identifiers?id=user%3Dbob&reset=2&undo="),
+        "{back}"
+    );
+    let token = back.rsplit_once("undo=").unwrap().1.to_owned();
+    let page = v.get(&back).await.text().await.unwrap();
+    assert!(page.contains("Reset done: 2 keys deleted."), "{page}");
+    assert!(page.contains("Undo (for a minute)"));
     let r = v
         .post_form("/fn/inspect", &[("id", "user=bob")], None)
         .await;
@@ -224,6 +240,39 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
         "{:?}",
         after.verdict()
     );
+    // Undo: bob is blocked through his address again, as before the reset; once only.
+    let undo = [
+        ("csrf", csrf.as_str()),
+        ("id", "user=bob"),
+        ("token", token.as_str()),
+    ];
+    let r = v.post_form("/fn/reset_undo", &undo, Some(&origin)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(r.json::<u64>().await.unwrap(), 2);
+    let r = v
+        .post_form("/fn/inspect", &[("id", "user=bob")], None)
+        .await;
+    let undone: Inspection = r.json().await.unwrap();
+    assert!(
+        matches!(undone.verdict(), Verdict::Blocked { .. }),
+        "{:?}",
+        undone.verdict()
+    );
+    let r = v.post_form("/fn/reset_undo", &undo, Some(&origin)).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("no reset to undo"));
+    let r = v
+        .post_form(
+            "/fn/reset",
+            &[
+                ("csrf", &csrf),
+                ("what", "* user=bob\n* ip=203.0.113.11"),
+                ("reason", "ticket 4711, again"),
+            ],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.json::<u64>().await.unwrap(), 2);
     // With no state left, "bob" is still bob (from recent traffic), not blocked.
     let again: Inspection = eventually!("bob in the recent traffic", {
         let r = v.post_form("/fn/inspect", &[("id", "bob")], None).await;
@@ -231,6 +280,104 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
         (i.identifier == "user=bob").then_some(i)
     });
     assert!(matches!(again.verdict(), Verdict::NotBlocked { .. }));
+}
+
+/// A reset's counters are kept for a minute: the undo puts them back with the time each had
+/// left, once, and says so in the audit log.
+#[tokio::test]
+async fn a_reset_is_undone_with_its_counters_and_their_time_left() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "undoable",
+        json!({"rules": [
+            {"name": "hourly", "algorithm": "fixed_window", "limit": 2, "window_ms": 3600000},
+            {"name": "bucket", "algorithm": "token_bucket", "capacity": 2, "refill_tokens": 1, "refill_period_ms": 3600000}
+        ]}),
+    )
+    .await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    let check = || app.check(json!({"policy": "undoable", "identifiers": {"user": "eve"}}));
+    for expected in [200, 200, 429] {
+        assert_eq!(check().await.status(), expected);
+    }
+    let ttl_before: i64 = redis::cmd("PTTL")
+        .arg(state_key(&redis, "undoable", "hourly"))
+        .query(&mut redis.connection())
+        .unwrap();
+    let del = |q: &'static str| {
+        call(
+            &app,
+            reqwest::Method::DELETE,
+            format!("/api/v1/identifiers/user/eve{q}"),
+        )
+    };
+    let reset: Value = del("?reason=wrong+one").await.json().await.unwrap();
+    assert_eq!(reset["deleted_keys"], 2, "{reset}");
+    let token = reset["undo"]["token"].as_str().unwrap().to_owned();
+    assert!(reset["undo"]["until_ms"].as_i64().unwrap() > 0);
+    assert_eq!(check().await.status(), 200, "the reset freed eve");
+    let post = |path: String| call(&app, reqwest::Method::POST, path);
+    let r = post(format!("/api/v1/resets/{token}/undo")).await;
+    assert_eq!(r.status(), 200);
+    let undone: Value = r.json().await.unwrap();
+    assert_eq!(undone["restored_keys"], 2, "{undone}");
+    assert_eq!(undone["identifiers"], json!(["user=eve"]));
+    // As before the reset: eve is over, and her window ends when it did.
+    assert_eq!(check().await.status(), 429);
+    let ttl_after: i64 = redis::cmd("PTTL")
+        .arg(state_key(&redis, "undoable", "hourly"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert!(
+        ttl_after <= ttl_before && ttl_after > ttl_before - 60_000,
+        "{ttl_before} then {ttl_after}"
+    );
+    // Once; a token that is not one is the caller's mistake, named.
+    let r = post(format!("/api/v1/resets/{token}/undo")).await;
+    assert_eq!(r.status(), 404);
+    let r = post("/api/v1/resets/not-a-token/undo".into()).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("token"));
+    // A reset that deleted nothing offers nothing to undo.
+    let none: Value = del("?policy=undoable&rule=hourly")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(none["deleted_keys"], 1);
+    let nothing: Value = del("?policy=undoable&rule=hourly")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(nothing["deleted_keys"], 0);
+    assert!(nothing["undo"].is_null(), "{nothing}");
+    let audit: Value = app
+        .as_admin(
+            reqwest::Method::GET,
+            "/api/v1/audit?action=identifier.reset.undo",
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(audit["entries"][0]["target"], "user=eve", "{audit}");
+}
+
+async fn call(app: &TestApp, method: reqwest::Method, path: String) -> reqwest::Response {
+    app.as_admin(method, &path, None).await
+}
+
+/// The Redis key of `user=eve`'s state under `policy`'s `rule` (a fixed window).
+fn state_key(redis: &RedisServer, policy: &str, rule: &str) -> String {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{policy}|user|eve*:{rule}:*"))
+        .query(&mut redis.connection())
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    keys[0].clone()
 }
 
 /// A value that is nobody's (or several dimensions') gets candidates, never an error alone.
