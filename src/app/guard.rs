@@ -35,17 +35,32 @@ impl Caller {
     }
 }
 
-/// Sets the status of a server function's answer, except for a plain form post (JavaScript
-/// off): that one must stay a redirect back to the page, which shows the error.
-pub fn set_status(status: StatusCode) {
-    let form_post = use_context::<Parts>().is_some_and(|p| {
+/// A plain form post: JavaScript off (a hydrated form's fetch does not ask for HTML).
+fn from_a_form() -> bool {
+    use_context::<Parts>().is_some_and(|p| {
         p.method == axum::http::Method::POST
             && p.headers
                 .get(axum::http::header::ACCEPT)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|a| a.contains("text/html"))
-    });
-    if !form_post && let Some(response) = use_context::<leptos_axum::ResponseOptions>() {
+    })
+}
+
+/// Sends a form posted without JavaScript to `path` (a server function answering one
+/// otherwise goes back to the page it came from, address and all). A hydrated page shows
+/// the answer where it is.
+pub fn back_from_a_form(path: &str) {
+    if from_a_form() {
+        leptos_axum::redirect(path);
+    }
+}
+
+/// Sets the status of a server function's answer, except for a plain form post (JavaScript
+/// off): that one must stay a redirect back to the page, which shows the error.
+pub fn set_status(status: StatusCode) {
+    if !from_a_form()
+        && let Some(response) = use_context::<leptos_axum::ResponseOptions>()
+    {
         response.set_status(status);
     }
 }

@@ -80,7 +80,7 @@ pub async fn reset_identifier(
     #[server(default)] scope: String,
     #[server(default)] what: String,
     #[server(default)] reason: String,
-) -> Result<u64, AppError> {
+) -> Result<ResetAnswer, AppError> {
     use crate::service::identifiers::ResetTarget;
     let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let reason = reason_given(&reason)?;
@@ -127,16 +127,27 @@ pub async fn reset_identifier(
     } else {
         id.trim().to_owned()
     };
-    let undo = done
-        .undo
-        .map(|u| format!("&undo={}", u.token))
-        .unwrap_or_default();
-    leptos_axum::redirect(&format!(
-        "/identifiers?id={}&reset={}{undo}",
+    let undo = done.undo.map(|u| u.token);
+    crate::app::guard::back_from_a_form(&format!(
+        "/identifiers?id={}&reset={}{}",
         crate::domain::percent_encode(&page_id),
-        done.deleted_keys
+        done.deleted_keys,
+        undo.as_ref()
+            .map(|t| format!("&undo={t}"))
+            .unwrap_or_default()
     ));
-    Ok(done.deleted_keys)
+    Ok(ResetAnswer {
+        deleted: done.deleted_keys,
+        undo,
+    })
+}
+
+/// What a reset did, as the page says it: the keys deleted, and the token that undoes it
+/// for a minute (when it deleted any).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ResetAnswer {
+    pub deleted: u64,
+    pub undo: Option<String>,
 }
 
 /// Puts back the counters of the reset `token` names (within a minute of it, once), and
@@ -153,7 +164,7 @@ pub async fn undo_reset(
         .undo_reset(&caller.actor(), &token)
         .await
         .map_err(reset_refused)?;
-    leptos_axum::redirect(&format!(
+    crate::app::guard::back_from_a_form(&format!(
         "/identifiers?id={}&undone={}",
         crate::domain::percent_encode(id.trim()),
         done.restored_keys
@@ -310,7 +321,7 @@ pub fn InspectorPage() -> impl IntoView {
             </label>
             <button type="submit">"Inspect"</button>
         </Form>
-        <ResetNotice undo=undo/>
+        <ResetNotice reset=reset undo=undo/>
         {move || reset.value().get().and_then(Result::err).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
         {move || undo.value().get().and_then(Result::err).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
         {move || release.value().get().map(|r| match r {
@@ -745,25 +756,37 @@ fn Leases(
     .into_any()
 }
 
-/// What a reset or its undo did, read from the address the action came back to (so it is
-/// said with and without JavaScript): the keys deleted and, for a minute, the undo.
+/// What a reset or its undo did: from the action's answer on a hydrated page, from the
+/// address a form posted without JavaScript came back to otherwise. A reset offers its
+/// undo for a minute.
 #[component]
-fn ResetNotice(undo: ServerAction<UndoReset>) -> impl IntoView {
+fn ResetNotice(
+    reset: ServerAction<ResetIdentifier>,
+    undo: ServerAction<UndoReset>,
+) -> impl IntoView {
     let query = leptos_router::hooks::use_query_map();
     let session = use_session();
+    // A new reset's notice replaces the last undo's.
+    Effect::new(move |_| {
+        if reset.version().get() > 0 {
+            undo.value().set(None);
+        }
+    });
     move || {
-        let (id, reset, token, undone) = query.with(|q| {
-            (
-                q.get("id").unwrap_or_default(),
-                q.get("reset"),
-                q.get("undo"),
-                q.get("undone"),
-            )
-        });
+        let q = query.get();
+        let id = q.get("id").unwrap_or_default();
+        let undone = match undo.value().get() {
+            Some(Ok(n)) => Some(n.to_string()),
+            _ => q.get("undone"),
+        };
         if let Some(n) = undone {
             return view! { <p class="notice" role="status">{format!("Reset undone: {n} keys put back as they were.")}</p> }.into_any();
         }
-        let Some(n) = reset else {
+        let answer = match reset.value().get() {
+            Some(Ok(a)) => Some((a.deleted.to_string(), a.undo)),
+            _ => q.get("reset").map(|n| (n, q.get("undo"))),
+        };
+        let Some((n, token)) = answer else {
             return ().into_any();
         };
         let undo_form = token.map(|token| view! {

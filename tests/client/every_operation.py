@@ -23,7 +23,7 @@ from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
 from spillway_client.api.alerts import delete_alert, list_alerts, put_alert
 from spillway_client.api.history import read_history
 from spillway_client.api.health import healthz, metrics, openapi_document, readyz
-from spillway_client.api.identifiers import inspect_identifier, reset_identifier
+from spillway_client.api.identifiers import inspect_identifier, reset_identifier, undo_reset
 from spillway_client.api.overrides import add_override, list_overrides, remove_override
 from spillway_client.api.policies import (
     delete_policy,
@@ -44,6 +44,7 @@ from spillway_client.models import (
     ReportRequest,
     ReportRequestIdentifiers,
     ReportResponse,
+    ResetUndone,
     BatchRequest,
     BatchResponse,
     CheckRequest,
@@ -192,6 +193,15 @@ assert done.policies == ["client-test"] and done.deleted_keys >= 1, done
 seen = inspect_identifier.sync_detailed("user", "ann", client=admin).parsed
 ours = [p for p in seen.policies if p.policy == "client-test"][0]
 assert ours.rules[0].remaining == 3, ours
+# Reset by mistake: the undo puts the counters back (once), then the reset again.
+undone = called("undo_reset", undo_reset.sync_detailed(done.undo.token, client=admin), 200, ResetUndone)
+assert undone.identifiers == ["user=ann"] and undone.restored_keys == done.deleted_keys, undone
+seen = inspect_identifier.sync_detailed("user", "ann", client=admin).parsed
+ours = [p for p in seen.policies if p.policy == "client-test"][0]
+assert ours.rules[0].remaining == 0, ours
+again = undo_reset.sync_detailed(done.undo.token, client=admin)
+assert again.status_code == 404 and isinstance(again.parsed, Problem), again
+reset_identifier.sync_detailed("user", "ann", client=admin, policy="client-test", reason="generated client test")
 
 # Overrides: add, list, remove.
 added = called(

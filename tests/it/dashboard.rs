@@ -170,8 +170,8 @@ async fn a_reset_needs_a_reason_and_is_audited() {
         )
         .await;
     assert_eq!(r.status(), 200);
-    let deleted: u64 = r.json().await.unwrap();
-    assert_eq!(deleted, 1);
+    let answer: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(answer["deleted"], 1, "{answer}");
     let inspect: serde_json::Value = v
         .post_form("/fn/inspect", &[("id", "user=7")], Some(&origin))
         .await

@@ -28,6 +28,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/v1/policies/{name}/overrides/{index}"),
     ("get", "/api/v1/identifiers/{dimension}/{value}"),
     ("delete", "/api/v1/identifiers/{dimension}/{value}"),
+    ("post", "/api/v1/resets/{token}/undo"),
     ("get", "/api/v1/audit"),
     ("get", "/api/v1/history"),
     ("get", "/api/v1/alerts"),

@@ -215,7 +215,7 @@ pub async fn save_policy(
     if saved.is_ok() {
         // Without JavaScript, back to the policy as saved (the address may still carry the
         // draft of an earlier failed save).
-        back_from_a_form(&format!(
+        crate::app::guard::back_from_a_form(&format!(
             "/policy?name={}",
             crate::domain::percent_encode(name.trim())
         ));
@@ -241,26 +241,11 @@ pub async fn save_policy(
 /// keeps what it sent; this leaves it alone.)
 #[cfg(feature = "ssr")]
 fn keep_the_draft(name: &str, draft: super::Draft) {
-    back_from_a_form(&format!(
+    crate::app::guard::back_from_a_form(&format!(
         "/policy?name={}&draft={}#edit-heading",
         crate::domain::percent_encode(name.trim()),
         draft.to_query()
     ));
-}
-
-/// Sends a form posted without JavaScript to `path` (a server function answering one
-/// otherwise goes back to the page it came from, address and all).
-#[cfg(feature = "ssr")]
-fn back_from_a_form(path: &str) {
-    let from_a_form = use_context::<axum::http::request::Parts>().is_some_and(|p| {
-        p.headers
-            .get(axum::http::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.contains("text/html"))
-    });
-    if from_a_form {
-        leptos_axum::redirect(path);
-    }
 }
 
 #[cfg(feature = "ssr")]
