@@ -247,7 +247,7 @@ fn json_answer(found: &History) -> Response {
         .iter()
         .map(|(at, c)| {
             json!({"time": iso(*at), "t_ms": at, "allowed": c.allowed, "denied": c.denied,
-                "shadow_denied": c.shadow_denied, "degraded": c.degraded})
+                "shadow_denied": c.shadow_denied, "degraded": c.degraded, "unmatched": c.unmatched})
         })
         .collect();
     axum::Json(json!({

@@ -73,6 +73,10 @@ pub struct CheckResponse {
     reset_ms: Option<u64>,
     retry_after_ms: Option<u64>,
     degraded: bool,
+    /// No rule of the policy met any identifier (a misspelt dimension, say): let through
+    /// and nothing counted, never an allow by a limit. Also said by the header
+    /// `Spillway-Unmatched: ?1`. A `strict` policy refuses such a check with a 400 instead.
+    unmatched: bool,
     /// Shadow mode only: the check would have been denied.
     shadow_denied: Option<bool>,
     /// Redis Cluster only: a later slot denied and earlier slots were refunded.
@@ -174,6 +178,10 @@ pub struct PolicyDocument {
     mode: Option<String>,
     #[schema(pattern = "^(open|closed)$")]
     failure_mode: Option<String>,
+    /// Refuse (400, `unmatched-identifiers`) a check whose identifiers meet no rule,
+    /// rather than let it through uncounted. Left out: as the version it replaces, and
+    /// true for a new policy.
+    strict: Option<bool>,
     rules: Vec<RuleDocument>,
     overrides: Option<Vec<OverrideDocument>>,
 }
@@ -186,6 +194,8 @@ pub struct PolicyView {
     description: String,
     mode: String,
     failure_mode: String,
+    /// Absent for a policy saved before there was the choice: lenient.
+    strict: Option<bool>,
     rules: Vec<RuleDocument>,
     overrides: Vec<OverrideDocument>,
 }
@@ -566,6 +576,9 @@ pub struct HistoryPoint {
     shadow_denied: u64,
     /// Answered by the failure mode while Redis was unreachable.
     degraded: u64,
+    /// Checks whose identifiers met no rule (let through uncounted, or refused by a
+    /// strict policy).
+    unmatched: u64,
 }
 
 /// Checks over a whole range.

@@ -36,6 +36,10 @@ pub enum ApiError {
     Conflict(String),
     #[error("body too large")]
     PayloadTooLarge,
+    /// A strict policy's rules meet none of the check's identifiers (the detail names the
+    /// dimensions they count).
+    #[error("{0}")]
+    Unmatched(String),
     #[error("unsupported media type")]
     UnsupportedMediaType,
     #[error("policies not loaded")]
@@ -63,6 +67,7 @@ impl From<CheckError> for ApiError {
             CheckError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
             CheckError::PoliciesNotLoaded => ApiError::PoliciesNotLoaded,
             CheckError::Unavailable(error) => ApiError::RedisUnavailable(error),
+            e @ CheckError::Unmatched { .. } => ApiError::Unmatched(e.to_string()),
         }
     }
 }
@@ -167,6 +172,11 @@ impl ApiError {
                 "unsupported-media-type",
                 "Unsupported media type",
             ),
+            ApiError::Unmatched(_) => (
+                StatusCode::BAD_REQUEST,
+                "unmatched-identifiers",
+                "The identifiers match no rule",
+            ),
         }
     }
 
@@ -199,6 +209,7 @@ impl ApiError {
             ),
             ApiError::PayloadTooLarge => "body: at most 65536 bytes".into(),
             ApiError::UnsupportedMediaType => "Content-Type: send application/json".into(),
+            ApiError::Unmatched(detail) => detail.clone(),
         }
     }
 
@@ -211,8 +222,10 @@ impl ApiError {
             "status": status.as_u16(),
             "detail": detail,
         });
-        if let ApiError::BadRequest { field, .. } = self {
-            body["field"] = json!(field);
+        match self {
+            ApiError::BadRequest { field, .. } => body["field"] = json!(field),
+            ApiError::Unmatched(_) => body["field"] = json!("identifiers"),
+            _ => {}
         }
         body
     }

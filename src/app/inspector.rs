@@ -348,18 +348,26 @@ pub fn InspectorPage() -> impl IntoView {
                         let csrf = s.csrf.clone();
                         let leases = view! { <Leases inspection=first.clone() can_release=can_reset csrf=csrf.clone() action=release/> };
                         let recent = first.recent.clone();
-                        let current = Signal::derive(move || live.get().unwrap_or_else(|| first.clone()));
+                        // The latest sample, else this read. A plain closure over the page's
+                        // signal, not a signal made here: a change refetches the data and
+                        // disposes what this branch made while its old view may still hear
+                        // a sample.
+                        let current = {
+                            let first = first.clone();
+                            move || live.get().unwrap_or_else(|| first.clone())
+                        };
+                        let (c1, c2, c3, c4) = (current.clone(), current.clone(), current.clone(), current.clone());
                         view! {
                             <datalist id="recent-identifiers">
                                 {recent.into_iter().map(|r| view! { <option value=r/> }).collect_view()}
                             </datalist>
-                            {move || current.get().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
-                            {move || view! { <VerdictBanner inspection=current.get()/> }}
-                            {can_reset.then(|| view! { <ResetForm action=reset inspection=current csrf=csrf.clone() page_id=id()/> })}
-                            {move || view! { <Companions inspection=current.get()/> }}
-                            {move || view! { <Policies inspection=current.get()/> }}
+                            {move || c1().error.map(|e| view! { <p class="alert" role="alert">{e}</p> })}
+                            {move || view! { <VerdictBanner inspection=c2()/> }}
+                            {can_reset.then(|| view! { <ResetForm action=reset inspection=first.clone() csrf=csrf.clone() page_id=id()/> })}
+                            {move || view! { <Companions inspection=c3()/> }}
+                            {move || view! { <Policies inspection=c4()/> }}
                             {leases}
-                            {can_override.then(|| view! { <OverrideForm action=exempt inspection=current csrf=csrf.clone()/> })}
+                            {can_override.then(|| view! { <OverrideForm action=exempt inspection=first.clone() csrf=csrf.clone()/> })}
                             <Suspense fallback=|| ()>
                                 {move || Suspend::new(async move {
                                     match denials.await {
@@ -873,14 +881,14 @@ fn reset_choices(i: &Inspection) -> (Vec<(String, String)>, String) {
 #[component]
 fn ResetForm(
     action: ServerAction<ResetIdentifier>,
-    inspection: Signal<Inspection>,
+    inspection: Inspection,
     csrf: String,
     /// What the page was asked for (`bob`), to come back to.
     page_id: String,
 ) -> impl IntoView {
     // The choices as the page was read: a live sample must not change the selection
     // under the person's hand.
-    let (opts, chosen) = inspection.with_untracked(reset_choices);
+    let (opts, chosen) = reset_choices(&inspection);
     let options = opts
         .into_iter()
         .map(|(v, l)| {
@@ -908,10 +916,10 @@ fn ResetForm(
 #[component]
 fn OverrideForm(
     action: ServerAction<crate::app::policies::AddOverride>,
-    inspection: Signal<Inspection>,
+    inspection: Inspection,
     csrf: String,
 ) -> impl IntoView {
-    let i = inspection.get_untracked();
+    let i = inspection;
     let Some((dimension, value)) = i
         .identifier
         .split_once('=')

@@ -193,6 +193,10 @@ pub struct Counts {
     pub shadow_denied: u64,
     /// Answered without Redis (its failure mode), whichever way.
     pub degraded: u64,
+    /// Checks whose identifiers met no rule: let through uncounted, or refused by a strict
+    /// policy (counted here only).
+    #[serde(default)]
+    pub unmatched: u64,
 }
 
 impl Counts {
@@ -201,19 +205,21 @@ impl Counts {
         self.denied += other.denied;
         self.shadow_denied += other.shadow_denied;
         self.degraded += other.degraded;
+        self.unmatched += other.unmatched;
     }
 
     pub fn total(&self) -> u64 {
-        self.allowed + self.denied + self.shadow_denied + self.degraded
+        self.allowed + self.denied + self.shadow_denied + self.degraded + self.unmatched
     }
 
     /// Each figure with the one-letter code it is stored under.
-    pub fn fields(&self) -> [(char, u64); 4] {
+    pub fn fields(&self) -> [(char, u64); 5] {
         [
             ('a', self.allowed),
             ('d', self.denied),
             ('s', self.shadow_denied),
             ('g', self.degraded),
+            ('u', self.unmatched),
         ]
     }
 
@@ -224,6 +230,7 @@ impl Counts {
             'd' => self.denied += n,
             's' => self.shadow_denied += n,
             'g' => self.degraded += n,
+            'u' => self.unmatched += n,
             _ => return false,
         }
         true
@@ -237,6 +244,8 @@ pub enum Outcome {
     Denied,
     ShadowDenied,
     Degraded,
+    /// Its identifiers met no rule (let through uncounted, or refused by a strict policy).
+    Unmatched,
 }
 
 impl Outcome {
@@ -247,6 +256,7 @@ impl Outcome {
             Self::Denied => "denied",
             Self::ShadowDenied => "shadow_denied",
             Self::Degraded => "degraded",
+            Self::Unmatched => "unmatched",
         }
     }
 
@@ -257,6 +267,7 @@ impl Outcome {
             Self::Denied => c.denied = 1,
             Self::ShadowDenied => c.shadow_denied = 1,
             Self::Degraded => c.degraded = 1,
+            Self::Unmatched => c.unmatched = 1,
         }
         c
     }

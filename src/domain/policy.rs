@@ -47,6 +47,12 @@ pub struct Policy {
     pub description: String,
     pub mode: Mode,
     pub failure_mode: FailureMode,
+    /// Whether a check whose identifiers meet no rule (nor override) is refused (400,
+    /// naming the dimensions the rules count) rather than let through as `unmatched`.
+    /// `None`: the document did not say; a save settles it ([`Policy::settle_strict`]),
+    /// and a stored policy that never said (saved before there was the choice) is lenient.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub overrides: Vec<Override>,
@@ -108,6 +114,7 @@ impl Policy {
                 "description",
                 "mode",
                 "failure_mode",
+                "strict",
                 "rules",
                 "overrides",
                 "envoy",
@@ -132,6 +139,11 @@ impl Policy {
             "failure_mode",
             &[("open", FailureMode::Open), ("closed", FailureMode::Closed)],
         )?;
+        let strict = match obj.get("strict") {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(*b),
+            Some(_) => return Err(PolicyError::field("strict", "must be true or false")),
+        };
         let mut envoy = parse_envoy(obj)?;
         // An Envoy domain's rules are its limits; any given with it are made again from them.
         let rules = match &mut envoy {
@@ -150,6 +162,7 @@ impl Policy {
             description,
             mode,
             failure_mode,
+            strict,
             rules,
             overrides,
             envoy,
@@ -170,6 +183,8 @@ impl Policy {
             description: format!("Envoy rate limit domain {}", domain.doc.domain),
             mode: Mode::Enforce,
             failure_mode,
+            // Envoy's protocol answers a descriptor no limit matches OK, counting nothing.
+            strict: Some(false),
             rules: domain.rules(),
             overrides: Vec::new(),
             envoy: Some(domain),
@@ -243,6 +258,35 @@ impl Policy {
             Some(j) => Err(PolicyError::field(format!("{path}.match"), shadowed(j))),
             None => Ok(()),
         }
+    }
+
+    /// Settles whether this policy is strict when its document did not say: as the
+    /// version it replaces was, and a new policy is strict (a typo in a dimension is then
+    /// a 400 the caller sees at once, not limiting silently off).
+    pub fn settle_strict(&mut self, before: Option<&Policy>) {
+        if self.strict.is_none() {
+            self.strict = Some(before.is_none_or(Policy::is_strict));
+        }
+    }
+
+    /// Whether a check that meets no rule is refused.
+    pub fn is_strict(&self) -> bool {
+        self.strict.unwrap_or(false)
+    }
+
+    /// The dimensions this policy's rules count, sorted; `None` when a rule counts every
+    /// dimension (then every identifier meets it).
+    pub fn dimensions(&self) -> Option<Vec<&str>> {
+        let mut out: Vec<&str> = Vec::new();
+        for rule in &self.rules {
+            for d in rule.dimensions.as_ref()? {
+                if !out.contains(&d.as_str()) {
+                    out.push(d.as_str());
+                }
+            }
+        }
+        out.sort_unstable();
+        Some(out)
     }
 
     /// The rules that apply to `identifier` at `now_ms`: the policy's, or the ones of the

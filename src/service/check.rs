@@ -36,15 +36,35 @@ pub enum CheckError {
     /// Redis failed and the policy fails closed.
     #[error("redis is unavailable: {0}")]
     Unavailable(StoreError),
+    /// A strict policy's rules meet none of the identifiers: refused rather than let
+    /// through uncounted. `expects`: the dimensions its rules count.
+    #[error("identifiers: {given} match no rule of {policy}, {}", counted(expects))]
+    Unmatched {
+        policy: String,
+        given: String,
+        expects: Vec<String>,
+    },
+}
+
+/// What a policy's rules count, said to a caller whose identifiers met none of them.
+fn counted(expects: &[String]) -> String {
+    match expects {
+        [] => {
+            "which has no rule for them (strict: refused rather than let through uncounted)".into()
+        }
+        _ => format!("whose rules count {}", expects.join(" or ")),
+    }
 }
 
 /// A check's answer: the policy it ran under and its decision. `degraded` when Redis failed
-/// and the policy fails open (the decision is then an empty allow).
+/// and the policy fails open (the decision is then an empty allow). `unmatched` when no
+/// rule nor override met any of its identifiers: allowed, and nothing was counted.
 #[derive(Clone, Debug)]
 pub struct Checked {
     pub policy: Arc<Policy>,
     pub decision: Decision,
     pub degraded: bool,
+    pub unmatched: bool,
 }
 
 impl Checked {
@@ -52,6 +72,7 @@ impl Checked {
     fn outcome(&self) -> history::Outcome {
         match (self.degraded, self.decision.allowed, self.policy.mode) {
             (true, _, _) => history::Outcome::Degraded,
+            (false, true, _) if self.unmatched => history::Outcome::Unmatched,
             (false, true, _) => history::Outcome::Allowed,
             (false, false, Mode::Shadow) => history::Outcome::ShadowDenied,
             (false, false, Mode::Enforce) => history::Outcome::Denied,
@@ -68,10 +89,20 @@ impl Service {
         let policy = self.policy_named(&request.policy)?;
         let decided = self.decide_request(&policy, request).await;
         let checked = match decided {
-            Ok(decision) => Checked {
+            Ok(Decided::Unmatched) if policy.is_strict() => {
+                return Err(self.refuse_unmatched(&policy, request, started));
+            }
+            Ok(Decided::Unmatched) => Checked {
+                policy,
+                decision: Decision::new(Vec::new()),
+                degraded: false,
+                unmatched: true,
+            },
+            Ok(Decided::Decision(decision)) => Checked {
                 policy,
                 decision,
                 degraded: false,
+                unmatched: false,
             },
             Err(error) => {
                 self.failure_mode(&policy, error, &request.identifiers, started)
@@ -80,6 +111,7 @@ impl Service {
                     policy,
                     decision: Decision::new(Vec::new()),
                     degraded: true,
+                    unmatched: false,
                 }
             }
         };
@@ -113,19 +145,53 @@ impl Service {
         Ok(checked)
     }
 
+    /// Refuses a check of a strict policy that met no rule: counted as such in the
+    /// history and the metrics (a misconfigured caller is the admin's to see).
+    fn refuse_unmatched(
+        &self,
+        policy: &Policy,
+        request: &CheckRequest,
+        started: std::time::Instant,
+    ) -> CheckError {
+        self.answered(
+            policy,
+            history::Outcome::Unmatched,
+            &request.identifiers,
+            None,
+            started,
+        );
+        let given: Vec<String> = request
+            .identifiers
+            .iter()
+            .map(|i| i.dimension().to_string())
+            .collect();
+        CheckError::Unmatched {
+            policy: policy.name.to_string(),
+            given: given.join(", "),
+            expects: policy
+                .dimensions()
+                .unwrap_or_default()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        }
+    }
+
     /// `request`'s decision under `policy`: its rules (or an override's) for every
     /// identifier, all or nothing; a block by an override denies without asking Redis.
+    /// `Unmatched` when nothing applies to any identifier (nothing is counted).
     async fn decide_request(
         &self,
         policy: &Policy,
         request: &CheckRequest,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Decided, StoreError> {
         let now_ms = super::now_ms();
         let mut entries = Vec::new();
         let mut blocked = Vec::new();
+        let mut exempt = false;
         for identifier in &request.identifiers {
             match policy.rules_for(identifier, now_ms) {
-                RulesFor::Unlimited => {}
+                RulesFor::Unlimited => exempt = true,
                 RulesFor::Blocked => blocked.push(identifier.clone()),
                 RulesFor::Rules(rules) => entries.extend(
                     rules
@@ -137,15 +203,29 @@ impl Service {
         }
         if !blocked.is_empty() {
             // Blocked by an override: denied without touching Redis, nothing consumed.
-            return Ok(Decision::new(
+            return Ok(Decided::Decision(Decision::new(
                 blocked.into_iter().map(blocked_result).collect(),
-            ));
+            )));
         }
         if entries.is_empty() {
-            return Ok(Decision::new(Vec::new()));
+            // Exempt by an override is an answer; meeting nothing at all is not.
+            return Ok(if exempt {
+                Decided::Decision(Decision::new(Vec::new()))
+            } else {
+                Decided::Unmatched
+            });
         }
-        self.decide(policy, &entries, request.cost).await
+        self.decide(policy, &entries, request.cost)
+            .await
+            .map(Decided::Decision)
     }
+}
+
+/// What a check's rules made of it.
+enum Decided {
+    Decision(Decision),
+    /// No rule nor override met any identifier.
+    Unmatched,
 }
 
 /// The steps every check shares after its decision, whatever door it came in by (the JSON

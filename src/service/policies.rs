@@ -46,12 +46,13 @@ impl Service {
     pub async fn save_policy(
         &self,
         actor: &Actor,
-        policy: Policy,
+        mut policy: Policy,
         expected: Option<u64>,
         action: &str,
         reason: &str,
     ) -> Result<Policy, ChangeError> {
         let before = self.store.get_policy_for_change(&policy.name).await?;
+        policy.settle_strict(before.as_ref());
         // An Envoy domain is changed through its file: a plain policy (or another domain's)
         // saved over it would drop its descriptors, and Envoy's requests would pass
         // unlimited. And a domain lives under the policy name it maps to, or no request
@@ -188,6 +189,7 @@ pub fn demo_policy() -> Policy {
         "description": "Demo: 10 per second per IP and per user, 120 per minute, bursts of 20",
         "mode": "enforce",
         "failure_mode": "open",
+        "strict": true,
         "rules": [
             {"name": "per-second", "algorithm": "fixed_window", "limit": 10, "window_ms": 1000, "dimensions": ["ip", "user"]},
             {"name": "per-minute", "algorithm": "sliding_window", "limit": 120, "window_ms": 60000},
@@ -375,6 +377,7 @@ impl Service {
     ) -> Result<usize, ChangeError> {
         for policy in policies.iter_mut() {
             let old = self.store.get_policy(&policy.name).await?;
+            policy.settle_strict(old.as_ref());
             keep_domain_settings(policy, old)?;
         }
         let written = self.store.import_policies(&policies).await?;

@@ -58,6 +58,7 @@ pub fn login_policy() -> crate::domain::Policy {
         description: "the sign-in limits".into(),
         mode: Default::default(),
         failure_mode: Default::default(),
+        strict: Some(false),
         rules: vec![
             limits.per_user_and_ip.clone(),
             limits.per_ip.clone(),

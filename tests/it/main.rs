@@ -28,3 +28,4 @@ mod probe2;
 mod report;
 mod service;
 mod tls;
+mod unmatched;

@@ -170,6 +170,7 @@ async fn history_memory_per_policy_per_day() {
         denied: 7_890,
         shadow_denied: 12,
         degraded: 3,
+        unmatched: 0,
     };
     for hour in first_hour..first_hour + 24 {
         // 300 identifiers an hour, a new set each hour: every list is full.

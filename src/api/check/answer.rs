@@ -12,6 +12,9 @@ use crate::{
     service::Checked,
 };
 
+/// Set on the answer to a check no rule met (`?1`).
+pub const UNMATCHED: HeaderName = HeaderName::from_static("spillway-unmatched");
+
 /// The answer to one check, before it becomes an HTTP response.
 pub struct CheckAnswer {
     pub status: StatusCode,
@@ -32,6 +35,9 @@ pub struct CheckBody {
     pub reset_ms: Option<u64>,
     pub retry_after_ms: Option<u64>,
     pub degraded: bool,
+    /// No rule of the policy met any identifier: let through, and nothing was counted (a
+    /// caller's misspelt dimension, say). Never an allow by a limit.
+    pub unmatched: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow_denied: Option<bool>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -120,6 +126,7 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
         reset_ms: binding.map(|b| b.outcome.reset_ms),
         retry_after_ms: binding.and_then(|b| b.outcome.retry_after_ms),
         degraded,
+        unmatched: checked.unmatched,
         shadow_denied: shadow.then_some(denied),
         refunded: decision.refunded,
         results,
@@ -134,6 +141,10 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
         );
     }
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if checked.unmatched {
+        // An RFC 9651 boolean: a proxy or middleware can tell without reading the body.
+        headers.insert(UNMATCHED, HeaderValue::from_static("?1"));
+    }
     CheckAnswer {
         status,
         headers,

@@ -69,7 +69,7 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
                 last_hour: totals
                     .iter()
                     .find(|(n, _)| *n == name)
-                    .map(|(_, c)| (c.total(), c.denied)),
+                    .map(|(_, c)| (c.total(), c.denied, c.unmatched)),
                 changed_ms: changes.get(&name).copied(),
                 envoy_domain: p.envoy.as_ref().map(|t| t.doc.domain.clone()),
                 description: p.description.clone(),

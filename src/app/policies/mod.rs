@@ -27,9 +27,9 @@ pub struct PolicySummary {
     /// The Envoy domain it was loaded from, if it is one.
     #[serde(default)]
     pub envoy_domain: Option<String>,
-    /// Checks over the last hour, (all, denied), when the history could be read.
+    /// Checks over the last hour, (all, denied, unmatched), when the history could be read.
     #[serde(default)]
-    pub last_hour: Option<(u64, u64)>,
+    pub last_hour: Option<(u64, u64, u64)>,
     /// When it last changed, as far as the recent audit log tells.
     #[serde(default)]
     pub changed_ms: Option<i64>,

@@ -122,11 +122,13 @@ fn PolicyTable(list: Vec<PolicySummary>) -> impl IntoView {
                         <td data-label="Mode">{if p.shadow { view! { <span class="badge warn">"shadow"</span> }.into_any() } else { view! { "enforce" }.into_any() }}</td>
                         <td data-label="Rules" class="num">{p.rules}{(p.overrides > 0).then(|| format!(" (+{} overrides)", p.overrides))}</td>
                         <td data-label="Checks, last hour" class="num">{match p.last_hour {
-                            Some((0, _)) => "—".to_owned(),
-                            Some((n, 0)) => n.to_string(),
-                            Some((n, d)) => format!("{n} ({d} denied)"),
+                            Some((0, _, _)) => "—".to_owned(),
+                            Some((n, 0, _)) => n.to_string(),
+                            Some((n, d, _)) => format!("{n} ({d} denied)"),
                             None => "?".to_owned(),
-                        }}</td>
+                        }}{p.last_hour.filter(|h| h.2 > 0).map(|(_, _, u)| view! {
+                            " "<span class="badge warn" title="Checks whose identifiers met no rule: nothing was counted">{format!("{u} matched no rule")}</span>
+                        })}</td>
                         <td data-label="Last changed">{p.changed_ms.map_or("—".to_owned(), |t| utc_minutes(Some(t)))}</td>
                         <td data-label="Version" class="num">{p.version}</td>
                     </tr>
