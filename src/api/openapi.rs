@@ -132,6 +132,10 @@ pub struct RuleDocument {
     algorithm: String,
     dimensions: Option<Vec<String>>,
     count_denied: Option<bool>,
+    /// How the rule counts a check's cost: `"units"` (the check's cost; every rule's
+    /// default but concurrency's), `"request"` (1 per check; concurrency's default) or a
+    /// whole-number weight the cost is multiplied by.
+    cost: Option<RuleCost>,
     limit: Option<u64>,
     window_ms: Option<u64>,
     capacity: Option<u64>,
@@ -154,6 +158,21 @@ pub struct RuleDocument {
     start_day: Option<u8>,
     /// Yearly quota: the month it starts in, 1-12.
     start_month: Option<u8>,
+}
+
+/// A rule's `cost`: `"units"`, `"request"`, or a weight (1 to 1000000).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum RuleCost {
+    Model(RuleCostModel),
+    Weight(u64),
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleCostModel {
+    Units,
+    Request,
 }
 
 /// An override: `match` is `dimension=value`, `dimension=prefix-*` or `ip=10.0.0.0/8`.
@@ -634,7 +653,7 @@ pub struct HistoryRanked {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, AuditRecord, AuditPage,
+        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,

@@ -40,6 +40,9 @@ pub enum ApiError {
     /// dimensions they count).
     #[error("{0}")]
     Unmatched(String),
+    /// A check's cost is more than one of its rules ever admits (the detail names it).
+    #[error("{0}")]
+    CostTooHigh(String),
     #[error("unsupported media type")]
     UnsupportedMediaType,
     #[error("policies not loaded")]
@@ -68,6 +71,7 @@ impl From<CheckError> for ApiError {
             CheckError::PoliciesNotLoaded => ApiError::PoliciesNotLoaded,
             CheckError::Unavailable(error) => ApiError::RedisUnavailable(error),
             e @ CheckError::Unmatched { .. } => ApiError::Unmatched(e.to_string()),
+            e @ CheckError::CostTooHigh { .. } => ApiError::CostTooHigh(e.to_string()),
         }
     }
 }
@@ -177,6 +181,11 @@ impl ApiError {
                 "unmatched-identifiers",
                 "The identifiers match no rule",
             ),
+            ApiError::CostTooHigh(_) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "cost-too-high",
+                "The cost is more than a rule ever admits",
+            ),
         }
     }
 
@@ -209,7 +218,7 @@ impl ApiError {
             ),
             ApiError::PayloadTooLarge => "body: at most 65536 bytes".into(),
             ApiError::UnsupportedMediaType => "Content-Type: send application/json".into(),
-            ApiError::Unmatched(detail) => detail.clone(),
+            ApiError::Unmatched(detail) | ApiError::CostTooHigh(detail) => detail.clone(),
         }
     }
 
@@ -225,6 +234,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { field, .. } => body["field"] = json!(field),
             ApiError::Unmatched(_) => body["field"] = json!("identifiers"),
+            ApiError::CostTooHigh(_) => body["field"] = json!("cost"),
             _ => {}
         }
         body

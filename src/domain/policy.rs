@@ -348,7 +348,7 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         .ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
     let name = required_str(obj, "name", &at)?;
     let (algorithm, params) = parse_algorithm(obj, &at)?;
-    let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied"];
+    let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied", "cost"];
     allowed.extend_from_slice(&params);
     reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
     let dimensions = parse_dimensions(obj, &at)?;
@@ -362,13 +362,18 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
             ));
         }
     };
-    Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
+    let mut rule = Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
         // Rule::new names fields as rules[i].x; keep the caller's path.
         PolicyError {
             field: e.field.replacen("rules", path, 1),
             message: e.message,
         }
-    })
+    })?;
+    rule.cost = match obj.get("cost") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(super::rule::CostModel::parse(v, &at("cost"))?),
+    };
+    Ok(rule)
 }
 
 /// The string a rule's `field` must hold; `at` names the rule's fields.

@@ -539,6 +539,61 @@ fn check_quota_start(
     Ok(())
 }
 
+/// How a rule counts a check's cost (`"cost"` on a rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostModel {
+    /// The check's cost (tokens, bytes): every rule's default but a concurrency rule's.
+    Units,
+    /// One per check whatever its cost (none for a peek): a concurrency rule's default, so
+    /// a token budget and "2 in flight" share a policy.
+    Request,
+    /// The check's cost times this weight (1 to [`MAX_WEIGHT`]).
+    Weight(u64),
+}
+
+/// The largest weight a rule may give a check's cost.
+pub const MAX_WEIGHT: u64 = 1_000_000;
+
+impl CostModel {
+    /// What a check of `cost` counts under this model.
+    pub fn of(self, cost: u64) -> u64 {
+        match self {
+            CostModel::Units => cost,
+            CostModel::Request => cost.min(1),
+            CostModel::Weight(w) => cost.saturating_mul(w),
+        }
+    }
+
+    /// Reads `"units"`, `"request"` or a weight; `at` names the field.
+    pub fn parse(value: &serde_json::Value, at: &str) -> Result<Self, PolicyError> {
+        match value {
+            serde_json::Value::String(s) if s == "units" => Ok(CostModel::Units),
+            serde_json::Value::String(s) if s == "request" => Ok(CostModel::Request),
+            serde_json::Value::Number(n) => match n.as_u64() {
+                Some(w) if (1..=MAX_WEIGHT).contains(&w) => Ok(CostModel::Weight(w)),
+                _ => Err(PolicyError::field(
+                    at,
+                    format!("a weight must be a whole number from 1 to {MAX_WEIGHT}"),
+                )),
+            },
+            _ => Err(PolicyError::field(
+                at,
+                "must be \"units\" (the check's cost), \"request\" (1 per check) or a weight",
+            )),
+        }
+    }
+}
+
+impl Serialize for CostModel {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            CostModel::Units => s.serialize_str("units"),
+            CostModel::Request => s.serialize_str("request"),
+            CostModel::Weight(w) => s.serialize_u64(*w),
+        }
+    }
+}
+
 /// One limit of a policy. Built only through [`Rule::new`], so it has no `Deserialize`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Rule {
@@ -551,6 +606,9 @@ pub struct Rule {
     /// Whether denied requests count too.
     #[serde(default)]
     pub count_denied: bool,
+    /// How it counts a check's cost; `None`: its algorithm's default ([`Rule::cost_model`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostModel>,
 }
 
 impl Rule {
@@ -595,7 +653,22 @@ impl Rule {
             algorithm,
             dimensions,
             count_denied,
+            cost: None,
         })
+    }
+
+    /// How this rule counts a check's cost: as it says, else requests for a concurrency
+    /// rule (a lease per request in flight) and the check's cost for every other.
+    pub fn cost_model(&self) -> CostModel {
+        self.cost.unwrap_or(match self.algorithm {
+            Algorithm::Concurrency { .. } => CostModel::Request,
+            _ => CostModel::Units,
+        })
+    }
+
+    /// What a check of `cost` counts against this rule.
+    pub fn cost_of(&self, cost: u64) -> u64 {
+        self.cost_model().of(cost)
     }
 
     /// Whether this rule counts identifiers of `dimension`.

@@ -36,6 +36,14 @@ pub enum CheckError {
     /// Redis failed and the policy fails closed.
     #[error("redis is unavailable: {0}")]
     Unavailable(StoreError),
+    /// A rule counts the check as more than it ever admits: no wait would let it pass.
+    #[error("cost: {cost} is more than {policy} › {rule} ever admits at once ({max})")]
+    CostTooHigh {
+        policy: String,
+        rule: String,
+        cost: u64,
+        max: u64,
+    },
     /// A strict policy's rules meet none of the identifiers: refused rather than let
     /// through uncounted. `expects`: the dimensions its rules count.
     #[error("identifiers: {given} match no rule of {policy}, {}", counted(expects))]
@@ -91,6 +99,21 @@ impl Service {
         let checked = match decided {
             Ok(Decided::Unmatched) if policy.is_strict() => {
                 return Err(self.refuse_unmatched(&policy, request, started));
+            }
+            Ok(Decided::TooCostly { rule, cost, max }) => {
+                self.answered(
+                    &policy,
+                    history::Outcome::Denied,
+                    &request.identifiers,
+                    None,
+                    started,
+                );
+                return Err(CheckError::CostTooHigh {
+                    policy: policy.name.to_string(),
+                    rule,
+                    cost,
+                    max,
+                });
             }
             Ok(Decided::Unmatched) => Checked {
                 policy,
@@ -197,9 +220,20 @@ impl Service {
                     rules
                         .iter()
                         .filter(|r| r.applies_to(identifier.dimension().as_str()))
-                        .map(|rule| CheckEntry::new(rule, identifier)),
+                        .map(|rule| entry_at(rule, identifier, request.cost)),
                 ),
             }
+        }
+        // A cost no rule could ever admit is the caller's mistake, not a wait.
+        if let Some(e) = entries
+            .iter()
+            .find(|e| e.cost.unwrap_or(request.cost) > e.rule.algorithm.max_admissible())
+        {
+            return Ok(Decided::TooCostly {
+                rule: e.rule.name.to_string(),
+                cost: e.cost.unwrap_or(request.cost),
+                max: e.rule.algorithm.max_admissible(),
+            });
         }
         if !blocked.is_empty() {
             // Blocked by an override: denied without touching Redis, nothing consumed.
@@ -226,6 +260,26 @@ enum Decided {
     Decision(Decision),
     /// No rule nor override met any identifier.
     Unmatched,
+    /// `rule` counts this check as `cost`, more than it ever admits (`max`).
+    TooCostly {
+        rule: String,
+        cost: u64,
+        max: u64,
+    },
+}
+
+/// `rule`'s entry for `identifier` in a check of `cost`: at the cost the rule counts it
+/// (`Rule::cost_of`), named only when it is not the check's own.
+fn entry_at<'a>(
+    rule: &'a crate::domain::Rule,
+    identifier: &'a Identifier,
+    cost: u64,
+) -> CheckEntry<'a> {
+    let own = rule.cost_of(cost);
+    CheckEntry {
+        cost: (own != cost).then_some(own),
+        ..CheckEntry::new(rule, identifier)
+    }
 }
 
 /// The steps every check shares after its decision, whatever door it came in by (the JSON

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{Service, check::CheckError};
 use crate::{
-    domain::{Decision, Identifier, Policy, RulesFor},
+    domain::{Decision, Identifier, Policy, RulesFor, rule::CostModel},
     store::{CheckEntry, Now},
 };
 
@@ -38,25 +38,44 @@ impl Service {
     pub async fn report(&self, request: &ReportRequest) -> Result<Reported, CheckError> {
         let policy = self.policy_named(&request.policy)?;
         let now_ms = super::now_ms();
-        let mut entries = Vec::new();
+        // Each rule takes the report as it counts a check's cost: a rule that counts
+        // requests takes none of it (a report is units: tokens, bytes; its state is read
+        // all the same), a weighted one takes it times its weight. One call per weight
+        // (there is usually one).
+        let mut by_weight: Vec<(u64, Vec<CheckEntry<'_>>)> = Vec::new();
         for identifier in &request.identifiers {
             if let RulesFor::Rules(rules) = policy.rules_for(identifier, now_ms) {
-                entries.extend(
-                    rules
-                        .iter()
-                        .filter(|r| r.applies_to(identifier.dimension().as_str()))
-                        .map(|rule| CheckEntry::new(rule, identifier)),
-                );
+                for rule in rules
+                    .iter()
+                    .filter(|r| r.applies_to(identifier.dimension().as_str()))
+                {
+                    let weight = match rule.cost_model() {
+                        CostModel::Request => 0,
+                        CostModel::Units => 1,
+                        CostModel::Weight(w) => w,
+                    };
+                    let entry = CheckEntry::new(rule, identifier);
+                    match by_weight.iter_mut().find(|(w, _)| *w == weight) {
+                        Some((_, entries)) => entries.push(entry),
+                        None => by_weight.push((weight, vec![entry])),
+                    }
+                }
             }
         }
-        let state = if entries.is_empty() {
-            Decision::new(Vec::new())
-        } else {
-            self.store
-                .report(&policy.name, &entries, request.cost, Now::Redis)
+        let mut results = Vec::new();
+        for (weight, entries) in &by_weight {
+            let cost = request
+                .cost
+                .saturating_mul(i64::try_from(*weight).unwrap_or(i64::MAX))
+                .clamp(-MAX_REPORT, MAX_REPORT);
+            let state = self
+                .store
+                .report(&policy.name, entries, cost, Now::Redis)
                 .await
-                .map_err(CheckError::Unavailable)?
-        };
+                .map_err(CheckError::Unavailable)?;
+            results.extend(state.results);
+        }
+        let state = Decision::new(results);
         if request.cost < 0 {
             // What was given back may end a denial some instance remembers.
             let scope = [policy.name.to_string()];

@@ -615,7 +615,8 @@ impl SlotGroup {
 }
 
 /// Names the lease each concurrency entry of an allowed, counted check took: the check's
-/// token, its cost, and the time the entry's script ran at (`taken(i)` for entry `i`).
+/// token, the entry's cost (the rule's count of the check's, `CheckEntry::cost`), and the
+/// time the entry's script ran at (`taken(i)` for entry `i`).
 fn with_leases(
     policy: &Name,
     entries: &[CheckEntry<'_>],
@@ -635,7 +636,7 @@ fn with_leases(
                     rule: entry.rule.name.clone(),
                     identifier: entry.identifier.clone(),
                     token: context.token,
-                    cost,
+                    cost: entry.cost.unwrap_or(cost),
                     taken_us: taken(i),
                 }
                 .to_string(),

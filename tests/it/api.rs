@@ -103,14 +103,15 @@ async fn a_denied_check_is_429_with_retry_after_and_consumes_nothing() {
     assert_eq!(body["remaining"], 0);
     assert!(body["retry_after_ms"].as_u64().unwrap() > 0);
 
-    // A cost no rule could ever admit: denied with no retry time.
+    // A cost no rule could ever admit: not a wait (a 429 that never ends) but the
+    // caller's mistake, naming the rule.
     let never = app
         .check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 4}))
         .await;
-    assert_eq!(never.status(), 429);
+    assert_eq!(never.status(), 422);
     assert!(never.headers().get("retry-after").is_none());
     let body: Value = never.json().await.unwrap();
-    assert_eq!(body["retry_after_ms"], Value::Null);
+    assert_eq!(body["field"], "cost", "{body}");
     // ...and it consumed nothing; cost 0 peeks.
     let peek: Value = app
         .check(json!({"policy": "tight", "identifiers": {"user": "2"}, "cost": 0}))

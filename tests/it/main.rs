@@ -10,6 +10,7 @@ mod architecture;
 mod auth;
 mod cli;
 mod cluster;
+mod cost;
 mod dashboard;
 mod engine;
 mod envoy;

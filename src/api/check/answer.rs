@@ -124,7 +124,7 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
         limit: binding.map(|b| b.outcome.limit),
         remaining: binding.map(|b| b.outcome.remaining),
         reset_ms: binding.map(|b| b.outcome.reset_ms),
-        retry_after_ms: binding.and_then(|b| b.outcome.retry_after_ms),
+        retry_after_ms: binding.and_then(retry_hint),
         degraded,
         unmatched: checked.unmatched,
         shadow_denied: shadow.then_some(denied),
@@ -133,7 +133,7 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
     };
     let mut headers = rate_limit_headers(decision);
     if status != StatusCode::OK
-        && let Some(retry) = binding.and_then(|b| b.outcome.retry_after_ms)
+        && let Some(retry) = binding.and_then(retry_hint)
     {
         headers.insert(
             header::RETRY_AFTER,
@@ -150,6 +150,22 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
         headers,
         body,
     }
+}
+
+/// The longest a concurrency denial tells a caller to wait: a slot frees whenever a holder
+/// releases, which no one knows in advance, so the soonest lease end (often the whole lease
+/// length, for leases just taken) would keep callers away long after a slot freed.
+pub const CONCURRENCY_RETRY_HINT_MS: u64 = 1000;
+
+/// When the binding rule says to try again: its own answer, but at most
+/// [`CONCURRENCY_RETRY_HINT_MS`] for a concurrency rule (its result keeps the soonest
+/// lease end).
+fn retry_hint(binding: &crate::domain::RuleResult) -> Option<u64> {
+    let retry = binding.outcome.retry_after_ms?;
+    Some(match binding.algorithm {
+        Some(Algorithm::Concurrency { .. }) => retry.min(CONCURRENCY_RETRY_HINT_MS),
+        _ => retry,
+    })
 }
 
 /// `RateLimit-Policy` lists every rule evaluated (`"per-second";q=10;w=1`); `RateLimit` gives

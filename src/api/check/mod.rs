@@ -42,7 +42,8 @@ pub async fn check(
 #[utoipa::path(post, path = "/api/v1/check", tag = "checks", operation_id = "check", request_body = crate::api::openapi::CheckRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
     (status = 200, description = "Allowed (or shadow mode)", body = crate::api::openapi::CheckResponse),
     (status = 429, description = "Denied", body = crate::api::openapi::CheckResponse),
-    (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 400, description = "A field is wrong, or (`unmatched-identifiers`) a strict policy's rules meet none of the identifiers", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 422, description = "`cost-too-high`: a rule counts the check as more than it ever admits; no wait would let it pass", body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 503, description = "Redis unreachable and the policy fails closed", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub async fn check_handler(
