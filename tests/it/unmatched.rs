@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use spillway::domain::Policy;
+use spillway::domain::{Policy, people::Role};
 
 use crate::{
-    auth::store,
+    auth::{Visitor, add_user, store},
     helpers::{RedisServer, TestApp, spawn_app, spawn_app_with},
 };
 
@@ -180,4 +180,81 @@ async fn a_policy_stored_before_the_choice_keeps_answering_and_counts_its_unmatc
             && l.ends_with(" 3")),
         "{metrics}"
     );
+}
+
+/// The editor says whether a policy is strict, keeps a rule's cost model, and the policy
+/// list shows how many checks matched no rule in the last hour.
+#[tokio::test]
+async fn the_dashboard_edits_strictness_and_shows_the_unmatched() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_HISTORY_FLUSH_MS", "200")]).await;
+    add_user(&store(&redis).await, "ada", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "ada").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let save = |strict: &'static str| {
+        vec![
+            ("name", "edited"),
+            ("version", "0"),
+            ("strict", strict),
+            ("rules[0][name]", "per-user"),
+            ("rules[0][algorithm]", "fixed_window"),
+            ("rules[0][limit]", "5"),
+            ("rules[0][window_ms]", "1"),
+            ("rules[0][window_unit]", "min"),
+            ("rules[0][dimensions]", "user"),
+            ("rules[0][cost]", "request"),
+        ]
+    };
+    let mut form = save("on");
+    form.push(("csrf", &csrf));
+    let r = v.post_form("/fn/policy_save", &form, Some(&origin)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let doc: Value = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/edited", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["strict"], true, "{doc}");
+    assert_eq!(doc["rules"][0]["cost"], "request", "{doc}");
+    // Unticked: lenient, and the checks that match nothing are counted for the list.
+    let mut form = save("");
+    form[1] = ("version", "1");
+    form.push(("csrf", &csrf));
+    let r = v.post_form("/fn/policy_save", &form, Some(&origin)).await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    for _ in 0..2 {
+        let (status, _, body) = check(&app, "edited", json!({"account": "7"})).await;
+        assert_eq!(
+            (status.as_u16(), &body["unmatched"]),
+            (200, &json!(true)),
+            "{body}"
+        );
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let list: Value = v
+            .post_form("/fn/policies", &[], None)
+            .await
+            .json()
+            .await
+            .unwrap();
+        let row = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "edited")
+            .cloned()
+            .unwrap();
+        if row["last_hour"][2] == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{row}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let page = v.get("/policies").await.text().await.unwrap();
+    assert!(page.contains("2 matched no rule"), "the list shows them");
+    let page = v.get("/policy?name=edited").await.text().await.unwrap();
+    assert!(page.contains(r#"name="strict""#));
 }

@@ -147,6 +147,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         description: policy.description.clone(),
         shadow: policy.mode == crate::domain::Mode::Shadow,
         failure_closed: policy.failure_mode == crate::domain::FailureMode::Closed,
+        strict: policy.is_strict(),
         rules: doc["rules"]
             .as_array()
             .map(|r| r.iter().map(rule_form).collect())
@@ -199,6 +200,7 @@ pub async fn save_policy(
     #[server(default)] description: String,
     #[server(default)] shadow: String,
     #[server(default)] failure_closed: String,
+    #[server(default)] strict: String,
     #[server(default)] rules: Vec<RuleForm>,
 ) -> Result<u64, AppError> {
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
@@ -209,6 +211,7 @@ pub async fn save_policy(
         &description,
         &shadow,
         &failure_closed,
+        strict == "on",
         &rules,
     )
     .await;
@@ -227,6 +230,7 @@ pub async fn save_policy(
                 description,
                 shadow: shadow == "on",
                 failure_closed: failure_closed == "on",
+                strict: strict == "on",
                 rules,
                 field: e.field().unwrap_or_default().to_owned(),
                 message: e.message(),
@@ -256,10 +260,12 @@ async fn save_fields(
     description: &str,
     shadow: &str,
     failure_closed: &str,
+    strict: bool,
     rules: &[RuleForm],
 ) -> Result<u64, AppError> {
     use crate::domain::Policy;
-    let doc = document_of(description, shadow == "on", failure_closed == "on", rules);
+    let mut doc = document_of(description, shadow == "on", failure_closed == "on", rules);
+    doc["strict"] = serde_json::json!(strict);
     let mut policy = Policy::from_document(name.trim(), &doc)
         .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
         .map_err(|e| AppError::bad_input(&super::field_in_form(&e.field, rules), e.message))?;

@@ -213,6 +213,12 @@ pub fn document_of(
             if r.count_denied == "on" || r.count_denied == "true" {
                 doc["count_denied"] = json!(true);
             }
+            // A weight is a number; anything else goes as typed, for the policy to name.
+            match r.cost.trim() {
+                "" => {}
+                weight if weight.bytes().all(|b| b.is_ascii_digit()) => doc["cost"] = num(weight),
+                model => doc["cost"] = json!(model),
+            }
             doc
         })
         .collect();
@@ -271,6 +277,7 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
         } else {
             String::new()
         },
+        cost: s("cost"),
         ..form
     }
 }
@@ -281,6 +288,7 @@ mod tests {
     use crate::domain::{
         Algorithm, Policy,
         calendar::{Period, ZoneName},
+        rule::CostModel,
     };
 
     /// The editor's fields of a concurrency rule and of an anniversary quota make a document
@@ -303,6 +311,7 @@ mod tests {
             period: "month".into(),
             time_zone: "America/New_York".into(),
             start_day: "15".into(),
+            cost: "request".into(),
             ..RuleForm::default()
         };
         let daily = RuleForm {
@@ -310,6 +319,7 @@ mod tests {
             algorithm: "quota".into(),
             limit: "5".into(),
             period: "day".into(),
+            cost: "3".into(),
             ..RuleForm::default()
         };
         let forms = [lease, quota, daily];
@@ -337,6 +347,15 @@ mod tests {
                     start_month: 0,
                 },
             ]
+        );
+        assert_eq!(
+            policy
+                .rules
+                .iter()
+                .map(|r| r.cost_model())
+                .collect::<Vec<_>>(),
+            [CostModel::Request, CostModel::Request, CostModel::Weight(3)],
+            "a rule's cost survives the editor (concurrency counts requests by default)"
         );
         for (form, rule) in forms.iter().zip(doc["rules"].as_array().unwrap()) {
             assert_eq!(&rule_form(rule), form);

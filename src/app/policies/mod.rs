@@ -81,6 +81,10 @@ pub struct RuleForm {
     /// "on" when checked.
     #[serde(default)]
     pub count_denied: String,
+    /// How the rule counts a check's cost: empty (its algorithm's default), `units`,
+    /// `request`, or a weight.
+    #[serde(default)]
+    pub cost: String,
     /// The unit of each duration (`ms`, `s`, `min`, `h`, `d`; empty for ms), so a person
     /// writes "1 minute" rather than 60000.
     #[serde(default)]
@@ -104,6 +108,9 @@ pub struct Draft {
     pub description: String,
     pub shadow: bool,
     pub failure_closed: bool,
+    /// Refuse checks no rule meets.
+    #[serde(default)]
+    pub strict: bool,
     pub rules: Vec<RuleForm>,
     /// The field the save refused (`rules[0].limit`; empty for none) and why.
     pub field: String,
@@ -151,6 +158,9 @@ pub struct PolicyView {
     pub description: String,
     pub shadow: bool,
     pub failure_closed: bool,
+    /// Whether it refuses checks no rule meets (a policy not saved yet will).
+    #[serde(default)]
+    pub strict: bool,
     pub rules: Vec<RuleForm>,
     pub overrides: Vec<OverrideRow>,
     pub history: Vec<VersionRow>,

@@ -224,6 +224,7 @@ fn field_label(field: &str, rules: &[RuleForm]) -> String {
         "start_day" => "Starts on day",
         "start_month" => "Starts in month",
         "dimensions" => "Dimensions",
+        "cost" => "Counts a check as",
         "" => return rule,
         other => other,
     };
@@ -332,6 +333,7 @@ pub fn PolicyPage() -> impl IntoView {
                 description: input.description,
                 shadow: input.shadow == "on",
                 failure_closed: input.failure_closed == "on",
+                strict: input.strict == "on",
                 rules: input.rules,
                 ..Draft::default()
             }));
@@ -425,9 +427,9 @@ pub fn PolicyPage() -> impl IntoView {
                         let csrf = s.csrf.clone();
                         let title = if p.exists { format!("Policy {}", p.name) } else { format!("New policy {}", p.name) };
                         let kept = draft();
-                        let (description, shadow, failure_closed) = match &kept {
-                            Some(d) => (d.description.clone(), d.shadow, d.failure_closed),
-                            None => (p.description.clone(), p.shadow, p.failure_closed),
+                        let (description, shadow, failure_closed, strict) = match &kept {
+                            Some(d) => (d.description.clone(), d.shadow, d.failure_closed, d.strict),
+                            None => (p.description.clone(), p.shadow, p.failure_closed, p.strict || !p.exists),
                         };
                         let mut rows = kept.map_or_else(|| p.rules.clone(), |d| d.rules);
                         if rows.iter().all(RuleForm::kept) {
@@ -472,6 +474,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label class="f-calendar">"Starts on day"<input name=f("start_day") value=r.start_day inputmode="numeric" placeholder="1"/>{e("start_day")}</label>
                                     <label class="f-calendar">"Starts in month"<input name=f("start_month") value=r.start_month inputmode="numeric" placeholder="1"/>{e("start_month")}</label>
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
+                                    <label>"Counts a check as"<input name=f("cost") value=r.cost list="cost-models" placeholder="its cost (1 per request for concurrency)"/>{e("cost")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                     {(!blank).then(|| view! { <label class="check remove"><input type="checkbox" name=f("remove") checked=r.remove == "on"/>"Remove this rule when saving"</label> })}
                                     <p class="muted rule-summary">{summary}</p>
@@ -590,7 +593,9 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Description"<input name="description" value=description disabled=!can_edit/>{error_for("description".into())}</label>
                                     <label class="check"><input type="checkbox" name="shadow" checked=shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
                                     <label class="check"><input type="checkbox" name="failure_closed" checked=failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
+                                    <label class="check"><input type="checkbox" name="strict" checked=strict disabled=!can_edit/>"Strict: refuse (400) a check whose identifiers no rule counts, rather than let it through uncounted"</label>
                                     {error_for("rules".into())}
+                                    <datalist id="cost-models"><option value="units"/><option value="request"/></datalist>
                                     <div class="rules" on:input=read_draft on:change=read_draft>{rule_rows}</div>
                                     {can_edit.then(|| view! { <button type="submit">"Save policy"</button> })}
                                 </ActionForm>
