@@ -37,6 +37,7 @@ pub(super) struct HistoryQuery {
     /// 24h and 7d, days beyond.
     step: Option<String>,
     /// Identifiers in each top list, 0 to 100 (default 10).
+    #[param(value_type = Option<u32>, minimum = 0, maximum = 100)]
     top: Option<String>,
     /// `json` (default), `csv` (the series) or `csv-top` (the top lists:
     /// list,policy,identifier,count).

@@ -42,12 +42,64 @@ impl utoipa::PartialSchema for IdentifierValue {
 
 impl ToSchema for IdentifierValue {}
 
+/// What a policy does with a denial: `enforce` answers 429, `shadow` answers 200 and says
+/// it would have denied.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyMode {
+    Enforce,
+    Shadow,
+}
+
+/// What a check answers while Redis is unreachable: `open` lets it through (`degraded`),
+/// `closed` answers 503.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    Open,
+    Closed,
+}
+
+/// A rule's algorithm.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    TokenBucket,
+    LeakyBucket,
+    Gcra,
+    BucketedWindow,
+    Concurrency,
+    Quota,
+}
+
+/// A quota's calendar period.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaPeriod {
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+/// What an override does.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OverrideAction {
+    Unlimited,
+    Block,
+    Limit,
+}
+
 /// One rule × identifier evaluated by a check.
 #[derive(Serialize, ToSchema)]
 pub struct RuleResult {
     rule: String,
     identifier: String,
-    algorithm: String,
+    algorithm: AlgorithmName,
     allowed: bool,
     limit: u64,
     remaining: u64,
@@ -66,8 +118,7 @@ pub struct CheckResponse {
     allowed: bool,
     policy: String,
     policy_version: u64,
-    #[schema(pattern = "^(enforce|shadow)$")]
-    mode: String,
+    mode: PolicyMode,
     limit: Option<u64>,
     remaining: Option<u64>,
     reset_ms: Option<u64>,
@@ -126,10 +177,7 @@ pub struct Problem {
 pub struct RuleDocument {
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     name: String,
-    #[schema(
-        pattern = "^(fixed_window|sliding_log|sliding_window|token_bucket|leaky_bucket|gcra|bucketed_window|concurrency|quota)$"
-    )]
-    algorithm: String,
+    algorithm: AlgorithmName,
     dimensions: Option<Vec<String>>,
     count_denied: Option<bool>,
     /// How the rule counts a check's cost: `"units"` (the check's cost; every rule's
@@ -150,8 +198,7 @@ pub struct RuleDocument {
     /// Concurrency: how long a lease is held unless released or renewed (≤ a day).
     lease_ms: Option<u64>,
     /// Quota: the calendar period.
-    #[schema(pattern = "^(day|week|month|year)$")]
-    period: Option<String>,
+    period: Option<QuotaPeriod>,
     /// Quota: an IANA time zone name (default UTC).
     time_zone: Option<String>,
     /// Quota: the anniversary: ISO weekday 1-7 for a week, day 1-31 for a month or year.
@@ -180,8 +227,7 @@ pub enum RuleCostModel {
 #[serde(deny_unknown_fields)]
 pub struct OverrideDocument {
     r#match: String,
-    #[schema(pattern = "^(unlimited|block|limit)$")]
-    action: String,
+    action: OverrideAction,
     /// With action `limit`: the rules that apply instead.
     rules: Option<Vec<RuleDocument>>,
     expires_at_ms: Option<i64>,
@@ -193,10 +239,8 @@ pub struct OverrideDocument {
 #[serde(deny_unknown_fields)]
 pub struct PolicyDocument {
     description: Option<String>,
-    #[schema(pattern = "^(enforce|shadow)$")]
-    mode: Option<String>,
-    #[schema(pattern = "^(open|closed)$")]
-    failure_mode: Option<String>,
+    mode: Option<PolicyMode>,
+    failure_mode: Option<FailureMode>,
     /// Refuse (400, `unmatched-identifiers`) a check whose identifiers meet no rule,
     /// rather than let it through uncounted. Left out: as the version it replaces, and
     /// true for a new policy.
@@ -211,8 +255,8 @@ pub struct PolicyView {
     name: String,
     version: u64,
     description: String,
-    mode: String,
-    failure_mode: String,
+    mode: PolicyMode,
+    failure_mode: FailureMode,
     /// Absent for a policy saved before there was the choice: lenient.
     strict: Option<bool>,
     rules: Vec<RuleDocument>,
@@ -653,7 +697,8 @@ pub struct HistoryRanked {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, AuditRecord, AuditPage,
+        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel,
+        PolicyMode, FailureMode, AlgorithmName, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,

@@ -33,6 +33,9 @@ from spillway_client.api.policies import (
     put_policy,
 )
 from spillway_client.models import (
+    AlgorithmName,
+    OverrideAction,
+    QuotaPeriod,
     AlertCondition,
     AlertRuleDocument,
     AlertsDocument,
@@ -98,7 +101,7 @@ called("readyz", readyz.sync_detailed(client=anonymous), 200, Status)
 called("openapi_document", openapi_document.sync_detailed(client=anonymous), 200)
 
 # Policies: create, read, list, change (with If-Match), versions.
-rule = RuleDocument(name="per-minute", algorithm="fixed_window", limit=2, window_ms=60_000)
+rule = RuleDocument(name="per-minute", algorithm=AlgorithmName.FIXED_WINDOW, limit=2, window_ms=60_000)
 view = called(
     "put_policy",
     put_policy.sync_detailed("client-test", client=admin, body=PolicyDocument(rules=[rule])),
@@ -126,7 +129,7 @@ assert [v.version for v in versions.previous_versions] == [1]
 bad = put_policy.sync_detailed(
     "client-test",
     client=admin,
-    body=PolicyDocument(rules=[RuleDocument(name="x", algorithm="fixed_window", limit=0, window_ms=1000)]),
+    body=PolicyDocument(rules=[RuleDocument(name="x", algorithm=AlgorithmName.FIXED_WINDOW, limit=0, window_ms=1000)]),
 ).parsed
 assert isinstance(bad, Problem) and bad.field == "rules[0].limit", bad
 
@@ -209,7 +212,7 @@ added = called(
     add_override.sync_detailed(
         "client-test",
         client=admin,
-        body=OverrideDocument(match="user=vip", action="unlimited", reason="a partner"),
+        body=OverrideDocument(match="user=vip", action=OverrideAction.UNLIMITED, reason="a partner"),
     ),
     201,
     OverrideList,
@@ -280,8 +283,8 @@ assert bad.status_code == 400 and isinstance(bad.parsed, Problem) and bad.parsed
 # A concurrency rule and a monthly quota: a check holds a lease, renewed then released;
 # usage reported afterwards moves the quota's remaining exactly.
 jobs = [
-    RuleDocument(name="running", algorithm="concurrency", limit=1, lease_ms=60_000),
-    RuleDocument(name="monthly", algorithm="quota", limit=100, period="month", time_zone="Europe/Berlin"),
+    RuleDocument(name="running", algorithm=AlgorithmName.CONCURRENCY, limit=1, lease_ms=60_000),
+    RuleDocument(name="monthly", algorithm=AlgorithmName.QUOTA, limit=100, period=QuotaPeriod.MONTH, time_zone="Europe/Berlin"),
 ]
 called(
     "put_policy",

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, spawn_app};
 
@@ -285,4 +285,51 @@ async fn a_generated_client_calls_every_operation() {
         .collect();
     assert_eq!(called, operations, "operations the client did not call");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What generators build types from (issue 38): the rate-limit headers are declared, closed
+/// sets are enums (not patterns), a count is an integer, and the check's refusals are
+/// listed (400 for unmatched identifiers, 422 for a cost no rule admits).
+#[tokio::test]
+async fn generators_get_headers_enums_and_integers() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let doc: Value = app
+        .client
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let check = &doc["paths"]["/api/v1/check"]["post"]["responses"];
+    for header in ["RateLimit-Policy", "RateLimit", "Spillway-Unmatched"] {
+        assert!(check["200"]["headers"][header].is_object(), "200 {header}");
+    }
+    assert!(check["429"]["headers"]["Retry-After"].is_object());
+    assert!(check["422"].is_object() && check["400"].is_object());
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(schemas["PolicyMode"]["enum"], json!(["enforce", "shadow"]));
+    assert_eq!(schemas["FailureMode"]["enum"], json!(["open", "closed"]));
+    assert_eq!(
+        schemas["AlgorithmName"]["enum"].as_array().unwrap().len(),
+        9
+    );
+    assert_eq!(
+        schemas["CheckResponse"]["properties"]["mode"]["$ref"],
+        "#/components/schemas/PolicyMode"
+    );
+    assert!(schemas["CheckResponse"]["properties"]["unmatched"].is_object());
+    let top = doc["paths"]["/api/v1/history"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "top")
+        .unwrap()
+        .clone();
+    assert!(
+        top["schema"]["type"].to_string().contains("integer"),
+        "{top}"
+    );
 }

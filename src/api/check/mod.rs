@@ -40,8 +40,14 @@ pub async fn check(
 
 /// `POST /api/v1/check`
 #[utoipa::path(post, path = "/api/v1/check", tag = "checks", operation_id = "check", request_body = crate::api::openapi::CheckRequest, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), 
-    (status = 200, description = "Allowed (or shadow mode)", body = crate::api::openapi::CheckResponse),
-    (status = 429, description = "Denied", body = crate::api::openapi::CheckResponse),
+    (status = 200, description = "Allowed (or shadow mode)", body = crate::api::openapi::CheckResponse, headers(
+        ("RateLimit-Policy" = String, description = "Every rule evaluated: `\"per-second\";q=10;w=1` (RFC 9651 list)"),
+        ("RateLimit" = String, description = "The binding rule's state: `\"per-second\";r=9;t=1`"),
+        ("Spillway-Unmatched" = String, description = "`?1` when no rule met any identifier (`unmatched`)"))),
+    (status = 429, description = "Denied", body = crate::api::openapi::CheckResponse, headers(
+        ("RateLimit-Policy" = String, description = "Every rule evaluated"),
+        ("RateLimit" = String, description = "The binding rule's state"),
+        ("Retry-After" = u64, description = "Seconds until the check could pass (at most 1 for a concurrency rule)"))),
     (status = 400, description = "A field is wrong, or (`unmatched-identifiers`) a strict policy's rules meet none of the identifiers", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 422, description = "`cost-too-high`: a rule counts the check as more than it ever admits; no wait would let it pass", body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
