@@ -48,7 +48,7 @@ pub(super) struct HistoryQuery {
 /// identifiers denied and checked most over the range.
 #[utoipa::path(get, path = "/api/v1/history", tag = "history", operation_id = "read_history",
     params(HistoryQuery),
-    responses((status = 200, description = "The series, oldest first, and the top lists (or CSV: time,allowed,denied,shadow_denied,degraded)", body = crate::api::openapi::HistoryDocument),
+    responses((status = 200, description = "The series, oldest first, and the top lists (format=csv and csv-top answer CSV here too; /api/v1/history/csv declares it)", body = crate::api::openapi::HistoryDocument),
     (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
@@ -60,6 +60,37 @@ pub(super) async fn read(
 ) -> Result<Response, ApiError> {
     require_admin(&state, &headers, &method, addr, Action::View).await?;
     let asked = Asked::parse(&query, &headers)?;
+    answer(&state, &query, asked).await
+}
+
+/// The same as CSV, as its own operation (a generated client parses each operation's
+/// answer as one media type): the series, or with `format=csv-top` the top lists.
+#[utoipa::path(get, path = "/api/v1/history/csv", tag = "history", operation_id = "read_history_csv",
+    params(HistoryQuery),
+    responses((status = 200, description = "The series as time,allowed,denied,shadow_denied,degraded; with format=csv-top the top lists as list,policy,identifier,count", body = String, content_type = "text/csv"),
+    (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn read_csv(
+    State(state): State<AppState>,
+    ConnectInfo(addr): ConnectInfo<SocketAddr>,
+    method: Method,
+    headers: HeaderMap,
+    Query(query): Query<HistoryQuery>,
+) -> Result<Response, ApiError> {
+    require_admin(&state, &headers, &method, addr, Action::View).await?;
+    let mut asked = Asked::parse(&query, &headers)?;
+    if asked.csv == Csv::No {
+        asked.csv = Csv::Series;
+    }
+    answer(&state, &query, asked).await
+}
+
+/// The history `asked` for, as JSON or CSV.
+async fn answer(
+    state: &AppState,
+    query: &HistoryQuery,
+    asked: Asked,
+) -> Result<Response, ApiError> {
     let found = state
         .service()
         .history(

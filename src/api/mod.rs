@@ -42,6 +42,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/api/v1/report", post(report::report))
         .route("/api/v1/audit", get(audit::list))
         .route("/api/v1/history", get(history::read))
+        .route("/api/v1/history/csv", get(history::read_csv))
         .merge(alerts::router())
         .merge(policies::router())
         .merge(identifiers::router())

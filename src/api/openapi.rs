@@ -689,6 +689,7 @@ pub struct HistoryRanked {
         super::identifiers::undo_reset,
         super::audit::list,
         super::history::read,
+        super::history::read_csv,
         super::alerts::list,
         super::alerts::put,
         super::alerts::delete,

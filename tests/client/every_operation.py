@@ -21,7 +21,7 @@ from spillway_client.api.checks import (
 )
 from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
 from spillway_client.api.alerts import delete_alert, list_alerts, put_alert
-from spillway_client.api.history import read_history
+from spillway_client.api.history import read_history, read_history_csv
 from spillway_client.api.health import healthz, metrics, openapi_document, readyz
 from spillway_client.api.identifiers import inspect_identifier, reset_identifier, undo_reset
 from spillway_client.api.overrides import add_override, list_overrides, remove_override
@@ -246,6 +246,14 @@ history = called(
 )
 assert history.policy == "client-test" and history.step == "minute", history
 assert len(history.points) == 60 and history.points[-1].t_ms > history.points[0].t_ms, history
+# The series as CSV: a declared media type, so the client does not parse it as JSON.
+csv = called(
+    "read_history_csv",
+    read_history_csv.sync_detailed(client=admin, policy="client-test", range_="1h"),
+    200,
+    str,
+)
+assert csv.startswith("time,allowed,denied,shadow_denied,degraded\n"), csv.content[:80]
 bad = read_history.sync_detailed(client=admin, range_="2d")
 assert bad.status_code == 400 and isinstance(bad.parsed, Problem), bad
 

@@ -31,6 +31,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/resets/{token}/undo"),
     ("get", "/api/v1/audit"),
     ("get", "/api/v1/history"),
+    ("get", "/api/v1/history/csv"),
     ("get", "/api/v1/alerts"),
     ("put", "/api/v1/alerts/{name}"),
     ("delete", "/api/v1/alerts/{name}"),
