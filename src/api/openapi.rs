@@ -146,8 +146,8 @@ pub struct BatchRequest {
 #[derive(Serialize, ToSchema)]
 pub struct BatchItem {
     status: u16,
-    /// A `CheckResponse`, or a `Problem`.
-    body: serde_json::Value,
+    /// A `CheckResponse` (200, 429), or a `Problem` (any other status).
+    body: BatchItemBody,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -155,15 +155,30 @@ pub struct BatchResponse {
     results: Vec<BatchItem>,
 }
 
-/// RFC 9457 problem details.
+/// One batch answer's body: the check's answer when it was decided (`status` 200 or 429),
+/// else the problem (`status` 4xx or 5xx, `type` set). Tell them apart by `status`.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum BatchItemBody {
+    Check(CheckResponse),
+    Problem(Problem),
+}
+
+/// RFC 9457 problem details. `type` is `https://spillway.dev/problems/` and one of:
+/// `invalid-request` (400), `unmatched-identifiers` (400), `unauthorized` (401),
+/// `forbidden` (403), `unknown-policy` (404), `not-found` (404), `method-not-allowed`
+/// (405), `conflict` (409), `payload-too-large` (413), `unsupported-media-type` (415),
+/// `cost-too-high` (422), `redis-unavailable` (503), `policies-not-loaded` (503),
+/// `shutting-down` (503), `timeout` (504).
 #[derive(Serialize, ToSchema)]
 pub struct Problem {
     r#type: String,
     title: String,
     status: u16,
-    /// Starts with the offending field's name.
+    /// Starts with the offending field's name, when one is to blame.
     detail: String,
-    /// For 400: the offending field.
+    /// The offending field: on `invalid-request` (400), `unmatched-identifiers`
+    /// (`identifiers`) and `cost-too-high` (`cost`).
     field: Option<String>,
 }
 
@@ -698,7 +713,7 @@ pub struct HistoryRanked {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel,
+        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, BatchItemBody,
         PolicyMode, FailureMode, AlgorithmName, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,

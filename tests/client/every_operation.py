@@ -153,13 +153,19 @@ batch = called(
             checks=[
                 CheckRequest(policy="client-test", identifiers=ids(user="bob")),
                 CheckRequest(policy="client-test", identifiers=ids(user="ann")),
+                CheckRequest(policy="no-such-policy", identifiers=ids(user="ann")),
             ]
         ),
     ),
     200,
     BatchResponse,
 )
-assert [item.status for item in batch.results] == [200, 429], batch
+assert [item.status for item in batch.results] == [200, 429, 404], batch
+# Each body typed as what it is: an answer, or a problem.
+assert isinstance(batch.results[0].body, CheckResponse) and batch.results[0].body.allowed, batch
+assert isinstance(batch.results[1].body, CheckResponse) and not batch.results[1].body.allowed
+assert isinstance(batch.results[2].body, Problem), batch.results[2].body
+assert batch.results[2].body.type_.endswith("/unknown-policy"), batch.results[2].body
 answer = called(
     "forward_auth",
     forward_auth.sync_detailed(client=service, policy="client-test", x_forwarded_for="198.51.100.9"),
