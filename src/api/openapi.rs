@@ -19,13 +19,16 @@ pub struct CheckRequest {
     /// Policy name, `[a-z0-9][a-z0-9_-]{0,63}`.
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     policy: String,
-    /// 1 to 16 `dimension: value` pairs: dimensions match `[a-z0-9][a-z0-9_-]{0,63}`,
-    /// values are UTF-8, 1 to 256 bytes, without control characters.
-    identifiers: BTreeMap<String, IdentifierValue>,
+    identifiers: Identifiers,
     /// Integer ≥ 0, default 1; 0 peeks without consuming.
     #[schema(minimum = 0, maximum = 1_000_000_000)]
     cost: Option<u64>,
 }
+
+/// 1 to 16 `dimension: value` pairs: dimensions match `[a-z0-9][a-z0-9_-]{0,63}`, values
+/// are UTF-8, 1 to 256 bytes, without control characters. The same in a check and a report.
+#[derive(Serialize, ToSchema)]
+pub struct Identifiers(BTreeMap<String, IdentifierValue>);
 
 /// An identifier value: UTF-8, 1 to 256 bytes, no control characters.
 #[derive(Serialize)]
@@ -394,8 +397,7 @@ pub struct LeaseRenewal {
 pub struct ReportRequest {
     #[schema(pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")]
     policy: String,
-    /// `{dimension: value}`, 1 to 16.
-    identifiers: std::collections::BTreeMap<String, IdentifierValue>,
+    identifiers: Identifiers,
     /// What to add, counted even past the limit; negative gives back (never below nothing).
     #[schema(minimum = -1_000_000_000, maximum = 1_000_000_000)]
     cost: i64,
@@ -713,7 +715,7 @@ pub struct HistoryRanked {
     ),
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
-        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, BatchItemBody,
+        Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, BatchItemBody, Identifiers,
         PolicyMode, FailureMode, AlgorithmName, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,

@@ -45,13 +45,12 @@ from spillway_client.models import (
     LeaseRenewal,
     LeaseRequest,
     ReportRequest,
-    ReportRequestIdentifiers,
     ReportResponse,
     ResetUndone,
     BatchRequest,
     BatchResponse,
     CheckRequest,
-    CheckRequestIdentifiers,
+    Identifiers,
     CheckResponse,
     EnvoyDescriptor,
     EnvoyDomainFile,
@@ -89,7 +88,7 @@ def called(operation, response, status, model=None):
 
 
 def ids(**pairs):
-    identifiers = CheckRequestIdentifiers()
+    identifiers = Identifiers()
     for k, v in pairs.items():
         identifiers[k] = v
     return identifiers
@@ -315,7 +314,7 @@ released = called(
     "release_leases", release_leases.sync_detailed(client=service, body=LeaseRequest(leases=[lease, lease])), 200, LeaseRelease
 )
 assert [r.released for r in released.results] == [True, False], released
-usage = ReportRequestIdentifiers()
+usage = Identifiers()
 usage["team"] = "a"
 reported = called(
     "report_usage",

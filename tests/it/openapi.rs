@@ -322,6 +322,13 @@ async fn generators_get_headers_enums_and_integers() {
         "#/components/schemas/PolicyMode"
     );
     assert!(schemas["CheckResponse"]["properties"]["unmatched"].is_object());
+    for request in ["CheckRequest", "ReportRequest"] {
+        assert_eq!(
+            schemas[request]["properties"]["identifiers"]["$ref"],
+            "#/components/schemas/Identifiers",
+            "one identifiers schema"
+        );
+    }
     let top = doc["paths"]["/api/v1/history"]["get"]["parameters"]
         .as_array()
         .unwrap()
