@@ -78,6 +78,23 @@ pub enum AlgorithmName {
     Quota,
 }
 
+/// What evaluated a result: a rule's algorithm, or `block` (an override that blocks the
+/// identifier).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultAlgorithm {
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    TokenBucket,
+    LeakyBucket,
+    Gcra,
+    BucketedWindow,
+    Concurrency,
+    Quota,
+    Block,
+}
+
 /// A quota's calendar period.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -102,7 +119,7 @@ pub enum OverrideAction {
 pub struct RuleResult {
     rule: String,
     identifier: String,
-    algorithm: AlgorithmName,
+    algorithm: ResultAlgorithm,
     allowed: bool,
     limit: u64,
     remaining: u64,
@@ -668,6 +685,8 @@ pub struct HistoryCounts {
     denied: u64,
     shadow_denied: u64,
     degraded: u64,
+    /// Checks whose identifiers met no rule.
+    unmatched: u64,
 }
 
 /// An identifier in a top list.
@@ -716,7 +735,7 @@ pub struct HistoryRanked {
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
         Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, BatchItemBody, Identifiers,
-        PolicyMode, FailureMode, AlgorithmName, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
+        PolicyMode, FailureMode, AlgorithmName, ResultAlgorithm, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,

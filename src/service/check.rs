@@ -97,7 +97,7 @@ impl Service {
         let policy = self.policy_named(&request.policy)?;
         let decided = self.decide_request(&policy, request).await;
         let checked = match decided {
-            Ok(Decided::Unmatched) if policy.is_strict() => {
+            Ok(Decided::Unmatched) if policy.is_strict() && policy.mode == Mode::Enforce => {
                 return Err(self.refuse_unmatched(&policy, request, started));
             }
             Ok(Decided::TooCostly { rule, cost, max }) => {
@@ -224,10 +224,12 @@ impl Service {
                 ),
             }
         }
-        // A cost no rule could ever admit is the caller's mistake, not a wait.
-        if let Some(e) = entries
-            .iter()
-            .find(|e| e.cost.unwrap_or(request.cost) > e.rule.algorithm.max_admissible())
+        // A cost no rule could ever admit is the caller's mistake, not a wait (in shadow
+        // mode it is a denial like any other: the answer stays 200).
+        if policy.mode == Mode::Enforce
+            && let Some(e) = entries
+                .iter()
+                .find(|e| e.cost.unwrap_or(request.cost) > e.rule.algorithm.max_admissible())
         {
             return Ok(Decided::TooCostly {
                 rule: e.rule.name.to_string(),
@@ -270,7 +272,7 @@ enum Decided {
 
 /// `rule`'s entry for `identifier` in a check of `cost`: at the cost the rule counts it
 /// (`Rule::cost_of`), named only when it is not the check's own.
-fn entry_at<'a>(
+pub(super) fn entry_at<'a>(
     rule: &'a crate::domain::Rule,
     identifier: &'a Identifier,
     cost: u64,

@@ -108,7 +108,8 @@ impl Service {
                             r.applies_to(id.dimension().as_str())
                                 && found.is_none_or(|name| *name == r.name)
                         })
-                        .map(|rule| CheckEntry::new(rule, id))
+                        // As a check of cost 1 counts it: a weighted rule's too.
+                        .map(|rule| super::check::entry_at(rule, id, 1))
                         .collect();
                     if entries.is_empty() {
                         continue;
@@ -289,18 +290,26 @@ impl Service {
     ) -> Result<ResetDone, ResetError> {
         let mut plans = Vec::with_capacity(targets.len());
         for target in targets {
-            let id = Identifier::parse(target.identifier.trim()).map_err(|message| {
-                ResetError::Invalid {
+            // As given: a value's spaces are part of it (`user=bob ` is not bob).
+            let id =
+                Identifier::parse(&target.identifier).map_err(|message| ResetError::Invalid {
                     field: "id",
                     message,
-                }
-            })?;
+                })?;
             let rule = reset_rule(target.policy.as_deref(), target.rule.as_deref())?;
             let all = self.resettable_policies(actor, &id).await?;
             chosen_policies(&all, target.policy.as_deref(), rule.as_ref())?;
             plans.push((id, rule, all));
         }
         let token = crate::ids::random_hex::<16>();
+        // The record first: a reset that fails halfway (Redis) can still be undone.
+        let record = ResetRecord {
+            targets: targets.to_vec(),
+        };
+        let record = serde_json::to_string(&record).expect("a record serialises");
+        self.store
+            .put_reset_record(&token, &record, UNDO_FOR)
+            .await?;
         let mut done = ResetDone {
             policies: Vec::new(),
             deleted_keys: 0,
@@ -345,13 +354,6 @@ impl Service {
             }
         }
         if done.deleted_keys > 0 {
-            let record = ResetRecord {
-                targets: targets.to_vec(),
-            };
-            let record = serde_json::to_string(&record).expect("a record serialises");
-            self.store
-                .put_reset_record(&token, &record, UNDO_FOR)
-                .await?;
             done.undo = Some(UndoOffer {
                 token,
                 until_ms: now_ms() + UNDO_FOR.as_millis() as i64,
@@ -385,10 +387,6 @@ impl Service {
             let all = self.resettable_policies(actor, &id).await?;
             plans.push((id, rule, all, target.policy.as_deref()));
         }
-        // Taken once: of two undos at the same time, one puts the counters back.
-        if self.store.take_reset_record(token).await?.is_none() {
-            return Err(ResetError::NothingToUndo);
-        }
         let mut done = UndoDone {
             identifiers: Vec::new(),
             restored_keys: 0,
@@ -415,6 +413,9 @@ impl Service {
             done.identifiers.push(id.to_string());
             done.restored_keys += restored;
         }
+        // Done once: the record goes only now, so an undo that failed halfway can be sent
+        // again (each stash goes with its restore: of two undos at once, one restores).
+        self.store.take_reset_record(token).await?;
         Ok(done)
     }
 

@@ -336,11 +336,13 @@ impl Service {
             field: "name".into(),
             message: format!("its last version could not be read: {e}"),
         })?;
-        let policy =
+        let mut policy =
             Policy::from_document(name.as_str(), &doc).map_err(|e| ChangeError::Invalid {
                 field: e.field,
                 message: e.message,
             })?;
+        // As it was: a policy deleted before there was the choice was lenient.
+        policy.strict.get_or_insert(false);
         self.save_policy(actor, policy, Some(0), "policy.restore", "")
             .await
     }

@@ -68,7 +68,11 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for policy in policies {
-            let keys = self.state_keys(policy, identifier, rule);
+            let (keys, leases) = self.state_keys(policy, identifier, rule);
+            if !leases.is_empty() {
+                let n: u64 = self.query_for_write(redis::cmd("DEL").arg(&leases)).await?;
+                deleted += n;
+            }
             if !keys.is_empty() {
                 // One identifier's keys under one policy share a slot (the stash's too).
                 let mut invocation = self.scripts.reset.prepare_invoke();
@@ -106,7 +110,7 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut restored = 0;
         for policy in policies {
-            let keys = self.state_keys(policy, identifier, rule);
+            let (keys, _) = self.state_keys(policy, identifier, rule);
             let mut invocation = self.scripts.reset_undo.prepare_invoke();
             invocation.key(self.keys.reset_stash(&policy.name, identifier, token));
             for key in &keys {
@@ -118,21 +122,31 @@ impl Store {
         Ok(restored)
     }
 
-    /// The state keys of `identifier` under `policy`: every rule's, or only `rule`'s.
+    /// The state keys of `identifier` under `policy` (every rule's, or only `rule`'s): those
+    /// an undo may put back, and the leases of concurrency rules, which it may not (a lease
+    /// released since would come back and hold its slot with no one to release it; one
+    /// taken since would be dropped, letting more run than the limit).
     fn state_keys(
         &self,
         policy: &Policy,
         identifier: &Identifier,
         rule: Option<&Name>,
-    ) -> Vec<String> {
-        policy
+    ) -> (Vec<String>, Vec<String>) {
+        let mut kept = Vec::new();
+        let mut leases = Vec::new();
+        for r in policy
             .all_rules()
             .filter(|r| rule.is_none_or(|name| &r.name == name))
-            .map(|r| {
-                self.keys
-                    .rule_state(&policy.name, identifier, &r.name, &r.algorithm)
-            })
-            .collect()
+        {
+            let key = self
+                .keys
+                .rule_state(&policy.name, identifier, &r.name, &r.algorithm);
+            match r.algorithm {
+                crate::domain::Algorithm::Concurrency { .. } => leases.push(key),
+                _ => kept.push(key),
+            }
+        }
+        (kept, leases)
     }
 
     /// Keeps what an undo needs to know of a reset (`record`, the service's) under `token`

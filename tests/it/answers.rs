@@ -760,3 +760,75 @@ async fn the_top_identifiers_download_as_csv() {
     assert!(lines.contains(&"checked,csv,\"user=a,b\",2"), "{body}");
     assert!(lines.contains(&"checked,csv,user==cmd,1"), "{body}");
 }
+
+/// An undo puts counters back, never leases: a lease released since would hold its slot
+/// with no one left to release it. And a value's spaces are its own: resetting `eve ` is
+/// not resetting `eve`.
+#[tokio::test]
+async fn an_undo_leaves_leases_alone_and_a_value_is_reset_as_given() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "jobs",
+        json!({"rules": [
+            {"name": "hourly", "algorithm": "fixed_window", "limit": 5, "window_ms": 3600000},
+            {"name": "running", "algorithm": "concurrency", "limit": 1, "lease_ms": 600000}
+        ]}),
+    )
+    .await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    let check =
+        |user: &'static str| app.check(json!({"policy": "jobs", "identifiers": {"user": user}}));
+    assert_eq!(check("eve").await.status(), 200);
+    assert_eq!(check("eve ").await.status(), 200);
+    assert_eq!(check("eve").await.status(), 429, "her one slot is held");
+    let reset: Value = call(
+        &app,
+        reqwest::Method::DELETE,
+        "/api/v1/identifiers/user/eve".into(),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(reset["deleted_keys"], 2, "{reset}");
+    let token = reset["undo"]["token"].as_str().unwrap().to_owned();
+    let undone: Value = call(
+        &app,
+        reqwest::Method::POST,
+        format!("/api/v1/resets/{token}/undo"),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(
+        undone["restored_keys"], 1,
+        "the count, not the lease: {undone}"
+    );
+    let r = check("eve").await;
+    assert_eq!(r.status(), 200, "her slot is free");
+    let body: Value = r.json().await.unwrap();
+    let hourly = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "hourly")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        hourly["remaining"], 3,
+        "the count came back (one before, this one): {body}"
+    );
+    // `eve ` kept her own state through all of it.
+    let spaced: Value = call(
+        &app,
+        reqwest::Method::GET,
+        "/api/v1/identifiers/user/eve%20".into(),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert!(spaced.to_string().contains("\"remaining\":4"), "{spaced}");
+}

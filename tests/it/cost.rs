@@ -102,6 +102,17 @@ async fn a_cost_no_rule_could_admit_is_a_422_naming_the_rule() {
     let (status, _, body) = check(&app, "api", 100).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(result(&body, "per-minute")["remaining"], 0);
+    // In shadow mode it is a denial like any other: 200, saying it would have denied.
+    app.put_policy(
+        "api",
+        json!({"mode": "shadow", "rules": [
+            {"name": "per-minute", "algorithm": "fixed_window", "limit": 100, "window_ms": 60000}
+        ]}),
+    )
+    .await;
+    let (status, _, body) = check(&app, "api", 101).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["shadow_denied"], true, "{body}");
 }
 
 #[tokio::test]

@@ -117,6 +117,16 @@ async fn a_new_policy_is_strict_and_refuses_naming_the_dimensions_it_counts() {
     assert_eq!(kept["strict"], false, "{kept}");
     let (status, _, body) = check(&app, "fresh", json!({"userid": "42"})).await;
     assert_eq!((status.as_u16(), &body["unmatched"]), (200, &json!(true)));
+    // Shadow mode never refuses: a strict policy in shadow answers 200, unmatched.
+    let mut shadow = per_user_and_ip(Some(true));
+    shadow["mode"] = json!("shadow");
+    app.put_policy("fresh", shadow).await;
+    let (status, header, body) = check(&app, "fresh", json!({"userid": "42"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (header.as_deref(), &body["unmatched"]),
+        (Some("?1"), &json!(true))
+    );
     // Not true or false: refused, naming the field.
     let r = app
         .as_admin(

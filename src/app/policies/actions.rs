@@ -402,6 +402,11 @@ pub async fn rollback_policy(
         .map_err(unavailable)?
         .into_iter()
         .find(|p| p.version == to_version)
+        .map(|mut p| {
+            // As it was: a version saved before there was the choice was lenient.
+            p.strict.get_or_insert(false);
+            p
+        })
         .ok_or_else(|| AppError::bad_input("to_version", "no such version"))?;
     let reason = format!("back to version {to_version}");
     change_policy(&caller, &name, "policy.rollback", &reason, |_| Ok(old)).await
