@@ -113,9 +113,12 @@ async fn while_redis_is_down_every_check_answers_within_the_timeout_and_recovers
         slowest,
         last_degraded.saturating_sub(restarted_at)
     );
+    // What this tells apart is an answer bounded by the 50 ms check timeout from one that
+    // waits on a connect (2 s) or a write's timeout (5 s). The margin is wide so that a busy
+    // machine's scheduling (CI ran 103 ms beside a second build) does not decide it.
     assert!(
-        slowest <= Duration::from_millis(100),
-        "slowest answer while down: {slowest:?} (timeout 50 ms + 50 ms)"
+        slowest <= Duration::from_millis(500),
+        "slowest answer while down: {slowest:?} (timeout 50 ms, far below a connect's 2 s)"
     );
     assert!(
         last_degraded < restarted_at + Duration::from_secs(3),
