@@ -165,7 +165,8 @@ async fn client_pause_and_script_flush_under_load_show_only_the_failure_mode() {
         before_pause.iter().all(|s| !s.degraded),
         "a SCRIPT FLUSH must not degrade anything"
     );
-    // CLIENT PAUSE from 1 s to 3 s: degraded answers, each within the timeout + 50 ms.
+    // CLIENT PAUSE from 1 s to 3 s: degraded answers, each within the timeout (not the
+    // pause).
     let paused: Vec<&Sample> = samples.iter().filter(|s| s.degraded).collect();
     assert!(!paused.is_empty());
     let slowest = paused.iter().map(|s| s.latency).max().unwrap();
@@ -204,7 +205,8 @@ async fn client_pause_and_script_flush_under_load_show_only_the_failure_mode() {
         after.len(),
         degraded_after
     );
-    assert!(slowest <= Duration::from_millis(100), "{slowest:?}");
+    // Bounded by the check timeout, not by the pause (2 s): wide of both, as above.
+    assert!(slowest <= Duration::from_millis(500), "{slowest:?}");
     assert_eq!(degraded_after, 0);
     assert!(
         p99_after <= p99_normal * 3 + Duration::from_millis(5),
