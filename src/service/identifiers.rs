@@ -387,6 +387,10 @@ impl Service {
             let all = self.resettable_policies(actor, &id).await?;
             plans.push((id, rule, all, target.policy.as_deref()));
         }
+        // Taken once: of two undos at the same time, one puts the counters back.
+        if self.store.take_reset_record(token).await?.is_none() {
+            return Err(ResetError::NothingToUndo);
+        }
         let mut done = UndoDone {
             identifiers: Vec::new(),
             restored_keys: 0,
@@ -413,9 +417,6 @@ impl Service {
             done.identifiers.push(id.to_string());
             done.restored_keys += restored;
         }
-        // Done once: the record goes only now, so an undo that failed halfway can be sent
-        // again (each stash goes with its restore: of two undos at once, one restores).
-        self.store.take_reset_record(token).await?;
         Ok(done)
     }
 
