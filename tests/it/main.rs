@@ -9,6 +9,7 @@ mod api;
 mod architecture;
 mod auth;
 mod cli;
+mod clients;
 mod cluster;
 mod cost;
 mod dashboard;
