@@ -35,11 +35,13 @@ lint: deps-build
 	cargo fmt --check
 	cargo clippy --features ssr --all-targets -- -D warnings
 	cargo clippy --features hydrate --target wasm32-unknown-unknown --lib -- -D warnings
+	cargo clippy -p spillway-client --all-targets -- -D warnings
 
 # Unit tests and the integration-test binary; the integration tests start their own
 # redis-server processes on free ports.
 test-unit: deps-test
 	cargo test --features ssr
+	cargo test -p spillway-client
 
 # Browser tests against the release build (where a bad wasm-opt would break hydration),
 # each spec run hydrated and with JavaScript off.

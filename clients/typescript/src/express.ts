@@ -1,0 +1,53 @@
+/**
+ * Express middleware: checks each request before the route sees it.
+ *
+ * ```ts
+ * app.use(spillwayExpress(spillway, "api", (req) => ({ user: req.get("x-user") })));
+ * ```
+ *
+ * An allowed request goes on, its response carrying `RateLimit-Policy` and `RateLimit`; the
+ * leases of a concurrency rule are released when the response ends or the connection closes.
+ * A refused one is answered with an RFC 9457 problem (429 with `Retry-After`, 422, or 503
+ * for a check failing closed). A request `identify` names no identifiers for goes on unchecked.
+ */
+import type { NextFunction, Request, RequestHandler, Response } from "express";
+
+import { complete } from "./identifiers.js";
+import type { Spillway } from "./index.js";
+
+export type Identify = (req: Request) => Record<string, string | undefined> | undefined | Promise<Record<string, string | undefined> | undefined>;
+
+export interface ExpressOptions {
+  /** Each request's cost (1 unless said). */
+  cost?: (req: Request) => number;
+}
+
+export function spillwayExpress(client: Spillway, policy: string, identify: Identify, options: ExpressOptions = {}): RequestHandler {
+  return (req: Request, res: Response, next: NextFunction) => {
+    void (async () => {
+      const named = await identify(req);
+      const identifiers = complete(named);
+      if (!identifiers) return next();
+      const decision = await client.check(policy, identifiers, options.cost ? options.cost(req) : 1);
+      if (!decision.allowed) {
+        const problem = decision.problem();
+        for (const [name, value] of decision.responseHeaders()) res.append(name, value);
+        res.status(problem.status).send(JSON.stringify(problem));
+        return;
+      }
+      for (const [name, value] of decision.headers) res.append(name, value);
+      const leases = decision.leases;
+      if (leases.length > 0) {
+        let released = false;
+        const release = () => {
+          if (released) return;
+          released = true;
+          client.releaseQuietly(leases);
+        };
+        res.once("finish", release);
+        res.once("close", release);
+      }
+      next();
+    })().catch(next);
+  };
+}

@@ -1,0 +1,42 @@
+/**
+ * Hono middleware: checks each request before the handler sees it.
+ *
+ * ```ts
+ * app.use("/api/*", spillwayHono(spillway, "api", (c) => ({ user: c.req.header("x-user") })));
+ * ```
+ *
+ * An allowed request goes on, its response carrying `RateLimit-Policy` and `RateLimit`; the
+ * leases of a concurrency rule are released once the handler is done, however it ends. A
+ * refused one is answered with an RFC 9457 problem (429 with `Retry-After`, 422, or 503 for
+ * a check failing closed). A request `identify` names no identifiers for goes on unchecked.
+ */
+import type { Context, MiddlewareHandler } from "hono";
+
+import { complete } from "./identifiers.js";
+import type { Spillway } from "./index.js";
+
+export type Identify = (c: Context) => Record<string, string | undefined> | undefined | Promise<Record<string, string | undefined> | undefined>;
+
+export interface HonoOptions {
+  /** Each request's cost (1 unless said). */
+  cost?: (c: Context) => number;
+}
+
+export function spillwayHono(client: Spillway, policy: string, identify: Identify, options: HonoOptions = {}): MiddlewareHandler {
+  return async (c, next) => {
+    const identifiers = complete(await identify(c));
+    if (!identifiers) return next();
+    const decision = await client.check(policy, identifiers, options.cost ? options.cost(c) : 1);
+    if (!decision.allowed) {
+      const problem = decision.problem();
+      return new Response(JSON.stringify(problem), { status: problem.status, headers: decision.responseHeaders() });
+    }
+    try {
+      await next();
+    } finally {
+      client.releaseQuietly(decision.leases);
+    }
+    for (const [name, value] of decision.headers) c.res.headers.append(name, value);
+    return undefined;
+  };
+}
