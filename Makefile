@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.tools/node_modules/.bin:$(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: demo deps-run run build lint test test-unit test-e2e deps-build deps-test deps-bench bench clean help
+.PHONY: demo deps-run run build lint test test-unit test-e2e test-image test-deploy image deps-image deps-build deps-test deps-bench bench clean help
 
 help:
 	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
@@ -13,6 +13,7 @@ help:
 	@echo "make build  release build only"
 	@echo "make demo   synthetic traffic against the demo policy of a running make run"
 	@echo "make bench  benchmarks against redis-benchmark and the node rate limiters"
+	@echo "make image  the OCI image (buildah, podman or docker) of the release build"
 
 deps-build:
 	@scripts/deps.sh build
@@ -49,7 +50,21 @@ test-e2e: deps-test build
 	cd end2end && E2E_PORT=$$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])') \
 	  npx playwright test
 
-test: test-unit test-e2e
+# The image of the release build, started as a container against a Redis (scripts/image-test.sh).
+deps-image:
+	@scripts/deps.sh image
+
+image: deps-image build
+	@scripts/image.sh
+
+test-image: image
+	@scripts/image-test.sh
+
+# The Kubernetes manifests: every overlay rendered and validated against Kubernetes' schemas.
+test-deploy: deps-test
+	@scripts/deploy-test.sh
+
+test: test-unit test-e2e test-image test-deploy
 
 # Synthetic traffic against the demo policy of a running `make run` (another terminal).
 demo: deps-run build

