@@ -48,6 +48,9 @@ pub struct Config {
     pub shutdown_drain: Duration,
     /// Whether to create the demo policy when no policy exists (`SPILLWAY_SEED_DEMO`).
     pub seed_demo: bool,
+    /// Whether checks are also counted per rule (`SPILLWAY_METRICS_RULE_LABEL`, default
+    /// off): a `rule` label multiplies the series by the rules of every policy.
+    pub metrics_rule_label: bool,
     /// Session timeouts (`SPILLWAY_SESSION_IDLE_MS`, default 30 min;
     /// `SPILLWAY_SESSION_ABSOLUTE_MS`, default 12 h) and `SPILLWAY_SECURE_COOKIES=1` to mark
     /// cookies Secure even without `X-Forwarded-Proto: https`.
@@ -165,6 +168,16 @@ impl Config {
             lookup("SPILLWAY_SEED_DEMO").as_deref(),
             Some("0" | "false" | "no")
         );
+        let metrics_rule_label = match lookup("SPILLWAY_METRICS_RULE_LABEL").as_deref() {
+            None | Some("" | "0" | "false" | "no") => false,
+            Some("1" | "true" | "yes") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "SPILLWAY_METRICS_RULE_LABEL",
+                    problem: format!("must be true or false, got {other:?}"),
+                });
+            }
+        };
         let sessions = session_settings(&lookup)?;
         let envoy = envoy_settings(&lookup)?;
         let public_url = lookup("SPILLWAY_PUBLIC_URL")
@@ -180,6 +193,7 @@ impl Config {
             forward_auth_identifiers,
             forward_auth_deny_status,
             seed_demo,
+            metrics_rule_label,
             shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
                 Some("0") => Duration::ZERO,
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,

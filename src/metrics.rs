@@ -6,7 +6,7 @@ use std::{
     sync::{OnceLock, RwLock},
 };
 
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Histogram, Unit};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -15,20 +15,116 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
 
+/// Checks per Redis call of the coalescer: one alone, up to its batches' size.
+const PER_CALL_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// The share of a rule's limit used past which an allowed check counts as near the limit
+/// (envoyproxy/ratelimit's default near-limit ratio).
+const NEAR_LIMIT: f64 = 0.8;
+
 /// The process-wide recorder, installed on first use.
 pub fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         let recorder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("duration_seconds".into()), LATENCY_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("spillway_redis_checks_per_call".into()),
+                    PER_CALL_BUCKETS,
+                )
+            })
             .expect("valid buckets")
             .build_recorder();
         let handle = recorder.handle();
         // Another recorder may exist already (tests embedding the app); then keep ours
         // detached, and /metrics renders only what reached it.
-        let _ = metrics::set_global_recorder(recorder);
+        if metrics::set_global_recorder(recorder).is_ok() {
+            describe();
+        }
         handle
     })
+}
+
+/// The `# HELP` line of every series, and the series every instance shows from its start.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "spillway_checks_total",
+        "Checks answered, by policy and outcome (allowed, denied, shadow_denied, degraded, unavailable, unmatched)"
+    );
+    describe_histogram!(
+        "spillway_check_duration_seconds",
+        Unit::Seconds,
+        "Time to answer a check, by policy"
+    );
+    describe_counter!(
+        "spillway_rule_checks_total",
+        "Rule verdicts by policy, rule and decision (allowed, near_limit, denied); only with SPILLWAY_METRICS_RULE_LABEL=true"
+    );
+    describe_counter!(
+        "spillway_near_limit_total",
+        "Allowed checks that left a rule more than 80% used, by policy"
+    );
+    describe_counter!(
+        "spillway_check_timeouts_total",
+        "Checks that timed out waiting for Redis, by stage (queued: never applied; sent: Redis may still apply it)"
+    );
+    describe_histogram!(
+        "spillway_redis_duration_seconds",
+        Unit::Seconds,
+        "Time of a Redis call on the check path"
+    );
+    describe_histogram!(
+        "spillway_redis_checks_per_call",
+        "Checks carried by one call of the check script (the coalescer's batches)"
+    );
+    describe_counter!(
+        "spillway_redis_errors_total",
+        "Redis calls on the check path that failed"
+    );
+    describe_gauge!(
+        "spillway_redis_breaker_open",
+        "1 while the Redis circuit breaker is open (calls fail fast), 0 otherwise"
+    );
+    describe_counter!(
+        "spillway_policy_cache_lookups_total",
+        "Policy lookups on the check path, by result (hit, miss)"
+    );
+    describe_counter!(
+        "spillway_deny_cache_hits_total",
+        "Checks answered from the over-limit cache, without Redis"
+    );
+    describe_gauge!(
+        "spillway_deny_cache_entries",
+        "Entries in the over-limit cache"
+    );
+    describe_counter!(
+        "spillway_envoy_hits_total",
+        "Hits of Envoy descriptors that found a limit, by metric key and status (within_limit, over_limit, shadow_mode)"
+    );
+    describe_counter!(
+        "spillway_leases_released_total",
+        "Leases of concurrency rules released before they ran out"
+    );
+    describe_counter!(
+        "spillway_reports_total",
+        "Usage reports, by policy and direction (added, given_back)"
+    );
+    describe_counter!(
+        "spillway_reported_cost_total",
+        "Cost added or given back by usage reports, by policy and direction"
+    );
+    describe_gauge!(
+        "spillway_build_info",
+        "1, labelled with this instance's version: count() of it is the instances up"
+    );
+    metrics::gauge!("spillway_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!("spillway_redis_breaker_open").set(0.0);
+    metrics::gauge!("spillway_deny_cache_entries").set(0.0);
+    // Shown at 0 until the first one, so a board's rate() has a series from the start.
+    metrics::counter!("spillway_redis_errors_total").increment(0);
+    metrics::counter!("spillway_deny_cache_hits_total").increment(0);
 }
 
 /// Drains the histograms' pending samples into their buckets every few seconds. Without
@@ -58,6 +154,7 @@ const OUTCOMES: [&str; 5] = [
 /// spares building and hashing the labelled key in the recorder on every check.
 struct PolicyMetrics {
     checks: [OnceLock<Counter>; OUTCOMES.len()],
+    near_limit: OnceLock<Counter>,
     duration: Histogram,
 }
 
@@ -80,6 +177,7 @@ fn with_policy(policy: &str, f: impl FnOnce(&PolicyMetrics)) {
         .entry(policy.to_owned())
         .or_insert_with(|| PolicyMetrics {
             checks: Default::default(),
+            near_limit: OnceLock::new(),
             duration: metrics::histogram!(
                 "spillway_check_duration_seconds",
                 "policy" => policy.to_owned()
@@ -145,6 +243,61 @@ pub fn policy_lookup(hit: bool) {
         )
     }
     .increment(1);
+}
+
+/// Counts what each rule of a decided check said: near the limit (an allowed check that left
+/// a rule more than 80% used, per policy), and with `per_rule` every rule's verdict.
+pub fn decided(policy: &str, results: &[crate::domain::RuleResult], per_rule: bool) {
+    let near = |r: &crate::domain::RuleResult| {
+        r.outcome.allowed
+            && r.outcome.limit > 0
+            && (r.outcome.limit - r.outcome.remaining.min(r.outcome.limit)) as f64
+                > NEAR_LIMIT * r.outcome.limit as f64
+    };
+    if results.iter().any(near) {
+        with_policy(policy, |m| {
+            m.near_limit
+                .get_or_init(|| {
+                    metrics::counter!("spillway_near_limit_total", "policy" => policy.to_owned())
+                })
+                .increment(1);
+        });
+    }
+    if per_rule {
+        for r in results {
+            let decision = match (r.outcome.allowed, near(r)) {
+                (false, _) => "denied",
+                (true, true) => "near_limit",
+                (true, false) => "allowed",
+            };
+            metrics::counter!(
+                "spillway_rule_checks_total",
+                "policy" => policy.to_owned(),
+                "rule" => r.rule.as_str().to_owned(),
+                "decision" => decision
+            )
+            .increment(1);
+        }
+    }
+}
+
+/// Counts the checks one call of the check script carried.
+pub fn checks_per_call(checks: usize) {
+    cached!(
+        Histogram,
+        metrics::histogram!("spillway_redis_checks_per_call")
+    )
+    .record(checks as f64);
+}
+
+/// Whether the Redis circuit breaker is open.
+pub fn breaker_open(open: bool) {
+    metrics::gauge!("spillway_redis_breaker_open").set(if open { 1.0 } else { 0.0 });
+}
+
+/// The over-limit cache's size.
+pub fn deny_cache_entries(entries: usize) {
+    metrics::gauge!("spillway_deny_cache_entries").set(entries as f64);
 }
 
 /// Counts a check answered from the over-limit cache, without Redis.

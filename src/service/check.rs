@@ -364,6 +364,7 @@ impl Service {
             // Denied until a known time: answered from memory, no Redis call (the overview's
             // counters hear of it within a second).
             crate::metrics::deny_cache_hit();
+            crate::metrics::decided(policy.name.as_str(), &cached.results, self.rule_metrics);
             self.live.denied_from_cache(
                 policy.name.as_str(),
                 cached.binding().map(|b| b.identifier.to_string()),
@@ -380,6 +381,7 @@ impl Service {
             Ok(decision) => {
                 self.outage.answered();
                 self.denials.remember(policy, entries, decision, cost);
+                crate::metrics::decided(policy.name.as_str(), &decision.results, self.rule_metrics);
             }
             Err(error) => self.outage.failed(super::now_ms(), error),
         }

@@ -65,6 +65,8 @@ pub struct Service {
     webhook_targets: crate::outbound::Targets,
     /// The API keys this instance accepts.
     keys: std::sync::Arc<keys::ApiKeys>,
+    /// Whether checks are also counted per rule in the metrics (`SPILLWAY_METRICS_RULE_LABEL`).
+    rule_metrics: bool,
 }
 
 impl Service {
@@ -122,6 +124,7 @@ impl Service {
             outage: Default::default(),
             webhook_targets: Default::default(),
             keys: Default::default(),
+            rule_metrics: false,
         }
     }
 
@@ -129,6 +132,7 @@ impl Service {
         Self {
             policies: policy_cache::PolicyCache::new(config.envoy.counting),
             webhook_targets: config.webhook_targets.clone(),
+            rule_metrics: config.metrics_rule_label,
             keys: std::sync::Arc::new(keys::ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),
                 config.admin_keys.iter().map(String::as_str),

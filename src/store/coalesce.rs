@@ -326,6 +326,7 @@ fn answer(batch: Vec<Counted>, answers: Result<(i64, Vec<CheckOutcomes>), StoreE
 impl Store {
     /// One call of the batch script for `batch`.
     async fn send_batch(self, batch: Vec<Counted>) -> Call {
+        crate::metrics::checks_per_call(batch.len());
         for check in &batch {
             check.sent.store(true, std::sync::atomic::Ordering::Release);
         }

@@ -18,6 +18,7 @@ mod envoy;
 mod faults;
 mod fuzz;
 mod gateway;
+mod grafana;
 mod grpc_port;
 mod hardening;
 mod health;
