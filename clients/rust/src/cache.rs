@@ -13,9 +13,14 @@ use crate::{Decision, Identifiers, Outcome};
 /// At most this many denials are remembered; past it, the expired ones are dropped, then all.
 const CAPACITY: usize = 10_000;
 
+/// A denial is remembered at most this long, whatever its Retry-After: a support reset or a
+/// new override then shows within it.
+pub const MAX_CACHED: Duration = Duration::from_secs(10);
+
 #[derive(Default)]
 pub(crate) struct Denials {
-    map: Mutex<HashMap<String, (Instant, Decision)>>,
+    /// Per check: until when it is remembered, when it may pass, the denial.
+    map: Mutex<HashMap<String, (Instant, Instant, Decision)>>,
 }
 
 /// The cache key: the policy, the cost and the identifiers (sorted by dimension).
@@ -33,13 +38,13 @@ pub(crate) fn key(policy: &str, identifiers: &Identifiers, cost: u64) -> String 
 impl Denials {
     pub(crate) fn get(&self, key: &str) -> Option<Decision> {
         let mut map = self.map.lock().unwrap();
-        let (until, decision) = map.get(key)?;
+        let (until, retry_at, decision) = map.get(key)?;
         let now = Instant::now();
         if *until <= now {
             map.remove(key);
             return None;
         }
-        let left = *until - now;
+        let left = retry_at.saturating_duration_since(now);
         let secs = left.as_millis().div_ceil(1000);
         // The stored RateLimit header's reset time is stale: only the policy and a fresh
         // Retry-After go out with a remembered denial.
@@ -82,11 +87,19 @@ impl Denials {
         let mut map = self.map.lock().unwrap();
         if map.len() >= CAPACITY {
             let now = Instant::now();
-            map.retain(|_, (until, _)| *until > now);
+            map.retain(|_, (until, _, _)| *until > now);
             if map.len() >= CAPACITY {
                 map.clear();
             }
         }
-        map.insert(key.to_owned(), (Instant::now() + *after, decision.clone()));
+        let now = Instant::now();
+        map.insert(
+            key.to_owned(),
+            (
+                now + (*after).min(MAX_CACHED),
+                now + *after,
+                decision.clone(),
+            ),
+        );
     }
 }

@@ -9,8 +9,8 @@
 //!   policy, 400 a strict policy's unmatched identifiers): [`Failure`];
 //! - the `RateLimit-Policy`, `RateLimit` and `Retry-After` headers to pass on
 //!   ([`Decision::headers`]) and an RFC 9457 problem for the end user ([`Decision::problem`]);
-//! - a local cache of denials until their `Retry-After` (never for a `concurrency` rule,
-//!   whose slot frees at any moment);
+//! - a local cache of denials until their `Retry-After`, at most [`MAX_CACHED`] (never for
+//!   a `concurrency` rule, whose slot frees at any moment);
 //! - leases: [`Client::with_lease`] checks, runs the work, renews the leases while it runs
 //!   and releases them however it ends;
 //! - reserve, then report: [`Client::reserve`] checks an estimate, then reports the
@@ -45,6 +45,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::json;
 
+pub use cache::MAX_CACHED;
 pub use decision::{Answer, Decision, Outcome, RuleResult};
 #[cfg(feature = "tower")]
 pub use layer::{Grpc, Head, Problem, SpillwayLayer};
@@ -353,8 +354,13 @@ impl Client {
         if !decision.allowed() {
             return Err(decision);
         }
-        // Only a check Spillway counted has anything to settle (not one let through open).
-        let counted = decision.answer().is_some_and(|a| !a.degraded);
+        // Only what Spillway counted is settled: not a check let through open, degraded or
+        // shadow-denied (which consumed nothing).
+        let counted = decision
+            .answer()
+            .is_some_and(|a| !a.degraded && a.shadow_denied != Some(true));
+        // The check's own leases (a policy with a concurrency rule too) end with the work.
+        let mut held = Leases::new(self.clone(), decision.leases());
         let mut pending = counted.then(|| Reservation {
             client: self.clone(),
             policy: policy.to_owned(),
@@ -370,6 +376,7 @@ impl Client {
             };
             reservation.settle(delta).await;
         }
+        held.release().await;
         Ok(out.map(|(value, _)| value))
     }
 }

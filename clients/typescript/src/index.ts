@@ -86,6 +86,8 @@ export interface Problem {
 
 const PASSED_ON = ["ratelimit-policy", "ratelimit", "retry-after"] as const;
 const CACHE_CAPACITY = 10_000;
+/** A denial is remembered at most this long (a support reset or a new override then shows soon). */
+export const MAX_CACHED_MS = 10_000;
 
 export class Decision {
   constructor(
@@ -184,7 +186,7 @@ export class Spillway {
   private readonly timeoutMs: number;
   private readonly fetch: typeof fetch;
   private readonly log: Pick<Console, "warn" | "error">;
-  private readonly denials = new Map<string, { until: number; decision: Decision }>();
+  private readonly denials = new Map<string, { until: number; retryAt: number; decision: Decision }>();
   private readonly warnedUnmatched = new Set<string>();
 
   constructor(options: Options) {
@@ -198,7 +200,8 @@ export class Spillway {
     this.url = options.url.replace(/\/+$/, "");
     this.key = options.key;
     this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
-    this.fetch = options.fetch ?? globalThis.fetch;
+    // Bound: Workers and browsers refuse a fetch called on another object ("Illegal invocation").
+    this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.log = options.logger ?? console;
   }
 
@@ -268,17 +271,19 @@ export class Spillway {
       for (const [k, v] of this.denials) if (v.until <= now) this.denials.delete(k);
       if (this.denials.size >= CACHE_CAPACITY) this.denials.clear();
     }
-    this.denials.set(key, { until: Date.now() + decision.retryAfterMs, decision });
+    const now = Date.now();
+    this.denials.set(key, { until: now + Math.min(decision.retryAfterMs, MAX_CACHED_MS), retryAt: now + decision.retryAfterMs, decision });
   }
 
   private cached(key: string): Decision | undefined {
     const entry = this.denials.get(key);
     if (!entry) return undefined;
-    const left = entry.until - Date.now();
-    if (left <= 0) {
+    const now = Date.now();
+    if (entry.until <= now) {
       this.denials.delete(key);
       return undefined;
     }
+    const left = entry.retryAt - now;
     // The stored RateLimit header's reset is stale: the policy and a fresh Retry-After.
     const headers = entry.decision.headers.filter(([name]) => name === "ratelimit-policy");
     headers.push(["retry-after", String(Math.ceil(left / 1000))]);
@@ -356,13 +361,18 @@ export class Spillway {
   ): Promise<T> {
     const decision = await this.check(policy, identifiers, estimate);
     if (!decision.allowed) throw new Refused(decision);
-    const counted = decision.answer !== undefined && !decision.answer.degraded;
+    // Only what Spillway counted is settled: not a check let through open, degraded or
+    // shadow-denied (which consumed nothing).
+    const answer = decision.answer;
+    const counted = answer !== undefined && !answer.degraded && answer.shadow_denied !== true;
     let out: { value: T; used: number };
     try {
       out = await work(decision);
     } catch (e) {
       if (counted) await this.settle(policy, identifiers, -estimate);
       throw e;
+    } finally {
+      await this.release(decision.leases).catch((e: unknown) => this.log.warn(`spillway: releasing leases failed: ${String(e)}`));
     }
     if (counted) await this.settle(policy, identifiers, out.used - estimate);
     return out.value;

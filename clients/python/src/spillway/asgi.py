@@ -30,6 +30,11 @@ def header(scope: dict, name: str) -> Optional[str]:
     return None
 
 
+def present(named: Optional[Mapping[str, Optional[str]]]) -> dict:
+    """The identifiers that have a value (not None, not empty)."""
+    return {k: v for k, v in (named or {}).items() if v}
+
+
 class SpillwayMiddleware:
     def __init__(
         self,
@@ -52,8 +57,10 @@ class SpillwayMiddleware:
         identifiers = self.identify(scope)
         if inspect.isawaitable(identifiers):
             identifiers = await identifiers
-        # A request named no identifiers (or one without a value) goes on unchecked.
-        if not identifiers or any(v is None for v in identifiers.values()):
+        # A dimension without a value is left out (an anonymous caller is still limited by
+        # the others); a request with none goes on unchecked.
+        identifiers = present(identifiers)
+        if not identifiers:
             await self.app(scope, receive, send)
             return
         cost = self.cost(scope) if self.cost else 1

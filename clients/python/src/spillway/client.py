@@ -22,6 +22,9 @@ DEFAULT_TIMEOUT = 0.1
 
 _PASSED_ON = ("ratelimit-policy", "ratelimit", "retry-after")
 _CACHE_CAPACITY = 10_000
+#: A denial is remembered at most this long (seconds): a support reset or a new override
+#: then shows soon.
+MAX_CACHED = 10.0
 
 
 class FailMode(enum.Enum):
@@ -135,6 +138,7 @@ class Spillway:
             raise TypeError("on_unavailable and on_misconfigured must each be FailMode.OPEN or FailMode.CLOSED")
         self.on_unavailable = on_unavailable
         self.on_misconfigured = on_misconfigured
+        self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=url.rstrip("/"),
             headers={"authorization": f"Bearer {key}"},
@@ -164,8 +168,8 @@ class Spillway:
             return cached
         body = {"policy": policy, "identifiers": dict(identifiers), "cost": cost}
         try:
-            response = await self._http.post("/api/v1/check", json=body)
-        except httpx.HTTPError as e:
+            response = await self._post("/api/v1/check", body)
+        except (httpx.HTTPError, asyncio.TimeoutError) as e:
             return self._unavailable(policy, f"{type(e).__name__}: {e}")
         headers = [(k, v) for k in _PASSED_ON for v in response.headers.get_list(k)]
         status = response.status_code
@@ -187,6 +191,17 @@ class Spillway:
             status=status,
             detail=detail,
         )
+
+    async def _post(self, path: str, body: dict) -> httpx.Response:
+        """A POST held to the timeout as a whole (httpx's own timeouts are per phase, and a
+        trickling answer restarts the read timeout with every chunk)."""
+
+        async def whole() -> httpx.Response:
+            response = await self._http.post(path, json=body)
+            await response.aread()
+            return response
+
+        return await asyncio.wait_for(whole(), self.timeout)
 
     def _unavailable(self, policy: str, reason: str) -> Decision:
         log.warning("Spillway unavailable for %s (failing %s): %s", policy, self.on_unavailable.value, reason)
@@ -228,17 +243,19 @@ class Spillway:
             self._denials = {k: v for k, v in self._denials.items() if v[0] > now}
             if len(self._denials) >= _CACHE_CAPACITY:
                 self._denials.clear()
-        self._denials[key] = (time.monotonic() + decision.retry_after, decision)
+        now = time.monotonic()
+        self._denials[key] = (now + min(decision.retry_after, MAX_CACHED), now + decision.retry_after, decision)
 
     def _cached(self, key: tuple) -> Optional[Decision]:
         entry = self._denials.get(key)
         if entry is None:
             return None
-        until, decision = entry
-        left = until - time.monotonic()
-        if left <= 0:
+        until, retry_at, decision = entry
+        now = time.monotonic()
+        if until <= now:
             self._denials.pop(key, None)
             return None
+        left = retry_at - now
         # The stored RateLimit header's reset is stale: the policy and a fresh Retry-After.
         headers = [(k, v) for k, v in decision.headers if k == "ratelimit-policy"]
         headers.append(("retry-after", str(math.ceil(left))))
@@ -262,8 +279,8 @@ class Spillway:
 
     async def _call(self, path: str, body: dict) -> None:
         try:
-            response = await self._http.post(path, json=body)
-        except httpx.HTTPError as e:
+            response = await self._post(path, body)
+        except (httpx.HTTPError, asyncio.TimeoutError) as e:
             raise SpillwayError(f"Spillway is unavailable: {type(e).__name__}: {e}") from e
         if response.is_success:
             return
@@ -310,13 +327,21 @@ class Spillway:
         if not decision.allowed:
             raise Refused(decision)
         reservation = Reservation(decision, estimate)
-        counted = decision.answer is not None and not decision.answer.get("degraded")
+        # Only what Spillway counted is settled: not a check let through open, degraded or
+        # shadow-denied (which consumed nothing).
+        answer = decision.answer or {}
+        counted = decision.answer is not None and not answer.get("degraded") and not answer.get("shadow_denied")
         try:
             yield reservation
         except BaseException:
             if counted:
                 await self._settle(policy, identifiers, -estimate)
             raise
+        finally:
+            try:
+                await self.release(decision.leases)
+            except SpillwayError as e:
+                log.warning("releasing leases failed (they end with their lease time): %s", e)
         if counted and reservation.actual is not None:
             await self._settle(policy, identifiers, reservation.actual - estimate)
 

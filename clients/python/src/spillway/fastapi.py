@@ -2,13 +2,14 @@
 
     from spillway.fastapi import rate_limit, install
     install(app)  # renders refusals as RFC 9457 problems
-    limited = rate_limit(spillway, "api", lambda request: {"user": request.headers["x-user"]})
+    limited = rate_limit(spillway, "api", lambda request: {"user": request.headers.get("x-user")})
 
     @app.get("/work", dependencies=[Depends(limited)])
     async def work(): ...
 
-An allowed request's response carries ``RateLimit-Policy`` and ``RateLimit``; the leases of a
-``concurrency`` rule are released once the route is done, however it ends.
+An allowed request's response carries ``RateLimit-Policy`` and ``RateLimit`` (when the route
+returns a Response of its own, FastAPI does not merge them: use the ASGI middleware); the
+leases of a ``concurrency`` rule are released once the route is done, however it ends.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
+from .asgi import present
 from .client import Decision, Refused, Spillway, SpillwayError, log
 
 
@@ -55,6 +57,7 @@ def rate_limit(
         identifiers = identify(request)
         if inspect.isawaitable(identifiers):
             identifiers = await identifiers
+        identifiers = present(identifiers)
         if not identifiers:
             yield None
             return
