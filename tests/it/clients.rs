@@ -392,9 +392,24 @@ async fn the_tower_layer_limits_an_axum_app() {
         ]}),
     )
     .await;
+    app.put_policy(
+        "rc-slow",
+        json!({"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}]}),
+    )
+    .await;
     let spillway = client(&app, CLOSED);
+    let by_user = |head: &spillway_client::Head<'_>| {
+        let user = head.headers.get("x-user")?.to_str().ok()?;
+        Some(BTreeMap::from([("user".to_owned(), user.to_owned())]))
+    };
+    let slow = axum::routing::get(|| async {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        "slow"
+    })
+    .layer(SpillwayLayer::new(spillway.clone(), "rc-slow", by_user));
     let service = axum::Router::new()
         .route("/work", axum::routing::get(|| async { "done" }))
+        .route("/slow", slow)
         .layer(SpillwayLayer::new(spillway, "rc-axum", |head| {
             let user = head.headers.get("x-user")?.to_str().ok()?;
             Some(BTreeMap::from([("user".to_owned(), user.to_owned())]))
@@ -436,6 +451,20 @@ async fn the_tower_layer_limits_an_axum_app() {
     assert_eq!(problem["retry_after"], retry);
     // No identifiers named: unchecked.
     assert_eq!(get(None).await.unwrap().status(), 200);
+    // A request longer than its 1 s lease keeps its slot (renewed): another at 1.5 s is refused.
+    let slow_get = || {
+        http.get(format!("http://{addr}/slow"))
+            .header("x-user", "sam")
+            .send()
+    };
+    let first = tokio::spawn(slow_get());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        slow_get().await.unwrap().status(),
+        429,
+        "the slow request's lease ran out"
+    );
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
     // The leases of allowed requests were released (in the background, after each
     // response): 5 in flight are free again, long before the leases' own 30 s end.
     let started = Instant::now();

@@ -34,6 +34,7 @@ async def setup(admin):
         "py-lenient": {"strict": False, "rules": [hourly(5, dimensions=["user"])]},
         "py-asgi": {"rules": [hourly(2), {"name": "in-flight", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000}]},
         "py-fastapi": {"rules": [hourly(1)]},
+        "py-slow": {"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}]},
     }
     for name, doc in policies.items():
         r = await admin.put(f"/api/v1/policies/{name}", json=doc)
@@ -206,6 +207,19 @@ async def asgi_middleware(admin):
         assert (await http.get("/work")).status_code == 200  # no identifiers: unchecked
     # Every allowed request's lease was released.
     assert await remaining(admin, "py-asgi", "ada", "in-flight") == 5
+    # A request longer than its 1 s lease keeps its slot (renewed): another at 1.5 s is refused.
+
+    async def slow_app(scope, receive, send):
+        await asyncio.sleep(2.5)
+        await app(scope, receive, send)
+
+    slow = SpillwayMiddleware(slow_app, client=spillway, policy="py-slow", identify=lambda scope: {"user": header(scope, "x-user")})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=slow), base_url="http://service", timeout=10) as http:
+        first = asyncio.ensure_future(http.get("/slow", headers={"x-user": "sam"}))
+        await asyncio.sleep(1.5)
+        second = await http.get("/slow", headers={"x-user": "sam"})
+        assert second.status_code == 429, "the slow request's lease ran out"
+        assert (await first).status_code == 200
     await spillway.aclose()
     print("ASGI middleware: ok")
 

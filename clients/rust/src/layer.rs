@@ -12,8 +12,8 @@
 //! ```
 //!
 //! An allowed request goes on, and its response carries `RateLimit-Policy` and `RateLimit`;
-//! the leases of a `concurrency` rule are released once the response is made (however the
-//! service ends). A refused one is answered by the layer: an RFC 9457 problem (429 with
+//! the leases of a `concurrency` rule are renewed while the service works and released once
+//! the response is made (however the service ends). A refused one is answered by the layer: an RFC 9457 problem (429 with
 //! `Retry-After`, 422, or 503 for a check failing closed), or for gRPC a status
 //! (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`) in a trailers-only response.
 
@@ -214,9 +214,10 @@ where
             if !decision.allowed() {
                 return Ok(refusal.refuse(&decision));
             }
-            // Released (in the background, not delaying the answer) once the response is made,
-            // or if the service panics or the request is dropped.
-            let held = Leases::new(client, decision.leases());
+            // Renewed while the service answers; released (in the background, not delaying the
+            // answer) once the response is made, or if the service panics or the request is
+            // dropped.
+            let held = Leases::renewed(client, &decision);
             let response = inner.call(request).await;
             drop(held);
             let mut response = response?;

@@ -403,18 +403,46 @@ async fn problem_detail(response: reqwest::Response) -> String {
         .unwrap_or(text)
 }
 
-/// Leases held while work runs; released when dropped if not released before.
+/// Leases held while work runs; released when dropped if not released before. Those of
+/// [`Leases::renewed`] are renewed meanwhile.
 struct Leases {
     client: Client,
     ids: Vec<String>,
+    renewer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Leases {
     fn new(client: Client, ids: Vec<String>) -> Self {
-        Self { client, ids }
+        Self {
+            client,
+            ids,
+            renewer: None,
+        }
+    }
+
+    /// A decision's leases, renewed every third of the shortest time one has left until they
+    /// are released (or dropped).
+    fn renewed(client: Client, decision: &Decision) -> Self {
+        let mut held = Self::new(client, decision.leases());
+        if let (Some(every), false) = (decision.renew_every(), held.ids.is_empty()) {
+            let (client, ids) = (held.client.clone(), held.ids.clone());
+            held.renewer = Some(tokio::spawn(async move {
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = client.renew(&ids).await {
+                        tracing::warn!(error = %e, "renewing leases failed");
+                    }
+                }
+            }));
+        }
+        held
     }
 
     async fn release(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
         let ids = std::mem::take(&mut self.ids);
         if !ids.is_empty()
             && let Err(e) = self.client.release(&ids).await
@@ -426,6 +454,9 @@ impl Leases {
 
 impl Drop for Leases {
     fn drop(&mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
         let ids = std::mem::take(&mut self.ids);
         if ids.is_empty() {
             return;

@@ -36,17 +36,10 @@ export function spillwayExpress(client: Spillway, policy: string, identify: Iden
         return;
       }
       for (const [name, value] of decision.headers) res.append(name, value);
-      const leases = decision.leases;
-      if (leases.length > 0) {
-        let released = false;
-        const release = () => {
-          if (released) return;
-          released = true;
-          client.releaseQuietly(leases);
-        };
-        res.once("finish", release);
-        res.once("close", release);
-      }
+      // Renewed while the response is made; released when it ends or the connection closes.
+      const stop = client.holdLeases(decision);
+      res.once("finish", stop);
+      res.once("close", stop);
       next();
     })().catch(next);
   };

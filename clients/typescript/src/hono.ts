@@ -31,10 +31,12 @@ export function spillwayHono(client: Spillway, policy: string, identify: Identif
       const problem = decision.problem();
       return new Response(JSON.stringify(problem), { status: problem.status, headers: decision.responseHeaders() });
     }
+    // Renewed while the handler runs; released when it is done, however it ends.
+    const stop = client.holdLeases(decision);
     try {
       await next();
     } finally {
-      client.releaseQuietly(decision.leases);
+      stop();
     }
     for (const [name, value] of decision.headers) c.res.headers.append(name, value);
     return undefined;

@@ -319,6 +319,26 @@ export class Spillway {
     throw new SpillwayError(`Spillway refused (${response.status}): ${await detailOf(response)}`, response.status);
   }
 
+  /**
+   * Holds a check's leases while work runs: renews them every third of the shortest time one
+   * has left, and the returned function stops renewing and releases them (in the background).
+   */
+  holdLeases(decision: Decision): () => void {
+    const leases = decision.leases;
+    if (leases.length === 0) return () => {};
+    const ends = (decision.answer?.results ?? []).filter((r) => r.lease).map((r) => r.reset_ms);
+    const timer = setInterval(() => {
+      this.renew(leases).catch((e: unknown) => this.log.warn(`spillway: renewing leases failed: ${String(e)}`));
+    }, Math.max(Math.min(...ends) / 3, 50));
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      clearInterval(timer);
+      this.releaseQuietly(leases);
+    };
+  }
+
   /** Releases leases in the background, logging a failure (they end with their lease time). */
   releaseQuietly(leases: string[]): void {
     if (leases.length === 0) return;

@@ -30,6 +30,7 @@ async function setup() {
     "ts-lenient": { strict: false, rules: [hourly(5, { dimensions: ["user"] })] },
     "ts-express": { rules: [hourly(2), { name: "in-flight", algorithm: "concurrency", limit: 5, lease_ms: 30000 }] },
     "ts-hono": { rules: [hourly(1)] },
+    "ts-slow": { rules: [{ name: "one", algorithm: "concurrency", limit: 1, lease_ms: 1000 }] },
   };
   for (const [name, doc] of Object.entries(policies)) {
     const r = await fetch(`${URL}/api/v1/policies/${name}`, { method: "PUT", headers: ADMIN, body: JSON.stringify(doc) });
@@ -184,6 +185,10 @@ async function expressMiddleware() {
   const app = express();
   app.use(spillwayExpress(client(), "ts-express", (req) => ({ user: req.get("x-user") })));
   app.get("/work", (_req, res) => res.send("done"));
+  app.get("/slow", spillwayExpress(client(), "ts-slow", (req) => ({ user: req.get("x-user") })), async (_req, res) => {
+    await sleep(2500);
+    res.send("slow");
+  });
   const server = await new Promise((r) => { const s = app.listen(0, "127.0.0.1", () => r(s)); });
   const base = `http://127.0.0.1:${server.address().port}`;
   for (let i = 0; i < 2; i++) {
@@ -200,6 +205,11 @@ async function expressMiddleware() {
   assert.equal(problem.status, 429);
   assert.equal(problem.retry_after, retry);
   assert.equal((await fetch(`${base}/work`)).status, 200, "no identifiers: unchecked");
+  // A request longer than its 1 s lease keeps its slot (renewed): another at 1.5 s is refused.
+  const slow = fetch(`${base}/slow`, { headers: { "x-user": "sam" } });
+  await sleep(1500);
+  assert.equal((await fetch(`${base}/slow`, { headers: { "x-user": "sam" } })).status, 429, "the slow request's lease ran out");
+  assert.equal((await slow).status, 200);
   // Released after each response (in the background): free again long before the 30 s end.
   const started = Date.now();
   while ((await remaining("ts-express", "ada", "in-flight")) !== 5) {

@@ -16,7 +16,7 @@ import inspect
 import json
 from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
-from .client import Spillway, SpillwayError, log
+from .client import Spillway
 
 Identify = Callable[[dict], Union[Optional[Mapping[str, str]], Awaitable[Optional[Mapping[str, str]]]]]
 
@@ -81,10 +81,9 @@ class SpillwayMiddleware:
                 message["headers"] = list(message.get("headers") or []) + extra
             await send(message)
 
+        # Renewed while the app answers; released when it is done, however it ends.
+        held = self.client.hold(decision)
         try:
             await self.app(scope, receive, send_with_headers)
         finally:
-            try:
-                await self.client.release(decision.leases)
-            except SpillwayError as e:
-                log.warning("releasing leases failed (they end with their lease time): %s", e)
+            await held.close()

@@ -309,6 +309,11 @@ class Spillway:
             except SpillwayError as e:
                 log.warning("releasing leases failed (they end with their lease time): %s", e)
 
+    def hold(self, decision: Decision) -> "HeldLeases":
+        """Holds a check's leases while work runs: renews them every third of the shortest time
+        one has left until ``await held.close()``, which releases them."""
+        return HeldLeases(self, decision)
+
     async def _keep(self, leases: list, every: float) -> None:
         while True:
             await asyncio.sleep(every)
@@ -352,6 +357,28 @@ class Spillway:
             await self.report(policy, identifiers, delta)
         except SpillwayError as e:
             log.warning("reporting usage of %s failed (%+d): %s", policy, delta, e)
+
+
+class HeldLeases:
+    """A check's leases, renewed until closed (see ``Spillway.hold``)."""
+
+    def __init__(self, client: "Spillway", decision: Decision):
+        self._client = client
+        self._leases = decision.leases
+        self._renewer = None
+        if self._leases:
+            ends = [r["reset_ms"] for r in decision.answer["results"] if r.get("lease")]
+            self._renewer = asyncio.ensure_future(client._keep(self._leases, max(min(ends) / 3, 50) / 1000))
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            self._renewer = None
+        leases, self._leases = self._leases, []
+        try:
+            await self._client.release(leases)
+        except SpillwayError as e:
+            log.warning("releasing leases failed (they end with their lease time): %s", e)
 
 
 class Reservation:

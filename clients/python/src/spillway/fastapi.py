@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from .asgi import present
-from .client import Decision, Refused, Spillway, SpillwayError, log
+from .client import Decision, Refused, Spillway
 
 
 def install(app: FastAPI) -> None:
@@ -66,12 +66,10 @@ def rate_limit(
             raise Refused(decision)
         for name, value in decision.headers:
             response.headers.append(name, value)
+        held = client.hold(decision)
         try:
             yield decision
         finally:
-            try:
-                await client.release(decision.leases)
-            except SpillwayError as e:
-                log.warning("releasing leases failed (they end with their lease time): %s", e)
+            await held.close()
 
     return dependency
