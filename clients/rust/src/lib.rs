@@ -309,29 +309,8 @@ impl Client {
         if !decision.allowed() {
             return Err(decision);
         }
-        let mut held = Leases::new(self.clone(), decision.leases());
-        let every = decision.renew_every();
-        let work = work(&decision);
-        tokio::pin!(work);
-        let out = match every {
-            None => work.await,
-            Some(every) => {
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                loop {
-                    tokio::select! {
-                        out = &mut work => break out,
-                        _ = tick.tick() => {
-                            let (client, leases) = (self.clone(), held.ids.clone());
-                            tokio::spawn(async move {
-                                if let Err(e) = client.renew(&leases).await {
-                                    tracing::warn!(error = %e, "renewing leases failed");
-                                }
-                            });
-                        }
-                    }
-                }
-            }
-        };
+        let mut held = Leases::renewed(self.clone(), &decision);
+        let out = work(&decision).await;
         held.release().await;
         Ok(out)
     }

@@ -38,8 +38,8 @@ export function spillwayExpress(client: Spillway, policy: string, identify: Iden
       for (const [name, value] of decision.headers) res.append(name, value);
       // Renewed while the response is made; released when it ends or the connection closes.
       const stop = client.holdLeases(decision);
-      res.once("finish", stop);
-      res.once("close", stop);
+      res.once("finish", () => void stop());
+      res.once("close", () => void stop());
       next();
     })().catch(next);
   };

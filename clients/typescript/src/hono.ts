@@ -36,7 +36,8 @@ export function spillwayHono(client: Spillway, policy: string, identify: Identif
     try {
       await next();
     } finally {
-      stop();
+      // Not awaited: the answer does not wait for the release.
+      void stop();
     }
     for (const [name, value] of decision.headers) c.res.headers.append(name, value);
     return undefined;

@@ -321,28 +321,23 @@ export class Spillway {
 
   /**
    * Holds a check's leases while work runs: renews them every third of the shortest time one
-   * has left, and the returned function stops renewing and releases them (in the background).
+   * has left; the returned function stops renewing and releases them (its promise settles
+   * once released; a failure is logged, the leases then end with their lease time).
    */
-  holdLeases(decision: Decision): () => void {
+  holdLeases(decision: Decision): () => Promise<void> {
     const leases = decision.leases;
-    if (leases.length === 0) return () => {};
+    if (leases.length === 0) return async () => {};
     const ends = (decision.answer?.results ?? []).filter((r) => r.lease).map((r) => r.reset_ms);
     const timer = setInterval(() => {
       this.renew(leases).catch((e: unknown) => this.log.warn(`spillway: renewing leases failed: ${String(e)}`));
     }, Math.max(Math.min(...ends) / 3, 50));
     let done = false;
-    return () => {
+    return async () => {
       if (done) return;
       done = true;
       clearInterval(timer);
-      this.releaseQuietly(leases);
+      await this.release(leases).catch((e: unknown) => this.log.warn(`spillway: releasing leases failed: ${String(e)}`));
     };
-  }
-
-  /** Releases leases in the background, logging a failure (they end with their lease time). */
-  releaseQuietly(leases: string[]): void {
-    if (leases.length === 0) return;
-    this.release(leases).catch((e: unknown) => this.log.warn(`spillway: releasing leases failed: ${String(e)}`));
   }
 
   /**
@@ -352,19 +347,11 @@ export class Spillway {
   async withLease<T>(policy: string, identifiers: Identifiers, work: (decision: Decision) => Promise<T>): Promise<T> {
     const decision = await this.check(policy, identifiers, 1);
     if (!decision.allowed) throw new Refused(decision);
-    const leases = decision.leases;
-    const ends = (decision.answer?.results ?? []).filter((r) => r.lease).map((r) => r.reset_ms);
-    const timer =
-      leases.length > 0
-        ? setInterval(() => {
-            this.renew(leases).catch((e: unknown) => this.log.warn(`spillway: renewing leases failed: ${String(e)}`));
-          }, Math.max(Math.min(...ends) / 3, 50))
-        : undefined;
+    const stop = this.holdLeases(decision);
     try {
       return await work(decision);
     } finally {
-      if (timer) clearInterval(timer);
-      await this.release(leases).catch((e: unknown) => this.log.warn(`spillway: releasing leases failed: ${String(e)}`));
+      await stop();
     }
   }
 

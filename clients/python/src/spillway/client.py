@@ -294,20 +294,11 @@ class Spillway:
         decision = await self.check(policy, identifiers, 1)
         if not decision.allowed:
             raise Refused(decision)
-        leases = decision.leases
-        renewer = None
-        if leases:
-            ends = [r["reset_ms"] for r in decision.answer["results"] if r.get("lease")]
-            renewer = asyncio.ensure_future(self._keep(leases, max(min(ends) / 3, 50) / 1000))
+        held = self.hold(decision)
         try:
             yield decision
         finally:
-            if renewer is not None:
-                renewer.cancel()
-            try:
-                await self.release(leases)
-            except SpillwayError as e:
-                log.warning("releasing leases failed (they end with their lease time): %s", e)
+            await held.close()
 
     def hold(self, decision: Decision) -> "HeldLeases":
         """Holds a check's leases while work runs: renews them every third of the shortest time
