@@ -42,6 +42,15 @@ impl Actor {
             ip: self.ip.clone(),
             reason: change.reason.to_owned(),
         };
+        // The request's span (with traces on) says which admin action it was.
+        crate::traces::record(|| {
+            use opentelemetry::KeyValue;
+            vec![
+                KeyValue::new("spillway.action", entry.action.clone()),
+                KeyValue::new("spillway.target", entry.target.clone()),
+                KeyValue::new("spillway.actor", entry.actor.clone()),
+            ]
+        });
         let written = store.append_audit(&entry).await;
         if let Err(error) = &written {
             tracing::error!(%error, action = change.action, target = change.target, actor = %self.name,

@@ -70,6 +70,9 @@ pub struct Config {
     /// Internal hosts and networks alert webhooks may reach
     /// (`SPILLWAY_WEBHOOK_ALLOWED_TARGETS`; default none: public addresses only).
     pub webhook_targets: crate::outbound::Targets,
+    /// OpenTelemetry traces, from the standard `OTEL_*` variables (`crate::traces`); `None`
+    /// (the default) sends none.
+    pub traces: Option<crate::traces::TraceSettings>,
 }
 
 /// How long sessions live.
@@ -180,6 +183,8 @@ impl Config {
         };
         let sessions = session_settings(&lookup)?;
         let envoy = envoy_settings(&lookup)?;
+        let traces = crate::traces::TraceSettings::from_lookup(&lookup)
+            .map_err(|(name, problem)| ConfigError::Invalid { name, problem })?;
         let public_url = lookup("SPILLWAY_PUBLIC_URL")
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| format!("http://{}", conf.leptos_options.site_addr))
@@ -194,6 +199,7 @@ impl Config {
             forward_auth_deny_status,
             seed_demo,
             metrics_rule_label,
+            traces,
             shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
                 Some("0") => Duration::ZERO,
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,

@@ -50,6 +50,8 @@ pub mod state;
 #[cfg(feature = "ssr")]
 pub mod store;
 #[cfg(feature = "ssr")]
+pub mod traces;
+#[cfg(feature = "ssr")]
 pub mod webhooks;
 
 /// Installs rustls's process-wide crypto provider (ring), which both `rediss://`

@@ -15,8 +15,20 @@ use spillway::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// A start that fails (a setting that cannot be used, a port taken, Redis unreachable) says
+/// why on one line, naming the setting, and exits 1.
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("spillway: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // --help and --version print and exit 0; a wrong argument says what and exits 2.
     let command = cli::parse(&args).unwrap_or_else(|e| e.exit());
@@ -24,6 +36,13 @@ async fn main() -> anyhow::Result<()> {
     server::init_tracing(&config);
     match command {
         Command::Serve => {
+            let traces = match &config.traces {
+                Some(settings) => Some(
+                    spillway::traces::install(settings, tokio::runtime::Handle::current())
+                        .map_err(anyhow::Error::msg)?,
+                ),
+                None => None,
+            };
             let drain = config.shutdown_drain;
             let state = AppState::connect(config)
                 .await
@@ -31,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
             let addr = state.leptos_options.site_addr;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .with_context(|| format!("binding {addr}"))?;
+                .with_context(|| format!("binding {addr} (LEPTOS_SITE_ADDR)"))?;
             tracing::info!(%addr, "spillway listening on http://{addr}");
             let grpc = match state.envoy.grpc_addr {
                 Some(grpc_addr) => {
@@ -45,6 +64,10 @@ async fn main() -> anyhow::Result<()> {
             };
             let shutdown = server::shutdown_after_drain(state.shutdown.clone(), drain);
             server::serve(listener, grpc, state, shutdown).await?;
+            if let Some(traces) = traces {
+                // The exporter's last export waits on this runtime: off its threads.
+                tokio::task::spawn_blocking(move || traces.shutdown()).await?;
+            }
             tracing::info!("stopped");
         }
         Command::Export { format, output } => {

@@ -53,6 +53,7 @@ pub fn router(state: AppState) -> Router {
             state.request_timeout,
             within_request_timeout,
         ))
+        .layer(axum::middleware::from_fn(traced))
         .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::from_fn_with_state(
             state.shutdown.clone(),
@@ -108,6 +109,62 @@ async fn within_request_timeout(
     }
 }
 
+/// With traces on, a server span for each request (the files of `/pkg`, health and metrics
+/// aside), its parent the caller's `traceparent`; the admin action a request makes and the
+/// checks it runs are recorded inside it.
+async fn traced(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let span = http_span(&request);
+    in_http_span(span, next.run(request)).await
+}
+
+/// The server span of `request` when traces are on (and it is not for `/pkg`, health or
+/// metrics).
+fn http_span<B>(request: &http::Request<B>) -> Option<opentelemetry::Context> {
+    use opentelemetry::KeyValue;
+    if !crate::traces::on() {
+        return None;
+    }
+    let path = request.uri().path();
+    if path.starts_with("/pkg/") || matches!(path, "/healthz" | "/readyz" | "/metrics") {
+        return None;
+    }
+    let method = request.method().as_str().to_owned();
+    crate::traces::server_span(
+        format!("{method} {path}"),
+        request.headers(),
+        vec![
+            KeyValue::new("http.request.method", method),
+            KeyValue::new("url.path", path.to_owned()),
+        ],
+    )
+}
+
+/// Answers within `span` (when there is one) and records the answer's status on it.
+async fn in_http_span(
+    span: Option<opentelemetry::Context>,
+    answer: impl Future<Output = axum::response::Response>,
+) -> axum::response::Response {
+    let Some(cx) = span else {
+        return answer.await;
+    };
+    let response = crate::traces::within(Some(cx.clone()), answer).await;
+    let status = response.status();
+    crate::traces::record_on(
+        &cx,
+        vec![opentelemetry::KeyValue::new(
+            "http.response.status_code",
+            i64::from(status.as_u16()),
+        )],
+    );
+    if status.is_server_error() {
+        crate::traces::failed(&cx, status.to_string());
+    }
+    response
+}
+
 /// While the server drains, every answer tells the client to close its connection.
 async fn close_while_draining(
     axum::extract::State(shutdown): axum::extract::State<Shutdown>,
@@ -130,17 +187,23 @@ fn closing_if_draining(shutdown: &Shutdown, response: &mut axum::response::Respo
 
 /// A check endpoint's answer, served before the router (`api::check_endpoint`), with what
 /// the router's middleware gives every API answer: a 504 problem past the request timeout,
-/// the API's security headers and `Cache-Control`, `Connection: close` while draining. (Not the
-/// tracing span of each request, which only `RUST_LOG=tower_http=debug` would show.)
+/// the API's security headers and `Cache-Control`, `Connection: close` while draining, the
+/// request's span when traces are on. (Not the tracing span of each request, which only
+/// `RUST_LOG=tower_http=debug` would show.)
 async fn check_answer(
     check: futures_util::future::BoxFuture<'static, axum::response::Response>,
+    span: Option<opentelemetry::Context>,
     state: AppState,
 ) -> Result<axum::response::Response, std::convert::Infallible> {
     use axum::response::IntoResponse;
-    let response = match tokio::time::timeout(state.request_timeout, check).await {
-        Ok(response) => response,
-        Err(_) => api::ApiError::Timeout(state.request_timeout).into_response(),
-    };
+    let within = state.request_timeout;
+    let response = in_http_span(span, async move {
+        match tokio::time::timeout(within, check).await {
+            Ok(response) => response,
+            Err(_) => api::ApiError::Timeout(within).into_response(),
+        }
+    })
+    .await;
     let mut response = auth::session::secure_api_response(response);
     closing_if_draining(&state.shutdown, &mut response);
     Ok(response)
@@ -297,8 +360,15 @@ fn requests_of(
     hyper::service::service_fn(
         move |request: axum::extract::Request<hyper::body::Incoming>| {
             let in_flight = InFlight::start(&activity);
+            // The router's requests get theirs from its `traced` layer.
+            let span = (crate::traces::on()
+                && api::is_check_endpoint(request.method(), request.uri().path()))
+            .then(|| http_span(&request))
+            .flatten();
             let answer = match api::check_endpoint(request.map(axum::body::Body::new), &state) {
-                Ok(check) => futures_util::future::Either::Left(check_answer(check, state.clone())),
+                Ok(check) => {
+                    futures_util::future::Either::Left(check_answer(check, span, state.clone()))
+                }
                 Err(mut request) => {
                     request
                         .extensions_mut()

@@ -70,16 +70,35 @@ pub fn check_endpoint(
     request: Request,
     state: &AppState,
 ) -> Result<futures_util::future::BoxFuture<'static, axum::response::Response>, Request> {
-    use axum::{handler::Handler, http::Method};
-    let handler = match (request.method(), request.uri().path()) {
-        (&Method::POST, "/api/v1/check") => check::check_handler.call(request, state.clone()),
-        (&Method::POST, "/api/v1/check/batch") => check::batch_handler.call(request, state.clone()),
-        (&Method::GET | &Method::HEAD, "/api/v1/forward-auth") => {
-            check::forward_auth_handler.call(request, state.clone())
-        }
-        _ => return Err(request),
+    use axum::handler::Handler;
+    let handler = match check_route(request.method(), request.uri().path()) {
+        Some(CheckRoute::Check) => check::check_handler.call(request, state.clone()),
+        Some(CheckRoute::Batch) => check::batch_handler.call(request, state.clone()),
+        Some(CheckRoute::ForwardAuth) => check::forward_auth_handler.call(request, state.clone()),
+        None => return Err(request),
     };
     Ok(handler)
+}
+
+/// Whether [`check_endpoint`] answers a request of `method` to `path`.
+pub fn is_check_endpoint(method: &axum::http::Method, path: &str) -> bool {
+    check_route(method, path).is_some()
+}
+
+enum CheckRoute {
+    Check,
+    Batch,
+    ForwardAuth,
+}
+
+fn check_route(method: &axum::http::Method, path: &str) -> Option<CheckRoute> {
+    use axum::http::Method;
+    match (method, path) {
+        (&Method::POST, "/api/v1/check") => Some(CheckRoute::Check),
+        (&Method::POST, "/api/v1/check/batch") => Some(CheckRoute::Batch),
+        (&Method::GET | &Method::HEAD, "/api/v1/forward-auth") => Some(CheckRoute::ForwardAuth),
+        _ => None,
+    }
 }
 
 /// A request with a body on the admin API is read only once its caller is known: a key

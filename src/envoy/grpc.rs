@@ -219,7 +219,24 @@ fn takes(request: &http::Request<Incoming>) -> bool {
 /// (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such a call), answered.
 async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Response<Unary> {
     let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
-    let result = async {
+    let span = crate::traces::on()
+        .then(|| {
+            use opentelemetry::KeyValue;
+            let path = request.uri().path().trim_start_matches('/');
+            let (service, name) = path.split_once('/').unwrap_or((path, ""));
+            crate::traces::server_span(
+                path.to_owned(),
+                request.headers(),
+                vec![
+                    KeyValue::new("rpc.system", "grpc"),
+                    KeyValue::new("rpc.service", service.to_owned()),
+                    KeyValue::new("rpc.method", name.to_owned()),
+                ],
+            )
+        })
+        .flatten();
+    let traced = span.clone();
+    let result = crate::traces::within(span, async {
         let deadline = request
             .headers()
             .get("grpc-timeout")
@@ -249,8 +266,18 @@ async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Resp
                 ))
             }),
         }
-    }
+    })
     .await;
+    if let Some(cx) = traced {
+        let code = result.as_ref().map_or_else(|s| s.code() as i64, |_| 0);
+        crate::traces::record_on(
+            &cx,
+            vec![opentelemetry::KeyValue::new("rpc.grpc.status_code", code)],
+        );
+        if let Err(status) = &result {
+            crate::traces::failed(&cx, status.message().to_owned());
+        }
+    }
     match result {
         Ok(response) => {
             let mut body = BytesMut::with_capacity(PREFIX + response.encoded_len());

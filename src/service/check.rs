@@ -93,6 +93,16 @@ impl Service {
     /// nothing. A denial that stands until a known time is answered from memory; anything
     /// else is one round trip to Redis. When Redis fails, the policy's failure mode decides.
     pub async fn check(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
+        let span = crate::traces::child_span("check");
+        let traced = span.clone();
+        let checked = crate::traces::within(span, self.check_untraced(request)).await;
+        if let (Some(cx), Err(error)) = (traced, &checked) {
+            crate::traces::failed(&cx, error.to_string());
+        }
+        checked
+    }
+
+    async fn check_untraced(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
         let started = std::time::Instant::now();
         let policy = self.policy_named(&request.policy)?;
         let decided = self.decide_request(&policy, request).await;
@@ -329,6 +339,17 @@ impl Service {
         denied_by: Option<&Identifier>,
         started: std::time::Instant,
     ) {
+        crate::traces::record(|| {
+            use opentelemetry::KeyValue;
+            let mut attributes = vec![
+                KeyValue::new("spillway.policy", policy.name.to_string()),
+                KeyValue::new("spillway.outcome", outcome.label()),
+            ];
+            if let Some(denied_by) = denied_by {
+                attributes.push(KeyValue::new("spillway.denied_by", denied_by.to_string()));
+            }
+            attributes
+        });
         self.history
             .record(policy.name.as_str(), outcome, identifiers, denied_by);
         crate::metrics::check_done(

@@ -88,6 +88,28 @@ impl Service {
         &self,
         request: &EnvoyRequest,
     ) -> Result<EnvoyAnswer, EnvoyError> {
+        let span = crate::traces::child_span("check");
+        let traced = span.clone();
+        let answer = crate::traces::within(span, self.should_rate_limit_untraced(request)).await;
+        if let Some(cx) = traced {
+            crate::traces::record_on(
+                &cx,
+                vec![opentelemetry::KeyValue::new(
+                    "spillway.envoy_domain",
+                    request.domain.clone(),
+                )],
+            );
+            if let Err(error) = &answer {
+                crate::traces::failed(&cx, error.to_string());
+            }
+        }
+        answer
+    }
+
+    async fn should_rate_limit_untraced(
+        &self,
+        request: &EnvoyRequest,
+    ) -> Result<EnvoyAnswer, EnvoyError> {
         let started = std::time::Instant::now();
         validate(request)?;
         let n = request.descriptors.len();

@@ -564,7 +564,9 @@ impl Store {
         for rule in rules {
             entry_args(&mut cmd, rule, context);
         }
-        let raw: Vec<i64> = self.evalsha(script, &cmd).await?;
+        let carried: Vec<_> = crate::traces::current_sampled().into_iter().collect();
+        let span = crate::traces::redis_call(&carried, "redis check.lua");
+        let raw: Vec<i64> = crate::traces::within(span, self.evalsha(script, &cmd)).await?;
         parse_reply(&raw, keys.len())
     }
 }

@@ -83,6 +83,8 @@ pub(super) struct Counted {
     pub rate_key: String,
     pub cost: u64,
     pub context: super::CheckContext,
+    /// The check's span, when it is traced: the call that carries it links it.
+    trace: Option<opentelemetry::trace::SpanContext>,
     queued: Instant,
     reply: oneshot::Sender<Result<Answer, StoreError>>,
 }
@@ -125,6 +127,7 @@ impl Coalescer {
             rate_key,
             cost,
             context,
+            trace: crate::traces::current_sampled(),
             queued: Instant::now(),
             reply,
         };
@@ -356,7 +359,13 @@ impl Store {
                 cmd.arg(label);
             }
         }
-        let reply = self.evalsha::<String>(script, &cmd).await;
+        let carried: Vec<_> = batch.iter().filter_map(|c| c.trace.clone()).collect();
+        let span = crate::traces::redis_call(&carried, "redis check.lua");
+        let traced = span.clone();
+        let reply = crate::traces::within(span, self.evalsha::<String>(script, &cmd)).await;
+        if let (Some(cx), Err(error)) = (traced, &reply) {
+            crate::traces::failed(&cx, error.to_string());
+        }
         Call { batch, reply }
     }
 }
@@ -469,6 +478,7 @@ mod tests {
             rate_key: String::new(),
             cost: 1,
             context: crate::store::CheckContext::new(&[], crate::store::Now::Redis),
+            trace: None,
             queued: Instant::now(),
             reply,
             keys,

@@ -16,8 +16,8 @@ fn layer(module: &str) -> Option<u8> {
     Some(match module {
         "domain" => 0,
         // Leaves: helpers with no knowledge of the product's layers.
-        "batched_writes" | "connection" | "forwarded" | "metrics" | "shutdown" | "demo"
-        | "clock" | "ids" | "outbound" => 0,
+        "batched_writes" | "connection" | "forwarded" | "metrics" | "traces" | "shutdown"
+        | "demo" | "clock" | "ids" | "outbound" => 0,
         "config" => 1,
         "store" => 2,
         "audit" | "webhooks" => 3,

@@ -393,6 +393,8 @@ impl Drop for RedisCluster {
 /// The real `spillway` binary as a separate process on a free port, killed on drop.
 pub struct AppProcess {
     pub addr: SocketAddr,
+    /// Its gRPC port (Envoy's rate limit service).
+    pub grpc: SocketAddr,
     child: Child,
 }
 
@@ -403,10 +405,11 @@ impl AppProcess {
 
     pub fn start_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Self {
         let port = free_port();
+        // A free port for gRPC too: a `make run` may hold the default 8081.
+        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
             .env("SPILLWAY_ALERT_EVAL_MS", "3600000")
-            // A free port for gRPC too: a `make run` may hold the default 8081.
-            .env("SPILLWAY_GRPC_ADDR", format!("127.0.0.1:{}", free_port()))
+            .env("SPILLWAY_GRPC_ADDR", grpc.to_string())
             .envs(extra.iter().copied())
             .env("REDIS_URL", redis.url())
             .env("LEPTOS_SITE_ADDR", format!("127.0.0.1:{port}"))
@@ -426,7 +429,7 @@ impl AppProcess {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Self { addr, child }
+        Self { addr, grpc, child }
     }
 }
 

@@ -31,4 +31,5 @@ mod probe2;
 mod report;
 mod service;
 mod tls;
+mod traces;
 mod unmatched;
