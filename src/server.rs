@@ -131,14 +131,16 @@ fn http_span<B>(request: &http::Request<B>) -> Option<opentelemetry::Context> {
     if path.starts_with("/pkg/") || matches!(path, "/healthz" | "/readyz" | "/metrics") {
         return None;
     }
-    let method = request.method().as_str().to_owned();
+    let method = request.method().as_str();
     crate::traces::server_span(
-        format!("{method} {path}"),
+        || format!("{method} {path}"),
         request.headers(),
-        vec![
-            KeyValue::new("http.request.method", method),
-            KeyValue::new("url.path", path.to_owned()),
-        ],
+        || {
+            vec![
+                KeyValue::new("http.request.method", method.to_owned()),
+                KeyValue::new("url.path", path.to_owned()),
+            ]
+        },
     )
 }
 

@@ -26,7 +26,7 @@ use opentelemetry::{
     Context, KeyValue,
     context::FutureExt,
     propagation::{Extractor, TextMapPropagator},
-    trace::{Link, SpanContext, SpanKind, Status, TraceContextExt, Tracer},
+    trace::{Link, Span, SpanContext, SpanKind, Status, TraceContextExt, Tracer},
 };
 use opentelemetry_sdk::{
     propagation::TraceContextPropagator,
@@ -355,26 +355,42 @@ impl Extractor for Headers<'_> {
 }
 
 /// A server span for a request arriving with `headers`, its parent the caller's
-/// `traceparent` when it sent one; `None` when traces are off.
+/// `traceparent` when it sent one; `None` when traces are off or the sampler drops it.
+/// `name` and `attributes` are only worked out for a span that is kept: at a 1% sample,
+/// the other 99 requests cost the sampler's decision and nothing more (no context to carry,
+/// no check or Redis span under them).
 pub fn server_span(
-    name: String,
+    name: impl FnOnce() -> String,
     headers: &http::HeaderMap,
-    attributes: Vec<KeyValue>,
+    attributes: impl FnOnce() -> Vec<KeyValue>,
 ) -> Option<Context> {
     let tracer = tracer()?;
-    let parent = TraceContextPropagator::new().extract(&Headers(headers));
-    let span = tracer
-        .span_builder(name)
+    let parent = if headers.contains_key("traceparent") {
+        TraceContextPropagator::new().extract(&Headers(headers))
+    } else {
+        Context::new()
+    };
+    let mut span = tracer
+        .span_builder("request")
         .with_kind(SpanKind::Server)
-        .with_attributes(attributes)
         .start_with_context(tracer, &parent);
+    if !span.span_context().is_sampled() {
+        return None;
+    }
+    span.update_name(name());
+    span.set_attributes(attributes());
     Some(parent.with_span(span))
 }
 
-/// A span of the work inside the current one (a check), `None` when traces are off.
+/// A span of the work inside the current one (a check), when the current span is kept:
+/// `None` when traces are off or no sampled span is current (a check is traced as part of
+/// the request or call that asked for it, never on its own).
 pub fn child_span(name: &'static str) -> Option<Context> {
     let tracer = tracer()?;
     let parent = Context::current();
+    if !parent.span().span_context().is_sampled() {
+        return None;
+    }
     let span = tracer
         .span_builder(name)
         .with_kind(SpanKind::Internal)

@@ -219,22 +219,20 @@ fn takes(request: &http::Request<Incoming>) -> bool {
 /// (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such a call), answered.
 async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Response<Unary> {
     let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
-    let span = crate::traces::on()
-        .then(|| {
+    let path = request.uri().path().trim_start_matches('/');
+    let span = crate::traces::server_span(
+        || path.to_owned(),
+        request.headers(),
+        || {
             use opentelemetry::KeyValue;
-            let path = request.uri().path().trim_start_matches('/');
             let (service, name) = path.split_once('/').unwrap_or((path, ""));
-            crate::traces::server_span(
-                path.to_owned(),
-                request.headers(),
-                vec![
-                    KeyValue::new("rpc.system", "grpc"),
-                    KeyValue::new("rpc.service", service.to_owned()),
-                    KeyValue::new("rpc.method", name.to_owned()),
-                ],
-            )
-        })
-        .flatten();
+            vec![
+                KeyValue::new("rpc.system", "grpc"),
+                KeyValue::new("rpc.service", service.to_owned()),
+                KeyValue::new("rpc.method", name.to_owned()),
+            ]
+        },
+    );
     let traced = span.clone();
     let result = crate::traces::within(span, async {
         let deadline = request

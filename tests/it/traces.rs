@@ -164,6 +164,18 @@ async fn spans_reach_an_otlp_receiver_with_their_parents_links_and_attributes() 
     };
     assert_eq!(check(2, "ada").await, 200);
     assert_eq!(check(3, "ada").await, 429);
+    // A caller whose own trace is not sampled: nothing of its check is recorded.
+    let (unsampled, unsampled_trace, _) = traceparent(300);
+    let answer = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .bearer_auth(SERVICE_KEY)
+        .header("traceparent", unsampled.replace("-01", "-00"))
+        .json(&json!({"policy": "traced", "identifiers": {"user": "bo"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
 
     // Checks that queue up while Redis is paused go out together in a few calls.
     redis.pause(300);
@@ -226,6 +238,15 @@ descriptors:
             .any(|s| s.name == "check" && hex(&s.trace_id) == grpc_trace)
     })
     .await;
+
+    assert!(
+        !spans.iter().any(|s| hex(&s.trace_id) == unsampled_trace),
+        "spans recorded for a caller whose trace is not sampled"
+    );
+    assert!(
+        !spans.iter().any(|s| s.name == "check" && s.parent_span_id.is_empty()),
+        "a check traced on its own, outside the request that asked for it"
+    );
 
     // The admin action: a server span under the caller, naming the action.
     let put = child(&spans, "PUT /api/v1/policies/traced", &trace, &caller)
