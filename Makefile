@@ -24,8 +24,19 @@ deps-run:
 deps-test:
 	@scripts/deps.sh test
 
+# The release build, made again only when what goes into it changed (make test and make
+# image both need it; cargo-leptos would redo the bundle's wasm-bindgen, wasm-opt and brotli
+# steps, about two minutes, every time). A missing binary or site is built again too.
+BUILD_INPUTS := $(shell find src style public lua -type f 2>/dev/null) Cargo.toml Cargo.lock build.rs Leptos.toml
+BUILT := target/release/.built
+
 build: deps-build
-	cargo leptos build --release --split --precompress || { echo 'build failed; free disk space:'; df -h .; exit 1; }
+	@[ -x target/release/spillway ] && [ -f target/release/hash.txt ] && [ -d target/site/pkg ] || rm -f $(BUILT)
+	@$(MAKE) --no-print-directory $(BUILT)
+
+$(BUILT): $(BUILD_INPUTS)
+	scripts/build.sh
+	@touch $@
 
 run: deps-run build
 	@scripts/run.sh
