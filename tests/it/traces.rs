@@ -244,7 +244,9 @@ descriptors:
         "spans recorded for a caller whose trace is not sampled"
     );
     assert!(
-        !spans.iter().any(|s| s.name == "check" && s.parent_span_id.is_empty()),
+        !spans
+            .iter()
+            .any(|s| s.name == "check" && s.parent_span_id.is_empty()),
         "a check traced on its own, outside the request that asked for it"
     );
 
