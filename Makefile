@@ -27,16 +27,20 @@ deps-test:
 # The release build, made again only when what goes into it changed (make test and make
 # image both need it; cargo-leptos would redo the bundle's wasm-bindgen, wasm-opt and brotli
 # steps, about two minutes, every time). A missing binary or site is built again too.
-BUILD_INPUTS := $(shell find src style public lua -type f 2>/dev/null) Cargo.toml Cargo.lock build.rs Leptos.toml
+# The directories are inputs too: a deleted file changes its directory's time. The stamp
+# takes the time the build started, so a file saved during the build is built next time.
+BUILD_INPUTS := $(shell find src style public lua 2>/dev/null) Cargo.toml Cargo.lock build.rs \
+  Leptos.toml .cargo/config.toml scripts/build.sh
 BUILT := target/release/.built
 
 build: deps-build
-	@[ -x target/release/spillway ] && [ -f target/release/hash.txt ] && [ -d target/site/pkg ] || rm -f $(BUILT)
+	@scripts/build.sh --check || rm -f $(BUILT)
 	@$(MAKE) --no-print-directory $(BUILT)
 
 $(BUILT): $(BUILD_INPUTS)
+	@touch $@.new
 	scripts/build.sh
-	@touch $@
+	@mv $@.new $@
 
 run: deps-run build
 	@scripts/run.sh

@@ -59,8 +59,10 @@ need_build_tools() {
     cargo install --quiet wasm-bindgen-cli --version "$wbg" --force &
     pids+=($!)
   fi
-  local pid
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  # Every install is waited for (none is left running), then a failure stops the script.
+  local pid failed=0
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  [ "$failed" -eq 0 ] || { say "a tool failed to install (its cargo output is above)"; exit 1; }
   # Debian's binaryen (108) produces wasm that never hydrates; the npm build works.
   if [ "$("$TOOLS/node_modules/.bin/wasm-opt" --version 2>/dev/null | awk '{print $3}')" != "${BINARYEN_VERSION%%.*}" ]; then
     need_node

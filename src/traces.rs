@@ -199,6 +199,7 @@ impl TraceSettings {
     }
 }
 
+/// An OTLP endpoint. Not echoed back when it is wrong: it may carry credentials.
 fn http_url(name: &'static str, raw: &str) -> Result<String, Invalid> {
     match url::Url::parse(raw) {
         Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {
@@ -206,8 +207,20 @@ fn http_url(name: &'static str, raw: &str) -> Result<String, Invalid> {
         }
         _ => Err((
             name,
-            format!("must be an http:// or https:// URL, got {raw:?}"),
+            "must be an http:// or https:// URL with a host (http://collector:4318)".into(),
         )),
+    }
+}
+
+/// `url` without the user and password it may carry, for the log.
+fn shown(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) => {
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        Err(_) => "(unparsable)".into(),
     }
 }
 
@@ -225,22 +238,25 @@ fn millis(name: &'static str, raw: &str) -> Result<Duration, Invalid> {
 }
 
 /// `k=v,k2=v2`, each part URL-encoded, as the OTLP exporter specification writes headers.
+/// The values are secrets (API keys): an error names an entry by its place or its key only.
 fn headers(name: &'static str, raw: &str) -> Result<Vec<(String, String)>, Invalid> {
     raw.split(',')
         .filter(|p| !p.trim().is_empty())
-        .map(|pair| {
+        .enumerate()
+        .map(|(n, pair)| {
+            let entry = n + 1;
             let (k, v) = pair
                 .split_once('=')
-                .ok_or_else(|| (name, format!("{pair:?} is not key=value")))?;
+                .ok_or_else(|| (name, format!("entry {entry} is not key=value")))?;
             let decode = |s: &str| {
                 percent_encoding::percent_decode_str(s.trim())
                     .decode_utf8()
                     .map(Cow::into_owned)
-                    .map_err(|_| (name, format!("{pair:?} is not UTF-8 once decoded")))
+                    .map_err(|_| (name, format!("entry {entry} is not UTF-8 once decoded")))
             };
             let (k, v) = (decode(k)?, decode(v)?);
             http::HeaderName::try_from(k.as_str())
-                .map_err(|_| (name, format!("{k:?} is not a header name")))?;
+                .map_err(|_| (name, format!("entry {entry}'s key is not a header name")))?;
             http::HeaderValue::try_from(v.as_str())
                 .map_err(|_| (name, format!("the value of {k} is not a header value")))?;
             Ok((k, v))
@@ -301,7 +317,7 @@ pub fn install(
     use opentelemetry::trace::TracerProvider;
     let _ = TRACER.set(provider.tracer("spillway"));
     ON.store(true, Ordering::Relaxed);
-    tracing::info!(endpoint = %settings.endpoint, "traces: sending spans over OTLP/HTTP");
+    tracing::info!(endpoint = %shown(&settings.endpoint), "traces: sending spans over OTLP/HTTP");
     Ok(Installed(provider))
 }
 
@@ -448,20 +464,29 @@ pub fn current_sampled() -> Option<SpanContext> {
     (context.is_valid() && context.is_sampled()).then(|| context.clone())
 }
 
-/// The span of one Redis call that carried the work of `carried` (the checks' spans): the
-/// child of the first, linked to every one. `None` when none of them is traced.
-pub fn redis_call(carried: &[SpanContext], operation: &'static str) -> Option<Context> {
+/// The span of one call to a backing service (`name`, with `attributes`) that carried the
+/// work of `carried` (the checks' spans): the child of the first, linked to every one.
+/// `None` when none of them is traced.
+pub fn client_call(
+    carried: &[SpanContext],
+    name: &'static str,
+    attributes: &[(&'static str, &'static str)],
+) -> Option<Context> {
     let tracer = tracer()?;
     let first = carried.first()?;
     let parent = Context::new().with_remote_span_context(first.clone());
     let span = tracer
-        .span_builder(operation)
+        .span_builder(name)
         .with_kind(SpanKind::Client)
-        .with_attributes([
-            KeyValue::new("db.system.name", "redis"),
-            KeyValue::new("db.operation.name", "EVALSHA"),
-            KeyValue::new("spillway.checks_carried", carried.len() as i64),
-        ])
+        .with_attributes(
+            attributes
+                .iter()
+                .map(|(k, v)| KeyValue::new(*k, *v))
+                .chain([KeyValue::new(
+                    "spillway.checks_carried",
+                    carried.len() as i64,
+                )]),
+        )
         .with_links(
             carried
                 .iter()
@@ -470,6 +495,19 @@ pub fn redis_call(carried: &[SpanContext], operation: &'static str) -> Option<Co
         )
         .start_with_context(tracer, &parent);
     Some(Context::new().with_span(span))
+}
+
+/// Runs `work` inside `span` and marks the span failed when `work` fails.
+pub async fn within_call<T, E: std::fmt::Display>(
+    span: Option<Context>,
+    work: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    let traced = span.clone();
+    let out = within(span, work).await;
+    if let (Some(cx), Err(error)) = (traced, &out) {
+        failed(&cx, error.to_string());
+    }
+    out
 }
 
 #[cfg(test)]

@@ -272,7 +272,17 @@ async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Resp
             &cx,
             vec![opentelemetry::KeyValue::new("rpc.grpc.status_code", code)],
         );
-        if let Err(status) = &result {
+        // The server's faults only: a caller's bad request or missing key is an answer.
+        if let Err(status) = &result
+            && matches!(
+                status.code(),
+                tonic::Code::Internal
+                    | tonic::Code::Unavailable
+                    | tonic::Code::DeadlineExceeded
+                    | tonic::Code::Unknown
+                    | tonic::Code::DataLoss
+            )
+        {
             crate::traces::failed(&cx, status.message().to_owned());
         }
     }

@@ -96,7 +96,12 @@ impl Service {
         let span = crate::traces::child_span("check");
         let traced = span.clone();
         let checked = crate::traces::within(span, self.check_untraced(request)).await;
-        if let (Some(cx), Err(error)) = (traced, &checked) {
+        // A caller's mistake (an unknown policy, a cost too high) is an answer, not a fault.
+        if let (
+            Some(cx),
+            Err(error @ (CheckError::Unavailable(_) | CheckError::PoliciesNotLoaded)),
+        ) = (traced, &checked)
+        {
             crate::traces::failed(&cx, error.to_string());
         }
         checked

@@ -99,7 +99,9 @@ impl Service {
                     request.domain.clone(),
                 )],
             );
-            if let Err(error) = &answer {
+            if let Err(error @ (EnvoyError::Unavailable(_) | EnvoyError::PoliciesNotLoaded)) =
+                &answer
+            {
                 crate::traces::failed(&cx, error.to_string());
             }
         }

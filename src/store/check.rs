@@ -565,8 +565,7 @@ impl Store {
             entry_args(&mut cmd, rule, context);
         }
         let carried: Vec<_> = crate::traces::current_sampled().into_iter().collect();
-        let span = crate::traces::redis_call(&carried, "redis check.lua");
-        let raw: Vec<i64> = crate::traces::within(span, self.evalsha(script, &cmd)).await?;
+        let raw: Vec<i64> = Store::traced_script_call(&carried, self.evalsha(script, &cmd)).await?;
         parse_reply(&raw, keys.len())
     }
 }

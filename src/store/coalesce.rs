@@ -360,12 +360,7 @@ impl Store {
             }
         }
         let carried: Vec<_> = batch.iter().filter_map(|c| c.trace.clone()).collect();
-        let span = crate::traces::redis_call(&carried, "redis check.lua");
-        let traced = span.clone();
-        let reply = crate::traces::within(span, self.evalsha::<String>(script, &cmd)).await;
-        if let (Some(cx), Err(error)) = (traced, &reply) {
-            crate::traces::failed(&cx, error.to_string());
-        }
+        let reply = Store::traced_script_call(&carried, self.evalsha::<String>(script, &cmd)).await;
         Call { batch, reply }
     }
 }

@@ -325,6 +325,23 @@ impl Store {
         .await
     }
 
+    /// One call of the check script, traced (with traces on) as a span that links the
+    /// checks it carried (`carried`: the spans of the traced ones).
+    async fn traced_script_call<T>(
+        carried: &[opentelemetry::trace::SpanContext],
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let span = crate::traces::client_call(
+            carried,
+            "redis check.lua",
+            &[
+                ("db.system.name", "redis"),
+                ("db.operation.name", "EVALSHA"),
+            ],
+        );
+        crate::traces::within_call(span, call).await
+    }
+
     pub fn keys(&self) -> &Keys {
         &self.keys
     }
