@@ -20,7 +20,7 @@ use prost::Message;
 use serde_json::json;
 
 use crate::{
-    envoy::{descriptor, request},
+    envoy::{descriptor, load, request},
     helpers::{ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, free_port},
 };
 
@@ -204,20 +204,7 @@ descriptors:
       unit: hour
       requests_per_unit: 10
 "#;
-    let loaded = app
-        .client
-        .put(app.url("/api/v1/envoy/domains/traced_edge"))
-        .bearer_auth(ADMIN_KEY)
-        .header("content-type", "application/yaml")
-        .body(domain)
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        loaded.status().is_success(),
-        "{}",
-        loaded.text().await.unwrap()
-    );
+    load(&app, "traced_edge", domain).await;
     let mut grpc = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await
         .unwrap();
