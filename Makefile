@@ -38,6 +38,7 @@ build: deps-build
 	@$(MAKE) --no-print-directory $(BUILT)
 
 $(BUILT): $(BUILD_INPUTS)
+	@mkdir -p $(@D)
 	@touch $@.new
 	scripts/build.sh
 	@mv $@.new $@
