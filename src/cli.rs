@@ -25,6 +25,10 @@ pub enum Command {
     Import {
         file: PathBuf,
     },
+    /// Checks Envoy domain files without a server.
+    Validate {
+        files: Vec<PathBuf>,
+    },
     /// `user add|set-password|set-role|remove|list`, `key add|list|revoke`.
     People(PeopleCommand),
     Demo(crate::demo::DemoOptions),
@@ -127,6 +131,13 @@ enum PolicyArgs {
     /// Apply a document written by export (JSON or TOML), validated as a whole: all of it
     /// or nothing.
     Import { file: PathBuf },
+    /// Check Envoy domain files (envoyproxy/ratelimit's YAML) without a server, as a domains
+    /// folder loads them: each domain once, every field valid. Exits 1 naming the file and
+    /// field of each problem.
+    Validate {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
 }
 
 #[derive(clap::Subcommand)]
@@ -195,6 +206,9 @@ pub fn parse(args: &[String]) -> Result<Command, clap::Error> {
         Top::Policy {
             command: PolicyArgs::Import { file },
         } => Command::Import { file },
+        Top::Policy {
+            command: PolicyArgs::Validate { files },
+        } => Command::Validate { files },
         Top::User { command } => Command::People(match command {
             UserArgs::Add {
                 name,
@@ -442,6 +456,44 @@ async fn key_list(service: &Service) -> anyhow::Result<String> {
         );
     }
     Ok(out)
+}
+
+/// `spillway policy validate FILE...`: what each file holds, or every problem found (file and
+/// field), as the domains folder would load the files together.
+pub fn validate(files: &[PathBuf]) -> Result<String, String> {
+    use crate::service::policies::read_envoy_files;
+    let mut read = Vec::new();
+    let mut problems = Vec::new();
+    let mut out = String::new();
+    for path in files {
+        let name = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Err(e) => problems.push(format!("{name}: cannot be read: {e}")),
+            Ok(text) => {
+                let one = [(name.clone(), text)];
+                match read_envoy_files(&one) {
+                    Ok(domains) => {
+                        let names: Vec<String> =
+                            domains.iter().map(|p| p.name.to_string()).collect();
+                        out.push_str(&format!("ok {name}: {}\n", names.join(", ")));
+                        read.extend(one);
+                    }
+                    Err(problem) => problems.push(problem),
+                }
+            }
+        }
+    }
+    // Together: no domain in two files.
+    if problems.is_empty()
+        && let Err(problem) = read_envoy_files(&read)
+    {
+        problems.push(problem);
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems.join("\n"))
+    }
 }
 
 #[cfg(test)]

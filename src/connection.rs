@@ -150,12 +150,12 @@ impl Drop for InFlight {
 }
 
 /// A connection's socket that tells its [`Activity`] what it reads and writes.
-pub struct Watched {
-    pub io: tokio::net::TcpStream,
+pub struct Watched<IO> {
+    pub io: IO,
     pub activity: Arc<Activity>,
 }
 
-impl tokio::io::AsyncRead for Watched {
+impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<IO> {
     fn poll_read(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -170,7 +170,7 @@ impl tokio::io::AsyncRead for Watched {
     }
 }
 
-impl tokio::io::AsyncWrite for Watched {
+impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<IO> {
     fn poll_write(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

@@ -30,6 +30,8 @@ pub mod connection;
 #[cfg(feature = "ssr")]
 pub mod demo;
 #[cfg(feature = "ssr")]
+pub mod domains_dir;
+#[cfg(feature = "ssr")]
 pub mod envoy;
 #[cfg(feature = "ssr")]
 pub mod forwarded;
@@ -49,6 +51,8 @@ pub mod shutdown;
 pub mod state;
 #[cfg(feature = "ssr")]
 pub mod store;
+#[cfg(feature = "ssr")]
+pub mod tls;
 #[cfg(feature = "ssr")]
 pub mod traces;
 #[cfg(feature = "ssr")]

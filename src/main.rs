@@ -32,8 +32,24 @@ async fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // --help and --version print and exit 0; a wrong argument says what and exits 2.
     let command = cli::parse(&args).unwrap_or_else(|e| e.exit());
+    // Needs no server and no settings.
+    if let Command::Validate { files } = &command {
+        return match cli::validate(files) {
+            Ok(report) => {
+                print!("{report}");
+                Ok(())
+            }
+            Err(problems) => anyhow::bail!("{problems}"),
+        };
+    }
     let config = Config::from_env().context("reading the configuration")?;
     server::init_tracing(&config);
+    if let Some(ignored) = &config.upstream {
+        tracing::info!("envoyproxy/ratelimit's environment: its variables are read as Spillway's");
+        for line in ignored {
+            tracing::warn!("{line}");
+        }
+    }
     match command {
         Command::Serve => {
             let traces = match &config.traces {
@@ -51,13 +67,23 @@ async fn run() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr} (LEPTOS_SITE_ADDR)"))?;
-            tracing::info!(%addr, "spillway listening on http://{addr}");
+            let scheme = if state.tls.http.is_some() {
+                "https"
+            } else {
+                "http"
+            };
+            tracing::info!(%addr, "spillway listening on {scheme}://{addr}");
             let grpc = match state.envoy.grpc_addr {
                 Some(grpc_addr) => {
                     let grpc = tokio::net::TcpListener::bind(grpc_addr)
                         .await
                         .with_context(|| format!("binding {grpc_addr} (SPILLWAY_GRPC_ADDR)"))?;
-                    tracing::info!(%grpc_addr, "Envoy rate limit service (gRPC) on {grpc_addr}");
+                    let tls = match &state.tls.grpc {
+                        Some(port) if port.requires_client_certificates() => " (mTLS)",
+                        Some(_) => " (TLS)",
+                        None => "",
+                    };
+                    tracing::info!(%grpc_addr, "Envoy rate limit service (gRPC) on {grpc_addr}{tls}");
                     Some(grpc)
                 }
                 None => None,
@@ -92,6 +118,7 @@ async fn run() -> anyhow::Result<()> {
             let service = connect(&config).await?;
             print!("{}", cli::people_command(&service, command).await?);
         }
+        Command::Validate { .. } => unreachable!("answered before the configuration is read"),
         Command::Import { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;

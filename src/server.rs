@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::connection::{Activity, InFlight, WATCH_TICKS, Watch, Watched};
+use crate::tls::Socket;
 
 use axum::Router;
 use leptos::prelude::{provide_context, use_context};
@@ -230,6 +231,12 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Renewed certificates are picked up while serving.
+    state.shutdown.spawn(state.tls.clone().watch());
+    if let Some(dir) = &state.domains_dir {
+        let folder = crate::domains_dir::Folder::new(dir.clone());
+        state.shutdown.spawn(folder.watch(state.service().clone()));
+    }
     let grpc = grpc.map(|listener| {
         let stopped = state.shutdown.clone();
         tokio::spawn(crate::envoy::grpc::serve(
@@ -300,20 +307,31 @@ pub async fn run(
     while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
-        let activity = Arc::new(Activity::default());
-        let service = requests_of(app.clone(), state.clone(), peer, activity.clone());
-        let connection = builder
-            .serve_connection_with_upgrades(
-                TokioIo::new(crate::batched_writes::BatchedWrites::sniffing(Watched {
-                    io: stream,
-                    activity: activity.clone(),
-                })),
-                service,
-            )
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let (app, state, builder) = (app.clone(), state.clone(), builder.clone());
+        let graceful = graceful.watcher();
+        // The TLS handshake (when the port has TLS) happens in the connection's own task.
         tokio::spawn(async move {
             let _permit = permit;
+            let tls = state.tls.http.as_deref();
+            let socket = match Socket::accept(stream, tls, header_read_timeout).await {
+                Ok(socket) => socket,
+                Err(error) => {
+                    tracing::debug!(%error, %peer, "TLS handshake failed");
+                    return;
+                }
+            };
+            let activity = Arc::new(Activity::default());
+            let service = requests_of(app, state, peer, activity.clone());
+            let connection = builder
+                .serve_connection_with_upgrades(
+                    TokioIo::new(crate::batched_writes::BatchedWrites::sniffing(Watched {
+                        io: socket,
+                        activity: activity.clone(),
+                    })),
+                    service,
+                )
+                .into_owned();
+            let connection = graceful.watch(connection);
             watched(connection, activity, header_read_timeout, peer).await;
         });
     }
@@ -443,8 +461,10 @@ pub async fn shutdown_signal() {
 
 /// Sets up structured logging; `RUST_LOG` filters (default `info`).
 pub fn init_tracing(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tower_http=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        let level = config.log_level.as_deref().unwrap_or("info");
+        tracing_subscriber::EnvFilter::new(format!("{level},tower_http=warn"))
+    });
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = match config.log_format {
         LogFormat::Json => builder.json().try_init(),

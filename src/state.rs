@@ -54,6 +54,10 @@ pub struct Shared {
     pub envoy: crate::config::EnvoySettings,
     /// The dashboard's live streams each session holds open here.
     pub streams: Arc<crate::connection::StreamSlots>,
+    /// TLS on the HTTP and gRPC ports, when configured.
+    pub tls: crate::tls::Ports,
+    /// The folder of Envoy domain files kept loaded, when configured.
+    pub domains_dir: Option<std::path::PathBuf>,
 }
 
 impl Shared {
@@ -82,6 +86,8 @@ impl AppState {
             trusted_proxies: config.trusted_proxies.clone(),
             envoy: config.envoy.clone(),
             streams: Default::default(),
+            tls: config.tls.clone(),
+            domains_dir: config.domains_dir.clone(),
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,

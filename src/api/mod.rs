@@ -19,7 +19,7 @@ use axum::{
     Json, Router,
     body::Bytes,
     extract::{FromRequest, Request, State},
-    http::{HeaderMap, header},
+    http::{HeaderMap, StatusCode, header},
     routing::{get, post},
 };
 use serde_json::{Value, json};
@@ -34,6 +34,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .route("/api/openapi.json", get(openapi::openapi_json))
         .route("/api/v1/check", post(check::check_handler))
@@ -163,11 +164,26 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         .redis_health()
         .await
         .map_err(ApiError::RedisUnavailable)?;
+    let folder = state
+        .service()
+        .domains_folder()
+        .map(|f| json!({ "dir": f.dir, "problem": f.problem }));
     Ok(Json(json!({
         "status": "ready",
         "policies_loaded": state.service().policies_loaded(),
+        "domains_folder": folder,
         "redis": { "server_time_us": health.server_time_us, "round_trip_us": health.round_trip_us },
     })))
+}
+
+/// envoyproxy/ratelimit's health check, where its users' probes look: `OK` while Redis
+/// answers and the server is not shutting down, 500 otherwise.
+#[utoipa::path(get, path = "/healthcheck", tag = "health", operation_id = "healthcheck", security(()), responses((status = 200, description = "OK", content_type = "text/plain"), (status = 500, description = "Redis unreachable or shutting down")))]
+async fn healthcheck(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    if state.shutdown.is_draining() || state.service().redis_health().await.is_err() {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "");
+    }
+    (StatusCode::OK, "OK")
 }
 
 /// Prometheus text exposition.

@@ -704,6 +704,7 @@ pub struct HistoryRanked {
     paths(
         super::healthz,
         super::readyz,
+        super::healthcheck,
         super::metrics,
         openapi_json,
         super::check::check_handler,

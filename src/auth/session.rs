@@ -242,7 +242,7 @@ fn is_outside_dashboard(path: &str) -> bool {
         || path.starts_with("/pkg/")
         || matches!(
             path,
-            "/healthz" | "/readyz" | "/metrics" | "/favicon.ico" | "/json"
+            "/healthz" | "/readyz" | "/healthcheck" | "/metrics" | "/favicon.ico" | "/json"
         )
 }
 

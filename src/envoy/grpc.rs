@@ -545,30 +545,39 @@ pub async fn serve(
     let connections = tokio_util::task::TaskTracker::new();
     let limit = Limit::new(state.max_connections);
     tokio::pin!(shutdown);
-    while let Some((stream, _, permit)) =
+    while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
-        let activity = std::sync::Arc::new(Activity::default());
-        let (state, routes) = (state.clone(), routes.clone());
-        let streams = activity.clone();
-        let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-            let in_flight = InFlight::start(&streams);
-            let answer = route(state.clone(), routes.clone(), request);
-            async move {
-                let answer = answer.await;
-                drop(in_flight);
-                Ok::<_, Infallible>(answer)
-            }
-        });
-        // Answers that one Redis call decides together leave in one write (see
-        // batched_writes).
-        // Only streams are watched here (`Watch::unused`): the socket is not wrapped to
-        // count its reads and writes.
-        let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(stream));
-        let connection = builder.serve_connection(io, service);
+        let (state, routes, builder) = (state.clone(), routes.clone(), builder.clone());
         let closing = closing.clone();
+        // The TLS handshake (when the port has TLS) happens in the connection's own task.
         connections.spawn(async move {
             let _permit = permit;
+            let tls = state.tls.grpc.as_deref();
+            let socket = match crate::tls::Socket::accept(stream, tls, timeout).await {
+                Ok(socket) => socket,
+                Err(error) => {
+                    tracing::debug!(%error, %peer, "gRPC TLS handshake failed");
+                    return;
+                }
+            };
+            let activity = std::sync::Arc::new(Activity::default());
+            let streams = activity.clone();
+            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                let in_flight = InFlight::start(&streams);
+                let answer = route(state.clone(), routes.clone(), request);
+                async move {
+                    let answer = answer.await;
+                    drop(in_flight);
+                    Ok::<_, Infallible>(answer)
+                }
+            });
+            // Answers that one Redis call decides together leave in one write (see
+            // batched_writes).
+            // Only streams are watched here (`Watch::unused`): the socket is not wrapped to
+            // count its reads and writes.
+            let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(socket));
+            let connection = builder.serve_connection(io, service);
             watch_connection(connection, &activity, timeout, &closing).await;
         });
     }

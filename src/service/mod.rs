@@ -67,6 +67,17 @@ pub struct Service {
     keys: std::sync::Arc<keys::ApiKeys>,
     /// Whether checks are also counted per rule in the metrics (`SPILLWAY_METRICS_RULE_LABEL`).
     rule_metrics: bool,
+    /// The domains folder kept loaded, if any: where, and why its latest files are not in
+    /// force.
+    domains_folder: std::sync::Arc<std::sync::Mutex<Option<DomainsFolder>>>,
+}
+
+/// The domains folder's state, as its reader reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DomainsFolder {
+    pub dir: String,
+    /// Why the folder's latest files are not in force (file and field), if they are not.
+    pub problem: Option<String>,
 }
 
 impl Service {
@@ -125,6 +136,7 @@ impl Service {
             webhook_targets: Default::default(),
             keys: Default::default(),
             rule_metrics: false,
+            domains_folder: Default::default(),
         }
     }
 
@@ -139,6 +151,25 @@ impl Service {
             )),
             ..Self::for_command(store)
         }
+    }
+
+    /// The domains folder's reader says how its latest reading went.
+    pub fn report_domains_folder(&self, dir: &str, problem: Option<String>) {
+        *self
+            .domains_folder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(DomainsFolder {
+            dir: dir.to_owned(),
+            problem,
+        });
+    }
+
+    /// The domains folder's state, when one is read.
+    pub fn domains_folder(&self) -> Option<DomainsFolder> {
+        self.domains_folder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The API keys this instance accepts.

@@ -317,6 +317,69 @@ impl Service {
     }
 }
 
+/// The Envoy domains of a set of files (name and text; a file may hold several domains as
+/// YAML documents), each validated, all or none: the error names the file and the field.
+/// What `spillway policy validate` and a domains folder read.
+pub fn read_envoy_files(files: &[(String, String)]) -> Result<Vec<Policy>, String> {
+    let mut policies: Vec<(Policy, &str)> = Vec::new();
+    for (file, text) in files {
+        let values = super::envoy::domain_files(text).map_err(|e| format!("{file}: {e}"))?;
+        let several = values.len() > 1;
+        for (i, value) in values.iter().enumerate() {
+            let at = |message: String| {
+                if several {
+                    format!("{file}: document {}: {message}", i + 1)
+                } else {
+                    format!("{file}: {message}")
+                }
+            };
+            let domain = crate::domain::envoy::EnvoyDomain::from_value(value)
+                .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
+            let policy = Policy::from_envoy(domain, crate::domain::FailureMode::default())
+                .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
+            if let Some((_, first)) = policies.iter().find(|(p, _)| p.name == policy.name) {
+                return Err(at(format!(
+                    "domain: {} is also in {first}; each domain comes from one file",
+                    policy.name
+                )));
+            }
+            policies.push((policy, file));
+        }
+    }
+    Ok(policies.into_iter().map(|(p, _)| p).collect())
+}
+
+impl Service {
+    /// Keeps the domains of `files` loaded (see [`read_envoy_files`]), all or none: writes
+    /// only the domains whose stored version differs, so every instance reading the same
+    /// files converges on one version each. Returns the names written.
+    pub async fn sync_envoy_files(
+        &self,
+        actor: &Actor,
+        files: &[(String, String)],
+    ) -> Result<Vec<String>, ChangeError> {
+        let policies = read_envoy_files(files).map_err(|message| ChangeError::Invalid {
+            field: "file".into(),
+            message,
+        })?;
+        let mut changed = Vec::new();
+        for mut policy in policies {
+            let old = self.store.get_policy(&policy.name).await?;
+            policy.settle_strict(old.as_ref());
+            let stored = old.as_ref().and_then(|o| o.envoy.clone());
+            keep_domain_settings(&mut policy, old)?;
+            if stored.is_none() || stored != policy.envoy {
+                changed.push(policy);
+            }
+        }
+        let names = changed.iter().map(|p| p.name.to_string()).collect();
+        if !changed.is_empty() {
+            self.import_policies(actor, changed).await?;
+        }
+        Ok(names)
+    }
+}
+
 impl Service {
     /// Brings back policy `name` as it was when it was last deleted (the delete's audit
     /// record keeps it), as a new policy; audited as `policy.restore`. Refused when a policy

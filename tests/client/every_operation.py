@@ -23,7 +23,7 @@ from spillway_client.api.checks import (
 from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
 from spillway_client.api.alerts import delete_alert, list_alerts, put_alert
 from spillway_client.api.history import read_history, read_history_csv
-from spillway_client.api.health import healthz, metrics, openapi_document, readyz
+from spillway_client.api.health import healthcheck, healthz, metrics, openapi_document, readyz
 from spillway_client.api.identifiers import inspect_identifier, reset_identifier, undo_reset
 from spillway_client.api.overrides import add_override, list_overrides, remove_override
 from spillway_client.api.policies import (
@@ -98,6 +98,7 @@ def ids(**pairs):
 # Health and the document.
 called("healthz", healthz.sync_detailed(client=anonymous), 200, Status)
 called("readyz", readyz.sync_detailed(client=anonymous), 200, Status)
+called("healthcheck", healthcheck.sync_detailed(client=anonymous), 200)
 called("openapi_document", openapi_document.sync_detailed(client=anonymous), 200)
 
 # The checks below count in one fixed minute (a per-minute rule): start clear of the

@@ -1,5 +1,6 @@
 //! The arrows between the top-level modules point down only (STYLE.md):
-//! domain ← store ← service ← state ← auth ← {api, envoy, app, cli} ← server ← main, with
+//! domain ← store ← service ← state ← auth ← {api, envoy, app, cli, domains_dir} ← server ←
+//! main, with
 //! leaf helpers (clock, connection, metrics, shutdown...) anyone may use. `state` is what
 //! every front door is handed (the service and the doors' settings); `auth` is who is
 //! calling, as HTTP sees it (a key in the headers, a session cookie), which every door asks
@@ -17,14 +18,14 @@ fn layer(module: &str) -> Option<u8> {
         "domain" => 0,
         // Leaves: helpers with no knowledge of the product's layers.
         "batched_writes" | "connection" | "forwarded" | "metrics" | "traces" | "shutdown"
-        | "demo" | "clock" | "ids" | "outbound" => 0,
+        | "demo" | "clock" | "ids" | "outbound" | "tls" => 0,
         "config" => 1,
         "store" => 2,
         "audit" | "webhooks" => 3,
         "service" => 4,
         "state" => 5,
         "auth" => 6,
-        "api" | "envoy" | "app" | "cli" => 7,
+        "api" | "envoy" | "app" | "cli" | "domains_dir" => 7,
         "server" => 8,
         _ => return None,
     })

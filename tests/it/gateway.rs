@@ -76,6 +76,28 @@ impl Envoy {
         rate_limits: &str,
         filter_limits: &str,
     ) -> Self {
+        Self::launch(app, backend, key, rate_limits, filter_limits, "").await
+    }
+
+    /// As [`Envoy::start`], calling Spillway over TLS: `tls` is the `spillway` cluster's
+    /// `transport_socket` (YAML, indented for its place).
+    async fn start_over_tls(
+        app: &TestApp,
+        backend: SocketAddr,
+        rate_limits: &str,
+        tls: &str,
+    ) -> Self {
+        Self::launch(app, backend, SERVICE_KEY, rate_limits, "", tls).await
+    }
+
+    async fn launch(
+        app: &TestApp,
+        backend: SocketAddr,
+        key: &str,
+        rate_limits: &str,
+        filter_limits: &str,
+        cluster_tls: &str,
+    ) -> Self {
         let port = free_port();
         let rate_limits = if rate_limits.is_empty() {
             String::new()
@@ -139,6 +161,7 @@ static_resources:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{http2_protocol_options: {{}}}}
+{cluster_tls}
     load_assignment:
       cluster_name: spillway
       endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {gport}}}}}}}}}]}}]
@@ -396,4 +419,90 @@ async fn exactly_n_of_200_concurrent_requests_pass_through_one_envoy() {
         .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
         .count();
     assert_eq!((passed, denied), (37, 163), "{answers:?}");
+}
+
+/// Envoy calls the gRPC port over mutual TLS with a client certificate from the CA Spillway
+/// trusts, as a mesh without a sidecar on the limiter would: limits hold. An Envoy whose
+/// certificate Spillway does not trust gets no answer and, told to, denies.
+#[tokio::test]
+async fn envoy_calls_the_grpc_port_over_mutual_tls() {
+    use crate::listeners_tls::{Ca, Folder};
+    let redis = RedisServer::start();
+    let ca = Ca::new("mesh CA");
+    let files = Folder::new("envoy-mtls");
+    let server = ca.server();
+    let app = crate::helpers::spawn_app_with(
+        &redis,
+        &[
+            (
+                "SPILLWAY_GRPC_TLS_CERT_FILE",
+                &files.write("tls.crt", &server.cert),
+            ),
+            (
+                "SPILLWAY_GRPC_TLS_KEY_FILE",
+                &files.write("tls.key", &server.key),
+            ),
+            (
+                "SPILLWAY_GRPC_TLS_CLIENT_CA_FILE",
+                &files.write("ca.crt", &ca.pem),
+            ),
+        ],
+    )
+    .await;
+    load(
+        &app,
+        "gw",
+        "domain: gw\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .await;
+    let transport = |name: &str, signed: &crate::listeners_tls::Signed| {
+        let cert = files.write(&format!("{name}.crt"), &signed.cert);
+        let key = files.write(&format!("{name}.key"), &signed.key);
+        let ca = files.write("trusted-ca.crt", &ca.pem);
+        format!(
+            "    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          tls_certificates: [{{certificate_chain: {{filename: {cert}}}, private_key: {{filename: {key}}}}}]
+          validation_context: {{trusted_ca: {{filename: {ca}}}}}"
+        )
+    };
+    let envoy = Envoy::start_over_tls(
+        &app,
+        backend().await,
+        BY_ADDRESS,
+        &transport("envoy", &ca.client("envoy")),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    clear_of_window_turn(Duration::from_secs(60)).await;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(get(&http, &envoy, "anyone").await.0);
+    }
+    assert_eq!(
+        codes,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let stranger = Ca::new("another CA").client("envoy");
+    let refused = Envoy::start_over_tls(
+        &app,
+        backend().await,
+        BY_ADDRESS,
+        &transport("stranger", &stranger),
+    )
+    .await;
+    // The handshake fails: no answer, so Envoy (failure_mode_deny) refuses.
+    assert_eq!(
+        get(&http, &refused, "anyone").await.0,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
 }

@@ -133,6 +133,9 @@ pub struct TestApp {
     /// The Envoy rate limit service (gRPC) of an app served here.
     pub grpc: Option<SocketAddr>,
     pub client: reqwest::Client,
+    /// `http`, or `https` for an app whose HTTP port serves TLS (with a `client` that
+    /// trusts its certificate).
+    pub scheme: &'static str,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -143,6 +146,7 @@ impl TestApp {
             addr,
             grpc: None,
             client: reqwest::Client::new(),
+            scheme: "http",
             shutdown: None,
         }
     }
@@ -153,7 +157,7 @@ impl TestApp {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
+        format!("{}://{}{}", self.scheme, self.addr, path)
     }
 
     /// The text of `GET /metrics`.
@@ -292,6 +296,7 @@ pub async fn serve(state: AppState) -> TestApp {
         addr,
         grpc: Some(grpc),
         client: reqwest::Client::new(),
+        scheme: "http",
         shutdown: Some(tx),
     }
 }

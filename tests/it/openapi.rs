@@ -9,6 +9,7 @@ use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, spawn_app};
 /// Every route of the JSON API, as the router serves it.
 const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
+    ("get", "/healthcheck"),
     ("get", "/readyz"),
     ("get", "/metrics"),
     ("get", "/api/openapi.json"),

@@ -5,6 +5,8 @@ use std::{path::Path, time::Duration};
 
 use leptos::config::LeptosOptions;
 
+pub mod upstream;
+
 /// Everything the server needs to start. Not `Debug`: it holds API keys.
 #[derive(Clone)]
 pub struct Config {
@@ -73,6 +75,18 @@ pub struct Config {
     /// OpenTelemetry traces, from the standard `OTEL_*` variables (`crate::traces`); `None`
     /// (the default) sends none.
     pub traces: Option<crate::traces::TraceSettings>,
+    /// TLS on the HTTP and gRPC ports (`SPILLWAY_TLS_*`, `SPILLWAY_HTTP_TLS_*`,
+    /// `SPILLWAY_GRPC_TLS_*`; see `crate::tls`), its files loaded; none by default.
+    pub tls: crate::tls::Ports,
+    /// The log filter when `RUST_LOG` is unset (`SPILLWAY_LOG_LEVEL`, which upstream's
+    /// `LOG_LEVEL` sets; default `info`).
+    pub log_level: Option<String>,
+    /// A folder of Envoy domain files kept loaded (`SPILLWAY_DOMAINS_DIR`, which upstream's
+    /// runtime variables set), read by the domains folder front door.
+    pub domains_dir: Option<std::path::PathBuf>,
+    /// Whether the environment is envoyproxy/ratelimit's ([`upstream`]), and what of it was
+    /// let go (logged once at start).
+    pub upstream: Option<Vec<String>>,
 }
 
 /// How long sessions live.
@@ -83,7 +97,7 @@ pub struct SessionSettings {
     /// Ends every session this long after sign-in (12 h).
     pub absolute: Duration,
     /// Always mark the cookie Secure (otherwise only when the request came over https,
-    /// as `X-Forwarded-Proto` says).
+    /// as `X-Forwarded-Proto` says); on when the HTTP port serves TLS.
     pub secure_cookies: bool,
 }
 
@@ -151,6 +165,16 @@ impl Config {
     /// Reads the configuration through `lookup`, so tests can configure without touching
     /// the process environment.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let invalid = |(name, problem)| ConfigError::Invalid { name, problem };
+        // In upstream's environment its variables decide what they name.
+        let upstream = upstream::Upstream::read(&lookup).map_err(invalid)?;
+        let own = lookup;
+        let lookup = |name: &str| {
+            upstream
+                .as_ref()
+                .and_then(|u| u.get(name))
+                .or_else(|| own(name))
+        };
         let leptos_toml = lookup("SPILLWAY_LEPTOS_TOML").unwrap_or_else(|| "Leptos.toml".into());
         let file = Path::new(&leptos_toml)
             .exists()
@@ -162,6 +186,14 @@ impl Config {
             // hashed names beside it: its pages name the files without hashes (and Leptos
             // would stop at the missing list while rendering).
             conf.leptos_options.hash_files = false;
+        }
+        // Leptos reads LEPTOS_SITE_ADDR from the process; upstream's HOST and PORT say it
+        // here.
+        if let Some(addr) = upstream.as_ref().and_then(|u| u.get("LEPTOS_SITE_ADDR")) {
+            conf.leptos_options.site_addr = addr.parse().map_err(|_| ConfigError::Invalid {
+                name: "PORT",
+                problem: format!("{addr} is not an address to listen on"),
+            })?;
         }
         let (redis_url, redis_cluster_urls) = redis_urls(&lookup)?;
         let (service_keys, admin_keys) = api_keys(&lookup)?;
@@ -181,7 +213,10 @@ impl Config {
                 });
             }
         };
-        let sessions = session_settings(&lookup)?;
+        let tls = crate::tls::Ports::from_lookup(&lookup).map_err(invalid)?;
+        let mut sessions = session_settings(&lookup)?;
+        // Every request to a TLS port came over https.
+        sessions.secure_cookies |= tls.http.is_some();
         let envoy = envoy_settings(&lookup)?;
         let traces = crate::traces::TraceSettings::from_lookup(&lookup)
             .map_err(|(name, problem)| ConfigError::Invalid { name, problem })?;
@@ -200,6 +235,12 @@ impl Config {
             seed_demo,
             metrics_rule_label,
             traces,
+            tls,
+            log_level: lookup("SPILLWAY_LOG_LEVEL").filter(|l| !l.trim().is_empty()),
+            domains_dir: lookup("SPILLWAY_DOMAINS_DIR")
+                .filter(|d| !d.trim().is_empty())
+                .map(std::path::PathBuf::from),
+            upstream: upstream.as_ref().map(|u| u.ignored.clone()),
             shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
                 Some("0") => Duration::ZERO,
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,

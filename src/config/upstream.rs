@@ -1,0 +1,580 @@
+//! envoyproxy/ratelimit's environment, as Envoy Gateway and Istio's guide set it, read as
+//! Spillway's own settings: replacing upstream's image is the whole migration.
+//!
+//! The environment is upstream's when it holds one of upstream's own variables
+//! ([`MARKERS`]), or when `SPILLWAY_UPSTREAM_ENV=true` says so (`false` turns the reading
+//! off). Then upstream's variables decide what they name, with upstream's defaults: HTTP
+//! (`/json`, `/healthcheck`, and the dashboard) on `HOST:PORT` (0.0.0.0:8080), gRPC on
+//! `GRPC_HOST:GRPC_PORT` (0.0.0.0:8081), Redis at `REDIS_URL` (host:port), callers without a
+//! key, no rate limit headers unless `LIMIT_RESPONSE_HEADERS_ENABLED`, domains from the
+//! runtime folder. A variable with no equivalent that would not change a decision is logged
+//! once at start ([`Upstream::ignored`]); one that would is refused, naming it.
+
+use std::collections::HashMap;
+
+/// A setting that cannot be used: the variable and what is wrong.
+pub type Problem = (&'static str, String);
+
+/// Variables only upstream's environment holds.
+pub const MARKERS: [&str; 9] = [
+    "CONFIG_TYPE",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "USE_STATSD",
+    "REDIS_SOCKET_TYPE",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_PORT",
+    "BACKEND_TYPE",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+];
+
+/// Upstream variables read and let go: no equivalent here, and no decision depends on them.
+const LET_GO: [(&str, &str); 20] = [
+    (
+        "USE_STATSD",
+        "no statsd: Prometheus metrics are on /metrics of the HTTP port",
+    ),
+    (
+        "USE_DOG_STATSD",
+        "no statsd: Prometheus metrics are on /metrics of the HTTP port",
+    ),
+    (
+        "USE_PROMETHEUS",
+        "Prometheus metrics are on /metrics of the HTTP port",
+    ),
+    (
+        "PROMETHEUS_ADDR",
+        "Prometheus metrics are on /metrics of the HTTP port",
+    ),
+    (
+        "PROMETHEUS_MAPPER_YAML",
+        "metric names are Spillway's own (spillway_*)",
+    ),
+    (
+        "DEBUG_PORT",
+        "no debug port: /metrics and the dashboard are on the HTTP port",
+    ),
+    ("REDIS_POOL_SIZE", "one multiplexed connection per instance"),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        "checks are batched by the coalescer",
+    ),
+    (
+        "REDIS_PIPELINE_LIMIT",
+        "checks are batched by the coalescer",
+    ),
+    (
+        "REDIS_TIMEOUT",
+        "the Redis timeout is SPILLWAY_REDIS_TIMEOUT_MS",
+    ),
+    (
+        "NEAR_LIMIT_RATIO",
+        "near-limit is shown on the dashboard at 80%",
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "keys expire with their window",
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "over-limit answers come from Redis",
+    ),
+    ("GRPC_MAX_CONNECTION_AGE", "connections are kept while used"),
+    (
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "connections are kept while used",
+    ),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "/healthcheck follows Redis and shutdown",
+    ),
+    ("RUNTIME_IGNOREDOTFILES", "dot files are always skipped"),
+    (
+        "TRACING_ENABLED",
+        "traces follow OTEL_EXPORTER_OTLP_ENDPOINT",
+    ),
+    (
+        "TRACING_SERVICE_NAME",
+        "the service name is OTEL_SERVICE_NAME (spillway)",
+    ),
+    (
+        "GRPC_SERVER_TLS_CA_CERT",
+        "envoyproxy/ratelimit does not read it either; GRPC_CLIENT_TLS_CACERT requires client certificates",
+    ),
+];
+
+/// Upstream variables that would change a decision and have no equivalent here, with the
+/// value they may hold and still be taken (upstream's default).
+const REFUSED: [(&str, &[&str], &str); 9] = [
+    ("BACKEND_TYPE", &["redis"], "only Redis is a backend"),
+    (
+        "REDIS_PERSECOND",
+        &["false"],
+        "per-second limits share the one Redis",
+    ),
+    (
+        "CACHE_KEY_PREFIX",
+        &[""],
+        "counters are kept under Spillway's own keys",
+    ),
+    (
+        "SHADOW_MODE",
+        &["false"],
+        "shadow mode is set per descriptor (shadow_mode: true)",
+    ),
+    ("QUOTA_MODE", &["false"], "quota mode is not supported"),
+    (
+        "MERGE_DOMAIN_CONFIG",
+        &["false"],
+        "each domain comes from one file",
+    ),
+    ("GRPC_UDS", &[""], "gRPC is served on a TCP port"),
+    (
+        "GRPC_CLIENT_TLS_SAN",
+        &[""],
+        "client certificates are checked against the CA only",
+    ),
+    (
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        &["false"],
+        "Redis's certificate is always verified",
+    ),
+];
+
+/// Spillway's settings as upstream's environment says them.
+#[derive(Debug, Default)]
+pub struct Upstream {
+    values: HashMap<&'static str, String>,
+    /// What was read and let go, a line each, for the log at start.
+    pub ignored: Vec<String>,
+}
+
+impl Upstream {
+    /// Reads upstream's environment through `lookup`: `None` when it is not upstream's.
+    pub fn read(lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Self>, Problem> {
+        let get = |name: &str| lookup(name).map(|v| v.trim().to_owned());
+        match get("SPILLWAY_UPSTREAM_ENV").as_deref() {
+            Some("false" | "0") => return Ok(None),
+            Some("true" | "1") => {}
+            None | Some("") if MARKERS.iter().any(|m| get(m).is_some()) => {}
+            None | Some("") => return Ok(None),
+            Some(other) => {
+                return Err((
+                    "SPILLWAY_UPSTREAM_ENV",
+                    format!("expected true or false, got {other:?}"),
+                ));
+            }
+        }
+        let mut upstream = Self::default();
+        for (name, accepted, why) in REFUSED {
+            if let Some(value) = get(name)
+                && !accepted.iter().any(|a| a.eq_ignore_ascii_case(&value))
+            {
+                return Err((
+                    name,
+                    format!("{value:?} would change what is limited, and {why}"),
+                ));
+            }
+        }
+        for (name, why) in LET_GO {
+            if let Some(value) = get(name) {
+                upstream
+                    .ignored
+                    .push(format!("{name}={value} is not used: {why}"));
+            }
+        }
+        upstream.listeners(&get)?;
+        upstream.redis(&get)?;
+        upstream.grpc_tls(&get)?;
+        upstream.answers(&get)?;
+        upstream.logs(&get)?;
+        upstream.domains(&get)?;
+        Ok(Some(upstream))
+    }
+
+    /// Spillway's variable `name` as upstream's environment sets it.
+    pub fn get(&self, name: &str) -> Option<String> {
+        self.values.get(name).cloned()
+    }
+
+    fn set(&mut self, name: &'static str, value: impl Into<String>) {
+        self.values.insert(name, value.into());
+    }
+
+    /// HTTP on HOST:PORT, gRPC on GRPC_HOST:GRPC_PORT.
+    fn listeners(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        let addr = |host: &'static str, port: &'static str, default: u16| {
+            let host = get(host).filter(|h| !h.is_empty());
+            let host = host.as_deref().unwrap_or("0.0.0.0");
+            let port = match get(port).filter(|p| !p.is_empty()) {
+                None => default,
+                Some(p) => p
+                    .parse::<u16>()
+                    .map_err(|_| (port, format!("expected a port number, got {p:?}")))?,
+            };
+            // A host name (not an address) listens on every interface, as Go does for one
+            // that resolves to them.
+            let ip: std::net::IpAddr = host
+                .trim_matches(['[', ']'])
+                .parse()
+                .unwrap_or([0, 0, 0, 0].into());
+            Ok::<_, Problem>(std::net::SocketAddr::new(ip, port).to_string())
+        };
+        let http = addr("HOST", "PORT", 8080)?;
+        let grpc = addr("GRPC_HOST", "GRPC_PORT", 8081)?;
+        self.set("LEPTOS_SITE_ADDR", http);
+        self.set("SPILLWAY_GRPC_ADDR", grpc);
+        Ok(())
+    }
+
+    /// REDIS_URL as host:port (several, comma-separated, for a cluster), with REDIS_AUTH,
+    /// REDIS_TLS and REDIS_TLS_CACERT.
+    fn redis(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        match get("REDIS_SOCKET_TYPE")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "tcp") => {}
+            Some(other) => {
+                return Err((
+                    "REDIS_SOCKET_TYPE",
+                    format!(
+                        "{other:?}: Redis is reached over TCP here (set tcp and REDIS_URL host:port)"
+                    ),
+                ));
+            }
+        }
+        for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
+            if get(name).is_some_and(|v| !v.is_empty()) {
+                return Err((
+                    name,
+                    "client certificates for Redis are not supported; Redis would refuse the connection".into(),
+                ));
+            }
+        }
+        let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) else {
+            return Ok(());
+        };
+        if url.contains("://") {
+            // Already a URL: Spillway's own form.
+            return Ok(());
+        }
+        let tls = matches!(
+            get("REDIS_TLS")
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .as_deref(),
+            Some("true" | "1")
+        );
+        let scheme = if tls { "rediss" } else { "redis" };
+        let auth = match get("REDIS_AUTH").filter(|a| !a.is_empty()) {
+            None => String::new(),
+            // "user:password" or a password alone, as upstream reads it.
+            Some(auth) => {
+                let enc = |s: &str| {
+                    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
+                        .to_string()
+                };
+                match auth.split_once(':') {
+                    Some((user, password)) => format!("{}:{}@", enc(user), enc(password)),
+                    None => format!(":{}@", enc(&auth)),
+                }
+            }
+        };
+        let urls: Vec<String> = url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(|host| format!("{scheme}://{auth}{host}"))
+            .collect();
+        match get("REDIS_TYPE")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "single") => {
+                if urls.len() > 1 {
+                    return Err((
+                        "REDIS_URL",
+                        "several addresses need REDIS_TYPE=cluster".into(),
+                    ));
+                }
+                self.set("REDIS_URL", urls.concat());
+            }
+            Some("cluster") => self.set("REDIS_CLUSTER_URLS", urls.join(",")),
+            Some(other) => {
+                return Err((
+                    "REDIS_TYPE",
+                    format!("{other:?}: a single Redis or a Redis Cluster (single, cluster)"),
+                ));
+            }
+        }
+        if let Some(ca) = get("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
+            self.set("REDIS_CA_CERT", ca);
+        }
+        Ok(())
+    }
+
+    /// GRPC_SERVER_USE_TLS with its certificate, key and client CA.
+    fn grpc_tls(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        let on = match get("GRPC_SERVER_USE_TLS")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err((
+                    "GRPC_SERVER_USE_TLS",
+                    format!("expected true or false, got {other:?}"),
+                ));
+            }
+        };
+        if !on {
+            return Ok(());
+        }
+        for (theirs, ours) in [
+            ("GRPC_SERVER_TLS_CERT", "SPILLWAY_GRPC_TLS_CERT_FILE"),
+            ("GRPC_SERVER_TLS_KEY", "SPILLWAY_GRPC_TLS_KEY_FILE"),
+        ] {
+            match get(theirs).filter(|v| !v.is_empty()) {
+                Some(path) => self.set(ours, path),
+                None => {
+                    return Err((
+                        theirs,
+                        "GRPC_SERVER_USE_TLS is true, so it is needed".into(),
+                    ));
+                }
+            }
+        }
+        if let Some(ca) = get("GRPC_CLIENT_TLS_CACERT").filter(|v| !v.is_empty()) {
+            self.set("SPILLWAY_GRPC_TLS_CLIENT_CA_FILE", ca);
+        }
+        Ok(())
+    }
+
+    /// Callers send no key (upstream has none); headers only when upstream would add them.
+    fn answers(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        if get("SPILLWAY_GRPC_AUTH").is_none() {
+            self.set("SPILLWAY_GRPC_AUTH", "none");
+        }
+        let headers = match get("LIMIT_RESPONSE_HEADERS_ENABLED")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "false" | "0") => "none",
+            Some("true" | "1") => "draft03",
+            Some(other) => {
+                return Err((
+                    "LIMIT_RESPONSE_HEADERS_ENABLED",
+                    format!("expected true or false, got {other:?}"),
+                ));
+            }
+        };
+        if get("SPILLWAY_ENVOY_HEADERS").is_none() {
+            self.set("SPILLWAY_ENVOY_HEADERS", headers);
+        }
+        for (name, default) in [
+            ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            ("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            ("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+        ] {
+            if let Some(v) = get(name).filter(|v| !v.eq_ignore_ascii_case(default)) {
+                self.ignored
+                    .push(format!("{name}={v} is not used: the header is {default}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// LOG_LEVEL and LOG_FORMAT.
+    fn logs(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        if let Some(level) = get("LOG_LEVEL").filter(|l| !l.is_empty()) {
+            let filter = match level.to_ascii_lowercase().as_str() {
+                "trace" => "trace",
+                "debug" => "debug",
+                "info" => "info",
+                "warn" | "warning" => "warn",
+                "error" | "fatal" | "panic" => "error",
+                _ => {
+                    return Err((
+                        "LOG_LEVEL",
+                        format!("expected trace, debug, info, warn or error, got {level:?}"),
+                    ));
+                }
+            };
+            self.set("SPILLWAY_LOG_LEVEL", filter);
+        }
+        if get("LOG_FORMAT").is_some_and(|f| f.eq_ignore_ascii_case("json")) {
+            self.set("SPILLWAY_LOG_FORMAT", "json");
+        }
+        Ok(())
+    }
+
+    /// CONFIG_TYPE: FILE reads the runtime folder (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
+    /// RUNTIME_APPDIRECTORY); xDS is refused until it is served.
+    fn domains(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        match get("CONFIG_TYPE")
+            .as_deref()
+            .map(str::to_ascii_uppercase)
+            .as_deref()
+        {
+            None | Some("" | "FILE") => {}
+            Some("GRPC_XDS_SOTW") => {
+                return Err((
+                    "CONFIG_TYPE",
+                    "GRPC_XDS_SOTW: domains over xDS are not served yet; load them through \
+                     the admin API or a runtime folder (CONFIG_TYPE=FILE)"
+                        .into(),
+                ));
+            }
+            Some(other) => {
+                return Err((
+                    "CONFIG_TYPE",
+                    format!("expected FILE or GRPC_XDS_SOTW, got {other:?}"),
+                ));
+            }
+        }
+        let root = get("RUNTIME_ROOT")
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| "/srv/runtime_data/current".into());
+        let mut dir = std::path::PathBuf::from(root);
+        if let Some(sub) = get("RUNTIME_SUBDIRECTORY").filter(|s| !s.is_empty()) {
+            dir.push(sub);
+        }
+        dir.push(
+            get("RUNTIME_APPDIRECTORY")
+                .filter(|a| !a.is_empty())
+                .unwrap_or_else(|| "config".into()),
+        );
+        self.set("SPILLWAY_DOMAINS_DIR", dir.to_string_lossy());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(pairs: &[(&str, &str)]) -> Result<Option<Upstream>, Problem> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Upstream::read(&|name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn spillways_own_environment_is_not_upstreams() {
+        assert!(
+            read(&[("REDIS_URL", "redis://x:6379"), ("PORT", "9000")])
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            read(&[("SPILLWAY_UPSTREAM_ENV", "false"), ("GRPC_PORT", "1")])
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn envoy_gateways_environment_reads_as_spillways() {
+        let u = read(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("LOG_LEVEL", "info"),
+            ("USE_STATSD", "false"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.infra:6379"),
+            ("REDIS_AUTH", "app:p@ss"),
+            ("REDIS_TLS", "true"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+            ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(u.get("LEPTOS_SITE_ADDR").unwrap(), "0.0.0.0:8080");
+        assert_eq!(u.get("SPILLWAY_GRPC_ADDR").unwrap(), "0.0.0.0:8081");
+        assert_eq!(
+            u.get("REDIS_URL").unwrap(),
+            "rediss://app:p%40ss@redis.infra:6379"
+        );
+        assert_eq!(
+            u.get("SPILLWAY_GRPC_TLS_CERT_FILE").unwrap(),
+            "/certs/tls.crt"
+        );
+        assert_eq!(u.get("SPILLWAY_GRPC_TLS_CLIENT_CA_FILE"), None);
+        assert_eq!(u.get("SPILLWAY_GRPC_AUTH").unwrap(), "none");
+        assert_eq!(u.get("SPILLWAY_ENVOY_HEADERS").unwrap(), "none");
+        assert_eq!(u.get("SPILLWAY_LOG_LEVEL").unwrap(), "info");
+        assert_eq!(
+            u.get("SPILLWAY_DOMAINS_DIR").unwrap(),
+            "/data/ratelimit/config"
+        );
+        assert!(
+            u.ignored
+                .iter()
+                .any(|l| l.starts_with("GRPC_SERVER_TLS_CA_CERT=")),
+            "{:?}",
+            u.ignored
+        );
+    }
+
+    #[test]
+    fn what_would_change_a_decision_is_refused_by_name() {
+        let refused = |pairs: &[(&str, &str)]| read(pairs).unwrap_err().0;
+        assert_eq!(
+            refused(&[("GRPC_PORT", "8081"), ("SHADOW_MODE", "true")]),
+            "SHADOW_MODE"
+        );
+        assert_eq!(refused(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]), "CONFIG_TYPE");
+        assert_eq!(
+            refused(&[("USE_STATSD", "false"), ("REDIS_SOCKET_TYPE", "unix")]),
+            "REDIS_SOCKET_TYPE"
+        );
+        assert_eq!(
+            refused(&[("GRPC_SERVER_USE_TLS", "true")]),
+            "GRPC_SERVER_TLS_CERT"
+        );
+        assert_eq!(refused(&[("GRPC_PORT", "x")]), "GRPC_PORT");
+        // Upstream's defaults are accepted.
+        assert!(
+            read(&[
+                ("GRPC_PORT", "9"),
+                ("SHADOW_MODE", "false"),
+                ("CACHE_KEY_PREFIX", "")
+            ])
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_cluster_and_a_password_alone() {
+        let u = read(&[
+            ("USE_STATSD", "false"),
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", "a:7000,b:7001"),
+            ("REDIS_AUTH", "secret"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            u.get("REDIS_CLUSTER_URLS").unwrap(),
+            "redis://:secret@a:7000,redis://:secret@b:7001"
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! envoyproxy/ratelimit's environment and its runtime folder: the real binary started with
+//! Istio's guide's variables (and nothing of Spillway's own), and a domains folder swapped
+//! the way Kubernetes swaps a mounted ConfigMap.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+
+use crate::{
+    envoy::{OK, OVER, ask, client, descriptor, request},
+    helpers::{ADMIN_KEY, RedisServer, TestApp, free_port, spawn_app_with},
+    listeners_tls::Folder,
+};
+
+/// A domain file of one `user` rule of `limit` an hour.
+fn domain(name: &str, limit: u32) -> String {
+    format!(
+        "domain: {name}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n"
+    )
+}
+
+/// Lays `files` out as Kubernetes mounts a ConfigMap: each a symlink into `..data`, itself a
+/// symlink to a timestamped folder that is swapped whole (rename over `..data`).
+fn configmap(dir: &Path, version: u32, files: &[(&str, &str)]) {
+    let target = format!("..{version}");
+    std::fs::create_dir_all(dir.join(&target)).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.join(&target).join(name), text).unwrap();
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(Path::new("..data").join(name), &link).unwrap();
+        }
+    }
+    let tmp = dir.join("..data_tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&target, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+}
+
+/// The limit the domain's `user` rule has as stored (`None` while it is not loaded).
+async fn limit_of(app: &TestApp, domain: &str) -> Option<u64> {
+    let r = app
+        .client
+        .get(app.url(&format!("/api/v1/envoy/domains/{domain}")))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    if !r.status().is_success() {
+        return None;
+    }
+    let doc: Value = r.json().await.unwrap();
+    doc["descriptors"][0]["rate_limit"]["requests_per_unit"].as_u64()
+}
+
+/// Waits up to `within` for `domain`'s stored limit to read `want`.
+async fn until_stored(app: &TestApp, domain: &str, want: u64, within: Duration) {
+    let started = Instant::now();
+    while limit_of(app, domain).await != Some(want) {
+        assert!(
+            started.elapsed() < within,
+            "{domain} was not stored with limit {want} within {within:?}: {:?}",
+            limit_of(app, domain).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `app` lets `hits` hits of a user never seen before through `domain`: whether the
+/// limit this instance enforces is at least `hits`.
+async fn allows(app: &TestApp, domain: &str, hits: u32) -> bool {
+    static USERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let user = format!(
+        "probe-{}",
+        USERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let mut c = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://{}", app.grpc.unwrap()),
+    )
+    .await
+    .unwrap();
+    let mut message = request(domain, vec![descriptor(&[("user", &user)])]);
+    message.hits_addend = hits;
+    ask(&mut c, message).await.overall_code == OK
+}
+
+/// Waits up to `within` until every app enforces a limit of at least `hits` (or, with
+/// `allowed` false, below it); how long it took.
+async fn until_enforced(apps: &[&TestApp], domain: &str, hits: u32, within: Duration) -> Duration {
+    let started = Instant::now();
+    for app in apps {
+        while !allows(app, domain, hits).await {
+            assert!(
+                started.elapsed() < within,
+                "{hits} hits of {domain} still refused after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    started.elapsed()
+}
+
+async fn readyz(app: &TestApp) -> Value {
+    app.client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_domains_folder_follows_a_configmap_swap_on_every_instance_and_keeps_a_good_set() {
+    let redis = RedisServer::start();
+    let folder = Folder::new("domains-folder");
+    configmap(&folder.0, 1, &[("folder.yaml", &domain("folder", 2))]);
+    let dir = folder.0.to_str().unwrap();
+    let one = spawn_app_with(&redis, &[("SPILLWAY_DOMAINS_DIR", dir)]).await;
+    let two = spawn_app_with(&redis, &[("SPILLWAY_DOMAINS_DIR", dir)]).await;
+    until_stored(&one, "folder", 2, Duration::from_secs(5)).await;
+    // Loaded, it limits.
+    let mut grpc = client(&one).await;
+    let ask_bob = || request("folder", vec![descriptor(&[("user", "bob")])]);
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(ask(&mut grpc, ask_bob()).await.overall_code);
+    }
+    assert_eq!(codes, [OK, OK, OVER]);
+
+    // The ConfigMap is updated: both instances enforce the new limit within 2 s.
+    configmap(&folder.0, 2, &[("folder.yaml", &domain("folder", 5))]);
+    let took = until_enforced(&[&one, &two], "folder", 5, Duration::from_secs(4)).await;
+    assert!(
+        took < Duration::from_millis(2500),
+        "in force after {took:?}"
+    );
+
+    // A broken file (and a good one beside it) loads nothing: the previous set stays, and
+    // /readyz names the file and the field.
+    configmap(
+        &folder.0,
+        3,
+        &[
+            ("folder.yaml", &domain("folder", 9)),
+            (
+                "broken.yaml",
+                "domain: broken\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+            ),
+        ],
+    );
+    let started = Instant::now();
+    let problem = loop {
+        if let Some(p) = readyz(&two).await["domains_folder"]["problem"].as_str() {
+            break p.to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no problem shown"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        problem.contains("broken.yaml") && problem.contains("unit"),
+        "{problem}"
+    );
+    assert_eq!(limit_of(&one, "folder").await, Some(5));
+    assert!(!allows(&one, "folder", 6).await);
+    assert_eq!(limit_of(&one, "broken").await, None);
+
+    // Fixed, the whole set loads.
+    configmap(
+        &folder.0,
+        4,
+        &[
+            ("folder.yaml", &domain("folder", 9)),
+            ("broken.yaml", &domain("broken", 1)),
+        ],
+    );
+    until_enforced(&[&one, &two], "folder", 9, Duration::from_secs(4)).await;
+    until_stored(&one, "broken", 1, Duration::from_secs(3)).await;
+    assert_eq!(readyz(&one).await["domains_folder"]["problem"], Value::Null);
+}
+
+/// The real binary as Istio's guide deploys envoyproxy/ratelimit: its variables only.
+struct Upstream {
+    child: Child,
+    http: u16,
+    grpc: u16,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
+    let redis = RedisServer::start();
+    let root = Folder::new("runtime-root");
+    let config = root.0.join("ratelimit").join("config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("config.yaml"), domain("ratelimit", 2)).unwrap();
+    let redis_address = redis.url().trim_start_matches("redis://").to_owned();
+    let (http, grpc) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs([
+            ("LOG_LEVEL", "debug"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", redis_address.as_str()),
+            ("USE_STATSD", "false"),
+            ("RUNTIME_ROOT", root.0.to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", &http.to_string()),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", &grpc.to_string()),
+            // The binary's own Leptos.toml (its site), as the image has it.
+            (
+                "SPILLWAY_LEPTOS_TOML",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/Leptos.toml"),
+            ),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let server = Upstream { child, http, grpc };
+    let http_client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{}", server.http);
+    // upstream's probe: GET /healthcheck answers OK.
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = http_client.get(format!("{base}/healthcheck")).send().await {
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.text().await.unwrap(), "OK");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "did not start on PORT"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // /json on PORT, without a key, from the runtime folder's domain.
+    let body = json!({"domain": "ratelimit", "descriptors": [{"entries": [{"key": "user", "value": "carol"}]}]});
+    let mut codes = Vec::new();
+    let started = Instant::now();
+    while codes.len() < 3 {
+        let r = http_client
+            .post(format!("{base}/json"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let answer: Value = r.json().await.unwrap_or(Value::Null);
+        if codes.is_empty()
+            && answer["overallCode"] != "OK"
+            && answer["overallCode"] != "OVER_LIMIT"
+        {
+            // The folder is read within a second of the start.
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{status}: {answer}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        codes.push((
+            status,
+            answer["overallCode"].as_str().unwrap_or("").to_owned(),
+        ));
+    }
+    assert_eq!(
+        codes,
+        [
+            (200, "OK".to_owned()),
+            (200, "OK".to_owned()),
+            (429, "OVER_LIMIT".to_owned())
+        ]
+    );
+    // gRPC on GRPC_PORT, without a key.
+    let mut grpc = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(
+        format!("http://127.0.0.1:{}", server.grpc),
+    )
+    .await
+    .unwrap();
+    // No key sent: upstream has none.
+    let answer = grpc
+        .should_rate_limit(request("ratelimit", vec![descriptor(&[("user", "carol")])]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.overall_code, OVER);
+}
+
+#[test]
+fn what_upstream_has_and_spillway_does_not_stops_the_start_naming_it() {
+    let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .env_clear()
+        .envs([("CONFIG_TYPE", "FILE"), ("SHADOW_MODE", "true")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].starts_with("spillway: reading the configuration: SHADOW_MODE: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn policy_validate_checks_files_without_a_server() {
+    let folder = Folder::new("validate");
+    let good = folder.write("good.yaml", &domain("good", 3));
+    let bad = folder.write(
+        "bad.yaml",
+        "domain: bad\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: -1}\n",
+    );
+    let twice = folder.write("twice.yaml", &domain("good", 4));
+    let run = |files: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .env_clear()
+            .args(["policy", "validate"])
+            .args(files)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&[&good]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&ok.stdout),
+        format!("ok {good}: good\n")
+    );
+    let failed = run(&[&good, &bad]);
+    assert!(!failed.status.success());
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    assert!(
+        stderr.contains("bad.yaml") && stderr.contains("requests_per_unit"),
+        "{stderr}"
+    );
+    let duplicate = run(&[&good, &twice]);
+    assert!(!duplicate.status.success());
+    let stderr = String::from_utf8_lossy(&duplicate.stderr);
+    assert!(stderr.contains("also in"), "{stderr}");
+}
