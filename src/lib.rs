@@ -57,6 +57,8 @@ pub mod tls;
 pub mod traces;
 #[cfg(feature = "ssr")]
 pub mod webhooks;
+#[cfg(feature = "ssr")]
+pub mod xds;
 
 /// Installs rustls's process-wide crypto provider (ring), which both `rediss://`
 /// connections and the outgoing HTTP clients (webhooks, the demo) need; anything that builds

@@ -237,6 +237,11 @@ pub async fn serve(
         let folder = crate::domains_dir::Folder::new(dir.clone());
         state.shutdown.spawn(folder.watch(state.service().clone()));
     }
+    if let Some(xds) = &state.xds {
+        state
+            .shutdown
+            .spawn(crate::xds::run(state.service().clone(), xds.clone()));
+    }
     let grpc = grpc.map(|listener| {
         let stopped = state.shutdown.clone();
         tokio::spawn(crate::envoy::grpc::serve(

@@ -58,6 +58,8 @@ pub struct Shared {
     pub tls: crate::tls::Ports,
     /// The folder of Envoy domain files kept loaded, when configured.
     pub domains_dir: Option<std::path::PathBuf>,
+    /// The xDS management server domains come from, when configured.
+    pub xds: Option<crate::config::xds::XdsSettings>,
 }
 
 impl Shared {
@@ -88,6 +90,7 @@ impl AppState {
             streams: Default::default(),
             tls: config.tls.clone(),
             domains_dir: config.domains_dir.clone(),
+            xds: config.xds.clone(),
             forward_auth: Arc::new(ForwardAuth {
                 identifiers: config.forward_auth_identifiers,
                 deny_status: config.forward_auth_deny_status,

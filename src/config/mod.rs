@@ -6,6 +6,7 @@ use std::{path::Path, time::Duration};
 use leptos::config::LeptosOptions;
 
 pub mod upstream;
+pub mod xds;
 
 /// Everything the server needs to start. Not `Debug`: it holds API keys.
 #[derive(Clone)]
@@ -84,6 +85,8 @@ pub struct Config {
     /// A folder of Envoy domain files kept loaded (`SPILLWAY_DOMAINS_DIR`, which upstream's
     /// runtime variables set), read by the domains folder front door.
     pub domains_dir: Option<std::path::PathBuf>,
+    /// Domains over xDS from a management server (`SPILLWAY_XDS_*`), for the xDS client.
+    pub xds: Option<xds::XdsSettings>,
     /// Whether the environment is envoyproxy/ratelimit's ([`upstream`]), and what of it was
     /// let go (logged once at start).
     pub upstream: Option<Vec<String>>,
@@ -241,6 +244,7 @@ impl Config {
                 .filter(|d| !d.trim().is_empty())
                 .map(std::path::PathBuf::from),
             upstream: upstream.as_ref().map(|u| u.ignored.clone()),
+            xds: xds::XdsSettings::from_lookup(&lookup).map_err(invalid)?,
             shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
                 Some("0") => Duration::ZERO,
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,

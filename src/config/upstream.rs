@@ -415,7 +415,7 @@ impl Upstream {
     }
 
     /// CONFIG_TYPE: FILE reads the runtime folder (RUNTIME_ROOT, RUNTIME_SUBDIRECTORY,
-    /// RUNTIME_APPDIRECTORY); xDS is refused until it is served.
+    /// RUNTIME_APPDIRECTORY), GRPC_XDS_SOTW subscribes to a management server.
     fn domains(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
         match get("CONFIG_TYPE")
             .as_deref()
@@ -423,14 +423,7 @@ impl Upstream {
             .as_deref()
         {
             None | Some("" | "FILE") => {}
-            Some("GRPC_XDS_SOTW") => {
-                return Err((
-                    "CONFIG_TYPE",
-                    "GRPC_XDS_SOTW: domains over xDS are not served yet; load them through \
-                     the admin API or a runtime folder (CONFIG_TYPE=FILE)"
-                        .into(),
-                ));
-            }
+            Some("GRPC_XDS_SOTW") => return self.xds(get),
             Some(other) => {
                 return Err((
                     "CONFIG_TYPE",
@@ -451,6 +444,75 @@ impl Upstream {
                 .unwrap_or_else(|| "config".into()),
         );
         self.set("SPILLWAY_DOMAINS_DIR", dir.to_string_lossy());
+        Ok(())
+    }
+}
+
+impl Upstream {
+    /// CONFIG_TYPE=GRPC_XDS_SOTW: the management server and how to reach it.
+    fn xds(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+        let tls = match get("CONFIG_GRPC_XDS_SERVER_USE_TLS")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None | Some("" | "false" | "0") => false,
+            Some("true" | "1") => true,
+            Some(other) => {
+                return Err((
+                    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+                    format!("expected true or false, got {other:?}"),
+                ));
+            }
+        };
+        let server = get("CONFIG_GRPC_XDS_SERVER_URL")
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "localhost:18000".into());
+        let scheme = if tls { "https" } else { "http" };
+        self.set("SPILLWAY_XDS_SERVER", format!("{scheme}://{server}"));
+        self.set(
+            "SPILLWAY_XDS_NODE_ID",
+            get("CONFIG_GRPC_XDS_NODE_ID")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "default".into()),
+        );
+        for (theirs, ours) in [
+            (
+                "CONFIG_GRPC_XDS_NODE_METADATA",
+                "SPILLWAY_XDS_NODE_METADATA",
+            ),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+                "SPILLWAY_XDS_TLS_CERT_FILE",
+            ),
+            (
+                "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+                "SPILLWAY_XDS_TLS_KEY_FILE",
+            ),
+            (
+                "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+                "SPILLWAY_XDS_TLS_CA_FILE",
+            ),
+            (
+                "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+                "SPILLWAY_XDS_TLS_SERVER_NAME",
+            ),
+        ] {
+            if let Some(value) = get(theirs).filter(|v| !v.is_empty()) {
+                if !tls && ours.contains("_TLS_") {
+                    // Upstream reads no TLS file without CONFIG_GRPC_XDS_SERVER_USE_TLS.
+                    continue;
+                }
+                self.set(ours, value);
+            }
+        }
+        if let Some(headers) =
+            get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS").filter(|h| !h.is_empty())
+        {
+            self.ignored.push(format!(
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS={headers} is not used: no extra metadata is sent"
+            ));
+        }
         Ok(())
     }
 }
@@ -541,7 +603,7 @@ mod tests {
             refused(&[("GRPC_PORT", "8081"), ("SHADOW_MODE", "true")]),
             "SHADOW_MODE"
         );
-        assert_eq!(refused(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]), "CONFIG_TYPE");
+        assert_eq!(refused(&[("CONFIG_TYPE", "XDS")]), "CONFIG_TYPE");
         assert_eq!(
             refused(&[("USE_STATSD", "false"), ("REDIS_SOCKET_TYPE", "unix")]),
             "REDIS_SOCKET_TYPE"
@@ -560,6 +622,28 @@ mod tests {
             ])
             .is_ok()
         );
+    }
+
+    #[test]
+    fn envoy_gateways_xds_settings() {
+        let u = read(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            u.get("SPILLWAY_XDS_SERVER").unwrap(),
+            "https://envoy-gateway:18001"
+        );
+        assert_eq!(u.get("SPILLWAY_XDS_NODE_ID").unwrap(), "envoy-ratelimit");
+        assert_eq!(u.get("SPILLWAY_XDS_TLS_CA_FILE").unwrap(), "/certs/ca.crt");
+        assert_eq!(u.get("SPILLWAY_DOMAINS_DIR"), None);
     }
 
     #[test]

@@ -25,7 +25,7 @@ fn layer(module: &str) -> Option<u8> {
         "service" => 4,
         "state" => 5,
         "auth" => 6,
-        "api" | "envoy" | "app" | "cli" | "domains_dir" => 7,
+        "api" | "envoy" | "app" | "cli" | "domains_dir" | "xds" => 7,
         "server" => 8,
         _ => return None,
     })

@@ -35,3 +35,4 @@ mod tls;
 mod traces;
 mod unmatched;
 mod upstream_env;
+mod xds;

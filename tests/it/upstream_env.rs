@@ -72,7 +72,7 @@ async fn until_stored(app: &TestApp, domain: &str, want: u64, within: Duration) 
 
 /// Whether `app` lets `hits` hits of a user never seen before through `domain`: whether the
 /// limit this instance enforces is at least `hits`.
-async fn allows(app: &TestApp, domain: &str, hits: u32) -> bool {
+pub(crate) async fn allows(app: &TestApp, domain: &str, hits: u32) -> bool {
     static USERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let user = format!(
         "probe-{}",

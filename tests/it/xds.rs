@@ -1,0 +1,350 @@
+//! Domains over xDS: a management server inside the test (tonic, the aggregated discovery
+//! service, over mutual TLS as Envoy Gateway serves it) sends `RateLimitConfig` resources to
+//! two instances; a first version, a change, a bad version (NACKed, the old one still
+//! answers), and a restart of the server that starts its versions again.
+
+use std::{
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use envoy_types::pb::{
+    envoy::service::discovery::v3::{
+        DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+        aggregated_discovery_service_server::{
+            AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+        },
+    },
+    google::protobuf::Any,
+    ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    },
+};
+use prost::Message;
+use tokio::sync::watch;
+
+use crate::{
+    helpers::{RedisServer, spawn_app_with},
+    listeners_tls::{Ca, Folder},
+    upstream_env::allows,
+};
+
+const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
+
+/// The set the server serves: its version and domains.
+type Snapshot = (String, Vec<RateLimitConfig>);
+
+/// A management server of the test's own: serves the current snapshot on every stream and
+/// again whenever it changes, and keeps every request it is sent.
+#[derive(Clone)]
+struct Management {
+    snapshot: watch::Receiver<Snapshot>,
+    requests: Arc<Mutex<Vec<DiscoveryRequest>>>,
+    streams: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+type Responses =
+    Pin<Box<dyn futures_util::Stream<Item = Result<DiscoveryResponse, tonic::Status>> + Send>>;
+type DeltaResponses =
+    Pin<Box<dyn futures_util::Stream<Item = Result<DeltaDiscoveryResponse, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Management {
+    type StreamAggregatedResourcesStream = Responses;
+    type DeltaAggregatedResourcesStream = DeltaResponses;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Responses>, tonic::Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let (mut snapshot, requests) = (self.snapshot.clone(), self.requests.clone());
+        let task = tokio::spawn(async move {
+            let mut nonce = 0u32;
+            snapshot.mark_changed();
+            loop {
+                tokio::select! {
+                    changed = snapshot.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let (version, configs) = snapshot.borrow_and_update().clone();
+                        nonce += 1;
+                        let response = DiscoveryResponse {
+                            version_info: version,
+                            type_url: TYPE_URL.into(),
+                            nonce: nonce.to_string(),
+                            resources: configs
+                                .iter()
+                                .map(|c| Any { type_url: TYPE_URL.into(), value: c.encode_to_vec() })
+                                .collect(),
+                            ..Default::default()
+                        };
+                        if tx.send(Ok(response)).await.is_err() {
+                            return;
+                        }
+                    }
+                    request = incoming.message() => match request {
+                        Ok(Some(request)) => requests.lock().unwrap().push(request),
+                        _ => return,
+                    },
+                }
+            }
+        });
+        self.streams.lock().unwrap().push(task);
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+            );
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<DeltaResponses>, tonic::Status> {
+        Err(tonic::Status::unimplemented("state of the world only"))
+    }
+}
+
+/// The management server running on `addr` over mTLS, until `stop`.
+struct Running {
+    server: tokio::task::JoinHandle<()>,
+    management: Management,
+    publish: watch::Sender<Snapshot>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Running {
+    async fn start(addr: SocketAddr, pki: &Pki, first: Snapshot) -> Self {
+        let (publish, snapshot) = watch::channel(first);
+        let management = Management {
+            snapshot,
+            requests: Default::default(),
+            streams: Default::default(),
+        };
+        let tls = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(
+                &pki.server.cert,
+                &pki.server.key,
+            ))
+            .client_ca_root(tonic::transport::Certificate::from_pem(&pki.ca.pem));
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let service = AggregatedDiscoveryServiceServer::new(management.clone());
+        let server = tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .tls_config(tls)
+                .unwrap()
+                .add_service(service)
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener),
+                    async {
+                        let _ = stopped.await;
+                    },
+                )
+                .await
+                .unwrap();
+        });
+        Self {
+            server,
+            management,
+            publish,
+            stop: Some(stop),
+        }
+    }
+
+    /// Stops the server and every stream it holds open.
+    async fn stop(mut self) {
+        for task in self.management.streams.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        let _ = self.stop.take().unwrap().send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.server).await;
+        self.server.abort();
+    }
+
+    fn requests(&self) -> Vec<DiscoveryRequest> {
+        self.management.requests.lock().unwrap().clone()
+    }
+}
+
+/// The certificates of the control plane and the limiter (one CA, as Envoy Gateway's).
+struct Pki {
+    ca: Ca,
+    server: crate::listeners_tls::Signed,
+}
+
+/// The domain `xds` with one `user` rule of `limit` an hour (`unit` as given).
+fn config(limit: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    RateLimitConfig {
+        name: "xds".into(),
+        domain: "xds".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "user".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: limit,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+/// Waits up to `within` until `ready` holds on the server's requests.
+async fn until_requested(
+    server: &Running,
+    within: Duration,
+    what: &str,
+    ready: impl Fn(&[DiscoveryRequest]) -> bool,
+) {
+    let started = Instant::now();
+    while !ready(&server.requests()) {
+        assert!(
+            started.elapsed() < within,
+            "{what}: {:#?}",
+            server
+                .requests()
+                .iter()
+                .map(|r| (&r.version_info, &r.response_nonce, &r.error_detail))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits up to `within` until each app lets `hits` through and refuses `hits + 1`: until
+/// each enforces a limit of exactly `hits`.
+async fn until_limit(apps: &[&crate::helpers::TestApp], hits: u32, within: Duration) {
+    let started = Instant::now();
+    for app in apps {
+        loop {
+            let exact = allows(app, "xds", hits).await && !allows(app, "xds", hits + 1).await;
+            if exact {
+                break;
+            }
+            assert!(
+                started.elapsed() < within,
+                "limit {hits} not in force after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn domains_over_xds_follow_versions_refuse_a_bad_one_and_survive_a_restart() {
+    let redis = RedisServer::start();
+    let ca = Ca::new("control plane CA");
+    let pki = Pki {
+        server: ca.server(),
+        ca,
+    };
+    let files = Folder::new("xds-certs");
+    let client = pki.ca.client("envoy-ratelimit");
+    let addr: SocketAddr = format!("127.0.0.1:{}", crate::helpers::free_port())
+        .parse()
+        .unwrap();
+    let server = Running::start(
+        addr,
+        &pki,
+        ("1".into(), vec![config(2, RateLimitUnit::Hour)]),
+    )
+    .await;
+    // Envoy Gateway's variables, as upstream reads them, naming the mTLS files.
+    let (cert, key, ca_file) = (
+        files.write("tls.crt", &client.cert),
+        files.write("tls.key", &client.key),
+        files.write("ca.crt", &pki.ca.pem),
+    );
+    let url = format!("localhost:{}", addr.port());
+    let env = [
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", url.as_str()),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert.as_str()),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key.as_str()),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", ca_file.as_str()),
+        // The test apps' own ports and key, over upstream's defaults.
+        ("SPILLWAY_UPSTREAM_ENV", "true"),
+        ("SPILLWAY_GRPC_AUTH", "key"),
+    ];
+    let one = spawn_app_with(&redis, &env).await;
+    let two = spawn_app_with(&redis, &env).await;
+
+    // The first version: in force on both, ACKed by both with the node's id.
+    until_limit(&[&one, &two], 2, Duration::from_secs(10)).await;
+    until_requested(&server, Duration::from_secs(5), "two ACKs of 1", |r| {
+        r.iter()
+            .filter(|r| r.version_info == "1" && r.error_detail.is_none())
+            .count()
+            >= 2
+    })
+    .await;
+    assert!(server.requests().iter().all(|r| {
+        r.node.as_ref().is_some_and(|n| n.id == "envoy-ratelimit") && r.type_url == TYPE_URL
+    }));
+
+    // A change: in force on both within 2 s.
+    let started = Instant::now();
+    server
+        .publish
+        .send(("2".into(), vec![config(5, RateLimitUnit::Hour)]))
+        .unwrap();
+    until_limit(&[&one, &two], 5, Duration::from_secs(4)).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "in force after {took:?}"
+    );
+
+    // A bad version: NACKed (the previous version and the field in error_detail); version 2
+    // still answers.
+    server
+        .publish
+        .send(("3".into(), vec![config(7, RateLimitUnit::Unknown)]))
+        .unwrap();
+    until_requested(&server, Duration::from_secs(5), "two NACKs of 3", |r| {
+        r.iter()
+            .filter(|r| {
+                r.version_info == "2"
+                    && r.error_detail
+                        .as_ref()
+                        .is_some_and(|e| e.message.contains("unit"))
+            })
+            .count()
+            >= 2
+    })
+    .await;
+    until_limit(&[&one, &two], 5, Duration::from_secs(1)).await;
+
+    // The control plane restarts and counts its versions from 1 again: both instances
+    // subscribe again and take its set.
+    server.stop().await;
+    let server = Running::start(
+        addr,
+        &pki,
+        ("1".into(), vec![config(7, RateLimitUnit::Hour)]),
+    )
+    .await;
+    until_limit(&[&one, &two], 7, Duration::from_secs(15)).await;
+    until_requested(
+        &server,
+        Duration::from_secs(5),
+        "two ACKs after the restart",
+        |r| {
+            r.iter()
+                .filter(|r| r.version_info == "1" && r.error_detail.is_none())
+                .count()
+                >= 2
+        },
+    )
+    .await;
+    server.stop().await;
+}
