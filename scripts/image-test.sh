@@ -36,6 +36,8 @@ if command -v buildah >/dev/null; then
   owned=$(find "$root" -uid 65532 -o -perm -o+w ! -type l | head -5)
   [ -z "$owned" ] || fail "files the server's user could write: $owned"
   [ ! -e "$root/bin/sh" ] || fail "the image has a shell"
+  [ "$(readlink "$root/bin/ratelimit")" = /app/spillway ] \
+    || fail "no /bin/ratelimit, where Envoy Gateway and Istio's guide start upstream's image"
   buildah --storage-driver vfs umount "$ctr" >/dev/null
   env_args=(); for e in "${envs[@]}"; do env_args+=(--env "$e"); done
   buildah --storage-driver vfs run --isolation chroot --network host "${env_args[@]}" "$ctr" -- /app/spillway >"$log" 2>&1 &

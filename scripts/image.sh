@@ -16,6 +16,10 @@ binary=target/release/spillway
 rm -rf "$stage"
 mkdir -p "$stage/app" "$stage/etc/ssl/certs"
 cp "$binary" "$stage/app/spillway"
+# Where Envoy Gateway and Istio's guide start envoyproxy/ratelimit's image (`command:
+# /bin/ratelimit`): the same binary, so replacing the image is the whole change.
+mkdir -p "$stage/bin"
+ln -s /app/spillway "$stage/bin/ratelimit"
 strip --strip-unneeded "$stage/app/spillway"
 cp target/release/hash.txt "$stage/app/"
 cp -r target/site "$stage/app/site"

@@ -75,7 +75,8 @@ impl Folder {
             role: "admin".into(),
             ip: String::new(),
         };
-        match service.sync_envoy_files(&actor, &files).await {
+        let source = format!("folder:{}", self.dir.display());
+        match service.sync_envoy_files(&actor, &source, &files).await {
             Ok(written) => {
                 if !written.is_empty() {
                     tracing::info!(

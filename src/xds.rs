@@ -151,7 +151,8 @@ async fn apply(
         role: "admin".into(),
         ip: String::new(),
     };
-    match service.sync_envoy_files(&actor, &files).await {
+    let source = format!("xds:{}", settings.server);
+    match service.sync_envoy_files(&actor, &source, &files).await {
         Ok(written) => {
             tracing::info!(
                 version = %response.version_info,

@@ -59,6 +59,10 @@ pub struct Policy {
     /// An Envoy domain's file, for a policy loaded from one: its limits are the rules.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envoy: Option<super::envoy::EnvoyDomain>,
+    /// What keeps this domain's file (`folder:<dir>`, `xds:<server>`): its limits change
+    /// there, not through the API or the dashboard. `None`: whoever saves it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub managed_by: Option<String>,
 }
 
 /// Policy names starting with this are Spillway's own (the sign-in limits keep their
@@ -118,6 +122,7 @@ impl Policy {
                 "rules",
                 "overrides",
                 "envoy",
+                "managed_by",
             ],
         )?;
         if let Some(given) = obj.get("name")
@@ -156,6 +161,17 @@ impl Policy {
             }
         };
         let overrides = parse_overrides(obj)?;
+        let managed_by = match obj.get("managed_by") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if envoy.is_some() => Some(s.clone()),
+            Some(Value::String(_)) => {
+                return Err(PolicyError::field(
+                    "managed_by",
+                    "only an Envoy domain is managed by a folder or xDS",
+                ));
+            }
+            Some(_) => return Err(PolicyError::field("managed_by", "must be a string")),
+        };
         Ok(Self {
             name,
             version: 1,
@@ -166,6 +182,7 @@ impl Policy {
             rules,
             overrides,
             envoy,
+            managed_by,
         })
     }
 
@@ -188,6 +205,7 @@ impl Policy {
             rules: domain.rules(),
             overrides: Vec::new(),
             envoy: Some(domain),
+            managed_by: None,
         })
     }
 

@@ -31,6 +31,14 @@ pub enum ChangeError {
     Unavailable(#[from] StoreError),
 }
 
+/// The refusal of a change to a domain that `source` keeps.
+fn managed(name: &Name, source: &str) -> ChangeError {
+    ChangeError::Taken {
+        field: "managed_by".into(),
+        message: format!("{name} is managed by {source}: change its file there"),
+    }
+}
+
 /// A policy as the API shows it and the audit log keeps it: its document with name and
 /// version.
 pub fn view(policy: &Policy) -> Value {
@@ -53,6 +61,14 @@ impl Service {
     ) -> Result<Policy, ChangeError> {
         let before = self.store.get_policy_for_change(&policy.name).await?;
         policy.settle_strict(before.as_ref());
+        if let Some(source) = before.as_ref().and_then(|b| b.managed_by.clone()) {
+            // Its failure mode and overrides are the admin's; its file is its source's.
+            let file = |p: &Policy| p.envoy.as_ref().map(|t| t.doc.clone());
+            if before.as_ref().and_then(file) != file(&policy) {
+                return Err(managed(&policy.name, &source));
+            }
+            policy.managed_by = Some(source);
+        }
         // An Envoy domain is changed through its file: a plain policy (or another domain's)
         // saved over it would drop its descriptors, and Envoy's requests would pass
         // unlimited. And a domain lives under the policy name it maps to, or no request
@@ -154,6 +170,9 @@ impl Service {
     /// Deletes `name` (its history stays), refreshes the cache and records it.
     pub async fn delete_policy(&self, actor: &Actor, name: &Name) -> Result<(), ChangeError> {
         let before = self.store.get_policy_for_change(name).await?;
+        if let Some(source) = before.as_ref().and_then(|b| b.managed_by.as_deref()) {
+            return Err(managed(name, source));
+        }
         if !self.store.delete_policy(name).await? {
             return Err(ChangeError::UnknownPolicy(name.to_string()));
         }
@@ -350,12 +369,14 @@ pub fn read_envoy_files(files: &[(String, String)]) -> Result<Vec<Policy>, Strin
 }
 
 impl Service {
-    /// Keeps the domains of `files` loaded (see [`read_envoy_files`]), all or none: writes
-    /// only the domains whose stored version differs, so every instance reading the same
-    /// files converges on one version each. Returns the names written.
+    /// Keeps the domains of `files` loaded (see [`read_envoy_files`]), all or none, as
+    /// managed by `source` (their file changes only there): writes only the domains whose
+    /// stored version differs, so every instance reading the same files converges on one
+    /// version each. Returns the names written.
     pub async fn sync_envoy_files(
         &self,
         actor: &Actor,
+        source: &str,
         files: &[(String, String)],
     ) -> Result<Vec<String>, ChangeError> {
         let policies = read_envoy_files(files).map_err(|message| ChangeError::Invalid {
@@ -366,9 +387,12 @@ impl Service {
         for mut policy in policies {
             let old = self.store.get_policy(&policy.name).await?;
             policy.settle_strict(old.as_ref());
-            let stored = old.as_ref().and_then(|o| o.envoy.clone());
+            policy.managed_by = Some(source.to_owned());
+            let stored = old
+                .as_ref()
+                .map(|o| (o.envoy.clone(), o.managed_by.clone()));
             keep_domain_settings(&mut policy, old)?;
-            if stored.is_none() || stored != policy.envoy {
+            if stored != Some((policy.envoy.clone(), policy.managed_by.clone())) {
                 changed.push(policy);
             }
         }
@@ -442,6 +466,11 @@ impl Service {
     ) -> Result<usize, ChangeError> {
         for policy in policies.iter_mut() {
             let old = self.store.get_policy(&policy.name).await?;
+            if let Some(source) = old.as_ref().and_then(|o| o.managed_by.as_deref())
+                && policy.managed_by.as_deref() != Some(source)
+            {
+                return Err(managed(&policy.name, source));
+            }
             policy.settle_strict(old.as_ref());
             keep_domain_settings(policy, old)?;
         }

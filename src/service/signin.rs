@@ -66,6 +66,7 @@ pub fn login_policy() -> crate::domain::Policy {
         ],
         overrides: Vec::new(),
         envoy: None,
+        managed_by: None,
     }
 }
 

@@ -132,6 +132,22 @@ async fn a_domains_folder_follows_a_configmap_swap_on_every_instance_and_keeps_a
         codes.push(ask(&mut grpc, ask_bob()).await.overall_code);
     }
     assert_eq!(codes, [OK, OK, OVER]);
+    // The folder keeps its file: the API refuses to change or delete it, naming why.
+    let put = crate::envoy::put_domain(&one, "folder", &domain("folder", 100)).await;
+    assert_eq!(put.status(), 409);
+    let problem: Value = put.json().await.unwrap();
+    assert!(
+        problem.to_string().contains("managed by folder:"),
+        "{problem}"
+    );
+    let deleted = one
+        .client
+        .delete(one.url("/api/v1/policies/folder?reason=test"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 409, "{}", deleted.text().await.unwrap());
 
     // The ConfigMap is updated: both instances enforce the new limit within 2 s.
     configmap(&folder.0, 2, &[("folder.yaml", &domain("folder", 5))]);

@@ -72,6 +72,7 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
                     .map(|(_, c)| (c.total(), c.denied, c.unmatched)),
                 changed_ms: changes.get(&name).copied(),
                 envoy_domain: p.envoy.as_ref().map(|t| t.doc.domain.clone()),
+                managed_by: p.managed_by.clone(),
                 description: p.description.clone(),
                 shadow: p.mode == crate::domain::Mode::Shadow,
                 rules: p.rules.len(),
@@ -114,6 +115,17 @@ fn version_rows(
         newer = text;
     }
     rows
+}
+
+/// The domains folder, when one is read and its latest files are not in force: where, and
+/// why (file and field).
+#[server(prefix = "/fn", endpoint = "domains_folder")]
+pub async fn domains_folder_problem() -> Result<Option<(String, String)>, AppError> {
+    crate::app::guard::require(Action::View)?;
+    Ok(state()
+        .service()
+        .domains_folder()
+        .and_then(|f| f.problem.map(|p| (f.dir, p))))
 }
 
 #[server(prefix = "/fn", endpoint = "policy")]
@@ -168,6 +180,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         history: rows,
         last_minute,
         document: doc.to_string(),
+        managed_by: policy.managed_by.clone(),
         envoy_file: policy
             .envoy
             .as_ref()

@@ -27,6 +27,9 @@ pub struct PolicySummary {
     /// The Envoy domain it was loaded from, if it is one.
     #[serde(default)]
     pub envoy_domain: Option<String>,
+    /// What keeps its file (`folder:<dir>`, `xds:<server>`), if not the dashboard.
+    #[serde(default)]
+    pub managed_by: Option<String>,
     /// Checks over the last hour, (all, denied, unmatched), when the history could be read.
     #[serde(default)]
     pub last_hour: Option<(u64, u64, u64)>,
@@ -173,6 +176,9 @@ pub struct PolicyView {
     /// For an Envoy domain: its file (YAML), which is edited instead of the rules.
     #[serde(default)]
     pub envoy_file: Option<String>,
+    /// What keeps the domain's file (`folder:<dir>`, `xds:<server>`): not edited here.
+    #[serde(default)]
+    pub managed_by: Option<String>,
     /// For an Envoy domain: how it counts a request over its limit.
     #[serde(default)]
     pub envoy_counting: Option<EnvoyCountingView>,

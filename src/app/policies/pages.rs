@@ -26,6 +26,7 @@ pub fn PoliciesPage() -> impl IntoView {
     let import = ServerAction::<ImportEnvoyFiles>::new();
     let restore = ServerAction::<RestorePolicy>::new();
     let data = Resource::new(move || import.version().get(), |_| list_policies());
+    let folder = Resource::new(|| (), |_| super::actions::domains_folder_problem());
     let session = use_session();
     let query = use_query_map();
     let deleted = move || query.with(|q| q.get("deleted"));
@@ -33,6 +34,15 @@ pub fn PoliciesPage() -> impl IntoView {
     view! {
         <Title text="Policies"/>
         <h1>"Policies"</h1>
+        <Suspense fallback=|| ()>
+            {move || Suspend::new(async move {
+                folder.await.ok().flatten().map(|(dir, problem)| view! {
+                    <p class="alert" role="alert" data-testid="folder-problem">
+                        {format!("The domains folder {dir} does not load; the domains before it stay in force. {problem}")}
+                    </p>
+                })
+            })}
+        </Suspense>
         {move || deleted().map(|n| view! {
             <div class="notice" role="status">
                 {format!("Deleted policy {n}. ")}
@@ -116,7 +126,10 @@ fn PolicyTable(list: Vec<PolicySummary>) -> impl IntoView {
                     <tr>
                         <td data-label="Name"><A href=format!("/policy?name={}", p.name)>{p.name.clone()}</A><br/><span class="muted small">{p.description}</span></td>
                         <td data-label="Type">{match p.envoy_domain {
-                            Some(d) => view! { <span class="badge kind">"Envoy domain"</span>" "<code>{d}</code> }.into_any(),
+                            Some(d) => view! {
+                                <span class="badge kind">"Envoy domain"</span>" "<code>{d}</code>
+                                {p.managed_by.clone().map(|m| view! { <br/><span class="muted small">{format!("managed by {m}")}</span> })}
+                            }.into_any(),
                             None => view! { "policy" }.into_any(),
                         }}</td>
                         <td data-label="Mode">{if p.shadow { view! { <span class="badge warn">"shadow"</span> }.into_any() } else { view! { "enforce" }.into_any() }}</td>
@@ -542,14 +555,22 @@ pub fn PolicyPage() -> impl IntoView {
                         let preview_name = p.name.clone();
                         let counting = p.envoy_counting.clone().unwrap_or_default();
                         let wiring = p.envoy_wiring.clone();
+                        let managed = p.managed_by.clone();
+                        let can_edit = can_edit && managed.is_none();
                         let envoy_editor = p.envoy_file.clone().map(|file| {
                             let c = csrf.clone();
+                            let managed = managed.clone().map(|m| view! {
+                                <p class="notice" role="note" data-testid="managed">
+                                    {format!("Managed by {m}: this file changes there, and edits here are refused. Inspect, reset and overrides work as for any policy.")}
+                                </p>
+                            });
                             let n = p.name.clone();
                             let set = counting.set.clone().unwrap_or_else(|| "default".into());
                             let server_default = counting_label(&counting.server_default);
                             view! {
                                 <section class="card" aria-labelledby="envoy-heading">
                                     <h2 id="envoy-heading">{format!("Envoy domain file · version {}", p.version)}</h2>
+                                    {managed}
                                     <p class="muted">"envoyproxy/ratelimit's format. Its limits are this policy's rules (fixed windows); Envoy's requests are checked against them."</p>
                                     <ActionForm action=save_envoy attr:class="stack">
                                         <CsrfField csrf=c/>
