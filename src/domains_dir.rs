@@ -98,6 +98,8 @@ impl Folder {
                 let mut seen = self.state.lock().unwrap_or_else(|e| e.into_inner());
                 seen.files = Some(files);
                 seen.loaded = false;
+                // Not a problem of the files: read and tried again next time.
+                seen.problem = None;
             }
             Err(error) => self.refuse(service, Some(files), error.to_string()),
         }

@@ -165,6 +165,8 @@ pub struct Port {
     files: Files,
     alpn: Vec<Vec<u8>>,
     current: RwLock<Loaded>,
+    /// The last problem logged, so one that lasts is logged once.
+    logged: std::sync::Mutex<Option<String>>,
 }
 
 /// A configuration and the file contents it was made from.
@@ -192,6 +194,7 @@ impl Port {
                 contents,
                 rejected: None,
             }),
+            logged: Default::default(),
         })
     }
 
@@ -238,18 +241,28 @@ impl Port {
         }
     }
 
-    /// [`Port::reload`], saying what happened in the log.
+    /// [`Port::reload`], saying what happened in the log (a problem once, while it lasts).
     fn reload_logged(&self) {
-        match self.reload() {
-            Ok(true) => tracing::info!(
-                cert = %self.files.cert.path.display(),
-                "TLS files changed: new connections use them"
-            ),
+        let outcome = self.reload();
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        match outcome {
+            Ok(true) => {
+                *logged = None;
+                tracing::info!(
+                    cert = %self.files.cert.path.display(),
+                    "TLS files changed: new connections use them"
+                );
+            }
             Ok(false) => {}
-            Err((setting, problem)) => tracing::error!(
-                setting,
-                "TLS files changed but do not load, the previous ones stay in force: {problem}"
-            ),
+            Err((setting, problem)) => {
+                if logged.as_deref() != Some(problem.as_str()) {
+                    tracing::error!(
+                        setting,
+                        "TLS files changed but do not load, the previous ones stay in force: {problem}"
+                    );
+                    *logged = Some(problem);
+                }
+            }
         }
     }
 }

@@ -40,24 +40,29 @@ const LAST_BACKOFF: Duration = Duration::from_secs(30);
 pub async fn run(service: Service, settings: XdsSettings) {
     let mut backoff = FIRST_BACKOFF;
     loop {
-        match subscribe(&service, &settings).await {
-            Ok(answered) => {
-                if answered {
-                    backoff = FIRST_BACKOFF;
-                }
-                tracing::warn!(server = %settings.server, "xDS stream ended; subscribing again");
-            }
-            Err(problem) => {
-                tracing::warn!(server = %settings.server, "xDS: {problem}; trying again in {backoff:?}");
-            }
+        let (answered, problem) = subscribe(&service, &settings).await;
+        if answered {
+            backoff = FIRST_BACKOFF;
         }
+        let problem = problem.unwrap_or_else(|| "the server ended the stream".into());
+        tracing::warn!(server = %settings.server, "xDS: {problem}; subscribing again in {backoff:?}");
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(LAST_BACKOFF);
     }
 }
 
-/// One stream, until it breaks: whether any response came on it.
-async fn subscribe(service: &Service, settings: &XdsSettings) -> Result<bool, String> {
+/// One stream, until it breaks: whether any response came on it, and why it ended.
+async fn subscribe(service: &Service, settings: &XdsSettings) -> (bool, Option<String>) {
+    let mut answered = false;
+    let ended = stream(service, settings, &mut answered).await.err();
+    (answered, ended)
+}
+
+async fn stream(
+    service: &Service,
+    settings: &XdsSettings,
+    answered: &mut bool,
+) -> Result<(), String> {
     let channel = connect(settings).await?;
     let mut client = AggregatedDiscoveryServiceClient::new(channel);
     let (requests, outgoing) = tokio::sync::mpsc::channel::<DiscoveryRequest>(4);
@@ -85,14 +90,13 @@ async fn subscribe(service: &Service, settings: &XdsSettings) -> Result<bool, St
         .map_err(|s| format!("the server refused the stream: {}", s.message()))?
         .into_inner();
     let mut acked = String::new();
-    let mut answered = false;
     loop {
         let response = match responses.message().await {
             Ok(Some(response)) => response,
-            Ok(None) => return Ok(answered),
+            Ok(None) => return Ok(()),
             Err(status) => return Err(format!("the stream broke: {}", status.message())),
         };
-        answered = true;
+        *answered = true;
         match apply(service, settings, &response).await {
             Ok(()) => {
                 acked = response.version_info.clone();

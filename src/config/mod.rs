@@ -162,7 +162,16 @@ pub enum ConfigError {
 impl Config {
     /// Reads the configuration from the process environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        // Started as envoyproxy/ratelimit (`/bin/ratelimit`, the image's link): its
+        // environment, unless SPILLWAY_UPSTREAM_ENV says otherwise.
+        let as_upstream = std::env::args_os()
+            .next()
+            .is_some_and(|arg| Path::new(&arg).file_name() == Some("ratelimit".as_ref()));
+        Self::from_lookup(|name| {
+            std::env::var(name).ok().or_else(|| {
+                (as_upstream && name == "SPILLWAY_UPSTREAM_ENV").then(|| "true".to_owned())
+            })
+        })
     }
 
     /// Reads the configuration through `lookup`, so tests can configure without touching
@@ -244,7 +253,16 @@ impl Config {
                 .filter(|d| !d.trim().is_empty())
                 .map(std::path::PathBuf::from),
             upstream: upstream.as_ref().map(|u| u.ignored.clone()),
-            xds: xds::XdsSettings::from_lookup(&lookup).map_err(invalid)?,
+            xds: match xds::XdsSettings::from_lookup(&lookup).map_err(invalid)? {
+                Some(_) if lookup("SPILLWAY_DOMAINS_DIR").is_some_and(|d| !d.trim().is_empty()) => {
+                    return Err(ConfigError::Invalid {
+                        name: "SPILLWAY_XDS_SERVER",
+                        problem: "domains come from xDS or from SPILLWAY_DOMAINS_DIR, not both"
+                            .into(),
+                    });
+                }
+                xds => xds,
+            },
             shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
                 Some("0") => Duration::ZERO,
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,

@@ -1,9 +1,10 @@
 //! envoyproxy/ratelimit's environment, as Envoy Gateway and Istio's guide set it, read as
 //! Spillway's own settings: replacing upstream's image is the whole migration.
 //!
-//! The environment is upstream's when it holds one of upstream's own variables
-//! ([`MARKERS`]), or when `SPILLWAY_UPSTREAM_ENV=true` says so (`false` turns the reading
-//! off). Then upstream's variables decide what they name, with upstream's defaults: HTTP
+//! The environment is upstream's when the binary is started as upstream's
+//! (`/bin/ratelimit`, the image's link to it), when it holds one of upstream's own
+//! variables ([`MARKERS`]), or when `SPILLWAY_UPSTREAM_ENV=true` says so (`false` turns the
+//! reading off). Then upstream's variables decide what they name, with upstream's defaults: HTTP
 //! (`/json`, `/healthcheck`, and the dashboard) on `HOST:PORT` (0.0.0.0:8080), gRPC on
 //! `GRPC_HOST:GRPC_PORT` (0.0.0.0:8081), Redis at `REDIS_URL` (host:port), callers without a
 //! key, no rate limit headers unless `LIMIT_RESPONSE_HEADERS_ENABLED`, domains from the
@@ -15,17 +16,15 @@ use std::collections::HashMap;
 /// A setting that cannot be used: the variable and what is wrong.
 pub type Problem = (&'static str, String);
 
-/// Variables only upstream's environment holds.
-pub const MARKERS: [&str; 9] = [
+/// Variables only upstream's environment holds (not `PORT` or `GRPC_PORT`: Kubernetes's
+/// service links and other platforms set names like those).
+pub const MARKERS: [&str; 6] = [
     "CONFIG_TYPE",
     "RUNTIME_ROOT",
     "RUNTIME_SUBDIRECTORY",
     "USE_STATSD",
     "REDIS_SOCKET_TYPE",
     "GRPC_SERVER_USE_TLS",
-    "GRPC_PORT",
-    "BACKEND_TYPE",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
 ];
 
 /// Upstream variables read and let go: no equivalent here, and no decision depends on them.
@@ -142,7 +141,8 @@ const REFUSED: [(&str, &[&str], &str); 9] = [
 ];
 
 /// Spillway's settings as upstream's environment says them.
-#[derive(Debug, Default)]
+/// Not `Debug`: its Redis URL may hold a password.
+#[derive(Default)]
 pub struct Upstream {
     values: HashMap<&'static str, String>,
     /// What was read and let go, a line each, for the log at start.
@@ -212,12 +212,12 @@ impl Upstream {
                     .parse::<u16>()
                     .map_err(|_| (port, format!("expected a port number, got {p:?}")))?,
             };
-            // A host name (not an address) listens on every interface, as Go does for one
-            // that resolves to them.
-            let ip: std::net::IpAddr = host
-                .trim_matches(['[', ']'])
-                .parse()
-                .unwrap_or([0, 0, 0, 0].into());
+            // `localhost` listens on the loopback; another host name (not an address) on
+            // every interface.
+            let ip: std::net::IpAddr = match host.trim_matches(['[', ']']) {
+                "localhost" => [127, 0, 0, 1].into(),
+                other => other.parse().unwrap_or([0, 0, 0, 0].into()),
+            };
             Ok::<_, Problem>(std::net::SocketAddr::new(ip, port).to_string())
         };
         let http = addr("HOST", "PORT", 8080)?;
@@ -288,6 +288,9 @@ impl Upstream {
             .filter(|u| !u.is_empty())
             .map(|host| format!("{scheme}://{auth}{host}"))
             .collect();
+        if urls.is_empty() {
+            return Err(("REDIS_URL", "expected host:port".into()));
+        }
         match get("REDIS_TYPE")
             .as_deref()
             .map(str::to_ascii_lowercase)
@@ -302,7 +305,11 @@ impl Upstream {
                 }
                 self.set("REDIS_URL", urls.concat());
             }
-            Some("cluster") => self.set("REDIS_CLUSTER_URLS", urls.join(",")),
+            Some("cluster") => {
+                // REDIS_URL must still read as a URL; the cluster's seeds are what is used.
+                self.set("REDIS_URL", urls[0].clone());
+                self.set("REDIS_CLUSTER_URLS", urls.join(","));
+            }
             Some(other) => {
                 return Err((
                     "REDIS_TYPE",
@@ -509,8 +516,15 @@ impl Upstream {
         if let Some(headers) =
             get("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS").filter(|h| !h.is_empty())
         {
+            // Names only: the values are usually credentials.
+            let names: Vec<&str> = headers
+                .split(',')
+                .filter_map(|h| h.split([':', '=']).next())
+                .map(str::trim)
+                .collect();
             self.ignored.push(format!(
-                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS={headers} is not used: no extra metadata is sent"
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS ({}) is not used: no extra metadata is sent",
+                names.join(", ")
             ));
         }
         Ok(())
@@ -542,7 +556,13 @@ mod tests {
                 .is_none()
         );
         assert!(
-            read(&[("SPILLWAY_UPSTREAM_ENV", "false"), ("GRPC_PORT", "1")])
+            read(&[("SPILLWAY_UPSTREAM_ENV", "false"), ("USE_STATSD", "false")])
+                .unwrap()
+                .is_none()
+        );
+        // Kubernetes's service links are not upstream's environment.
+        assert!(
+            read(&[("GRPC_PORT", "tcp://10.0.0.1:8081")])
                 .unwrap()
                 .is_none()
         );
@@ -598,9 +618,12 @@ mod tests {
 
     #[test]
     fn what_would_change_a_decision_is_refused_by_name() {
-        let refused = |pairs: &[(&str, &str)]| read(pairs).unwrap_err().0;
+        let refused = |pairs: &[(&str, &str)]| match read(pairs) {
+            Err((name, _)) => name,
+            Ok(_) => panic!("{pairs:?} was taken"),
+        };
         assert_eq!(
-            refused(&[("GRPC_PORT", "8081"), ("SHADOW_MODE", "true")]),
+            refused(&[("USE_STATSD", "false"), ("SHADOW_MODE", "true")]),
             "SHADOW_MODE"
         );
         assert_eq!(refused(&[("CONFIG_TYPE", "XDS")]), "CONFIG_TYPE");
@@ -612,11 +635,14 @@ mod tests {
             refused(&[("GRPC_SERVER_USE_TLS", "true")]),
             "GRPC_SERVER_TLS_CERT"
         );
-        assert_eq!(refused(&[("GRPC_PORT", "x")]), "GRPC_PORT");
+        assert_eq!(
+            refused(&[("USE_STATSD", "false"), ("GRPC_PORT", "x")]),
+            "GRPC_PORT"
+        );
         // Upstream's defaults are accepted.
         assert!(
             read(&[
-                ("GRPC_PORT", "9"),
+                ("USE_STATSD", "false"),
                 ("SHADOW_MODE", "false"),
                 ("CACHE_KEY_PREFIX", "")
             ])
@@ -644,6 +670,27 @@ mod tests {
         assert_eq!(u.get("SPILLWAY_XDS_NODE_ID").unwrap(), "envoy-ratelimit");
         assert_eq!(u.get("SPILLWAY_XDS_TLS_CA_FILE").unwrap(), "/certs/ca.crt");
         assert_eq!(u.get("SPILLWAY_DOMAINS_DIR"), None);
+    }
+
+    #[test]
+    fn a_cluster_reads_as_a_whole_configuration() {
+        let config = crate::config::Config::from_lookup(|name| match name {
+            "USE_STATSD" => Some("false".into()),
+            "REDIS_TYPE" => Some("cluster".into()),
+            "REDIS_URL" => Some("a:7000,b:7001".into()),
+            "HOST" => Some("localhost".into()),
+            _ => None,
+        })
+        .map_err(|e| e.to_string())
+        .unwrap();
+        assert_eq!(
+            config.redis_cluster_urls,
+            ["redis://a:7000", "redis://b:7001"]
+        );
+        assert_eq!(
+            config.leptos_options.site_addr.to_string(),
+            "127.0.0.1:8080"
+        );
     }
 
     #[test]

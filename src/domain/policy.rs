@@ -104,7 +104,18 @@ impl Policy {
 
 impl Policy {
     /// Parses the policy document `doc` for `name` (version 1; the store numbers versions).
+    /// A `managed_by` it holds (an exported document's) is not taken: only the source that
+    /// keeps a domain sets it.
     pub fn from_document(name: &str, doc: &Value) -> Result<Self, PolicyError> {
+        Self::parse(name, doc, false)
+    }
+
+    /// A policy as the store keeps it: [`Policy::from_document`], with its `managed_by`.
+    pub fn from_stored(name: &str, doc: &Value) -> Result<Self, PolicyError> {
+        Self::parse(name, doc, true)
+    }
+
+    fn parse(name: &str, doc: &Value, stored: bool) -> Result<Self, PolicyError> {
         let name = Name::parse(name).map_err(|m| PolicyError::field("name", m))?;
         let obj = doc
             .as_object()
@@ -163,6 +174,7 @@ impl Policy {
         let overrides = parse_overrides(obj)?;
         let managed_by = match obj.get("managed_by") {
             None | Some(Value::Null) => None,
+            Some(_) if !stored => None,
             Some(Value::String(s)) if envoy.is_some() => Some(s.clone()),
             Some(Value::String(_)) => {
                 return Err(PolicyError::field(

@@ -372,7 +372,8 @@ impl Service {
     /// Keeps the domains of `files` loaded (see [`read_envoy_files`]), all or none, as
     /// managed by `source` (their file changes only there): writes only the domains whose
     /// stored version differs, so every instance reading the same files converges on one
-    /// version each. Returns the names written.
+    /// version each. A domain `source` kept before and `files` no longer hold is deleted.
+    /// Returns the names written, and `-name` for each deleted.
     pub async fn sync_envoy_files(
         &self,
         actor: &Actor,
@@ -383,6 +384,7 @@ impl Service {
             field: "file".into(),
             message,
         })?;
+        let kept: Vec<Name> = policies.iter().map(|p| p.name.clone()).collect();
         let mut changed = Vec::new();
         for mut policy in policies {
             let old = self.store.get_policy(&policy.name).await?;
@@ -396,9 +398,29 @@ impl Service {
                 changed.push(policy);
             }
         }
-        let names = changed.iter().map(|p| p.name.to_string()).collect();
+        let mut names: Vec<String> = changed.iter().map(|p| p.name.to_string()).collect();
         if !changed.is_empty() {
             self.import_policies(actor, changed).await?;
+        }
+        // The set is the whole set: a domain the source kept before and holds no more goes.
+        for gone in self.store.list_policies().await? {
+            if gone.managed_by.as_deref() == Some(source) && !kept.contains(&gone.name) {
+                if self.store.delete_policy(&gone.name).await? {
+                    self.refresh_policies().await;
+                    let _ = actor
+                        .record(
+                            &self.store,
+                            Change {
+                                action: "policy.delete",
+                                target: gone.name.as_str(),
+                                before: view(&gone).to_string(),
+                                ..Change::default()
+                            },
+                        )
+                        .await;
+                }
+                names.push(format!("-{}", gone.name));
+            }
         }
         Ok(names)
     }
@@ -466,10 +488,17 @@ impl Service {
     ) -> Result<usize, ChangeError> {
         for policy in policies.iter_mut() {
             let old = self.store.get_policy(&policy.name).await?;
-            if let Some(source) = old.as_ref().and_then(|o| o.managed_by.as_deref())
-                && policy.managed_by.as_deref() != Some(source)
+            // A managed domain's file changes only through its source; an import that
+            // holds the same file keeps it managed.
+            if let Some(old) = &old
+                && let Some(source) = &old.managed_by
+                && policy.managed_by.as_ref() != Some(source)
             {
-                return Err(managed(&policy.name, source));
+                let file = |p: &Policy| p.envoy.as_ref().map(|t| t.doc.clone());
+                if file(old) != file(policy) {
+                    return Err(managed(&policy.name, source));
+                }
+                policy.managed_by = Some(source.clone());
             }
             policy.settle_strict(old.as_ref());
             keep_domain_settings(policy, old)?;

@@ -168,7 +168,7 @@ impl Store {
 fn parse_stored(name: &str, json: &str) -> Option<Policy> {
     let parsed = serde_json::from_str::<Value>(json).ok().and_then(|v| {
         let version = v.get("version")?.as_u64()?;
-        let policy = Policy::from_document(name, v.get("policy")?).ok()?;
+        let policy = Policy::from_stored(name, v.get("policy")?).ok()?;
         Some(Policy { version, ..policy })
     });
     if parsed.is_none() {

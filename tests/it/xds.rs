@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use crate::{
     helpers::{RedisServer, spawn_app_with},
     listeners_tls::{Ca, Folder},
-    upstream_env::allows,
+    upstream_env::{allows, limit_of},
 };
 
 const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -297,12 +297,12 @@ async fn domains_over_xds_follow_versions_refuse_a_bad_one_and_survive_a_restart
         .publish
         .send(("2".into(), vec![config(5, RateLimitUnit::Hour)]))
         .unwrap();
-    until_limit(&[&one, &two], 5, Duration::from_secs(4)).await;
+    until_limit(&[&one, &two], 5, Duration::from_secs(10)).await;
     let took = started.elapsed();
-    assert!(
-        took < Duration::from_millis(2500),
-        "in force after {took:?}"
-    );
+    // The folder and the stream are read every second or at once: about a second on an
+    // idle machine (printed); the bound is loose so a busy machine does not decide.
+    println!("in force on both instances after {took:?}");
+    assert!(took < Duration::from_secs(6), "in force after {took:?}");
 
     // A bad version: NACKed (the previous version and the field in error_detail); version 2
     // still answers.
@@ -346,5 +346,16 @@ async fn domains_over_xds_follow_versions_refuse_a_bad_one_and_survive_a_restart
         },
     )
     .await;
+
+    // A version without the domain: it goes (each response is the whole set).
+    server.publish.send(("2".into(), Vec::new())).unwrap();
+    let started = Instant::now();
+    while limit_of(&one, "xds").await.is_some() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "xds was not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     server.stop().await;
 }
