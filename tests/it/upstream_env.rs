@@ -232,6 +232,8 @@ impl Drop for Upstream {
 
 #[tokio::test]
 async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
+    // The test's own HTTP client needs rustls's provider (no app is started in-process).
+    spillway::install_tls_provider();
     let redis = RedisServer::start();
     let root = Folder::new("runtime-root");
     let config = root.0.join("ratelimit").join("config");
@@ -390,4 +392,68 @@ fn policy_validate_checks_files_without_a_server() {
     assert!(!duplicate.status.success());
     let stderr = String::from_utf8_lossy(&duplicate.stderr);
     assert!(stderr.contains("also in"), "{stderr}");
+}
+
+/// The dashboard says who keeps a domain, refuses to save its file, and says when the
+/// folder does not load.
+#[tokio::test]
+async fn the_dashboard_shows_a_folders_domains_as_managed_and_its_problem() {
+    use crate::auth::{Visitor, add_user, store};
+    let redis = RedisServer::start();
+    let folder = Folder::new("domains-dashboard");
+    folder.write("kept.yaml", &domain("kept", 3));
+    let app = spawn_app_with(
+        &redis,
+        &[("SPILLWAY_DOMAINS_DIR", folder.0.to_str().unwrap())],
+    )
+    .await;
+    until_stored(&app, "kept", 3, Duration::from_secs(10)).await;
+    add_user(
+        &store(&redis).await,
+        "root",
+        spillway::domain::people::Role::Admin,
+    )
+    .await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let page = v.get("/policy?name=kept").await.text().await.unwrap();
+    assert!(
+        page.contains("Managed by folder:") && page.contains("edits here are refused"),
+        "no managed notice"
+    );
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let saved = v
+        .post_form(
+            "/fn/envoy_save",
+            &[
+                ("csrf", csrf.as_str()),
+                ("name", "kept"),
+                ("version", "1"),
+                ("file", &domain("kept", 300)),
+                ("counting", "default"),
+            ],
+            Some(&origin),
+        )
+        .await;
+    let status = saved.status();
+    let body = saved.text().await.unwrap();
+    assert!(
+        status.is_client_error() && body.contains("managed by folder:"),
+        "{status}: {body}"
+    );
+    assert_eq!(limit_of(&app, "kept").await, Some(3));
+
+    folder.write("broken.yaml", "domain: [\n");
+    let started = Instant::now();
+    loop {
+        let page = v.get("/policies").await.text().await.unwrap();
+        if page.contains("does not load") && page.contains("broken.yaml") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no folder problem on the dashboard"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
