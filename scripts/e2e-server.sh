@@ -23,8 +23,10 @@ printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-admin --r
 printf '%s\n' "$E2E_PASSWORD" | ./target/release/spillway user add e2e-support --role support --password-stdin
 # gRPC on a free port too: a `make run` may hold the default 8081.
 grpc_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+# A Redis timeout that fits a shared machine (the 50 ms default once turned the first sign-in
+# of a run into "Redis is unavailable"); no spec tests the timeout itself.
 SPILLWAY_SERVICE_KEYS="$E2E_SERVICE_KEY" LEPTOS_SITE_ADDR="127.0.0.1:$E2E_PORT" SPILLWAY_HISTORY_FLUSH_MS=300 \
-  SPILLWAY_GRPC_ADDR="127.0.0.1:$grpc_port" \
+  SPILLWAY_GRPC_ADDR="127.0.0.1:$grpc_port" SPILLWAY_REDIS_TIMEOUT_MS=2000 \
   ./target/release/spillway &
 app_pid=$!
 wait "$app_pid"
