@@ -164,12 +164,21 @@ async fn apply(
                 written = %written.join(","),
                 "xDS version in force"
             );
+            service
+                .record_domains_version(&actor, &source, &response.version_info, Ok(&written))
+                .await;
             Ok(())
         }
         Err(crate::service::policies::ChangeError::Unavailable(e)) => {
             Err(Refused::Unavailable(format!("Redis is unavailable: {e}")))
         }
-        Err(e) => Err(Refused::Invalid(e.to_string())),
+        Err(e) => {
+            let problem = e.to_string();
+            service
+                .record_domains_version(&actor, &source, &response.version_info, Err(&problem))
+                .await;
+            Err(Refused::Invalid(problem))
+        }
     }
 }
 

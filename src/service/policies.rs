@@ -427,6 +427,41 @@ impl Service {
 }
 
 impl Service {
+    /// Records that version `version` of the domains `source` keeps arrived here: taken
+    /// (`Ok`, the domains it wrote) or refused (`Err`, why); audited as `domains.version`
+    /// or `domains.version.refused` with the source as target.
+    pub async fn record_domains_version(
+        &self,
+        actor: &Actor,
+        source: &str,
+        version: &str,
+        outcome: Result<&[String], &str>,
+    ) {
+        let (action, after) = match outcome {
+            Ok(written) => (
+                "domains.version",
+                json!({ "version": version, "written": written }),
+            ),
+            Err(problem) => (
+                "domains.version.refused",
+                json!({ "version": version, "problem": problem }),
+            ),
+        };
+        let _ = actor
+            .record(
+                &self.store,
+                Change {
+                    action,
+                    target: source,
+                    after: after.to_string(),
+                    ..Change::default()
+                },
+            )
+            .await;
+    }
+}
+
+impl Service {
     /// Brings back policy `name` as it was when it was last deleted (the delete's audit
     /// record keeps it), as a new policy; audited as `policy.restore`. Refused when a policy
     /// of that name exists again, or no delete of it is in the newest records.

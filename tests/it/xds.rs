@@ -323,6 +323,27 @@ async fn domains_over_xds_follow_versions_refuse_a_bad_one_and_survive_a_restart
     })
     .await;
     until_limit(&[&one, &two], 5, Duration::from_secs(1)).await;
+    // Each version that arrived is in the audit log: taken, or refused with why.
+    let audit: serde_json::Value = one
+        .client
+        .get(one.url("/api/v1/audit?action=domains.version"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let seen = audit.to_string();
+    // `after` is a JSON document inside the record: its quotes may come escaped.
+    let seen = seen.replace("\\\"", "\"");
+    for needle in [
+        r#""version":"1""#,
+        r#""version":"2""#,
+        "domains.version.refused",
+    ] {
+        assert!(seen.contains(needle), "{needle} not in {seen}");
+    }
 
     // The control plane restarts and counts its versions from 1 again: both instances
     // subscribe again and take its set.
