@@ -260,13 +260,7 @@ impl Upstream {
             // Already a URL: Spillway's own form.
             return Ok(());
         }
-        let tls = matches!(
-            get("REDIS_TLS")
-                .as_deref()
-                .map(str::to_ascii_lowercase)
-                .as_deref(),
-            Some("true" | "1")
-        );
+        let tls = flag(get, "REDIS_TLS")?;
         let scheme = if tls { "rediss" } else { "redis" };
         let auth = match get("REDIS_AUTH").filter(|a| !a.is_empty()) {
             None => String::new(),
@@ -325,20 +319,7 @@ impl Upstream {
 
     /// GRPC_SERVER_USE_TLS with its certificate, key and client CA.
     fn grpc_tls(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
-        let on = match get("GRPC_SERVER_USE_TLS")
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
-            None | Some("" | "false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(other) => {
-                return Err((
-                    "GRPC_SERVER_USE_TLS",
-                    format!("expected true or false, got {other:?}"),
-                ));
-            }
-        };
+        let on = flag(get, "GRPC_SERVER_USE_TLS")?;
         if !on {
             return Ok(());
         }
@@ -367,19 +348,10 @@ impl Upstream {
         if get("SPILLWAY_GRPC_AUTH").is_none() {
             self.set("SPILLWAY_GRPC_AUTH", "none");
         }
-        let headers = match get("LIMIT_RESPONSE_HEADERS_ENABLED")
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
-            None | Some("" | "false" | "0") => "none",
-            Some("true" | "1") => "draft03",
-            Some(other) => {
-                return Err((
-                    "LIMIT_RESPONSE_HEADERS_ENABLED",
-                    format!("expected true or false, got {other:?}"),
-                ));
-            }
+        let headers = if flag(get, "LIMIT_RESPONSE_HEADERS_ENABLED")? {
+            "draft03"
+        } else {
+            "none"
         };
         if get("SPILLWAY_ENVOY_HEADERS").is_none() {
             self.set("SPILLWAY_ENVOY_HEADERS", headers);
@@ -458,20 +430,7 @@ impl Upstream {
 impl Upstream {
     /// CONFIG_TYPE=GRPC_XDS_SOTW: the management server and how to reach it.
     fn xds(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
-        let tls = match get("CONFIG_GRPC_XDS_SERVER_USE_TLS")
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
-            None | Some("" | "false" | "0") => false,
-            Some("true" | "1") => true,
-            Some(other) => {
-                return Err((
-                    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-                    format!("expected true or false, got {other:?}"),
-                ));
-            }
-        };
+        let tls = flag(get, "CONFIG_GRPC_XDS_SERVER_USE_TLS")?;
         let server = get("CONFIG_GRPC_XDS_SERVER_URL")
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "localhost:18000".into());
@@ -528,6 +487,15 @@ impl Upstream {
             ));
         }
         Ok(())
+    }
+}
+
+/// Upstream's boolean `name`: true or false (Go's strconv.ParseBool spellings), unset false.
+fn flag(get: &impl Fn(&str) -> Option<String>, name: &'static str) -> Result<bool, Problem> {
+    match get(name).as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("" | "false" | "0" | "f") => Ok(false),
+        Some("true" | "1" | "t") => Ok(true),
+        Some(other) => Err((name, format!("expected true or false, got {other:?}"))),
     }
 }
 
