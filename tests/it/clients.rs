@@ -612,7 +612,7 @@ async fn the_typescript_client_against_a_real_server() {
         "failure modes: ok",
         "Express middleware: ok",
         "Hono middleware: ok",
-        "generated client: called 29 operations",
+        "generated client: called 30 operations",
     ] {
         assert!(out.contains(part), "{out}");
     }
