@@ -173,8 +173,22 @@ impl Service {
         if let Some(source) = before.as_ref().and_then(|b| b.managed_by.as_deref()) {
             return Err(managed(name, source));
         }
-        if !self.store.delete_policy(name).await? {
+        if !self.remove_policy(actor, name, before.as_ref()).await? {
             return Err(ChangeError::UnknownPolicy(name.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Deletes `name`, refreshes the cache and records it with its last version `before`:
+    /// whether there was a policy to delete.
+    async fn remove_policy(
+        &self,
+        actor: &Actor,
+        name: &Name,
+        before: Option<&Policy>,
+    ) -> Result<bool, ChangeError> {
+        if !self.store.delete_policy(name).await? {
+            return Ok(false);
         }
         self.refresh_policies().await;
         let _ = actor
@@ -183,14 +197,12 @@ impl Service {
                 Change {
                     action: "policy.delete",
                     target: name.as_str(),
-                    before: before
-                        .as_ref()
-                        .map_or(String::new(), |p| view(p).to_string()),
+                    before: before.map_or(String::new(), |p| view(p).to_string()),
                     ..Change::default()
                 },
             )
             .await;
-        Ok(())
+        Ok(true)
     }
 
     /// This instance applies a change before answering; others follow by pub/sub.
@@ -405,20 +417,8 @@ impl Service {
         // The set is the whole set: a domain the source kept before and holds no more goes.
         for gone in self.store.list_policies().await? {
             if gone.managed_by.as_deref() == Some(source) && !kept.contains(&gone.name) {
-                if self.store.delete_policy(&gone.name).await? {
-                    self.refresh_policies().await;
-                    let _ = actor
-                        .record(
-                            &self.store,
-                            Change {
-                                action: "policy.delete",
-                                target: gone.name.as_str(),
-                                before: view(&gone).to_string(),
-                                ..Change::default()
-                            },
-                        )
-                        .await;
-                }
+                // Another instance reading the same set may have deleted it already.
+                self.remove_policy(actor, &gone.name, Some(&gone)).await?;
                 names.push(format!("-{}", gone.name));
             }
         }
