@@ -38,7 +38,7 @@ pub fn PoliciesPage() -> impl IntoView {
             {move || Suspend::new(async move {
                 folder.await.ok().flatten().map(|(dir, problem)| view! {
                     <p class="alert" role="alert" data-testid="folder-problem">
-                        {format!("The domains folder {dir} does not load; the domains before it stay in force. {problem}")}
+                        {format!("The domains folder {dir} does not load, so the domains it held before stay in force. Fix the file there; it is read again every second. {problem}")}
                     </p>
                 })
             })}
@@ -185,7 +185,7 @@ fn NewEnvoyDomain(action: ServerAction<ImportEnvoyFiles>, csrf: String) -> impl 
                 <CsrfField csrf=csrf/>
                 <label>"Domain file (YAML, envoyproxy/ratelimit's format; several separated by ---)"
                     <textarea name="file" rows="8" spellcheck="false" class="code" required
-                        placeholder="domain: edge_proxy_per_ip&#10;descriptors:&#10;  - key: remote_address&#10;    rate_limit: {unit: second, requests_per_unit: 10}"
+                        placeholder="domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}"
                         prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))></textarea>
                 </label>
                 <label>"Or choose a file"<input type="file" accept=".yaml,.yml,text/yaml" on:change=on_file/></label>
