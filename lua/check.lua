@@ -18,11 +18,13 @@
 --             GIVEBACKS in prelude.lua); both reply as a peek and leave leases alone;
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lw", "sw", "tb", "lb",
 --         "gc", "bw", "cc", "qt"), count_denied ("1"|"0", followed by ":<cost>" when the
---         entry has a cost of its own, which it is counted at instead of ARGV[2]), and the
+--         entry has a cost of its own, which it is counted at instead of ARGV[2], then by
+--         "!<block_ms>" when its rule has a penalty box, see `held` below), and the
 --         algorithm's three
 --         parameters (see its file; numbers, but for a quota's boundaries).
---   Reply: { allowed (1|0), now_us, then per entry: allowed, limit, remaining, reset_ms,
---            retry_ms (-1 = none), delay_ms }
+--   Reply: { allowed (1|0), now_us, then per entry: allowed (1, 0, or 2: denied by the
+--            rule's penalty box), limit, remaining, reset_ms, retry_ms (-1 = none),
+--            delay_ms }
 --
 -- A batch of counted checks (mode 'batch', single Redis: the checks that arrived together,
 -- coalesced into one call; each is its own all-or-nothing check, evaluated in order, so a
@@ -75,20 +77,51 @@ assert(now, 'check.lua: bad now')
 -- in Redis (batches of 8 replayed, 8 interleaved runs: 36.1 -> 34.7 µs a check).
 local results, writes = {}, {}
 
--- An entry's count_denied flag ('1' or '0') and its cost: its own when the flag carries one
--- ('1:60': an Envoy descriptor's hits), else the check's.
+-- An entry's count_denied flag ('1' or '0'), its cost and its penalty: its own cost when
+-- the flag carries one ('1:60': an Envoy descriptor's hits), else the check's; its rule's
+-- block_ms after a '!' ('0!60000', '1:60!60000'), else 0.
 local function counting(flag, cost)
   local count_denied = string.byte(flag, 1) == 49
-  if #flag == 1 then return count_denied, cost end
-  local own = tonumber(string.sub(flag, 3))
-  assert(own and own >= 0 and own == floor(own), 'check.lua: bad entry cost')
-  return count_denied, own
+  if #flag == 1 then return count_denied, cost, 0 end
+  local own, block = match(flag, '^[01]:?(%d*)!?(%d*)$')
+  assert(own, 'check.lua: bad entry flag')
+  if own ~= '' then cost = tonumber(own) end
+  assert(cost and cost >= 0 and cost == floor(cost), 'check.lua: bad entry cost')
+  return count_denied, cost, tonumber(block) or 0
+end
+
+-- The penalty box (a rule's block_ms). Once the rule denies an identifier, the key beside
+-- its state ('<state key>:pb', in the same slot) holds until when (µs) the entry keeps
+-- denying, whatever its state says. An entry held is not stepped: its result is its state
+-- as a peek, denied with allowed = 2 (a penalty), nothing left, and retry_ms the rest of
+-- the penalty. A denial of the entry's own, at a cost, starts a penalty and answers the
+-- same way, its retry at least block_ms. domain::check::evaluate mirrors this.
+local function held_until(key, now)
+  local until_us = tonumber(redis.call('GET', key .. ':pb'))
+  if until_us and until_us > now then return until_us end
+  return nil
+end
+
+local function held(result, now, until_us)
+  local wait = ceil_ms(until_us - now)
+  result[1], result[3], result[5], result[6] = 2, 0, wait, 0
+  if result[4] < wait then result[4] = wait end
+  return result
+end
+
+local function trip(key, result, now, block_ms)
+  redis.call('SET', key .. ':pb', int(now + block_ms * 1000), 'PX', block_ms + 1)
+  result[1], result[3] = 2, 0
+  if result[4] < block_ms then result[4] = block_ms end
+  if result[5] ~= -1 and result[5] < block_ms then result[5] = block_ms end
+  return result
 end
 
 local function run(k, a, n, cost, mode)
   assert(cost and cost >= 0 and cost == floor(cost), 'check.lua: bad cost')
-  if n == 1 and mode == 'check' then
-    -- One entry (most checks): the same steps without the bookkeeping of several.
+  if n == 1 and mode == 'check' and not string.find(ARGV[a + 2], '!', 2, true) then
+    -- One entry (most checks): the same steps without the bookkeeping of several (nor a
+    -- penalty box).
     local step = ALGORITHMS[ARGV[a + 1]]
     if not step then error('check.lua: unknown algorithm ' .. tostring(ARGV[a + 1])) end
     local key = KEYS[k + 1]
@@ -110,9 +143,15 @@ local function run(k, a, n, cost, mode)
     local step = ALGORITHMS[code]
     if not step then error('check.lua: unknown algorithm ' .. tostring(code)) end
     local p1, p2, p3 = param(ARGV[base + 3]), param(ARGV[base + 4]), param(ARGV[base + 5])
-    local count_denied, c = counting(ARGV[base + 2], cost)
+    local count_denied, c, block = counting(ARGV[base + 2], cost)
     local result
-    if mode == 'refund' then
+    local until_us = block > 0 and (mode == 'check' or mode == 'denied' or mode == 'probe')
+      and held_until(key, now)
+    if until_us then
+      -- held by its penalty: nothing is stepped, nothing written
+      result = held(step(key, now, 0, p1, p2, p3, false), now, until_us)
+      writes[6 * i - 5] = nil
+    elseif mode == 'refund' then
       REFUNDS[code](key, now, c, p1, p2, p3)
       result = step(key, now, 0, p1, p2, p3, false)
     elseif mode == 'report' or mode == 'giveback' then
@@ -134,8 +173,9 @@ local function run(k, a, n, cost, mode)
       local w = 6 * i
       result, writes[w - 5], writes[w - 4], writes[w - 3], writes[w - 2], writes[w - 1],
         writes[w] = step(key, now, c, p1, p2, p3, count_denied)
+      if block > 0 and result[1] == 0 and c > 0 then result = trip(key, result, now, block) end
     end
-    if result[1] == 0 then all_allowed = false end
+    if result[1] ~= 1 then all_allowed = false end
     results[i] = result
   end
   if mode ~= 'check' then all_allowed = false end
@@ -274,7 +314,7 @@ for c = 1, m do
       local bind, wait = nil, -2
       for i = 1, n do
         local r = results[i]
-        if r[1] == 0 then
+        if r[1] ~= 1 then
           local w = r[5] == -1 and math.huge or r[5]
           if w > wait then bind, wait = i, w end
         end

@@ -63,6 +63,10 @@ fn describe() {
         "Rule verdicts by policy, rule and decision (allowed, near_limit, denied); only with SPILLWAY_METRICS_RULE_LABEL=true"
     );
     describe_counter!(
+        "spillway_waits_total",
+        "Denied requests held by policies that wait (on_deny: wait), by policy and how the wait ended (passed; too_long: past max_wait_ms or the caller's deadline; full: SPILLWAY_MAX_WAITING; never: no wait admits it)"
+    );
+    describe_counter!(
         "spillway_near_limit_total",
         "Allowed checks that left a rule more than 80% used, by policy"
     );

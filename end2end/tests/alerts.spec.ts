@@ -23,18 +23,24 @@ test("an admin adds an alert rule in the dashboard, sees a bad field named, and 
     "must be 16 to 256 characters",
   );
 
+  // Nothing typed is lost, with or without JavaScript; only the secret is asked for again
+  // without it (a secret never travels in an address).
   const again = page.getByRole("region", { name: "Add or replace a rule" });
-  await again.getByLabel("Name").fill(name);
-  await again.getByLabel("Policy", { exact: true }).fill("demo");
-  await again.getByLabel("Denials a second above").fill("20");
-  await again.getByLabel("Averaged over (s)").fill("120");
-  await again.getByLabel("Webhook URL").fill("https://hooks.example.com/spillway");
+  await expect(again.getByLabel("Name")).toHaveValue(name);
+  await expect(again.getByLabel("Watch")).toHaveValue("policy_denials");
+  await expect(again.getByLabel("Policy", { exact: true })).toHaveValue("demo");
+  await expect(again.getByLabel("Denials a second above")).toHaveValue("20");
+  await expect(again.getByLabel("Averaged over (s)")).toHaveValue("120");
+  await expect(again.getByLabel("Webhook URL")).toHaveValue("https://hooks.example.com/spillway");
+  if (!hydrated) await expect(again).toContainText("type it again");
   await again.getByLabel("Secret (16 to 256 characters, signs each delivery)").fill("a secret that is long enough");
   await again.getByRole("button", { name: "Save rule" }).click();
   const rules = page.getByTestId("alert-rules");
   await expect(rules).toContainText(name);
   await expect(rules).toContainText("demo: more than 20 denials a second over 120 s");
   await expect(page.getByTestId("firing")).toBeVisible();
+  // A save that succeeds clears the form.
+  await expect(page.getByRole("region", { name: "Add or replace a rule" }).getByLabel("Name")).toHaveValue("");
   await page.screenshot({ path: test.info().outputPath("alerts.png"), fullPage: true });
 
   await rules.getByRole("row", { name: new RegExp(name) }).getByText("Remove…").click();

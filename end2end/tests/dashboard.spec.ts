@@ -127,6 +127,29 @@ test("create a policy, throttle someone, see it live, inspect, reset with a reas
   await shot(page, "people");
 });
 
+test("a user that cannot be added keeps what was typed, and one that can clears the form", async ({ page }, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  await signIn(page, "e2e-admin", "/people");
+  if (hydrated) await waitForHydration(page);
+  const users = page.locator("#new-user");
+  await users.getByLabel("User name").fill("Support Sam");
+  await users.getByLabel("Role").selectOption("support");
+  await users.getByLabel("Password (12 or more characters)").fill("a password long enough");
+  await users.getByRole("button", { name: "Add user" }).click();
+  await expect(page.getByRole("alert").first()).toContainText("must be 1 to 64 lowercase letters");
+  // What was typed is still there (the password is asked for again without JavaScript).
+  await expect(users.getByLabel("User name")).toHaveValue("Support Sam");
+  await expect(users.getByLabel("Role")).toHaveValue("support");
+  await shot(page, "user-refused");
+  const name = `sam-${testInfo.project.name}`;
+  await users.getByLabel("User name").fill(name);
+  await users.getByLabel("Password (12 or more characters)").fill("a password long enough");
+  await users.getByRole("button", { name: "Add user" }).click();
+  await expect(page.getByRole("status")).toContainText("User added.");
+  await expect(page.getByRole("row", { name: new RegExp(name) })).toContainText("support");
+  await expect(users.getByLabel("User name")).toHaveValue("");
+});
+
 test("an admin creates an API key, sees it once, and revokes it", async ({ page, request }, testInfo) => {
   const hydrated = testInfo.project.name === "hydrated";
   await signIn(page, "e2e-admin", "/people");

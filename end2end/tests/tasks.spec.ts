@@ -133,6 +133,56 @@ test("deleting a policy states what it touches and takes its name typed", async 
   await shot(page, "deleted");
 });
 
+test("a policy's page says how many checks matched no rule in the last hour", async ({ page }, testInfo) => {
+  const policy = `unmatched-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { strict: false, rules: [hour("per-user", 5, "user")] });
+  expect(await check(page, policy, { user: "1" })).toBe(200);
+  // A typo'd dimension: no rule counts it, so it is let through uncounted.
+  for (let i = 0; i < 2; i++) expect(await check(page, policy, { usr: "1" })).toBe(200);
+  const traffic = page.getByTestId("traffic");
+  await expect(async () => {
+    await page.goto(`/policy?name=${policy}`);
+    await expect(traffic).toContainText("3 checks", { timeout: 500 });
+  }).toPass({ timeout: 10_000 });
+  await expect(traffic).toContainText("2 matched no rule");
+  await expect(traffic).toContainText("let through uncounted");
+  await shot(page, "unmatched");
+});
+
+test("an admin gives a rule a penalty box in the editor; the preview and the inspector show it", async ({ page }, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  const policy = `boxed-${testInfo.project.name}`;
+  await signIn(page);
+  await page.goto(`/policy?name=${policy}`);
+  if (hydrated) await waitForHydration(page);
+  const rule = page.getByRole("group", { name: "Add a rule" }).first();
+  await rule.getByLabel("Name").fill("per-minute");
+  await rule.getByLabel("Algorithm").selectOption("fixed_window");
+  await rule.getByLabel("Limit").fill("2");
+  await rule.getByLabel("Window", { exact: true }).fill("1");
+  await rule.getByLabel("Window unit").selectOption("min");
+  await rule.getByLabel("Once it denies, block for").fill("10");
+  await rule.getByLabel("Block unit").selectOption("min");
+  await page.getByRole("button", { name: "Save policy" }).click();
+  await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
+  const saved = page.getByRole("group", { name: "Rule per-minute" });
+  await expect(saved.getByLabel("Once it denies, block for")).toHaveValue("10");
+  await expect(saved.getByLabel("Block unit")).toHaveValue("min");
+  await expect(saved).toContainText("once it denies, the identifier is blocked for 10 minutes");
+  await expect(page.getByTestId("preview")).toContainText("2 allowed, 48 denied");
+  await expect(page.getByTestId("preview")).toContainText("48 of them while its penalty box held the identifier");
+
+  for (let i = 0; i < 2; i++) expect(await check(page, policy, { user: "eve" })).toBe(200);
+  expect(await check(page, policy, { user: "eve" })).toBe(429);
+  await page.goto(`/identifiers?id=${encodeURIComponent("user=eve")}`);
+  const verdict = page.getByTestId("verdict");
+  await expect(verdict).toContainText(`Blocked now by ${policy} › per-minute on user=eve`);
+  await expect(verdict).toContainText("a penalty of 10.0 min after the rule denied");
+  await expect(page.getByRole("region", { name: `user=eve in ${policy}` })).toContainText("penalty box: blocked for 10.0 min after a denial");
+  await shot(page, "penalty");
+});
+
 test("the overview hydrates within 2 s on a Slow 4G connection", async ({ page }, testInfo) => {
   test.skip(testInfo.project.name !== "hydrated", "hydration needs JavaScript");
   await signIn(page);

@@ -130,6 +130,9 @@ pub struct RuleResult {
     delay_ms: Option<u64>,
     /// Concurrency rules of an allowed check: the lease it holds, to release or renew.
     lease: Option<String>,
+    /// Present and true when the rule's penalty box denied: the rule denied this
+    /// identifier a moment ago (its `block_ms`) and holds it until `retry_after_ms`.
+    penalty: Option<bool>,
 }
 
 /// The answer to a check (200 allowed, 429 denied; the same body either way).
@@ -219,6 +222,11 @@ pub struct RuleDocument {
     /// default but concurrency's), `"request"` (1 per check; concurrency's default) or a
     /// whole-number weight the cost is multiplied by.
     cost: Option<RuleCost>,
+    /// The penalty box: once this rule denies an identifier, it stays denied for this
+    /// many ms from that moment, whatever the rule's own state says (1 ms to 400 days;
+    /// left out for none). A reset lifts it.
+    #[schema(minimum = 1, maximum = 34_560_000_000_u64)]
+    block_ms: Option<u64>,
     limit: Option<u64>,
     window_ms: Option<u64>,
     capacity: Option<u64>,
@@ -280,8 +288,23 @@ pub struct PolicyDocument {
     /// rather than let it through uncounted. Left out: as the version it replaces, and
     /// true for a new policy.
     strict: Option<bool>,
+    /// What forward-auth and Envoy's gRPC do with a denied request: `refuse` it at once
+    /// (the default), or `wait`: hold it until it would pass, up to `max_wait_ms` and the
+    /// caller's deadline, then check again. The JSON check always answers at once.
+    on_deny: Option<OnDenyName>,
+    /// With `on_deny: wait` only: the longest a denied request is held (1 to 60000 ms).
+    #[schema(minimum = 1, maximum = 60000)]
+    max_wait_ms: Option<u64>,
     rules: Vec<RuleDocument>,
     overrides: Option<Vec<OverrideDocument>>,
+}
+
+/// `on_deny`: refuse a denied request at once, or wait until it would pass.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDenyName {
+    Refuse,
+    Wait,
 }
 
 /// A stored policy: its document plus name and version.
@@ -294,6 +317,9 @@ pub struct PolicyView {
     failure_mode: FailureMode,
     /// Absent for a policy saved before there was the choice: lenient.
     strict: Option<bool>,
+    /// Absent: `refuse`.
+    on_deny: Option<OnDenyName>,
+    max_wait_ms: Option<u64>,
     rules: Vec<RuleDocument>,
     overrides: Vec<OverrideDocument>,
 }
@@ -736,7 +762,7 @@ pub struct HistoryRanked {
     components(schemas(CheckRequest, IdentifierValue, CheckResponse, RuleResult, BatchRequest, BatchResponse, BatchItem, Problem,
         RuleDocument, OverrideDocument, PolicyDocument, PolicyView, PolicyList, PolicyVersions, OverrideList, Status,
         Inspection, InspectedPolicy, InspectedRule, InspectedLease, ResetResult, ResetUndoOffer, ResetUndone, RuleCost, RuleCostModel, BatchItemBody, Identifiers,
-        PolicyMode, FailureMode, AlgorithmName, ResultAlgorithm, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
+        PolicyMode, FailureMode, OnDenyName, AlgorithmName, ResultAlgorithm, QuotaPeriod, OverrideAction, AuditRecord, AuditPage,
         EnvoyDomainFile, EnvoyDescriptor, EnvoyRateLimit, EnvoyReplaces,
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,

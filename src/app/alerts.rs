@@ -10,6 +10,7 @@ use leptos::prelude::*;
 use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
 
+use super::kept::{use_done, use_kept};
 use super::session::{CsrfField, error_message};
 use crate::app::error::AppError;
 
@@ -194,63 +195,83 @@ pub async fn save_alert_rule(
         },
         service::alerts::AlertError,
     };
-    let caller = guard::require_change(Action::EditPolicies, &csrf)?;
-    let number = |field: &str, raw: &str| -> Result<f64, AppError> {
-        raw.trim()
-            .parse::<f64>()
-            .map_err(|_| AppError::bad_input(field, format!("must be a number, got {raw:?}")))
-    };
-    let whole = |field: &str, raw: &str| -> Result<u32, AppError> {
-        raw.trim()
-            .parse::<u32>()
-            .map_err(|_| AppError::bad_input(field, format!("must be a whole number, got {raw:?}")))
-    };
-    let condition = match kind.as_str() {
-        "policy_denials" => Condition::PolicyDenials {
-            policy: policy.trim().to_owned(),
-            per_second: number("condition.per_second", &per_second)?,
-            for_seconds: whole("condition.for_seconds", &for_seconds)?,
-        },
-        "degraded" => Condition::Degraded {
-            // Its own field; an older form sent it as for_seconds.
-            seconds: whole(
-                "condition.seconds",
-                if seconds.trim().is_empty() {
-                    &for_seconds
-                } else {
-                    &seconds
-                },
-            )?,
-        },
-        "identifier_throttled" => Condition::IdentifierThrottled {
-            policy: Some(policy.trim().to_owned()).filter(|p| !p.is_empty()),
-            minutes: whole("condition.minutes", &minutes)?,
-        },
-        other => {
-            return Err(AppError::bad_input(
-                "condition.kind",
-                format!("expected policy_denials, identifier_throttled or degraded, got {other:?}"),
-            ));
-        }
-    };
-    let rule = AlertRule {
-        name: name.trim().to_owned(),
-        condition,
-        webhook_url: webhook_url.trim().to_owned(),
-        secret,
-        enabled: true,
-    };
-    let state = expect_context::<crate::state::AppState>();
-    state
-        .service()
-        .save_alert(&caller.actor(), rule)
-        .await
-        .map(|_| ())
-        .map_err(|e| match e {
-            AlertError::Invalid { field, message } => AppError::bad_input(&field, message),
-            AlertError::Unknown(name) => AppError::bad_input("name", format!("no rule {name:?}")),
-            AlertError::Unavailable(e) => AppError::unavailable("saving an alert rule", e),
-        })
+    let typed = [
+        ("name", name.as_str()),
+        ("kind", kind.as_str()),
+        ("policy", policy.as_str()),
+        ("per_second", per_second.as_str()),
+        ("for_seconds", for_seconds.as_str()),
+        ("minutes", minutes.as_str()),
+        ("seconds", seconds.as_str()),
+        ("webhook_url", webhook_url.as_str()),
+    ];
+    let saved = async {
+        let caller = guard::require_change(Action::EditPolicies, &csrf)?;
+        let number = |field: &str, raw: &str| -> Result<f64, AppError> {
+            raw.trim()
+                .parse::<f64>()
+                .map_err(|_| AppError::bad_input(field, format!("must be a number, got {raw:?}")))
+        };
+        let whole = |field: &str, raw: &str| -> Result<u32, AppError> {
+            raw.trim().parse::<u32>().map_err(|_| {
+                AppError::bad_input(field, format!("must be a whole number, got {raw:?}"))
+            })
+        };
+        let condition = match kind.as_str() {
+            "policy_denials" => Condition::PolicyDenials {
+                policy: policy.trim().to_owned(),
+                per_second: number("condition.per_second", &per_second)?,
+                for_seconds: whole("condition.for_seconds", &for_seconds)?,
+            },
+            "degraded" => Condition::Degraded {
+                // Its own field; an older form sent it as for_seconds.
+                seconds: whole(
+                    "condition.seconds",
+                    if seconds.trim().is_empty() {
+                        &for_seconds
+                    } else {
+                        &seconds
+                    },
+                )?,
+            },
+            "identifier_throttled" => Condition::IdentifierThrottled {
+                policy: Some(policy.trim().to_owned()).filter(|p| !p.is_empty()),
+                minutes: whole("condition.minutes", &minutes)?,
+            },
+            other => {
+                return Err(AppError::bad_input(
+                    "condition.kind",
+                    format!(
+                        "expected policy_denials, identifier_throttled or degraded, got {other:?}"
+                    ),
+                ));
+            }
+        };
+        let rule = AlertRule {
+            name: name.trim().to_owned(),
+            condition,
+            webhook_url: webhook_url.trim().to_owned(),
+            secret,
+            enabled: true,
+        };
+        let state = expect_context::<crate::state::AppState>();
+        state
+            .service()
+            .save_alert(&caller.actor(), rule)
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                AlertError::Invalid { field, message } => AppError::bad_input(&field, message),
+                AlertError::Unknown(name) => {
+                    AppError::bad_input("name", format!("no rule {name:?}"))
+                }
+                AlertError::Unavailable(e) => AppError::unavailable("saving an alert rule", e),
+            })
+    }
+    .await;
+    // Without JavaScript a failed save comes back filled in (all but the secret).
+    crate::app::kept::answer_form("/alerts", "new-alert", &typed, &saved);
+    saved
 }
 
 /// Removes a rule.
@@ -296,40 +317,76 @@ pub fn AlertsPage() -> impl IntoView {
         },
         |_| load_alerts(),
     );
-    let save_error = move || save.value().get().and_then(|r| r.err());
+    // A save that failed without JavaScript: what was typed, and the error, from the address.
+    let kept = use_kept("new-alert");
+    let saved_without_js = use_done("new-alert");
+    let typed = move |field: &'static str| kept.with(|k| k.as_ref().map(|k| k.value(field)));
+    let save_error = move || {
+        save.value()
+            .get()
+            .and_then(|r| r.err())
+            .map(|e| {
+                (
+                    e.field().unwrap_or_default().to_owned(),
+                    e.message(),
+                    error_message(&e),
+                )
+            })
+            .or_else(|| {
+                kept.get().filter(|k| !k.message.is_empty()).map(|k| {
+                    let whole = if k.field.is_empty() {
+                        k.message.clone()
+                    } else {
+                        format!("{}: {}", k.field, k.message)
+                    };
+                    (k.field, k.message, whole)
+                })
+            })
+    };
+    const FIELDS: [&str; 8] = [
+        "name",
+        "webhook_url",
+        "secret",
+        "condition.policy",
+        "condition.per_second",
+        "condition.for_seconds",
+        "condition.minutes",
+        "condition.seconds",
+    ];
     let field_error = move |field: &'static str| {
         move || {
-            save_error()
-                .filter(|e| e.field() == Some(field))
-                .map(|e| view! { <span class="field-error" role="alert">{e.message()}</span> })
+            save_error().filter(|(f, _, _)| f == field).map(
+                |(_, message, _)| view! { <span class="field-error" role="alert">{message}</span> },
+            )
         }
     };
     let other_error = move || {
         save_error()
-            .filter(|e| {
-                !matches!(
-                    e.field(),
-                    Some(
-                        "name"
-                            | "webhook_url"
-                            | "secret"
-                            | "condition.policy"
-                            | "condition.per_second"
-                            | "condition.for_seconds"
-                            | "condition.minutes"
-                            | "condition.seconds"
-                    )
-                )
+            .filter(|(f, _, _)| !FIELDS.contains(&f.as_str()))
+            .map(|(_, _, whole)| whole)
+            .or_else(|| {
+                delete
+                    .value()
+                    .get()
+                    .and_then(|r| r.err())
+                    .map(|e| error_message(&e))
             })
-            .or_else(|| delete.value().get().and_then(|r| r.err()))
-            .or_else(|| test.value().get().and_then(|r| r.err()))
-            .map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })
+            .or_else(|| {
+                test.value()
+                    .get()
+                    .and_then(|r| r.err())
+                    .map(|e| error_message(&e))
+            })
+            .map(|e| view! { <p class="alert" role="alert">{e}</p> })
     };
     let done = move || {
         if let Some(Ok(outcome)) = test.value().get() {
             return Some(format!("Test delivery {outcome}."));
         }
         if let Some(Ok(())) = save.value().get() {
+            return Some("Rule saved.".to_owned());
+        }
+        if saved_without_js.get() {
             return Some("Rule saved.".to_owned());
         }
         delete
@@ -459,23 +516,28 @@ pub fn AlertsPage() -> impl IntoView {
                 s.may(crate::domain::people::Action::EditPolicies).then(|| view! {
                     <section class="card" aria-labelledby="new-alert-heading">
                                 <h2 id="new-alert-heading">"Add or replace a rule"</h2>
-                                <ActionForm action=save attr:class="stack" node_ref=form_ref>
+                                <ActionForm action=save attr:class="stack" attr:id="new-alert" node_ref=form_ref>
                                     <CsrfField csrf=s.csrf.clone()/>
-                                    <label>"Name" <input name="name" required/> {field_error("name")}</label>
+                                    <label>"Name" <input name="name" required value=typed("name")/> {field_error("name")}</label>
                                     <label>"Watch"
                                         <select name="kind">
-                                            <option value="policy_denials">"a policy's denials a second"</option>
-                                            <option value="identifier_throttled">"an identifier throttled for minutes"</option>
-                                            <option value="degraded">"checks failing on Redis (degraded)"</option>
+                                            {[
+                                                ("policy_denials", "a policy's denials a second"),
+                                                ("identifier_throttled", "an identifier throttled for minutes"),
+                                                ("degraded", "checks failing on Redis (degraded)"),
+                                            ].map(|(value, text)| view! {
+                                                <option value=value selected=move || typed("kind").as_deref() == Some(value)>{text}</option>
+                                            })}
                                         </select>
                                     </label>
-                                    <label class="k-denials k-throttled">"Policy" <input name="policy" placeholder="any (for identifiers)"/> {field_error("condition.policy")}</label>
-                                    <label class="k-denials">"Denials a second above" <input name="per_second" inputmode="decimal" value="10"/> {field_error("condition.per_second")}</label>
-                                    <label class="k-denials">"Averaged over (s)" <input name="for_seconds" inputmode="numeric" value="60"/> {field_error("condition.for_seconds")}</label>
-                                    <label class="k-throttled">"Throttled in each of the last (min)" <input name="minutes" inputmode="numeric" value="3"/> {field_error("condition.minutes")}</label>
-                                    <label class="k-degraded">"Failing on Redis for more than (s)" <input name="seconds" inputmode="numeric" value="30"/> {field_error("condition.seconds")}</label>
-                                    <label>"Webhook URL" <input name="webhook_url" type="url" required/> {field_error("webhook_url")}</label>
+                                    <label class="k-denials k-throttled">"Policy" <input name="policy" placeholder="any (for identifiers)" value=typed("policy")/> {field_error("condition.policy")}</label>
+                                    <label class="k-denials">"Denials a second above" <input name="per_second" inputmode="decimal" value=move || typed("per_second").unwrap_or_else(|| "10".into())/> {field_error("condition.per_second")}</label>
+                                    <label class="k-denials">"Averaged over (s)" <input name="for_seconds" inputmode="numeric" value=move || typed("for_seconds").unwrap_or_else(|| "60".into())/> {field_error("condition.for_seconds")}</label>
+                                    <label class="k-throttled">"Throttled in each of the last (min)" <input name="minutes" inputmode="numeric" value=move || typed("minutes").unwrap_or_else(|| "3".into())/> {field_error("condition.minutes")}</label>
+                                    <label class="k-degraded">"Failing on Redis for more than (s)" <input name="seconds" inputmode="numeric" value=move || typed("seconds").unwrap_or_else(|| "30".into())/> {field_error("condition.seconds")}</label>
+                                    <label>"Webhook URL" <input name="webhook_url" type="url" required value=typed("webhook_url")/> {field_error("webhook_url")}</label>
                                     <label>"Secret (16 to 256 characters, signs each delivery)" <input name="secret" type="password" autocomplete="off" required/> {field_error("secret")}</label>
+                                    {move || kept.with(|k| k.is_some()).then(|| view! { <p class="muted">"The secret is not kept after a failed save: type it again."</p> })}
                                     <button type="submit">"Save rule"</button>
                                 </ActionForm>
                             </section>

@@ -429,6 +429,7 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
             rule,
             identifier,
             passes_in_ms,
+            penalty_ms,
         } => {
             let on = if identifier == inspection.identifier {
                 identifier
@@ -438,10 +439,18 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
                     inspection.identifier
                 )
             };
-            let when = match passes_in_ms {
-                Some(ms) => format!("the next request passes in {}", seconds(ms)),
-                None if rule == "override" => "until the override is removed or expires".to_owned(),
-                None => "until a lease is released or the limit is raised".to_owned(),
+            let when = match (passes_in_ms, penalty_ms) {
+                (Some(ms), Some(penalty)) => format!(
+                    "blocked until {} UTC (a penalty of {} after the rule denied); the next request passes in {}",
+                    crate::domain::time::utc_seconds(inspection.at_ms + ms as i64),
+                    seconds(penalty),
+                    seconds(ms)
+                ),
+                (Some(ms), None) => format!("the next request passes in {}", seconds(ms)),
+                (None, _) if rule == "override" => {
+                    "until the override is removed or expires".to_owned()
+                }
+                (None, _) => "until a lease is released or the limit is raised".to_owned(),
             };
             view! {
                 <p class="verdict bad" role="status" data-testid="verdict">
@@ -569,6 +578,11 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                     let pct = (used * 100).checked_div(r.limit).unwrap_or(0);
                     let blocks = r.retry_after_ms.is_some() || r.remaining == 0;
                     let next = match r.retry_after_ms {
+                        Some(ms) if r.penalty => format!(
+                            "in {} (penalty box: blocked for {} after a denial; a reset lifts it)",
+                            seconds(ms),
+                            r.block_ms.map_or_else(|| "a while".to_owned(), seconds)
+                        ),
                         Some(ms) => format!("in {}", seconds(ms)),
                         None if blocks => "when a lease is released".to_owned(),
                         None => "now".to_owned(),

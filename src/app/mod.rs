@@ -11,6 +11,7 @@ pub mod events;
 pub mod guard;
 pub mod history;
 pub mod inspector;
+pub mod kept;
 mod login;
 pub mod overview;
 pub mod people;

@@ -7,6 +7,7 @@ use crate::app::error::AppError;
 use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
 
+use super::kept::{Kept, use_done, use_kept};
 use super::session::{CsrfField, error_message};
 use crate::domain::{
     people::{KeyRole, Role},
@@ -116,14 +117,24 @@ pub async fn add_user(
     #[server(default)] password: String,
 ) -> Result<(), AppError> {
     use crate::{app::guard, domain::people::Action};
-    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
-    state()
-        .service()
-        .add_user(&caller.actor(), &username, role, &password)
-        .await
-        .map_err(people_failed)?;
-    Ok(())
+    let added = async {
+        let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+        let role = Role::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
+        state()
+            .service()
+            .add_user(&caller.actor(), &username, role, &password)
+            .await
+            .map(|_| ())
+            .map_err(people_failed)
+    }
+    .await;
+    crate::app::kept::answer_form(
+        "/people",
+        "new-user",
+        &[("username", &username), ("role", &role)],
+        &added,
+    );
+    added
 }
 
 #[server(prefix = "/fn", endpoint = "user_set_role")]
@@ -163,13 +174,25 @@ pub async fn create_key(
     #[server(default)] role: String,
 ) -> Result<(), AppError> {
     use crate::{app::guard, domain::people::Action};
-    let caller = guard::require_change(Action::ManagePeople, &csrf)?;
-    let role = KeyRole::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
+    let made = async {
+        let caller = guard::require_change(Action::ManagePeople, &csrf)?;
+        let role = KeyRole::parse(&role).map_err(|m| AppError::bad_input("role", m))?;
+        let (_, secret) = state()
+            .service()
+            .create_key(&caller.actor(), &name, role)
+            .await
+            .map_err(people_failed)?;
+        Ok((caller, secret))
+    }
+    .await;
+    crate::app::kept::answer_form(
+        "/people",
+        "new-key",
+        &[("name", &name), ("role", &role)],
+        &made,
+    );
+    let (caller, secret) = made?;
     let service = state().service().clone();
-    let (_, secret) = service
-        .create_key(&caller.actor(), &name, role)
-        .await
-        .map_err(people_failed)?;
     // Shown once by the next read of the page, with or without JavaScript: the session keeps
     // the key XOR a random pad, the browser the pad (an HttpOnly cookie), so neither Redis
     // nor the cookie alone holds the key.
@@ -217,18 +240,51 @@ pub fn PeoplePage() -> impl IntoView {
     let remove = ServerAction::<RemoveUser>::new();
     let create = ServerAction::<CreateKey>::new();
     let revoke = ServerAction::<RevokeKey>::new();
-    let data = Resource::new(
-        move || {
-            (
-                add.version().get(),
-                set_role.version().get(),
-                remove.version().get(),
-                create.version().get(),
-                revoke.version().get(),
-            )
-        },
-        |_| list_people(),
+    // The lists are read again after a change that succeeded, not after a failed one: that
+    // would draw the forms anew and lose what was typed.
+    let changes = RwSignal::new(0usize);
+    let count_success = move |ok: Signal<bool>| {
+        Effect::new(move |_| {
+            if ok.get() {
+                changes.update(|n| *n += 1);
+            }
+        });
+    };
+    let ok = |r: &Option<Result<(), AppError>>| matches!(r, Some(Ok(())));
+    count_success(Signal::derive(move || add.value().with(ok)));
+    count_success(Signal::derive(move || set_role.value().with(ok)));
+    count_success(Signal::derive(move || remove.value().with(ok)));
+    count_success(Signal::derive(move || create.value().with(ok)));
+    count_success(Signal::derive(move || revoke.value().with(ok)));
+    let data = Resource::new(move || changes.get(), |_| list_people());
+    // A form whose post succeeded is cleared (with JavaScript; without, the page comes back
+    // empty).
+    let (add_form, key_form) = (
+        NodeRef::<leptos::html::Form>::new(),
+        NodeRef::<leptos::html::Form>::new(),
     );
+    Effect::new(move |_| {
+        if add.value().with(ok)
+            && let Some(form) = add_form.get()
+        {
+            form.reset();
+        }
+    });
+    Effect::new(move |_| {
+        if create.value().with(ok)
+            && let Some(form) = key_form.get()
+        {
+            form.reset();
+        }
+    });
+    // A form that failed without JavaScript: what was typed (never the password), from the
+    // address.
+    let kept_user = use_kept("new-user");
+    let added_without_js = use_done("new-user");
+    let kept_key = use_kept("new-key");
+    let typed = |kept: Memo<Option<Kept>>, field: &'static str| {
+        move || kept.with(|k| k.as_ref().map(|k| k.value(field)))
+    };
     let errors = move || {
         [
             add.value().get(),
@@ -240,13 +296,29 @@ pub fn PeoplePage() -> impl IntoView {
         .into_iter()
         .filter_map(|r| r.and_then(Result::err))
         .map(|e| error_message(&e))
+        .chain(
+            [kept_user.get(), kept_key.get()]
+                .into_iter()
+                .flatten()
+                .filter(|k| !k.message.is_empty())
+                .map(|k| {
+                    if k.field.is_empty() {
+                        k.message
+                    } else {
+                        format!("{}: {}", k.field, k.message)
+                    }
+                }),
+        )
         .collect::<Vec<_>>()
     };
 
     let done = move || {
         let ok = |r: Option<Result<(), AppError>>| r.is_some_and(|r| r.is_ok());
         [
-            (ok(add.value().get()), "User added."),
+            (
+                ok(add.value().get()) || added_without_js.get(),
+                "User added.",
+            ),
             (ok(set_role.value().get()), "Role set."),
             (ok(remove.value().get()), "User removed and signed out."),
             (ok(revoke.value().get()), "Key revoked."),
@@ -359,14 +431,14 @@ pub fn PeoplePage() -> impl IntoView {
                                     <tbody>{user_rows}</tbody>
                                 </table>
                                 <h3>"Add a user"</h3>
-                                <ActionForm action=add attr:class="row">
+                                <ActionForm action=add attr:class="row" attr:id="new-user" node_ref=add_form>
                                     <CsrfField csrf=csrf_add/>
-                                    <label>"User name"<input name="username" required autocomplete="off"/></label>
+                                    <label>"User name"<input name="username" required autocomplete="off" value=typed(kept_user, "username")/></label>
                                     <label>"Role"
                                         <select name="role">
-                                            <option value="viewer">"viewer"</option>
-                                            <option value="support">"support"</option>
-                                            <option value="admin">"admin"</option>
+                                            {["viewer", "support", "admin"].map(|r| view! {
+                                                <option value=r selected=move || typed(kept_user, "role")().as_deref() == Some(r)>{r}</option>
+                                            })}
                                         </select>
                                     </label>
                                     <label>"Password (12 or more characters)"<input name="password" type="password" required minlength="12" autocomplete="new-password"/></label>
@@ -382,13 +454,14 @@ pub fn PeoplePage() -> impl IntoView {
                                 </table>
                                 {no_keys.then(|| view! { <p class="empty">"No API keys made here yet."</p> })}
                                 <h3>"Create a key"</h3>
-                                <ActionForm action=create attr:class="row">
+                                <ActionForm action=create attr:class="row" attr:id="new-key" node_ref=key_form>
                                     <CsrfField csrf=csrf_key/>
-                                    <label>"Name"<input name="name" required autocomplete="off"/></label>
+                                    <label>"Name"<input name="name" required autocomplete="off" value=typed(kept_key, "name")/></label>
                                     <label>"Role"
                                         <select name="role">
-                                            <option value="service">"service"</option>
-                                            <option value="admin">"admin"</option>
+                                            {["service", "admin"].map(|r| view! {
+                                                <option value=r selected=move || typed(kept_key, "role")().as_deref() == Some(r)>{r}</option>
+                                            })}
                                         </select>
                                     </label>
                                     <button type="submit">"Create key"</button>

@@ -31,6 +31,9 @@ pub struct Config {
     /// (`SPILLWAY_MAX_CONNECTIONS`, default 10000); past it a new one waits in the kernel's
     /// backlog until one closes.
     pub max_connections: usize,
+    /// Denied requests held at once by policies that wait (`on_deny: wait`), on this
+    /// instance (`SPILLWAY_MAX_WAITING`, default 10000); past it a denial is answered at once.
+    pub max_waiting: usize,
     /// The reverse proxies whose `X-Forwarded-*` headers are believed
     /// (`SPILLWAY_TRUSTED_PROXIES`, addresses and CIDR blocks; default none).
     pub trusted_proxies: crate::forwarded::TrustedProxies,
@@ -277,6 +280,7 @@ impl Config {
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
             max_connections: max_connections(&lookup)?,
+            max_waiting: whole_above_zero(&lookup, "SPILLWAY_MAX_WAITING", 10_000)?,
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,
@@ -486,12 +490,21 @@ fn stop_when_over(
 /// Connections each listener holds open at most (`SPILLWAY_MAX_CONNECTIONS`, default
 /// 10000).
 fn max_connections(lookup: &impl Fn(&str) -> Option<String>) -> Result<usize, ConfigError> {
-    match lookup("SPILLWAY_MAX_CONNECTIONS") {
-        None => Ok(10_000),
+    whole_above_zero(lookup, "SPILLWAY_MAX_CONNECTIONS", 10_000)
+}
+
+/// A count setting: a whole number above 0, `default` when not set.
+fn whole_above_zero(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    match lookup(name) {
+        None => Ok(default),
         Some(raw) => match raw.trim().parse::<usize>() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(ConfigError::Invalid {
-                name: "SPILLWAY_MAX_CONNECTIONS",
+                name,
                 problem: format!("expected a whole number above 0, got {raw:?}"),
             }),
         },

@@ -34,6 +34,10 @@ pub struct Outcome {
     pub retry_after_ms: Option<u64>,
     /// Leaky bucket only: milliseconds a queueing caller should wait to stay smooth.
     pub delay_ms: u64,
+    /// Denied by the rule's penalty box (`block_ms`): it denied this identifier a moment
+    /// ago and holds it until `retry_after_ms`, whatever its own state says.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub penalty: bool,
 }
 
 /// How many fixed windows the stored window index tells apart (it is kept mod this).
@@ -419,6 +423,7 @@ fn outcome(
         reset_ms: ceil_ms(reset_us),
         retry_after_ms: retry_us.map(ceil_ms),
         delay_ms: 0,
+        penalty: false,
     }
 }
 

@@ -673,6 +673,7 @@ mod tests {
                 reset_ms: 0,
                 retry_after_ms: None,
                 delay_ms: 0,
+                penalty: false,
             },
             binding: false,
             lease: None,

@@ -16,6 +16,12 @@ pub struct RuleState {
     pub ttl_ms: Option<i64>,
     pub binding: bool,
     pub retry_after_ms: Option<u64>,
+    /// Held by the rule's penalty box: it denied the identifier less than `block_ms` ago.
+    #[serde(default)]
+    pub penalty: bool,
+    /// The rule's penalty box, if it has one (ms).
+    #[serde(default)]
+    pub block_ms: Option<u64>,
     /// A concurrency rule: the leases held now, soonest to run out first.
     #[serde(default)]
     pub leases: Vec<LeaseView>,
@@ -79,6 +85,8 @@ pub enum Verdict {
         rule: String,
         identifier: String,
         passes_in_ms: Option<u64>,
+        /// Held by the rule's penalty box, of this many ms from the denial that started it.
+        penalty_ms: Option<u64>,
     },
     /// Not blocked; the rule it has used most of, if any.
     NotBlocked {
@@ -90,19 +98,22 @@ impl Inspection {
     /// The verdict over the identifier and those it is checked with: the block that lasts
     /// longest, or the rule closest to its limit.
     pub fn verdict(&self) -> Verdict {
-        let mut blocked: Option<(String, String, String, Option<u64>)> = None;
+        // The longest block so far, and how long it lasts (`None`: no known end).
+        let mut blocked: Option<(Verdict, Option<u64>)> = None;
         let mut closest: Option<(String, String, String, u64)> = None;
         let longer = |a: Option<u64>, b: Option<u64>| a.unwrap_or(u64::MAX) > b.unwrap_or(u64::MAX);
         for inspection in std::iter::once(self).chain(&self.companions) {
             for p in &inspection.policies {
                 if p.status == "blocked" {
-                    if blocked.as_ref().is_none_or(|b| longer(None, b.3)) {
-                        blocked = Some((
-                            p.policy.clone(),
-                            "override".into(),
-                            inspection.identifier.clone(),
-                            None,
-                        ));
+                    if blocked.as_ref().is_none_or(|b| longer(None, b.1)) {
+                        let verdict = Verdict::Blocked {
+                            policy: p.policy.clone(),
+                            rule: "override".into(),
+                            identifier: inspection.identifier.clone(),
+                            passes_in_ms: None,
+                            penalty_ms: None,
+                        };
+                        blocked = Some((verdict, None));
                     }
                     continue;
                 }
@@ -111,14 +122,16 @@ impl Inspection {
                     if r.retry_after_ms.is_some() || full {
                         if blocked
                             .as_ref()
-                            .is_none_or(|b| longer(r.retry_after_ms, b.3))
+                            .is_none_or(|b| longer(r.retry_after_ms, b.1))
                         {
-                            blocked = Some((
-                                p.policy.clone(),
-                                r.rule.clone(),
-                                inspection.identifier.clone(),
-                                r.retry_after_ms,
-                            ));
+                            let verdict = Verdict::Blocked {
+                                policy: p.policy.clone(),
+                                rule: r.rule.clone(),
+                                identifier: inspection.identifier.clone(),
+                                passes_in_ms: r.retry_after_ms,
+                                penalty_ms: r.block_ms.filter(|_| r.penalty),
+                            };
+                            blocked = Some((verdict, r.retry_after_ms));
                         }
                     } else if let Some(pct) =
                         (r.limit.saturating_sub(r.remaining) * 100).checked_div(r.limit)
@@ -136,12 +149,7 @@ impl Inspection {
             }
         }
         match blocked {
-            Some((policy, rule, identifier, passes_in_ms)) => Verdict::Blocked {
-                policy,
-                rule,
-                identifier,
-                passes_in_ms,
-            },
+            Some((verdict, _)) => verdict,
             None => Verdict::NotBlocked { closest },
         }
     }
@@ -188,6 +196,7 @@ mod tests {
                 rule: "per-minute".into(),
                 identifier: "ip=203.0.113.11".into(),
                 passes_in_ms: Some(38_000),
+                penalty_ms: None,
             }
         );
         bob.companions.clear();

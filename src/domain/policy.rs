@@ -37,6 +37,26 @@ pub enum FailureMode {
     Closed,
 }
 
+/// What the front doors that can hold a request (forward-auth, Envoy's gRPC) do with a
+/// denied one: refuse it at once, or hold it until it would pass (`max_wait_ms` at most).
+/// The JSON check always answers at once, with `retry_after_ms`: its caller decides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDeny {
+    #[default]
+    Refuse,
+    Wait,
+}
+
+impl OnDeny {
+    fn is_refuse(&self) -> bool {
+        *self == OnDeny::Refuse
+    }
+}
+
+/// The longest a policy may hold a denied request (`max_wait_ms`): a minute.
+pub const MAX_WAIT_MS: u64 = 60_000;
+
 /// A valid policy. Built by [`Policy::from_document`]; it serializes back to the same
 /// document (plus `name` and `version`), which is how the store keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -53,6 +73,12 @@ pub struct Policy {
     /// and a stored policy that never said (saved before there was the choice) is lenient.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
+    /// Refuse a denied request at once, or hold it (see [`OnDeny`]).
+    #[serde(default, skip_serializing_if = "OnDeny::is_refuse")]
+    pub on_deny: OnDeny,
+    /// With `on_deny: wait`: the longest a denied request is held (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub overrides: Vec<Override>,
@@ -130,6 +156,8 @@ impl Policy {
                 "mode",
                 "failure_mode",
                 "strict",
+                "on_deny",
+                "max_wait_ms",
                 "rules",
                 "overrides",
                 "envoy",
@@ -159,6 +187,31 @@ impl Policy {
             None | Some(Value::Null) => None,
             Some(Value::Bool(b)) => Some(*b),
             Some(_) => return Err(PolicyError::field("strict", "must be true or false")),
+        };
+        let on_deny = enum_field(
+            obj,
+            "on_deny",
+            &[("refuse", OnDeny::Refuse), ("wait", OnDeny::Wait)],
+        )?;
+        let max_wait_ms = match (on_deny, obj.get("max_wait_ms")) {
+            (OnDeny::Refuse, None | Some(Value::Null)) => None,
+            (OnDeny::Refuse, Some(_)) => {
+                return Err(PolicyError::field(
+                    "max_wait_ms",
+                    "only goes with \"on_deny\": \"wait\"",
+                ));
+            }
+            (OnDeny::Wait, v) => match v.and_then(Value::as_u64) {
+                Some(ms @ 1..=MAX_WAIT_MS) => Some(ms),
+                _ => {
+                    return Err(PolicyError::field(
+                        "max_wait_ms",
+                        format!(
+                            "must be a whole number of ms from 1 to {MAX_WAIT_MS} with \"on_deny\": \"wait\""
+                        ),
+                    ));
+                }
+            },
         };
         let mut envoy = parse_envoy(obj)?;
         // An Envoy domain's rules are its limits; any given with it are made again from them.
@@ -191,11 +244,22 @@ impl Policy {
             mode,
             failure_mode,
             strict,
+            on_deny,
+            max_wait_ms,
             rules,
             overrides,
             envoy,
             managed_by,
         })
+    }
+
+    /// How long a front door that can hold a request may hold a denied one: `None` when the
+    /// policy refuses at once.
+    pub fn max_wait(&self) -> Option<std::time::Duration> {
+        match self.on_deny {
+            OnDeny::Refuse => None,
+            OnDeny::Wait => self.max_wait_ms.map(std::time::Duration::from_millis),
+        }
     }
 
     /// The policy an Envoy domain's file becomes (version 1; the store numbers versions).
@@ -214,6 +278,8 @@ impl Policy {
             failure_mode,
             // Envoy's protocol answers a descriptor no limit matches OK, counting nothing.
             strict: Some(false),
+            on_deny: OnDeny::Refuse,
+            max_wait_ms: None,
             rules: domain.rules(),
             overrides: Vec::new(),
             envoy: Some(domain),
@@ -378,7 +444,14 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         .ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
     let name = required_str(obj, "name", &at)?;
     let (algorithm, params) = parse_algorithm(obj, &at)?;
-    let mut allowed = vec!["name", "algorithm", "dimensions", "count_denied", "cost"];
+    let mut allowed = vec![
+        "name",
+        "algorithm",
+        "dimensions",
+        "count_denied",
+        "cost",
+        "block_ms",
+    ];
     allowed.extend_from_slice(&params);
     reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
     let dimensions = parse_dimensions(obj, &at)?;
@@ -402,6 +475,21 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
     rule.cost = match obj.get("cost") {
         None | Some(Value::Null) => None,
         Some(v) => Some(super::rule::CostModel::parse(v, &at("cost"))?),
+    };
+    rule.block_ms = match obj.get("block_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(ms @ 1..=super::rule::MAX_BLOCK_MS) => Some(ms),
+            _ => {
+                return Err(PolicyError::field(
+                    at("block_ms"),
+                    format!(
+                        "must be a whole number of ms from 1 to {} (400 days), or left out for no penalty",
+                        super::rule::MAX_BLOCK_MS
+                    ),
+                ));
+            }
+        },
     };
     Ok(rule)
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{
     Rule,
-    check::{Entry, evaluate},
+    check::{Entry, EntryState, evaluate},
 };
 
 /// The result of a simulated burst.
@@ -19,6 +19,10 @@ pub struct BurstPreview {
     pub first_denied: Option<(u64, u64)>,
     /// How many denials each rule caused (the rule that denied; several may).
     pub denials_by_rule: Vec<(String, u64)>,
+    /// Of those, how many its penalty box gave (`block_ms`: the rule had denied a moment
+    /// before and held the identifier), per rule in the same order.
+    #[serde(default)]
+    pub penalties_by_rule: Vec<u64>,
     /// The burst in `TIMELINE` equal slices of its time (or of its requests, when they come
     /// all at once): (allowed, denied) in each.
     #[serde(default)]
@@ -40,13 +44,15 @@ pub fn burst(rules: &[Rule], requests: u64, over_ms: u64) -> BurstPreview {
         .map(|r| Entry {
             algorithm: &r.algorithm,
             count_denied: r.count_denied,
+            block_ms: r.block_ms.unwrap_or(0),
         })
         .collect();
-    let mut states = vec![None; entries.len()];
+    let mut states = vec![EntryState::default(); entries.len()];
     let start_us: i64 = 1_700_000_000_000_000;
     let mut out = BurstPreview {
         requests,
         denials_by_rule: rules.iter().map(|r| (r.name.to_string(), 0)).collect(),
+        penalties_by_rule: vec![0; rules.len()],
         timeline: vec![(0, 0); if requests == 0 { 0 } else { TIMELINE }],
         ..BurstPreview::default()
     };
@@ -76,6 +82,7 @@ pub fn burst(rules: &[Rule], requests: u64, over_ms: u64) -> BurstPreview {
             for (k, o) in outcomes.iter().enumerate() {
                 if !o.allowed {
                     out.denials_by_rule[k].1 += 1;
+                    out.penalties_by_rule[k] += u64::from(o.penalty);
                 }
             }
         }
@@ -172,5 +179,26 @@ mod tests {
             p.denials_by_rule,
             vec![("wide".to_owned(), 0), ("tight".to_owned(), 7)]
         );
+    }
+
+    #[test]
+    fn a_penalty_box_turns_away_what_the_window_would_let_through() {
+        // 10 a second with a 1.5 s penalty, 60 requests over 3 s: the first window lets 10
+        // through and trips; the second window's requests are all held; the third lets 10.
+        let mut rule = rule(
+            "per-second",
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 1000,
+            },
+        );
+        let plain = burst(std::slice::from_ref(&rule), 60, 2950);
+        rule.block_ms = Some(1500);
+        let boxed = burst(&[rule], 60, 2950);
+        assert_eq!(plain.allowed, 30);
+        assert_eq!(plain.penalties_by_rule, vec![0]);
+        assert_eq!(boxed.allowed, 20, "{boxed:?}");
+        assert_eq!(boxed.first_denied, plain.first_denied);
+        assert_eq!(boxed.penalties_by_rule, vec![40]);
     }
 }

@@ -18,6 +18,8 @@ pub const MAX_BUCKETS: u64 = 3600;
 pub const MAX_LEASES: u64 = 100_000;
 /// Longest lease: a day. A holder that needs longer renews.
 pub const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
+/// The longest penalty a rule may give (`block_ms`): 400 days, as the longest period.
+pub const MAX_BLOCK_MS: u64 = MAX_PERIOD_MS;
 
 /// An algorithm with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -609,6 +611,10 @@ pub struct Rule {
     /// How it counts a check's cost; `None`: its algorithm's default ([`Rule::cost_model`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<CostModel>,
+    /// The penalty box: once this rule denies an identifier, it stays denied for this long
+    /// (ms) from that moment, whatever the rule's own state says. `None`: no penalty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_ms: Option<u64>,
 }
 
 impl Rule {
@@ -654,6 +660,7 @@ impl Rule {
             dimensions,
             count_denied,
             cost: None,
+            block_ms: None,
         })
     }
 

@@ -54,18 +54,32 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         authenticate(&self.state, request.metadata().as_ref())?;
-        decide(&self.state, request.into_inner())
+        let deadline = request
+            .metadata()
+            .as_ref()
+            .get("grpc-timeout")
+            .map(deadline_of)
+            .transpose()?
+            .map(|d| std::time::Instant::now() + d);
+        decide(&self.state, request.into_inner(), deadline)
             .await
             .map(Response::new)
     }
 }
 
-/// The answer to one request message: the service's decision in the protocol's terms.
-async fn decide(state: &AppState, message: RateLimitRequest) -> Result<RateLimitResponse, Status> {
+/// The answer to one request message: the service's decision in the protocol's terms. A
+/// domain that waits may hold an over-limit request until `deadline` (the caller's
+/// `grpc-timeout`; a little is kept to answer in).
+async fn decide(
+    state: &AppState,
+    message: RateLimitRequest,
+    deadline: Option<std::time::Instant>,
+) -> Result<RateLimitResponse, Status> {
     let request = wire::request(message).map_err(status_of)?;
+    let deadline = deadline.map(|d| d.checked_sub(Duration::from_millis(5)).unwrap_or(d));
     let answer = state
         .service()
-        .should_rate_limit(&request)
+        .should_rate_limit_or_wait(&request, deadline)
         .await
         .map_err(status_of)?;
     Ok(wire::response(&answer, state.envoy.headers))
@@ -235,6 +249,7 @@ async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Resp
     );
     let traced = span.clone();
     let result = crate::traces::within(span, async {
+        let started = std::time::Instant::now();
         let deadline = request
             .headers()
             .get("grpc-timeout")
@@ -252,7 +267,9 @@ async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Resp
                     ))
                 })??;
             match method {
-                Method::ShouldRateLimit => decide(&state, message).await,
+                Method::ShouldRateLimit => {
+                    decide(&state, message, deadline.map(|d| started + d)).await
+                }
                 _ => kuadrant(&state, method, message).await,
             }
         };

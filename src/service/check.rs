@@ -107,6 +107,30 @@ impl Service {
         checked
     }
 
+    /// Checks `request` as [`Service::check`] does, for a front door that can hold a
+    /// request (forward-auth): a denial under a policy that waits is held until it would
+    /// pass (see [`Service::hold_while_denied`]).
+    pub async fn check_or_wait(
+        &self,
+        request: &CheckRequest,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Checked, CheckError> {
+        let started = std::time::Instant::now();
+        let checked = self.check(request).await?;
+        let Some(max_wait) = checked.policy.max_wait() else {
+            return Ok(checked);
+        };
+        let held = |c: &Checked| {
+            let denied = !c.decision.allowed && !c.degraded && c.policy.mode == Mode::Enforce;
+            denied.then(|| c.decision.binding().and_then(|b| b.outcome.retry_after_ms))
+        };
+        let policy = checked.policy.name.to_string();
+        self.hold_while_denied(&policy, started + max_wait, deadline, checked, held, || {
+            self.check(request)
+        })
+        .await
+    }
+
     async fn check_untraced(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
         let started = std::time::Instant::now();
         let policy = self.policy_named(&request.policy)?;
@@ -448,6 +472,7 @@ fn blocked_result(identifier: Identifier) -> RuleResult {
             reset_ms: 0,
             retry_after_ms: None,
             delay_ms: 0,
+            penalty: false,
         },
         binding: false,
         lease: None,

@@ -108,6 +108,40 @@ impl Service {
         answer
     }
 
+    /// As [`Service::should_rate_limit`], for Envoy's gRPC: an over-limit answer of a domain
+    /// whose policy waits (`on_deny: wait`) is held until its limits' windows end and asked
+    /// again, within the policy's `max_wait_ms` and the call's `grpc-timeout` (`deadline`).
+    pub async fn should_rate_limit_or_wait(
+        &self,
+        request: &EnvoyRequest,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<EnvoyAnswer, EnvoyError> {
+        let started = std::time::Instant::now();
+        let answer = self.should_rate_limit(request).await?;
+        let Some((policy, max_wait)) = answer
+            .policy
+            .as_ref()
+            .and_then(|p| Some((p.name.to_string(), p.max_wait()?)))
+        else {
+            return Ok(answer);
+        };
+        // Over the limit until the latest window of the limits over it ends.
+        let held = |a: &EnvoyAnswer| {
+            (!a.ok && !a.degraded).then(|| {
+                a.statuses
+                    .iter()
+                    .filter(|s| !s.ok)
+                    .map(|s| s.reset_ms)
+                    .collect::<Option<Vec<u64>>>()
+                    .and_then(|resets| resets.into_iter().max())
+            })
+        };
+        self.hold_while_denied(&policy, started + max_wait, deadline, answer, held, || {
+            self.should_rate_limit(request)
+        })
+        .await
+    }
+
     async fn should_rate_limit_untraced(
         &self,
         request: &EnvoyRequest,

@@ -141,6 +141,11 @@ impl Service {
                             ttl_ms: (ttl >= 0).then_some(ttl),
                             binding: r.binding,
                             retry_after_ms: r.outcome.retry_after_ms,
+                            penalty: r.outcome.penalty,
+                            block_ms: policy
+                                .all_rules()
+                                .find(|rule| rule.name == r.rule)
+                                .and_then(|rule| rule.block_ms),
                             leases,
                         })
                         .collect();

@@ -33,6 +33,7 @@ pub mod policy_cache;
 pub mod report;
 pub mod sessions;
 pub mod signin;
+mod waiting;
 
 pub use check::{CheckError, CheckRequest, Checked};
 
@@ -70,6 +71,8 @@ pub struct Service {
     /// The domains folder kept loaded, if any: where, and why its latest files are not in
     /// force.
     domains_folder: std::sync::Arc<std::sync::Mutex<Option<DomainsFolder>>>,
+    /// Places for denied requests held by policies that wait (`SPILLWAY_MAX_WAITING`).
+    waiting: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// The domains folder's state, as its reader reports it.
@@ -137,6 +140,7 @@ impl Service {
             keys: Default::default(),
             rule_metrics: false,
             domains_folder: Default::default(),
+            waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(10_000)),
         }
     }
 
@@ -145,6 +149,7 @@ impl Service {
             policies: policy_cache::PolicyCache::new(config.envoy.counting),
             webhook_targets: config.webhook_targets.clone(),
             rule_metrics: config.metrics_rule_label,
+            waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_waiting)),
             keys: std::sync::Arc::new(keys::ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),
                 config.admin_keys.iter().map(String::as_str),

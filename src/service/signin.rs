@@ -59,6 +59,8 @@ pub fn login_policy() -> crate::domain::Policy {
         mode: Default::default(),
         failure_mode: Default::default(),
         strict: Some(false),
+        on_deny: Default::default(),
+        max_wait_ms: None,
         rules: vec![
             limits.per_user_and_ip.clone(),
             limits.per_ip.clone(),

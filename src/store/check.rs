@@ -157,14 +157,15 @@ impl<'a> CheckEntry<'a> {
     }
 }
 
-/// Entries of `(algorithm, count_denied)`, each counted at the check's cost.
-fn at_check_cost(rules: &[(Algorithm, bool)]) -> Vec<(Algorithm, Counting)> {
+/// Entries of `(algorithm, count_denied, block_ms)`, each counted at the check's cost.
+fn at_check_cost(rules: &[(Algorithm, bool, u64)]) -> Vec<(Algorithm, Counting)> {
     rules
         .iter()
-        .map(|&(algorithm, count_denied)| {
+        .map(|&(algorithm, count_denied, block_ms)| {
             let counting = Counting {
                 count_denied,
                 cost: None,
+                block_ms,
             };
             (algorithm, counting)
         })
@@ -172,11 +173,13 @@ fn at_check_cost(rules: &[(Algorithm, bool)]) -> Vec<(Algorithm, Counting)> {
 }
 
 /// How one entry counts, as the check script takes it: whether a denied check still counts
-/// it (`count_denied`), and its own cost when it has one.
+/// it (`count_denied`), its own cost when it has one, and its rule's penalty box
+/// (`block_ms`, 0 for none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Counting {
     pub count_denied: bool,
     pub cost: Option<u64>,
+    pub block_ms: u64,
 }
 
 impl CheckEntry<'_> {
@@ -475,7 +478,8 @@ impl Store {
         cost: i64,
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
-        self.report_script(keys, &at_check_cost(rules), cost, now)
+        let rules: Vec<_> = rules.iter().map(|&(a, c)| (a, c, 0)).collect();
+        self.report_script(keys, &at_check_cost(&rules), cost, now)
             .await
     }
 
@@ -505,6 +509,19 @@ impl Store {
         cost: u64,
         now: Now,
     ) -> Result<ScriptReply, StoreError> {
+        let rules: Vec<_> = rules.iter().map(|&(a, c)| (a, c, 0)).collect();
+        self.run_check_with_penalties(keys, &rules, cost, now).await
+    }
+
+    /// As [`Store::run_check`], each entry with its rule's penalty box (`block_ms`, 0 for
+    /// none).
+    pub async fn run_check_with_penalties(
+        &self,
+        keys: &[String],
+        rules: &[(Algorithm, bool, u64)],
+        cost: u64,
+        now: Now,
+    ) -> Result<ScriptReply, StoreError> {
         let rules = &at_check_cost(rules);
         let context = CheckContext::new(rules, now);
         self.run_script(keys, rules, cost, now, Mode::Check, &context)
@@ -528,6 +545,7 @@ impl Store {
                     let counting = Counting {
                         count_denied: e.rule.count_denied,
                         cost: e.cost,
+                        block_ms: e.rule.block_ms.unwrap_or(0),
                     };
                     (e.rule.algorithm, counting)
                 })
@@ -664,10 +682,19 @@ pub(super) fn entry_args(
     context: &CheckContext,
 ) {
     cmd.arg(algorithm.kind().code);
-    match (counting.count_denied, counting.cost) {
-        (true, None) => cmd.arg("1"),
-        (false, None) => cmd.arg("0"),
-        (count_denied, Some(cost)) => cmd.arg(format!("{}:{cost}", u8::from(count_denied))),
+    match (counting.count_denied, counting.cost, counting.block_ms) {
+        (true, None, 0) => cmd.arg("1"),
+        (false, None, 0) => cmd.arg("0"),
+        (count_denied, cost, block_ms) => {
+            let mut flag = u8::from(count_denied).to_string();
+            if let Some(cost) = cost {
+                flag.push_str(&format!(":{cost}"));
+            }
+            if block_ms > 0 {
+                flag.push_str(&format!("!{block_ms}"));
+            }
+            cmd.arg(flag)
+        }
     };
     match algorithm {
         Algorithm::Concurrency { limit, lease_ms } => {
@@ -700,7 +727,9 @@ pub(super) fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, St
         .chunks_exact(6)
         .map(|c| {
             Ok(Outcome {
+                // 2: denied by the rule's penalty box (see check.lua)
                 allowed: c[0] == 1,
+                penalty: c[0] == 2,
                 limit: nonneg(c[1], "limit")?,
                 remaining: nonneg(c[2], "remaining")?,
                 reset_ms: nonneg(c[3], "reset_ms")?,

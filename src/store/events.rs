@@ -141,6 +141,8 @@ impl Store {
             let key = self
                 .keys
                 .rule_state(&policy.name, identifier, &r.name, &r.algorithm);
+            // Its penalty box, if it holds one: a reset lifts it, an undo puts it back.
+            kept.push(super::keys::penalty_box(&key));
             match r.algorithm {
                 crate::domain::Algorithm::Concurrency { .. } => leases.push(key),
                 _ => kept.push(key),

@@ -94,6 +94,12 @@ impl Keys {
     }
 }
 
+/// Where a rule's penalty box holds an identifier (until when, µs), beside the rule's state
+/// key and in its slot. `lua/check.lua` makes the same name (`held_until`).
+pub fn penalty_box(state_key: &str) -> String {
+    format!("{state_key}:pb")
+}
+
 impl Keys {
     /// The sorted set of leases `rule` (a concurrency rule) of `policy` holds for
     /// `identifier`: its state key, as a check builds it.

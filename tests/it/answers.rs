@@ -182,6 +182,7 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
             rule,
             identifier,
             passes_in_ms,
+            penalty_ms: None,
         } => {
             assert_eq!((policy.as_str(), rule.as_str()), ("shop", "per-ip"));
             assert_eq!(identifier, "ip=203.0.113.11");

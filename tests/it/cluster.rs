@@ -183,3 +183,34 @@ async fn the_dashboard_works_on_a_cluster() {
         ]
     );
 }
+
+/// The penalty box's key sits beside the rule's state key, in its slot: on a cluster the
+/// script reads and writes it without a CROSSSLOT or a MOVED.
+#[tokio::test]
+async fn a_penalty_box_holds_on_a_cluster() {
+    use spillway::{domain::Algorithm, store::Now};
+    let cluster = RedisCluster::start();
+    let store = cluster_store(&cluster, "pb").await;
+    let rules = [(
+        Algorithm::FixedWindow {
+            limit: 1,
+            window_ms: 1000,
+        },
+        false,
+        60_000,
+    )];
+    for tag in ["a", "b", "c", "d"] {
+        let keys = vec![format!("pb:{{{tag}}}:per-user:fw")];
+        let run = || store.run_check_with_penalties(&keys, &rules, 1, Now::Redis);
+        assert!(run().await.unwrap().allowed);
+        let tripped = run().await.unwrap();
+        assert!(!tripped.allowed && tripped.outcomes[0].penalty);
+        let held = run().await.unwrap();
+        assert!(held.outcomes[0].penalty);
+        assert!(
+            held.outcomes[0]
+                .retry_after_ms
+                .is_some_and(|ms| ms > 59_000)
+        );
+    }
+}

@@ -10,7 +10,11 @@ use std::{
 
 use proptest::{prelude::*, test_runner::TestCaseError};
 use spillway::{
-    domain::{Algorithm, Identifier, Name, Rule, State, check::Entry, evaluate},
+    domain::{
+        Algorithm, Identifier, Name, Rule,
+        check::{Entry, EntryState},
+        evaluate,
+    },
     store::{CheckEntry, Keys, Now, Store},
 };
 
@@ -160,6 +164,11 @@ fn quota(limit: impl Strategy<Value = u64>) -> impl Strategy<Value = Algorithm> 
         })
 }
 
+/// A rule's penalty box: none mostly, else up to 3 s (the requests' gaps reach past it).
+fn penalty() -> impl Strategy<Value = u64> {
+    prop_oneof![3 => Just(0u64), 1 => 1u64..3_000]
+}
+
 /// A request: microseconds since the previous one, and its cost.
 fn requests(max_cost: u64) -> impl Strategy<Value = Vec<(i64, u64)>> {
     prop::collection::vec(
@@ -176,7 +185,7 @@ fn requests(max_cost: u64) -> impl Strategy<Value = Vec<(i64, u64)>> {
 fn script_matches_model(
     rt: &tokio::runtime::Runtime,
     store: &Store,
-    rules: &[(Algorithm, bool)],
+    rules: &[(Algorithm, bool, u64)],
     sequence: &[(i64, u64)],
 ) -> Result<(), TestCaseError> {
     let case = NAMESPACE.fetch_add(1, Ordering::Relaxed);
@@ -185,12 +194,13 @@ fn script_matches_model(
         .collect();
     let entries: Vec<Entry<'_>> = rules
         .iter()
-        .map(|(algorithm, count_denied)| Entry {
+        .map(|(algorithm, count_denied, block_ms)| Entry {
             algorithm,
             count_denied: *count_denied,
+            block_ms: *block_ms,
         })
         .collect();
-    let mut states: Vec<Option<State>> = vec![None; rules.len()];
+    let mut states = vec![EntryState::default(); rules.len()];
     // The scripts set real TTLs, so the test clock must never run slower than Redis's:
     // each check runs at Redis TIME plus the sum of the steps so far, and the model is
     // stepped to the time the script reports. A key Redis expired is then one the model no
@@ -199,7 +209,7 @@ fn script_matches_model(
     for (i, &(dt, cost)) in sequence.iter().enumerate() {
         offset += dt;
         let reply = rt
-            .block_on(store.run_check(&keys, rules, cost, Now::RedisPlus(offset)))
+            .block_on(store.run_check_with_penalties(&keys, rules, cost, Now::RedisPlus(offset)))
             .unwrap();
         let now = reply.now_us;
         let (after, expected) = evaluate(&states, now, cost, &entries);
@@ -229,8 +239,8 @@ fn each_script_matches_its_model() {
         failure_persistence: None,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(algorithm in algorithm_strategy(), count_denied in prop::bool::weighted(0.2), sequence in requests(14))| {
-        script_matches_model(&rt, &store, &[(algorithm, count_denied)], &sequence)?;
+    proptest!(config, |(algorithm in algorithm_strategy(), count_denied in prop::bool::weighted(0.2), block_ms in penalty(), sequence in requests(14))| {
+        script_matches_model(&rt, &store, &[(algorithm, count_denied, block_ms)], &sequence)?;
     });
 }
 
@@ -244,7 +254,7 @@ fn composite_checks_match_the_model_all_or_nothing() {
         failure_persistence: None,
         ..ProptestConfig::default()
     };
-    proptest!(config, |(rules in prop::collection::vec((algorithm_strategy(), prop::bool::weighted(0.2)), 2..5), sequence in requests(8))| {
+    proptest!(config, |(rules in prop::collection::vec((algorithm_strategy(), prop::bool::weighted(0.2), penalty()), 2..5), sequence in requests(8))| {
         script_matches_model(&rt, &store, &rules, &sequence)?;
     });
 }
@@ -963,6 +973,7 @@ fn every_edge_validation_accepts_runs_and_matches_the_model() {
         for (algorithm, _) in &rules {
             prop_assert!(Rule::new(0, "edge", *algorithm, None, false).is_ok(), "{algorithm:?}");
         }
+        let rules: Vec<_> = rules.into_iter().map(|(a, c)| (a, c, 0)).collect();
         script_matches_model(&rt, &store, &rules, &sequence)?;
     });
 }
@@ -1463,8 +1474,8 @@ fn reports_and_give_backs_match_the_model() {
         let case = NAMESPACE.fetch_add(1, Ordering::Relaxed);
         let keys = vec![format!("report:{{case{case}}}")];
         let rules = [(algorithm, false)];
-        let entry = [Entry { algorithm: &algorithm, count_denied: false }];
-        let mut state: Vec<Option<State>> = vec![None];
+        let entry = [Entry { algorithm: &algorithm, count_denied: false, block_ms: 0 }];
+        let mut state = vec![EntryState::default()];
         let mut offset = 0;
         for (i, &(dt, (is_report, cost))) in sequence.iter().enumerate() {
             offset += dt;
@@ -1472,7 +1483,10 @@ fn reports_and_give_backs_match_the_model() {
                 let reply = rt
                     .block_on(store.run_report(&keys, &rules, cost, Now::RedisPlus(offset)))
                     .unwrap();
-                state = vec![report(state[0].as_ref(), reply.now_us, cost, &algorithm)];
+                state = vec![EntryState {
+                    state: report(state[0].state.as_ref(), reply.now_us, cost, &algorithm),
+                    blocked_until_us: None,
+                }];
                 let (_, expected) = evaluate(&state, reply.now_us, 0, &entry);
                 prop_assert_eq!(&reply.outcomes, &expected, "step {} (report {}) of {:?} with {:?}", i, cost, sequence, algorithm);
             } else {
@@ -1502,9 +1516,10 @@ async fn a_concurrency_retry_walks_past_the_first_page() {
     let entry = [Entry {
         algorithm: &algorithm,
         count_denied: false,
+        block_ms: 0,
     }];
     let keys = vec!["leases:{many}".to_owned()];
-    let mut state = vec![None];
+    let mut state = vec![EntryState::default()];
     let t0 = T0;
     // 300 leases a millisecond apart; the first 20 run out before the last checks.
     for i in 0..300 {
@@ -1572,4 +1587,41 @@ async fn a_quota_edited_to_a_longer_period_keeps_its_key_to_the_new_end() {
         ttl > 29 * 86_400_000,
         "the key ends with the day, not the month: {ttl} ms"
     );
+}
+
+/// A penalty ends to the microsecond the model says, in the script as in the model: held one
+/// microsecond before its end, free at its end; and a peek sees it without starting one.
+#[tokio::test]
+async fn a_penalty_ends_exactly_where_the_model_says() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let algorithm = Algorithm::FixedWindow {
+        limit: 1,
+        window_ms: 1000,
+    };
+    let rules = [(algorithm, false, 5000)];
+    let entry = [Entry {
+        algorithm: &algorithm,
+        count_denied: false,
+        block_ms: 5000,
+    }];
+    let keys = vec!["penalty:{exact}".to_owned()];
+    let mut state = vec![EntryState::default()];
+    let until = T0 + 1 + 5_000_000;
+    for (t, cost, held) in [
+        (T0, 1, false),
+        (T0 + 1, 1, true),
+        (T0 + 2_000_000, 0, true),
+        (until - 1, 1, true),
+        (until, 1, false),
+    ] {
+        let reply = store
+            .run_check_with_penalties(&keys, &rules, cost, Now::At(t))
+            .await
+            .unwrap();
+        let (after, expected) = evaluate(&state, t, cost, &entry);
+        state = after;
+        assert_eq!(reply.outcomes, expected, "at +{}µs", t - T0);
+        assert_eq!(reply.outcomes[0].penalty, held, "at +{}µs", t - T0);
+    }
 }

@@ -63,6 +63,9 @@ pub struct ResultBody {
     /// Concurrency rules of an allowed check: the lease it holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease: Option<String>,
+    /// Denied by the rule's penalty box (`block_ms`): held until `retry_after_ms`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub penalty: bool,
 }
 
 impl IntoResponse for CheckAnswer {
@@ -114,6 +117,7 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
             delay_ms: matches!(r.algorithm, Some(Algorithm::LeakyBucket { .. }))
                 .then_some(r.outcome.delay_ms),
             lease: r.lease.clone(),
+            penalty: r.outcome.penalty,
         })
         .collect();
     let body = CheckBody {

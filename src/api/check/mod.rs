@@ -206,5 +206,15 @@ pub async fn forward_auth_handler(
         identifiers,
         cost,
     };
-    check(&state, &request, deny).await
+    // A policy that waits holds a denied request here, within the request's own timeout
+    // (less a little to answer in).
+    let deadline = std::time::Instant::now()
+        + state
+            .request_timeout
+            .saturating_sub(std::time::Duration::from_millis(50));
+    let checked = state
+        .service()
+        .check_or_wait(&request, Some(deadline))
+        .await?;
+    Ok(answer::answer(&checked, deny))
 }

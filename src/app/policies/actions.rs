@@ -151,7 +151,16 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
     let rows = version_rows(&policy, &history);
     let doc = policy.document();
     // What a change would touch; the page works without it when the counters cannot be read.
-    let last_minute = service.policy_last_minute(name.as_str()).await.ok();
+    let (last_minute, totals) = tokio::join!(
+        service.policy_last_minute(name.as_str()),
+        service.policy_totals(crate::domain::history::Range::Hour),
+    );
+    let last_hour = totals.ok().map(|totals| {
+        totals
+            .iter()
+            .find(|(n, _)| n == name.as_str())
+            .map_or((0, 0, 0), |(_, c)| (c.total(), c.denied, c.unmatched))
+    });
     Ok(PolicyView {
         name: name.to_string(),
         exists: true,
@@ -160,6 +169,10 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         shadow: policy.mode == crate::domain::Mode::Shadow,
         failure_closed: policy.failure_mode == crate::domain::FailureMode::Closed,
         strict: policy.is_strict(),
+        wait: policy.on_deny == crate::domain::policy::OnDeny::Wait,
+        max_wait_ms: policy
+            .max_wait_ms
+            .map_or_else(String::new, |ms| ms.to_string()),
         rules: doc["rules"]
             .as_array()
             .map(|r| r.iter().map(rule_form).collect())
@@ -178,7 +191,8 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             })
             .collect(),
         history: rows,
-        last_minute,
+        last_minute: last_minute.ok(),
+        last_hour,
         document: doc.to_string(),
         managed_by: policy.managed_by.clone(),
         envoy_file: policy
@@ -225,6 +239,8 @@ mod form_save {
         #[server(default)] shadow: String,
         #[server(default)] failure_closed: String,
         #[server(default)] strict: String,
+        #[server(default)] wait: String,
+        #[server(default)] max_wait_ms: String,
         #[server(default)] rules: Vec<RuleForm>,
     ) -> Result<u64, AppError> {
         let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
@@ -233,6 +249,8 @@ mod form_save {
             shadow: shadow == "on",
             failure_closed: failure_closed == "on",
             strict: strict == "on",
+            wait: wait == "on",
+            max_wait_ms,
             rules,
             ..crate::app::policies::Draft::default()
         };
@@ -282,6 +300,13 @@ async fn save_fields(
         rules,
     );
     doc["strict"] = serde_json::json!(typed.strict);
+    if typed.wait {
+        doc["on_deny"] = serde_json::json!("wait");
+        let raw = typed.max_wait_ms.trim();
+        doc["max_wait_ms"] = raw
+            .parse::<u64>()
+            .map_or_else(|_| serde_json::json!(raw), serde_json::Value::from);
+    }
     let mut policy = Policy::from_document(name.trim(), &doc)
         .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
         .map_err(|e| AppError::bad_input(&super::field_in_form(&e.field, rules), e.message))?;

@@ -213,6 +213,9 @@ pub fn document_of(
             if r.count_denied == "on" || r.count_denied == "true" {
                 doc["count_denied"] = json!(true);
             }
+            if !r.block_ms.trim().is_empty() {
+                doc["block_ms"] = in_ms(&r.block_ms, &r.block_unit);
+            }
             // A weight is a number; anything else goes as typed, for the policy to name.
             match r.cost.trim() {
                 "" => {}
@@ -261,7 +264,13 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
         form.start_day = s("start_day");
         form.start_month = s("start_month");
     }
+    let (block_ms, block_unit) = match s("block_ms") {
+        none if none.is_empty() => (String::new(), String::new()),
+        ms => with_unit(&ms),
+    };
     RuleForm {
+        block_ms,
+        block_unit,
         dimensions: rule
             .get("dimensions")
             .and_then(|d| d.as_array())
@@ -374,6 +383,26 @@ mod tests {
         assert_eq!(
             (back.window_ms.as_str(), back.window_unit.as_str()),
             ("1", "min")
+        );
+        // A penalty box in its unit, and back; none when left empty.
+        let boxed = RuleForm {
+            block_ms: "10".into(),
+            block_unit: "min".into(),
+            ..typed.clone()
+        };
+        let doc = document_of("", false, false, std::slice::from_ref(&boxed));
+        assert_eq!(doc["rules"][0]["block_ms"], 600_000);
+        let policy = Policy::from_document("boxed", &doc).unwrap();
+        assert_eq!(policy.rules[0].block_ms, Some(600_000));
+        let back = rule_form(&policy.document()["rules"][0]);
+        assert_eq!(
+            (back.block_ms.as_str(), back.block_unit.as_str()),
+            ("10", "min")
+        );
+        assert!(
+            document_of("", false, false, std::slice::from_ref(&typed))["rules"][0]
+                .get("block_ms")
+                .is_none()
         );
         // Blank and removed rules are left out; an error's index maps back to the form's.
         let removed = RuleForm {

@@ -98,6 +98,12 @@ pub struct RuleForm {
     pub period_unit: String,
     #[serde(default)]
     pub lease_unit: String,
+    /// The penalty box: how long an identifier stays denied once the rule denies it;
+    /// empty for none.
+    #[serde(default)]
+    pub block_ms: String,
+    #[serde(default)]
+    pub block_unit: String,
     /// "on": leave this rule out when saving.
     #[serde(default)]
     pub remove: String,
@@ -114,6 +120,12 @@ pub struct Draft {
     /// Refuse checks no rule meets.
     #[serde(default)]
     pub strict: bool,
+    /// Hold denied requests at forward-auth and Envoy's gRPC (`on_deny: wait`), up to
+    /// `max_wait_ms`.
+    #[serde(default)]
+    pub wait: bool,
+    #[serde(default)]
+    pub max_wait_ms: String,
     pub rules: Vec<RuleForm>,
     /// The field the save refused (`rules[0].limit`; empty for none) and why.
     pub field: String,
@@ -164,6 +176,11 @@ pub struct PolicyView {
     /// Whether it refuses checks no rule meets (a policy not saved yet will).
     #[serde(default)]
     pub strict: bool,
+    /// Whether denied requests are held (`on_deny: wait`), and for how long at most (ms).
+    #[serde(default)]
+    pub wait: bool,
+    #[serde(default)]
+    pub max_wait_ms: String,
     pub rules: Vec<RuleForm>,
     pub overrides: Vec<OverrideRow>,
     pub history: Vec<VersionRow>,
@@ -171,6 +188,10 @@ pub struct PolicyView {
     /// change or a delete would touch.
     #[serde(default)]
     pub last_minute: Option<(u64, u64)>,
+    /// Its checks over the last hour, (all, denied, unmatched), when the history could be
+    /// read: unmatched ones met no rule and counted nothing.
+    #[serde(default)]
+    pub last_hour: Option<(u64, u64, u64)>,
     /// The policy document (JSON), for the preview.
     pub document: String,
     /// For an Envoy domain: its file (YAML), which is edited instead of the rules.

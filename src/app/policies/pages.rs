@@ -205,6 +205,8 @@ fn field_label(field: &str, rules: &[RuleForm]) -> String {
             "version" => "Version".into(),
             "name" => "Name".into(),
             "rules" => "Rules".into(),
+            "on_deny" => "Wait instead of refusing".into(),
+            "max_wait_ms" => "Hold a denied request at most".into(),
             other => other.to_owned(),
         };
     };
@@ -238,6 +240,7 @@ fn field_label(field: &str, rules: &[RuleForm]) -> String {
         "start_month" => "Starts in month",
         "dimensions" => "Dimensions",
         "cost" => "Counts a check as",
+        "block_ms" => "Once it denies, block for",
         "" => return rule,
         other => other,
     };
@@ -304,7 +307,15 @@ fn rule_summary(r: &RuleForm) -> String {
     } else {
         ""
     };
-    format!("{what}, for {who}{removed}.")
+    let penalty = if r.block_ms.trim().is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; once it denies, the identifier is blocked for {}",
+            per(&r.block_ms, &r.block_unit)
+        )
+    };
+    format!("{what}, for {who}{penalty}{removed}.")
 }
 
 /// The field a failed save names (empty for none) and its message, to sit beside the field.
@@ -347,6 +358,8 @@ pub fn PolicyPage() -> impl IntoView {
                 shadow: input.shadow == "on",
                 failure_closed: input.failure_closed == "on",
                 strict: input.strict == "on",
+                wait: input.wait == "on",
+                max_wait_ms: input.max_wait_ms,
                 rules: input.rules,
                 ..Draft::default()
             }));
@@ -444,6 +457,10 @@ pub fn PolicyPage() -> impl IntoView {
                             Some(d) => (d.description.clone(), d.shadow, d.failure_closed, d.strict),
                             None => (p.description.clone(), p.shadow, p.failure_closed, p.strict || !p.exists),
                         };
+                        let (wait, max_wait_ms) = match &kept {
+                            Some(d) => (d.wait, d.max_wait_ms.clone()),
+                            None => (p.wait, p.max_wait_ms.clone()),
+                        };
                         let mut rows = kept.map_or_else(|| p.rules.clone(), |d| d.rules);
                         if rows.iter().all(RuleForm::kept) {
                             rows.push(RuleForm { algorithm: "fixed_window".into(), ..RuleForm::default() });
@@ -488,6 +505,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label class="f-calendar">"Starts in month"<input name=f("start_month") value=r.start_month inputmode="numeric" placeholder="1"/>{e("start_month")}</label>
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
                                     <label>"Counts a check as"<input name=f("cost") value=r.cost list="cost-models" placeholder="its cost (1 per request for concurrency)"/>{e("cost")}</label>
+                                    <span class="duration"><label>"Once it denies, block for"<input name=f("block_ms") value=r.block_ms.clone() inputmode="numeric" placeholder="no penalty"/>{e("block_ms")}</label>{unit(f("block_unit"), if r.block_unit.is_empty() { "s".to_owned() } else { r.block_unit.clone() }, "Block unit")}</span>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                     {(!blank).then(|| view! { <label class="check remove"><input type="checkbox" name=f("remove") checked=r.remove == "on"/>"Remove this rule when saving"</label> })}
                                     <p class="muted rule-summary">{summary}</p>
@@ -602,8 +620,19 @@ pub fn PolicyPage() -> impl IntoView {
                             }
                         });
                         let is_envoy = envoy_editor.is_some();
+                        let traffic = p.last_hour.map(|(all, denied, unmatched)| view! {
+                            <p class="muted" data-testid="traffic">
+                                {format!("Last hour: {all} check{}, {denied} denied", if all == 1 { "" } else { "s" })}
+                                {(unmatched > 0).then(|| view! {
+                                    ", "<span class="badge warn">{format!("{unmatched} matched no rule")}</span>
+                                    {if p.strict { " (refused with 400: the policy is strict)" } else { " (let through uncounted: check their identifiers' names, or make the policy strict)" }}
+                                })}
+                                "."
+                            </p>
+                        });
                         view! {
                             <h1>{title}</h1>
+                            {traffic}
                             {envoy_editor}
                             <section class="card" aria-labelledby="edit-heading" hidden=is_envoy>
                                 <h2 id="edit-heading">{if p.exists { format!("Version {}", p.version) } else { "Not saved yet".to_owned() }}</h2>
@@ -615,6 +644,8 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label class="check"><input type="checkbox" name="shadow" checked=shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
                                     <label class="check"><input type="checkbox" name="failure_closed" checked=failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
                                     <label class="check"><input type="checkbox" name="strict" checked=strict disabled=!can_edit/>"Strict: refuse (400) a check whose identifiers no rule counts, rather than let it through uncounted"</label>
+                                    <label class="check"><input type="checkbox" name="wait" checked=wait disabled=!can_edit/>"Wait instead of refusing: forward-auth and Envoy hold a denied request until it would pass (the JSON check still answers at once)"</label>{error_for("on_deny".into())}
+                                    <label>"Hold a denied request at most (ms)"<input name="max_wait_ms" value=max_wait_ms inputmode="numeric" placeholder="e.g. 2000" disabled=!can_edit/>{error_for("max_wait_ms".into())}</label>
                                     {error_for("rules".into())}
                                     <datalist id="cost-models"><option value="units"/><option value="request"/></datalist>
                                     <div class="rules" on:input=read_draft on:change=read_draft>{rule_rows}</div>
@@ -768,7 +799,9 @@ fn Preview(
                     let ms = (secs().clamp(0.0, 86_400.0) * 1000.0) as u64;
                     let r = burst(&rules, n(), ms);
                     let first = r.first_denied.map_or("none is denied".to_owned(), |(k, ms)| format!("the first denial is request {k}, at {ms} ms"));
-                    let by_rule = r.denials_by_rule.iter().filter(|(_, d)| *d > 0).map(|(rule, d)| format!("{rule}: {d}")).collect::<Vec<_>>().join(", ");
+                    let by_rule = r.denials_by_rule.iter().zip(r.penalties_by_rule.iter().chain(std::iter::repeat(&0))).filter(|((_, d), _)| *d > 0).map(|((rule, d), p)| {
+                        if *p > 0 { format!("{rule}: {d}, {p} of them while its penalty box held the identifier") } else { format!("{rule}: {d}") }
+                    }).collect::<Vec<_>>().join("; ");
                     let which = if drafted { " (the rules as typed, not saved yet)" } else { "" };
                     view! {
                         <p data-testid="preview">

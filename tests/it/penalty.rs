@@ -1,0 +1,120 @@
+//! The penalty box (issue 36, item 1): a rule's `block_ms` holds an identifier denied for
+//! that long after the rule denied it, on every instance, until a reset lifts it; an undo
+//! puts it back. Refused with the field named when it is out of range; kept by export.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::helpers::{RedisServer, TestApp, spawn_app};
+
+/// 2 a user per 300 ms window, then a minute in the box.
+fn boxed() -> Value {
+    json!({"strict": false, "rules": [
+        {"name": "per-user", "algorithm": "fixed_window", "limit": 2, "window_ms": 300,
+         "dimensions": ["user"], "block_ms": 60000}
+    ]})
+}
+
+async fn check(app: &TestApp, user: &str) -> (u16, Value) {
+    let r = app
+        .check(json!({"policy": "boxed", "identifiers": {"user": user}}))
+        .await;
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_denial_holds_the_identifier_on_every_instance_until_a_reset() {
+    let redis = RedisServer::start();
+    let (a, b) = (spawn_app(&redis).await, spawn_app(&redis).await);
+    a.put_policy("boxed", boxed()).await;
+    assert_eq!(check(&a, "bob").await.0, 200);
+    assert_eq!(check(&a, "bob").await.0, 200);
+    let (status, tripped) = check(&a, "bob").await;
+    assert_eq!(status, 429, "{tripped}");
+    assert_eq!(tripped["results"][0]["penalty"], true, "{tripped}");
+    let retry = tripped["retry_after_ms"].as_u64().unwrap();
+    assert!(
+        (59_000..=60_000).contains(&retry),
+        "the penalty's wait, not the window's: {retry}"
+    );
+    // The window has turned over, but the other instance still finds bob in the box.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, held) = check(&b, "bob").await;
+    assert_eq!(status, 429, "{held}");
+    assert_eq!(held["results"][0]["penalty"], true);
+    assert_eq!(held["results"][0]["remaining"], 0);
+    let retry = held["results"][0]["retry_after_ms"].as_u64().unwrap();
+    assert!((50_000..60_000).contains(&retry), "{retry}");
+    // Someone else is not held.
+    assert_eq!(check(&b, "carol").await.0, 200);
+
+    // The inspector says why, and for how long.
+    let r = a
+        .as_admin(Method::GET, "/api/v1/identifiers/user/bob", None)
+        .await;
+    let inspection: Value = r.json().await.unwrap();
+    let rule = &inspection["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == "boxed")
+        .unwrap()["rules"][0];
+    assert_eq!(
+        (rule["penalty"].clone(), rule["block_ms"].clone()),
+        (json!(true), json!(60000)),
+        "{rule}"
+    );
+
+    // A reset lifts it on every instance; its undo puts it back.
+    let r = a
+        .as_admin(
+            Method::DELETE,
+            "/api/v1/identifiers/user/bob?policy=boxed&reason=support%20ticket",
+            None,
+        )
+        .await;
+    assert!(r.status().is_success());
+    let token = r.json::<Value>().await.unwrap()["undo"]["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        check(&b, "bob").await.0,
+        200,
+        "the reset lifted the penalty"
+    );
+    let r = a
+        .as_admin(Method::POST, &format!("/api/v1/resets/{token}/undo"), None)
+        .await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let (status, held) = check(&b, "bob").await;
+    assert_eq!(
+        (status, &held["results"][0]["penalty"]),
+        (429, &json!(true)),
+        "{held}"
+    );
+}
+
+#[tokio::test]
+async fn a_penalty_out_of_range_is_refused_naming_the_field_and_export_keeps_it() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    for bad in [json!(0), json!(-5), json!("1m"), json!(34_560_000_001_u64)] {
+        let mut doc = boxed();
+        doc["rules"][0]["block_ms"] = bad.clone();
+        let r = app
+            .as_admin(Method::PUT, "/api/v1/policies/boxed", Some(&doc))
+            .await;
+        assert_eq!(r.status(), 400, "{bad}");
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["field"], "rules[0].block_ms", "{bad}: {problem}");
+    }
+    app.put_policy("boxed", boxed()).await;
+    let r = app
+        .as_admin(Method::GET, "/api/v1/policies/boxed", None)
+        .await;
+    let stored: Value = r.json().await.unwrap();
+    assert_eq!(stored["rules"][0]["block_ms"], 60000, "{stored}");
+}

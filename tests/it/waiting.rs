@@ -1,0 +1,171 @@
+//! Waiting instead of refusing (issue 36, item 4): a policy with `on_deny: wait` has
+//! forward-auth hold a denied request until it would pass, within `max_wait_ms`; the JSON
+//! check still answers at once; waiters are bounded, and those turned away are counted.
+
+use std::{collections::BTreeMap, time::SystemTime};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::helpers::{RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+
+/// 10 a second per client address; a denied request waits up to `max_wait_ms`.
+fn ten_a_second(max_wait_ms: u64, window_ms: u64) -> Value {
+    json!({"strict": false, "on_deny": "wait", "max_wait_ms": max_wait_ms, "rules": [
+        {"name": "per-second", "algorithm": "fixed_window", "limit": 10, "window_ms": window_ms}
+    ]})
+}
+
+/// One forward-auth request from `ip`: its status, and the window (ms since the epoch, at
+/// its end) it was decided in, from the answer's `reset_ms` and the clock when it came.
+async fn forward(app: &TestApp, policy: &str, ip: &str) -> (u16, u64) {
+    let r = app
+        .client
+        .get(app.url(&format!("/api/v1/forward-auth?policy={policy}")))
+        .header("X-Spillway-Key", SERVICE_KEY)
+        .header("X-Forwarded-For", ip)
+        .send()
+        .await
+        .unwrap();
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap();
+    let reset = body["reset_ms"].as_u64().unwrap_or(0);
+    // Window ends are whole seconds; the answer's latency is far less than half of one.
+    let window_end = (now_ms + reset + 500) / 1000 * 1000;
+    (status, window_end)
+}
+
+/// `n` forward-auth requests from `ip` at once; their answers as [`forward`] gives them.
+async fn burst(app: &TestApp, policy: &str, ip: &str, n: usize) -> Vec<(u16, u64)> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (app, policy, ip) = (app.clone_client(), policy.to_owned(), ip.to_owned());
+        tasks.spawn(async move { forward(&app, &policy, &ip).await });
+    }
+    tasks.join_all().await
+}
+
+#[tokio::test]
+async fn a_burst_through_forward_auth_comes_out_at_the_rate_none_refused() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("smooth", ten_a_second(8_000, 1000)).await;
+    let answers = burst(&app, "smooth", "198.51.100.7", 50).await;
+    let mut per_window: BTreeMap<u64, u32> = BTreeMap::new();
+    for (status, window) in &answers {
+        assert_eq!(*status, 200, "{answers:?}");
+        *per_window.entry(*window).or_default() += 1;
+    }
+    assert!(
+        per_window.len() >= 5,
+        "50 at 10 a second take five windows: {per_window:?}"
+    );
+    assert!(per_window.values().all(|n| *n <= 10), "{per_window:?}");
+    let metrics = app.metrics().await;
+    assert!(
+        metrics.contains(r#"spillway_waits_total{policy="smooth",outcome="passed"} 40"#),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("waits"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // The JSON check answers at once: its caller decides whether to wait.
+    let r = app
+        .check(json!({"policy": "smooth", "identifiers": {"ip": "198.51.100.8"}}))
+        .await;
+    assert_eq!(r.status(), 200);
+    for _ in 0..10 {
+        app.check(json!({"policy": "smooth", "identifiers": {"ip": "198.51.100.8"}}))
+            .await;
+    }
+    let r = app
+        .check(json!({"policy": "smooth", "identifiers": {"ip": "198.51.100.8"}}))
+        .await;
+    assert_eq!(r.status(), 429);
+    assert!(
+        r.json::<Value>().await.unwrap()["retry_after_ms"]
+            .as_u64()
+            .unwrap()
+            <= 1000
+    );
+}
+
+#[tokio::test]
+async fn waiters_are_bounded_and_a_wait_past_max_wait_is_refused_at_once() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_MAX_WAITING", "5")]).await;
+    // A minute's window: none of its denials can pass within a 3 s wait.
+    app.put_policy("patient", ten_a_second(3_000, 60_000)).await;
+    let started = std::time::Instant::now();
+    let answers = burst(&app, "patient", "198.51.100.9", 15).await;
+    assert_eq!(answers.iter().filter(|(s, _)| *s == 200).count(), 10);
+    assert_eq!(answers.iter().filter(|(s, _)| *s == 429).count(), 5);
+    assert!(
+        started.elapsed().as_millis() < 2_500,
+        "refused at once, not after waiting"
+    );
+    let metrics = app.metrics().await;
+    assert!(metrics.contains(r#"spillway_waits_total{policy="patient",outcome="too_long"} 5"#));
+
+    // A second's window: the denials could pass, but only 5 may wait at once.
+    app.put_policy("bounded", ten_a_second(3_000, 1000)).await;
+    let answers = burst(&app, "bounded", "198.51.100.10", 30).await;
+    let refused = answers.iter().filter(|(s, _)| *s == 429).count();
+    let metrics = app.metrics().await;
+    let full = metrics
+        .lines()
+        .find(|l| l.starts_with(r#"spillway_waits_total{policy="bounded",outcome="full"}"#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<usize>().ok())
+        .unwrap_or(0);
+    assert!(
+        refused >= 15,
+        "at most 10 now and 5 waiting: {refused} refused"
+    );
+    assert_eq!(
+        full, refused,
+        "every refusal for want of a place is counted"
+    );
+}
+
+#[tokio::test]
+async fn max_wait_is_refused_naming_the_field_unless_waiting() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    for (doc, field) in [
+        (json!({"on_deny": "wait"}), "max_wait_ms"),
+        (json!({"on_deny": "wait", "max_wait_ms": 0}), "max_wait_ms"),
+        (
+            json!({"on_deny": "wait", "max_wait_ms": 60_001}),
+            "max_wait_ms",
+        ),
+        (json!({"max_wait_ms": 500}), "max_wait_ms"),
+        (json!({"on_deny": "later"}), "on_deny"),
+    ] {
+        let mut body = doc.clone();
+        body["rules"] =
+            json!([{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]);
+        let r = app
+            .as_admin(Method::PUT, "/api/v1/policies/w", Some(&body))
+            .await;
+        assert_eq!(r.status(), 400, "{doc}");
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["field"], field, "{doc}: {problem}");
+    }
+    app.put_policy("w", ten_a_second(250, 1000)).await;
+    let stored: Value = app
+        .as_admin(Method::GET, "/api/v1/policies/w", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (stored["on_deny"].clone(), stored["max_wait_ms"].clone()),
+        (json!("wait"), json!(250))
+    );
+}
