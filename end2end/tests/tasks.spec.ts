@@ -164,8 +164,18 @@ test("an admin gives a rule a penalty box in the editor; the preview and the ins
   await rule.getByLabel("Window unit").selectOption("min");
   await rule.getByLabel("Once it denies, block for").fill("10");
   await rule.getByLabel("Block unit").selectOption("min");
+  // Waiting instead of refusing, with no time given first: named beside its field, and
+  // what was typed stays.
+  await page.getByLabel("Wait instead of refusing").check();
+  await page.getByRole("button", { name: "Save policy" }).click();
+  await expect(page.getByTestId("save-error")).toContainText("Hold a denied request at most");
+  await expect(page.getByLabel("Wait instead of refusing")).toBeChecked();
+  await expect(page.getByRole("group", { name: "Rule per-minute" }).getByLabel("Once it denies, block for")).toHaveValue("10");
+  await page.getByLabel("Hold a denied request at most (ms)").fill("2000");
   await page.getByRole("button", { name: "Save policy" }).click();
   await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
+  await expect(page.getByLabel("Wait instead of refusing")).toBeChecked();
+  await expect(page.getByLabel("Hold a denied request at most (ms)")).toHaveValue("2000");
   const saved = page.getByRole("group", { name: "Rule per-minute" });
   await expect(saved.getByLabel("Once it denies, block for")).toHaveValue("10");
   await expect(saved.getByLabel("Block unit")).toHaveValue("min");

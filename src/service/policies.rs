@@ -269,9 +269,12 @@ impl Service {
             None => policy,
             Some(old) => match &old.envoy {
                 Some(tree) if tree.doc.domain == wanted => {
+                    // A file says nothing of these: the domain keeps them.
                     let mut policy = Policy {
                         failure_mode: failure_mode.unwrap_or(old.failure_mode),
                         overrides: old.overrides.clone(),
+                        on_deny: old.on_deny,
+                        max_wait_ms: old.max_wait_ms,
                         ..policy
                     };
                     // A file that does not say how it counts keeps the domain's setting.

@@ -169,3 +169,64 @@ async fn max_wait_is_refused_naming_the_field_unless_waiting() {
         (json!("wait"), json!(250))
     );
 }
+
+/// Envoy's gRPC: a domain that waits holds an over-limit request until its window ends,
+/// within the call's `grpc-timeout`; a file saved again keeps the domain's waiting.
+#[tokio::test]
+async fn envoy_requests_wait_for_the_window_within_their_grpc_timeout() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let domain = json!({"on_deny": "wait", "max_wait_ms": 5000, "envoy": {"domain": "waits",
+        "descriptors": [{"key": "k", "rate_limit": {"unit": "second", "requests_per_unit": 2}}]}});
+    let r = app
+        .as_admin(Method::PUT, "/api/v1/policies/waits", Some(&domain))
+        .await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    // The file alone saved again: the domain still waits.
+    crate::envoy::load(&app, "waits", "domain: waits\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n").await;
+    let grpc = tonic::transport::Channel::from_shared(format!("http://{}", app.grpc.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client =
+        envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(grpc);
+    let ask = |timeout: &'static str| {
+        let mut c = client.clone();
+        async move {
+            let mut request = tonic::Request::new(crate::envoy::request(
+                "waits",
+                vec![crate::envoy::descriptor(&[("k", "v")])],
+            ));
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {SERVICE_KEY}").parse().unwrap(),
+            );
+            request.metadata_mut().insert("grpc-timeout", timeout.parse().unwrap());
+            c.should_rate_limit(request).await.unwrap().into_inner().overall_code
+        }
+    };
+    // Six at once against 2 a second: all pass, over three windows.
+    let started = std::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..6 {
+        tasks.spawn(ask("4S"));
+    }
+    let codes = tasks.join_all().await;
+    assert!(codes.iter().all(|c| *c == Code::Ok as i32), "{codes:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1000), "two windows at least");
+    // A window that ends past max_wait_ms (a minute's, with at least 10 s of it left): over
+    // the limit at once, whatever the caller's deadline.
+    let minute = json!({"on_deny": "wait", "max_wait_ms": 5000, "envoy": {"domain": "waits",
+        "descriptors": [{"key": "k", "rate_limit": {"unit": "minute", "requests_per_unit": 1}}]}});
+    let r = app
+        .as_admin(Method::PUT, "/api/v1/policies/waits", Some(&minute))
+        .await;
+    assert!(r.status().is_success());
+    crate::helpers::clear_of_window_turn(std::time::Duration::from_secs(60)).await;
+    assert_eq!(ask("4S").await, Code::Ok as i32);
+    let started = std::time::Instant::now();
+    assert_eq!(ask("4S").await, Code::OverLimit as i32);
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "refused at once");
+}
