@@ -5,6 +5,7 @@ use std::{path::Path, time::Duration};
 
 use leptos::config::LeptosOptions;
 
+pub mod sentinel;
 pub mod upstream;
 pub mod xds;
 
@@ -20,6 +21,8 @@ pub struct Config {
     pub redis_ca_cert: Option<std::path::PathBuf>,
     /// Seed nodes of a Redis Cluster; when set, used instead of `redis_url`.
     pub redis_cluster_urls: Vec<String>,
+    /// Redis behind Sentinel; when set, used instead of `redis_url`.
+    pub redis_sentinel: Option<sentinel::SentinelSettings>,
     /// How long one Redis operation may take before it counts as failed.
     pub redis_timeout: Duration,
     /// Longest time any HTTP request may take.
@@ -271,6 +274,16 @@ impl Config {
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,
             },
             leptos_options: conf.leptos_options,
+            redis_sentinel: match sentinel::SentinelSettings::from_lookup(&lookup) {
+                Ok(Some(_)) if !redis_cluster_urls.is_empty() => {
+                    return Err(ConfigError::Invalid {
+                        name: "REDIS_CLUSTER_URLS",
+                        problem: "set with Sentinel: give one or the other".into(),
+                    });
+                }
+                Ok(s) => s,
+                Err((name, problem)) => return Err(ConfigError::Invalid { name, problem }),
+            },
             redis_url,
             redis_cluster_urls,
             redis_ca_cert: lookup("REDIS_CA_CERT")
@@ -329,10 +342,14 @@ fn redis_urls(
     lookup: &impl Fn(&str) -> Option<String>,
 ) -> Result<(String, Vec<String>), ConfigError> {
     let redis_url = lookup("REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into());
-    if !is_redis_url(&redis_url) {
+    // A redis+sentinel:// URL is read by `sentinel::SentinelSettings`.
+    let sentinel =
+        redis_url.starts_with("redis+sentinel://") || redis_url.starts_with("rediss+sentinel://");
+    if !is_redis_url(&redis_url) && !sentinel {
         return Err(ConfigError::Invalid {
             name: "REDIS_URL",
-            problem: "must start with redis:// or rediss://".into(),
+            problem: "must start with redis://, rediss://, redis+sentinel:// or rediss+sentinel://"
+                .into(),
         });
     }
     let redis_cluster_urls = comma_list(lookup, "REDIS_CLUSTER_URLS");

@@ -23,8 +23,7 @@ impl Store {
     /// caller subscribes again (and polls the policy generation meanwhile).
     pub async fn subscribe(&self) -> Result<mpsc::Receiver<Event>, StoreError> {
         let client = self
-            .client
-            .as_ref()
+            .pubsub_client()
             .ok_or_else(|| StoreError::Reply("pub/sub needs a single Redis".into()))?;
         let mut pubsub = client.get_async_pubsub().await?;
         let (policies, resets) = (self.keys.policy_channel(), self.keys.reset_channel());

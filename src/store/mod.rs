@@ -17,6 +17,7 @@ pub mod keys;
 pub mod leases;
 pub mod people;
 pub mod policies;
+mod sentinel;
 pub mod sessions;
 pub mod stats;
 
@@ -91,6 +92,8 @@ pub struct RedisHealth {
 enum Backend {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// One master at a time, as the sentinels name it.
+    Sentinel(Arc<sentinel::SentinelLink>),
 }
 
 /// Every command goes to whichever connection the store has: the one place that tells a
@@ -103,6 +106,16 @@ impl redis::aio::ConnectionLike for Backend {
         match self {
             Backend::Single(conn) => conn.req_packed_command(cmd),
             Backend::Cluster(conn) => conn.req_packed_command(cmd),
+            Backend::Sentinel(link) => {
+                let (link, mut conn) = (link.clone(), link.conn());
+                Box::pin(async move {
+                    let answer = conn.req_packed_command(cmd).await;
+                    if answer.is_err() {
+                        link.command_failed();
+                    }
+                    answer
+                })
+            }
         }
     }
 
@@ -115,6 +128,16 @@ impl redis::aio::ConnectionLike for Backend {
         match self {
             Backend::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             Backend::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Backend::Sentinel(link) => {
+                let (link, mut conn) = (link.clone(), link.conn());
+                Box::pin(async move {
+                    let answer = conn.req_packed_commands(pipeline, offset, count).await;
+                    if answer.is_err() {
+                        link.command_failed();
+                    }
+                    answer
+                })
+            }
         }
     }
 
@@ -122,6 +145,7 @@ impl redis::aio::ConnectionLike for Backend {
         match self {
             Backend::Single(conn) => conn.get_db(),
             Backend::Cluster(conn) => conn.get_db(),
+            Backend::Sentinel(link) => link.conn().get_db(),
         }
     }
 }
@@ -160,6 +184,9 @@ impl Store {
             })?),
             None => None,
         };
+        if let Some(settings) = &config.redis_sentinel {
+            return Self::connect_sentinel(settings, ca, timeout, Keys::default()).await;
+        }
         Self::connect_tls(&config.redis_url, ca, timeout, Keys::default()).await
     }
 
@@ -197,16 +224,39 @@ impl Store {
             None => redis::Client::open(url)?,
         };
         let pubsub_client = client.clone();
-        // The connection waits as long as a write may take; each call's own timeout
-        // (`with_timeout`) is what bounds a check.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(write_timeout(timeout)))
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_number_of_retries(1);
-        let conn = ConnectionManager::new_with_config(client, config).await?;
+        let conn = ConnectionManager::new_with_config(client, manager_config(timeout)).await?;
+        Ok(Self::single(
+            Backend::Single(conn),
+            Some(pubsub_client),
+            timeout,
+            keys,
+        ))
+    }
+
+    /// Connects to the master the sentinels of `settings` name, and follows it through a
+    /// failover (see `sentinel.rs`); `ca_pem` as for [`Store::connect_tls`].
+    pub async fn connect_sentinel(
+        settings: &crate::config::sentinel::SentinelSettings,
+        ca_pem: Option<Vec<u8>>,
+        timeout: Duration,
+        keys: Keys,
+    ) -> Result<Self, StoreError> {
+        crate::install_tls_provider();
+        let link =
+            sentinel::SentinelLink::connect(settings, ca_pem, manager_config(timeout)).await?;
+        Ok(Self::single(Backend::Sentinel(link), None, timeout, keys))
+    }
+
+    /// A store of one Redis at a time (a server, or Sentinel's master), with its coalescer.
+    fn single(
+        backend: Backend,
+        pubsub_client: Option<redis::Client>,
+        timeout: Duration,
+        keys: Keys,
+    ) -> Self {
         let mut store = Self {
-            backend: Backend::Single(conn),
-            client: Some(pubsub_client),
+            backend,
+            client: pubsub_client,
             scripts: Arc::new(Scripts::load()),
             keys,
             timeout,
@@ -215,7 +265,7 @@ impl Store {
             coalescer: None,
         };
         store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
-        Ok(store)
+        store
     }
 
     /// Connects to a Redis Cluster through any of `urls`.
@@ -248,9 +298,19 @@ impl Store {
         self.breaker.is_open()
     }
 
-    /// Whether this store talks to one Redis server (pub/sub is available).
+    /// Whether this store talks to one Redis server at a time (a server, or Sentinel's
+    /// master): pub/sub is available.
     pub fn is_single(&self) -> bool {
-        matches!(self.backend, Backend::Single(_))
+        matches!(self.backend, Backend::Single(_) | Backend::Sentinel(_))
+    }
+
+    /// A client of the Redis that pub/sub subscribes on: the server, or the master the
+    /// sentinels name now (after a failover, a new subscription goes to the new one).
+    pub(crate) fn pubsub_client(&self) -> Option<redis::Client> {
+        match &self.backend {
+            Backend::Sentinel(link) => Some(link.client()),
+            _ => self.client.clone(),
+        }
     }
 
     /// Whether this store talks to a Redis Cluster.
@@ -396,6 +456,15 @@ impl Store {
         }
         result
     }
+}
+
+/// One Redis's connection settings: the connection waits as long as a write may take; each
+/// call's own timeout (`with_timeout`) is what bounds a check.
+fn manager_config(timeout: Duration) -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(write_timeout(timeout)))
+        .set_connection_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(1)
 }
 
 /// How long a policy write may take: the check timeout, and at least 5 s.

@@ -31,6 +31,7 @@ mod openapi;
 mod penalty;
 mod probe2;
 mod report;
+mod sentinel;
 mod service;
 mod tls;
 mod traces;

@@ -203,8 +203,14 @@ async fn envoy_requests_wait_for_the_window_within_their_grpc_timeout() {
                 "authorization",
                 format!("Bearer {SERVICE_KEY}").parse().unwrap(),
             );
-            request.metadata_mut().insert("grpc-timeout", timeout.parse().unwrap());
-            c.should_rate_limit(request).await.unwrap().into_inner().overall_code
+            request
+                .metadata_mut()
+                .insert("grpc-timeout", timeout.parse().unwrap());
+            c.should_rate_limit(request)
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code
         }
     };
     // Six at once against 2 a second: all pass, over three windows.
@@ -215,7 +221,10 @@ async fn envoy_requests_wait_for_the_window_within_their_grpc_timeout() {
     }
     let codes = tasks.join_all().await;
     assert!(codes.iter().all(|c| *c == Code::Ok as i32), "{codes:?}");
-    assert!(started.elapsed() >= std::time::Duration::from_millis(1000), "two windows at least");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1000),
+        "two windows at least"
+    );
     // A window that ends past max_wait_ms (a minute's, with at least 10 s of it left): over
     // the limit at once, whatever the caller's deadline.
     let minute = json!({"on_deny": "wait", "max_wait_ms": 5000, "envoy": {"domain": "waits",
@@ -228,5 +237,8 @@ async fn envoy_requests_wait_for_the_window_within_their_grpc_timeout() {
     assert_eq!(ask("4S").await, Code::Ok as i32);
     let started = std::time::Instant::now();
     assert_eq!(ask("4S").await, Code::OverLimit as i32);
-    assert!(started.elapsed() < std::time::Duration::from_secs(2), "refused at once");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "refused at once"
+    );
 }
