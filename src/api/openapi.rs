@@ -23,6 +23,12 @@ pub struct CheckRequest {
     /// Integer ≥ 0, default 1; 0 peeks without consuming.
     #[schema(minimum = 0, maximum = 1_000_000_000)]
     cost: Option<u64>,
+    /// Limits sent with the request: `{"<rule>": {"limit": 500}}` sets the named rule's
+    /// numbers (by parameter field) for this check only, each at most what the rule's
+    /// `caller_max` says; a rule without one refuses them (400, `field`
+    /// `limits.<rule>`). Counters are kept per set of numbers, and the answer's headers
+    /// describe the limit applied.
+    limits: Option<BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
 /// 1 to 16 `dimension: value` pairs: dimensions match `[a-z0-9][a-z0-9_-]{0,63}`, values
@@ -227,6 +233,10 @@ pub struct RuleDocument {
     /// left out for none). A reset lifts it.
     #[schema(minimum = 1, maximum = 34_560_000_000_u64)]
     block_ms: Option<u64>,
+    /// Limits sent with the request: the most a caller may set each of this rule's
+    /// numbers to for one check (`{"limit": 1000}`), by parameter field. Left out: callers
+    /// may set none.
+    caller_max: Option<BTreeMap<String, u64>>,
     limit: Option<u64>,
     window_ms: Option<u64>,
     capacity: Option<u64>,

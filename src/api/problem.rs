@@ -72,6 +72,7 @@ impl From<CheckError> for ApiError {
             CheckError::Unavailable(error) => ApiError::RedisUnavailable(error),
             e @ CheckError::Unmatched { .. } => ApiError::Unmatched(e.to_string()),
             e @ CheckError::CostTooHigh { .. } => ApiError::CostTooHigh(e.to_string()),
+            CheckError::BadLimits { field, message } => ApiError::bad(field, message),
         }
     }
 }

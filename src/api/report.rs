@@ -42,6 +42,12 @@ fn parse(body: &Value) -> Result<ReportRequest, ApiError> {
                 )
             })?,
     };
+    if obj.contains_key("limits") {
+        return Err(ApiError::bad(
+            "limits",
+            "a report counts against the rules as the policy has them",
+        ));
+    }
     let mut rest = obj.clone();
     rest.remove("cost");
     let CheckRequest {

@@ -451,6 +451,7 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         "count_denied",
         "cost",
         "block_ms",
+        "caller_max",
     ];
     allowed.extend_from_slice(&params);
     reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
@@ -475,6 +476,51 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
     rule.cost = match obj.get("cost") {
         None | Some(Value::Null) => None,
         Some(v) => Some(super::rule::CostModel::parse(v, &at("cost"))?),
+    };
+    rule.caller_max = match obj.get("caller_max") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(caps)) => {
+            let fields: Vec<&str> = rule
+                .algorithm
+                .kind()
+                .params
+                .iter()
+                .map(|p| p.field)
+                .collect();
+            let mut out = std::collections::BTreeMap::new();
+            for (field, cap) in caps {
+                if !fields.contains(&field.as_str()) {
+                    return Err(PolicyError::field(
+                        at(&format!("caller_max.{field}")),
+                        format!(
+                            "is not a number of {}: one of {}",
+                            rule.algorithm.name(),
+                            fields.join(", ")
+                        ),
+                    ));
+                }
+                let cap = cap.as_u64().filter(|c| *c >= 1).ok_or_else(|| {
+                    PolicyError::field(
+                        at(&format!("caller_max.{field}")),
+                        "must be a whole number ≥ 1: the most a caller may set it to",
+                    )
+                })?;
+                out.insert(field.clone(), cap);
+            }
+            if out.is_empty() {
+                return Err(PolicyError::field(
+                    at("caller_max"),
+                    "names no number: leave it out, or give {\"limit\": <most>}",
+                ));
+            }
+            Some(out)
+        }
+        Some(_) => {
+            return Err(PolicyError::field(
+                at("caller_max"),
+                "must be an object of parameter: most a caller may set it to",
+            ));
+        }
     };
     rule.block_ms = match obj.get("block_ms") {
         None | Some(Value::Null) => None,

@@ -615,6 +615,11 @@ pub struct Rule {
     /// (ms) from that moment, whatever the rule's own state says. `None`: no penalty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_ms: Option<u64>,
+    /// Limits sent with the request: the most a caller may set each of this rule's numbers
+    /// to for one check (`"limits": {"<rule>": {"limit": 500}}`), by parameter field.
+    /// `None`: callers may set none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub caller_max: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Rule {
@@ -661,6 +666,82 @@ impl Rule {
             count_denied,
             cost: None,
             block_ms: None,
+            caller_max: None,
+        })
+    }
+
+    /// This rule with the numbers a caller sent for one check (`numbers`, by parameter
+    /// field), each within the rule's `caller_max`; `at` names the request's field
+    /// (`limits.per-customer`). The rule keeps its name, dimensions and penalty.
+    pub fn with_caller_numbers(
+        &self,
+        numbers: &std::collections::BTreeMap<String, u64>,
+        at: &str,
+    ) -> Result<Rule, PolicyError> {
+        let Some(caps) = &self.caller_max else {
+            return Err(PolicyError::field(
+                at,
+                format!(
+                    "rule {} takes no limits from callers (its policy gives it no caller_max)",
+                    self.name
+                ),
+            ));
+        };
+        let kind = self.algorithm.kind();
+        let mut values: Vec<u64> = self.algorithm.params()[..kind.params.len()].to_vec();
+        for (field, &value) in numbers {
+            let Some(&cap) = caps.get(field) else {
+                let allowed: Vec<&str> = caps.keys().map(String::as_str).collect();
+                return Err(PolicyError::field(
+                    format!("{at}.{field}"),
+                    format!(
+                        "rule {} lets callers set only {}",
+                        self.name,
+                        allowed.join(", ")
+                    ),
+                ));
+            };
+            if value == 0 || value > cap {
+                return Err(PolicyError::field(
+                    format!("{at}.{field}"),
+                    format!("must be from 1 to {cap} (rule {}'s caller_max)", self.name),
+                ));
+            }
+            let i = kind
+                .params
+                .iter()
+                .position(|p| p.field == field)
+                .expect("caller_max names only the rule's parameters");
+            values[i] = value;
+        }
+        let mut algorithm = kind.with(&values).expect("one value per parameter");
+        // A quota keeps its calendar.
+        if let (
+            Algorithm::Quota { limit, .. },
+            Algorithm::Quota {
+                period,
+                time_zone,
+                start_day,
+                start_month,
+                ..
+            },
+        ) = (algorithm, self.algorithm)
+        {
+            algorithm = Algorithm::Quota {
+                limit,
+                period,
+                time_zone,
+                start_day,
+                start_month,
+            };
+        }
+        algorithm.validate(0).map_err(|e| {
+            let field = e.field.rsplit_once('.').map_or("", |(_, f)| f).to_owned();
+            PolicyError::field(format!("{at}.{field}"), e.message)
+        })?;
+        Ok(Rule {
+            algorithm,
+            ..self.clone()
         })
     }
 

@@ -24,6 +24,9 @@ pub struct CheckRequest {
     pub policy: String,
     pub identifiers: Vec<Identifier>,
     pub cost: u64,
+    /// Limits sent with the request: numbers of the policy's rules for this check only
+    /// (rule → parameter field → value), each within the rule's `caller_max`.
+    pub limits: std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
 }
 
 /// Why a check has no decision. A denial is a decision, not an error.
@@ -44,6 +47,10 @@ pub enum CheckError {
         cost: u64,
         max: u64,
     },
+    /// Limits sent with the request that the policy does not allow (`field`: where in
+    /// `limits`).
+    #[error("{field}: {message}")]
+    BadLimits { field: String, message: String },
     /// A strict policy's rules meet none of the identifiers: refused rather than let
     /// through uncounted. `expects`: the dimensions its rules count.
     #[error("identifiers: {given} match no rule of {policy}, {}", counted(expects))]
@@ -134,7 +141,8 @@ impl Service {
     async fn check_untraced(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
         let started = std::time::Instant::now();
         let policy = self.policy_named(&request.policy)?;
-        let decided = self.decide_request(&policy, request).await;
+        let caller_rules = caller_rules(&policy, &request.limits)?;
+        let decided = self.decide_request(&policy, request, &caller_rules).await;
         let checked = match decided {
             Ok(Decided::Unmatched) if policy.is_strict() && policy.mode == Mode::Enforce => {
                 return Err(self.refuse_unmatched(&policy, request, started));
@@ -246,6 +254,7 @@ impl Service {
         &self,
         policy: &Policy,
         request: &CheckRequest,
+        caller_rules: &[CallerRule<'_>],
     ) -> Result<Decided, StoreError> {
         let now_ms = super::now_ms();
         let mut entries = Vec::new();
@@ -259,7 +268,16 @@ impl Service {
                     rules
                         .iter()
                         .filter(|r| r.applies_to(identifier.dimension().as_str()))
-                        .map(|rule| entry_at(rule, identifier, request.cost)),
+                        .map(|rule| {
+                            // The policy's own rule with the caller's numbers, counted apart.
+                            match caller_rules.iter().find(|c| std::ptr::eq(c.of, rule)) {
+                                Some(c) => CheckEntry {
+                                    limits: Some(&c.variant),
+                                    ..entry_at(&c.rule, identifier, request.cost)
+                                },
+                                None => entry_at(rule, identifier, request.cost),
+                            }
+                        }),
                 ),
             }
         }
@@ -311,6 +329,52 @@ enum Decided {
 
 /// `rule`'s entry for `identifier` in a check of `cost`: at the cost the rule counts it
 /// (`Rule::cost_of`), named only when it is not the check's own.
+/// A rule of the policy with the numbers a caller sent for one check.
+struct CallerRule<'p> {
+    /// The policy's rule it stands for.
+    of: &'p crate::domain::Rule,
+    rule: crate::domain::Rule,
+    /// The numbers, as its counters are told apart (`limit=500`): two callers who send
+    /// different numbers never share a counter, nor share one with the rule's own.
+    variant: String,
+}
+
+/// The policy's rules with the numbers `limits` gives them, each held to its `caller_max`.
+fn caller_rules<'p>(
+    policy: &'p Policy,
+    limits: &std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>,
+) -> Result<Vec<CallerRule<'p>>, CheckError> {
+    let mut out = Vec::with_capacity(limits.len());
+    for (name, numbers) in limits {
+        let at = format!("limits.{name}");
+        let of = policy
+            .rules
+            .iter()
+            .find(|r| r.name.as_str() == name)
+            .ok_or_else(|| CheckError::BadLimits {
+                field: at.clone(),
+                message: format!("{} has no rule {name:?}", policy.name),
+            })?;
+        let rule = of
+            .with_caller_numbers(numbers, &at)
+            .map_err(|e| CheckError::BadLimits {
+                field: e.field,
+                message: e.message,
+            })?;
+        // The rule's own numbers: its own counters (and the denials remembered for it).
+        if rule.algorithm == of.algorithm {
+            continue;
+        }
+        let variant = numbers
+            .iter()
+            .map(|(field, n)| format!("{field}={n}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        out.push(CallerRule { of, rule, variant });
+    }
+    Ok(out)
+}
+
 pub(super) fn entry_at<'a>(
     rule: &'a crate::domain::Rule,
     identifier: &'a Identifier,

@@ -144,6 +144,9 @@ pub struct CheckEntry<'a> {
     /// This entry's own cost, when it is not the check's (an Envoy request whose
     /// descriptors carry different hits): still one all-or-nothing decision.
     pub cost: Option<u64>,
+    /// The numbers a caller sent for this rule (`limit=500`), when it did: the entry has
+    /// counters of its own under them.
+    pub limits: Option<&'a str>,
 }
 
 impl<'a> CheckEntry<'a> {
@@ -153,6 +156,7 @@ impl<'a> CheckEntry<'a> {
             rule,
             identifier,
             cost: None,
+            limits: None,
         }
     }
 }
@@ -535,8 +539,14 @@ impl Store {
             keys: entries
                 .iter()
                 .map(|e| {
-                    self.keys
-                        .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm)
+                    let mut key =
+                        self.keys
+                            .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm);
+                    if let Some(numbers) = e.limits {
+                        key.push('~');
+                        key.push_str(numbers);
+                    }
+                    key
                 })
                 .collect(),
             rules: entries

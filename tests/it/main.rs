@@ -8,6 +8,7 @@ mod answers;
 mod api;
 mod architecture;
 mod auth;
+mod caller_limits;
 mod cli;
 mod clients;
 mod cluster;

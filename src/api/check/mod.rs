@@ -205,6 +205,7 @@ pub async fn forward_auth_handler(
         policy,
         identifiers,
         cost,
+        limits: Default::default(),
     };
     // A policy that waits holds a denied request here, within the request's own timeout
     // (less a little to answer in).

@@ -59,6 +59,7 @@ impl CheckRequest {
             policy,
             identifiers,
             cost,
+            limits: parse_limits(obj, path)?,
         })
     }
 
@@ -97,8 +98,52 @@ impl CheckRequest {
             policy,
             identifiers,
             cost,
+            limits: Default::default(),
         })
     }
+}
+
+/// A check request's `limits`: `{"<rule>": {"<parameter>": n}}`, the numbers of the
+/// policy's rules for this check only (the service holds them to each rule's caller_max).
+fn parse_limits(
+    obj: &Map<String, Value>,
+    path: &str,
+) -> Result<std::collections::BTreeMap<String, std::collections::BTreeMap<String, u64>>, ApiError> {
+    let at = |f: &str| format!("{path}{f}");
+    let mut out = std::collections::BTreeMap::new();
+    let rules = match obj.get("limits") {
+        None | Some(Value::Null) => return Ok(out),
+        Some(Value::Object(rules)) => rules,
+        Some(_) => {
+            return Err(ApiError::bad(
+                at("limits"),
+                "must be an object of rule: {parameter: number}",
+            ));
+        }
+    };
+    for (rule, numbers) in rules {
+        let numbers = numbers
+            .as_object()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                ApiError::bad(
+                    at(&format!("limits.{rule}")),
+                    "must be an object of parameter: number, such as {\"limit\": 500}",
+                )
+            })?;
+        let mut parsed = std::collections::BTreeMap::new();
+        for (field, n) in numbers {
+            let n = n.as_u64().ok_or_else(|| {
+                ApiError::bad(
+                    at(&format!("limits.{rule}.{field}")),
+                    "must be a whole number",
+                )
+            })?;
+            parsed.insert(field.clone(), n);
+        }
+        out.insert(rule.clone(), parsed);
+    }
+    Ok(out)
 }
 
 /// Refuses a member of a check request other than policy, identifiers and cost; `path`
@@ -107,7 +152,7 @@ fn refuse_unknown_fields(obj: &Map<String, Value>, path: &str) -> Result<(), Api
     let at = |f: &str| format!("{path}{f}");
     if let Some(k) = obj
         .keys()
-        .find(|k| !["policy", "identifiers", "cost"].contains(&k.as_str()))
+        .find(|k| !["policy", "identifiers", "cost", "limits"].contains(&k.as_str()))
     {
         if k.is_empty() {
             // A member named "" is named by where it is: the body, or this batch item.
@@ -118,12 +163,12 @@ fn refuse_unknown_fields(obj: &Map<String, Value>, path: &str) -> Result<(), Api
                 } else {
                     whole
                 },
-                "has a member with an empty name (expected policy, identifiers, cost)",
+                "has a member with an empty name (expected policy, identifiers, cost, limits)",
             ));
         }
         return Err(ApiError::bad(
             at(k),
-            "is not a known field (expected policy, identifiers, cost)",
+            "is not a known field (expected policy, identifiers, cost, limits)",
         ));
     }
     Ok(())

@@ -86,6 +86,26 @@ fn in_ms(raw: &str, unit: &str) -> serde_json::Value {
     }
 }
 
+/// `limit=1000, window_ms=3600000` as the document's object; what is not such a list goes
+/// as typed, for the policy's parser to name.
+fn caller_max_of(raw: &str) -> serde_json::Value {
+    let mut caps = serde_json::Map::new();
+    for pair in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((field, n)) = pair.split_once('=') else {
+            return serde_json::Value::String(raw.trim().to_owned());
+        };
+        let n = n.trim();
+        caps.insert(
+            field.trim().to_owned(),
+            n.parse::<u64>().map_or_else(
+                |_| serde_json::Value::String(n.to_owned()),
+                serde_json::Value::from,
+            ),
+        );
+    }
+    serde_json::Value::Object(caps)
+}
+
 /// `ms` as (a number, the largest unit that holds it whole).
 fn with_unit(ms: &str) -> (String, String) {
     match ms.trim().parse::<u64>() {
@@ -216,6 +236,9 @@ pub fn document_of(
             if !r.block_ms.trim().is_empty() {
                 doc["block_ms"] = in_ms(&r.block_ms, &r.block_unit);
             }
+            if !r.caller_max.trim().is_empty() {
+                doc["caller_max"] = caller_max_of(&r.caller_max);
+            }
             // A weight is a number; anything else goes as typed, for the policy to name.
             match r.cost.trim() {
                 "" => {}
@@ -271,6 +294,16 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
     RuleForm {
         block_ms,
         block_unit,
+        caller_max: rule
+            .get("caller_max")
+            .and_then(|c| c.as_object())
+            .map(|caps| {
+                caps.iter()
+                    .map(|(field, n)| format!("{field}={n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default(),
         dimensions: rule
             .get("dimensions")
             .and_then(|d| d.as_array())
@@ -398,6 +431,27 @@ mod tests {
         assert_eq!(
             (back.block_ms.as_str(), back.block_unit.as_str()),
             ("10", "min")
+        );
+        // What callers may set, as typed and back.
+        let plan = RuleForm {
+            caller_max: "limit=1000, window_ms=3600000".into(),
+            ..typed.clone()
+        };
+        let doc = document_of("", false, false, std::slice::from_ref(&plan));
+        let policy = Policy::from_document("plans", &doc).unwrap();
+        assert_eq!(
+            policy.rules[0].caller_max,
+            Some(
+                [
+                    ("limit".to_owned(), 1000),
+                    ("window_ms".to_owned(), 3_600_000)
+                ]
+                .into()
+            )
+        );
+        assert_eq!(
+            rule_form(&policy.document()["rules"][0]).caller_max,
+            "limit=1000, window_ms=3600000"
         );
         assert!(
             document_of("", false, false, std::slice::from_ref(&typed))["rules"][0]

@@ -104,6 +104,10 @@ pub struct RuleForm {
     pub block_ms: String,
     #[serde(default)]
     pub block_unit: String,
+    /// Limits sent with the request: what a caller may set, at most, as
+    /// `limit=1000, window_ms=3600000`; empty for nothing.
+    #[serde(default)]
+    pub caller_max: String,
     /// "on": leave this rule out when saving.
     #[serde(default)]
     pub remove: String,

@@ -241,6 +241,7 @@ fn field_label(field: &str, rules: &[RuleForm]) -> String {
         "dimensions" => "Dimensions",
         "cost" => "Counts a check as",
         "block_ms" => "Once it denies, block for",
+        tail if tail.starts_with("caller_max") => "Callers may set, at most",
         "" => return rule,
         other => other,
     };
@@ -315,7 +316,15 @@ fn rule_summary(r: &RuleForm) -> String {
             per(&r.block_ms, &r.block_unit)
         )
     };
-    format!("{what}, for {who}{penalty}{removed}.")
+    let callers = if r.caller_max.trim().is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; a check may set its own numbers, at most {}",
+            r.caller_max.trim()
+        )
+    };
+    format!("{what}, for {who}{penalty}{callers}{removed}.")
 }
 
 /// The field a failed save names (empty for none) and its message, to sit beside the field.
@@ -506,6 +515,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
                                     <label>"Counts a check as"<input name=f("cost") value=r.cost list="cost-models" placeholder="its cost (1 per request for concurrency)"/>{e("cost")}</label>
                                     <span class="duration"><label>"Once it denies, block for"<input name=f("block_ms") value=r.block_ms.clone() inputmode="numeric" placeholder="no penalty"/>{e("block_ms")}</label>{unit(f("block_unit"), if r.block_unit.is_empty() { "s".to_owned() } else { r.block_unit.clone() }, "Block unit")}</span>
+                                    <label>"Callers may set, at most"<input name=f("caller_max") value=r.caller_max.clone() placeholder="none, or limit=1000, window_ms=3600000"/>{e("caller_max")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                     {(!blank).then(|| view! { <label class="check remove"><input type="checkbox" name=f("remove") checked=r.remove == "on"/>"Remove this rule when saving"</label> })}
                                     <p class="muted rule-summary">{summary}</p>
