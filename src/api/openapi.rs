@@ -234,8 +234,9 @@ pub struct RuleDocument {
     #[schema(minimum = 1, maximum = 34_560_000_000_u64)]
     block_ms: Option<u64>,
     /// Limits sent with the request: the most a caller may set each of this rule's
-    /// numbers to for one check (`{"limit": 1000}`), by parameter field. Left out: callers
-    /// may set none.
+    /// amounts to for one check (`{"limit": 1000}`): `limit`, `capacity`,
+    /// `refill_tokens`, `leak_tokens`, `rate` or `burst` (never a duration, and never on
+    /// a concurrency rule). Left out: callers may set none.
     caller_max: Option<BTreeMap<String, u64>>,
     limit: Option<u64>,
     window_ms: Option<u64>,

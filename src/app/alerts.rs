@@ -203,7 +203,6 @@ pub async fn save_alert_rule(
         ("for_seconds", for_seconds.as_str()),
         ("minutes", minutes.as_str()),
         ("seconds", seconds.as_str()),
-        ("webhook_url", webhook_url.as_str()),
     ];
     let saved = async {
         let caller = guard::require_change(Action::EditPolicies, &csrf)?;
@@ -333,14 +332,9 @@ pub fn AlertsPage() -> impl IntoView {
                 )
             })
             .or_else(|| {
-                kept.get().filter(|k| !k.message.is_empty()).map(|k| {
-                    let whole = if k.field.is_empty() {
-                        k.message.clone()
-                    } else {
-                        format!("{}: {}", k.field, k.message)
-                    };
-                    (k.field, k.message, whole)
-                })
+                kept.get()
+                    .filter(|k| !k.message.is_empty())
+                    .map(|k| (k.field.clone(), k.message.clone(), k.error_line()))
             })
     };
     const FIELDS: [&str; 8] = [
@@ -535,9 +529,9 @@ pub fn AlertsPage() -> impl IntoView {
                                     <label class="k-denials">"Averaged over (s)" <input name="for_seconds" inputmode="numeric" value=move || typed("for_seconds").unwrap_or_else(|| "60".into())/> {field_error("condition.for_seconds")}</label>
                                     <label class="k-throttled">"Throttled in each of the last (min)" <input name="minutes" inputmode="numeric" value=move || typed("minutes").unwrap_or_else(|| "3".into())/> {field_error("condition.minutes")}</label>
                                     <label class="k-degraded">"Failing on Redis for more than (s)" <input name="seconds" inputmode="numeric" value=move || typed("seconds").unwrap_or_else(|| "30".into())/> {field_error("condition.seconds")}</label>
-                                    <label>"Webhook URL" <input name="webhook_url" type="url" required value=typed("webhook_url")/> {field_error("webhook_url")}</label>
+                                    <label>"Webhook URL" <input name="webhook_url" type="url" required/> {field_error("webhook_url")}</label>
                                     <label>"Secret (16 to 256 characters, signs each delivery)" <input name="secret" type="password" autocomplete="off" required/> {field_error("secret")}</label>
-                                    {move || kept.with(|k| k.is_some()).then(|| view! { <p class="muted">"The secret is not kept after a failed save: type it again."</p> })}
+                                    {move || kept.with(|k| k.is_some()).then(|| view! { <p class="muted">"The webhook URL and the secret are not kept after a failed save (an address is no place for them): type them again."</p> })}
                                     <button type="submit">"Save rule"</button>
                                 </ActionForm>
                             </section>

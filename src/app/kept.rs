@@ -31,6 +31,15 @@ impl Kept {
             .filter(|k| k.form == form)
     }
 
+    /// The error as a line of its own: `field: message`, or the message alone.
+    pub fn error_line(&self) -> String {
+        if self.field.is_empty() {
+            self.message.clone()
+        } else {
+            format!("{}: {}", self.field, self.message)
+        }
+    }
+
     /// The value typed into `name` (empty if none was kept).
     pub fn value(&self, name: &str) -> String {
         self.values.get(name).cloned().unwrap_or_default()

@@ -301,13 +301,7 @@ pub fn PeoplePage() -> impl IntoView {
                 .into_iter()
                 .flatten()
                 .filter(|k| !k.message.is_empty())
-                .map(|k| {
-                    if k.field.is_empty() {
-                        k.message
-                    } else {
-                        format!("{}: {}", k.field, k.message)
-                    }
-                }),
+                .map(|k| k.error_line()),
         )
         .collect::<Vec<_>>()
     };

@@ -1,8 +1,8 @@
 //! Redis behind Sentinel: where the sentinels are, the master's name, and the credentials
 //! (`REDIS_SENTINELS` and friends, or a `redis+sentinel://` URL in `REDIS_URL`).
 
-/// How to find the master through Sentinel.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// How to find the master through Sentinel. Its `Debug` leaves the passwords out.
+#[derive(Clone, PartialEq, Eq)]
 pub struct SentinelSettings {
     /// The sentinels, `host` and `port`; any one that answers is enough.
     pub sentinels: Vec<(String, u16)>,
@@ -16,6 +16,21 @@ pub struct SentinelSettings {
     pub sentinel_password: Option<String>,
     /// TLS to the sentinels and the master (`rediss+sentinel://`, or `REDIS_SENTINEL_TLS`).
     pub tls: bool,
+}
+
+impl std::fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |p: &Option<String>| p.as_ref().map(|_| "<set>");
+        f.debug_struct("SentinelSettings")
+            .field("sentinels", &self.sentinels)
+            .field("master", &self.master)
+            .field("username", &self.username)
+            .field("password", &set(&self.password))
+            .field("db", &self.db)
+            .field("sentinel_password", &set(&self.sentinel_password))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 type Problem = (&'static str, String);

@@ -479,13 +479,24 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
     };
     rule.caller_max = match obj.get("caller_max") {
         None | Some(Value::Null) => None,
+        Some(Value::Object(_))
+            if matches!(rule.algorithm, super::Algorithm::Concurrency { .. }) =>
+        {
+            return Err(PolicyError::field(
+                at("caller_max"),
+                "a concurrency rule takes no numbers from callers (its leases are released under its own)",
+            ));
+        }
         Some(Value::Object(caps)) => {
+            // Amounts only: a bigger one is a looser rule, so a cap bounds it. (A shorter
+            // window or period would loosen it too, and no maximum could stop that.)
             let fields: Vec<&str> = rule
                 .algorithm
                 .kind()
                 .params
                 .iter()
                 .map(|p| p.field)
+                .filter(|f| super::rule::CALLER_AMOUNTS.contains(f))
                 .collect();
             let mut out = std::collections::BTreeMap::new();
             for (field, cap) in caps {
@@ -493,7 +504,7 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                     return Err(PolicyError::field(
                         at(&format!("caller_max.{field}")),
                         format!(
-                            "is not a number of {}: one of {}",
+                            "is not an amount of {} callers may set: one of {}",
                             rule.algorithm.name(),
                             fields.join(", ")
                         ),

@@ -18,6 +18,17 @@ pub const MAX_BUCKETS: u64 = 3600;
 pub const MAX_LEASES: u64 = 100_000;
 /// Longest lease: a day. A holder that needs longer renews.
 pub const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
+/// The numbers a caller may set for one check (`caller_max`): amounts, where a bigger
+/// number is a looser rule and a cap bounds it.
+pub const CALLER_AMOUNTS: [&str; 6] = [
+    "limit",
+    "capacity",
+    "refill_tokens",
+    "leak_tokens",
+    "rate",
+    "burst",
+];
+
 /// The longest penalty a rule may give (`block_ms`): 400 days, as the longest period.
 pub const MAX_BLOCK_MS: u64 = MAX_PERIOD_MS;
 

@@ -54,14 +54,18 @@ impl RateLimitService for RateLimiter {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         authenticate(&self.state, request.metadata().as_ref())?;
+        // The caller's grpc-timeout, and this server's request timeout, whichever ends
+        // first (a call past the latter is cut off).
+        let now = std::time::Instant::now();
+        let own = now + self.state.request_timeout;
         let deadline = request
             .metadata()
             .as_ref()
             .get("grpc-timeout")
             .map(deadline_of)
             .transpose()?
-            .map(|d| std::time::Instant::now() + d);
-        decide(&self.state, request.into_inner(), deadline)
+            .map_or(own, |d| (now + d).min(own));
+        decide(&self.state, request.into_inner(), Some(deadline))
             .await
             .map(Response::new)
     }

@@ -327,8 +327,6 @@ enum Decided {
     },
 }
 
-/// `rule`'s entry for `identifier` in a check of `cost`: at the cost the rule counts it
-/// (`Rule::cost_of`), named only when it is not the check's own.
 /// A rule of the policy with the numbers a caller sent for one check.
 struct CallerRule<'p> {
     /// The policy's rule it stands for.
@@ -365,9 +363,14 @@ fn caller_rules<'p>(
         if rule.algorithm == of.algorithm {
             continue;
         }
-        let variant = numbers
+        // Named by the numbers that result, so one set of numbers is one counter however
+        // the caller spelt it.
+        let kind = rule.algorithm.kind();
+        let variant = kind
+            .params
             .iter()
-            .map(|(field, n)| format!("{field}={n}"))
+            .zip(rule.algorithm.params())
+            .map(|(p, n)| format!("{}={n}", p.field))
             .collect::<Vec<_>>()
             .join(",");
         out.push(CallerRule { of, rule, variant });
@@ -375,6 +378,8 @@ fn caller_rules<'p>(
     Ok(out)
 }
 
+/// `rule`'s entry for `identifier` in a check of `cost`: at the cost the rule counts it
+/// (`Rule::cost_of`), named only when it is not the check's own.
 pub(super) fn entry_at<'a>(
     rule: &'a crate::domain::Rule,
     identifier: &'a Identifier,

@@ -67,7 +67,8 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for policy in policies {
-            let (keys, leases) = self.state_keys(policy, identifier, rule);
+            let (mut keys, leases) = self.state_keys(policy, identifier, rule);
+            keys.extend(self.caller_limit_keys(policy, identifier, rule).await?);
             if !leases.is_empty() {
                 let n: u64 = self.query_for_write(redis::cmd("DEL").arg(&leases)).await?;
                 deleted += n;
@@ -109,9 +110,21 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let mut restored = 0;
         for policy in policies {
-            let (keys, _) = self.state_keys(policy, identifier, rule);
+            let (mut keys, _) = self.state_keys(policy, identifier, rule);
+            let stash = self.keys.reset_stash(&policy.name, identifier, token);
+            // The counters under numbers callers sent, as the reset found them.
+            let fields: Vec<String> = self
+                .query_for_write(redis::cmd("HKEYS").arg(&stash))
+                .await?;
+            for field in fields {
+                if let Some(key) = field.strip_prefix("d:")
+                    && !keys.iter().any(|k| k == key)
+                {
+                    keys.push(key.to_owned());
+                }
+            }
             let mut invocation = self.scripts.reset_undo.prepare_invoke();
-            invocation.key(self.keys.reset_stash(&policy.name, identifier, token));
+            invocation.key(stash);
             for key in &keys {
                 invocation.key(key);
             }
@@ -119,6 +132,50 @@ impl Store {
             restored += n;
         }
         Ok(restored)
+    }
+
+    /// The counters (and penalty boxes) `identifier` has under numbers callers sent for the
+    /// rules of `policy` that take them (`limits`; `~` after the rule's state key), found
+    /// with SCAN. One Redis at a time only: on a Cluster they run out with their windows.
+    async fn caller_limit_keys(
+        &self,
+        policy: &Policy,
+        identifier: &Identifier,
+        rule: Option<&Name>,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut found = Vec::new();
+        if self.is_cluster() {
+            return Ok(found);
+        }
+        for r in policy
+            .rules
+            .iter()
+            .filter(|r| r.caller_max.is_some() && rule.is_none_or(|name| &r.name == name))
+        {
+            let key = self
+                .keys
+                .rule_state(&policy.name, identifier, &r.name, &r.algorithm);
+            let pattern = format!("{}~*", glob_escaped(&key));
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<String>) = self
+                    .query_for_write(
+                        redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(&pattern)
+                            .arg("COUNT")
+                            .arg(1000),
+                    )
+                    .await?;
+                found.extend(keys);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(found)
     }
 
     /// The state keys of `identifier` under `policy` (every rule's, or only `rule`'s): those
@@ -206,4 +263,16 @@ fn parse_reset(payload: &str) -> Option<Event> {
         policies,
         identifier,
     })
+}
+
+/// `raw` as a SCAN pattern that matches it literally.
+fn glob_escaped(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for c in raw.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }

@@ -110,8 +110,8 @@ impl redis::aio::ConnectionLike for Backend {
                 let (link, mut conn) = (link.clone(), link.conn());
                 Box::pin(async move {
                     let answer = conn.req_packed_command(cmd).await;
-                    if answer.is_err() {
-                        link.command_failed();
+                    if let Err(error) = &answer {
+                        link.command_failed(error);
                     }
                     answer
                 })
@@ -132,8 +132,8 @@ impl redis::aio::ConnectionLike for Backend {
                 let (link, mut conn) = (link.clone(), link.conn());
                 Box::pin(async move {
                     let answer = conn.req_packed_commands(pipeline, offset, count).await;
-                    if answer.is_err() {
-                        link.command_failed();
+                    if let Err(error) = &answer {
+                        link.command_failed(error);
                     }
                     answer
                 })

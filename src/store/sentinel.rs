@@ -120,9 +120,17 @@ impl SentinelLink {
             .clone()
     }
 
-    /// A command failed: the watcher looks at once (a failover may be why).
-    pub(super) fn command_failed(&self) {
-        self.failed.notify_one();
+    /// A command failed: when the connection is why (a failover may be), the watcher
+    /// looks at once; a script's or a command's own error is no news of the master.
+    pub(super) fn command_failed(&self, error: &redis::RedisError) {
+        if error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || error.is_timeout()
+            || error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+        {
+            self.failed.notify_one();
+        }
     }
 
     /// Asks the sentinels which master they name; connects to it when it is another.
@@ -171,6 +179,8 @@ async fn open(
 async fn watch(link: std::sync::Weak<SentinelLink>) {
     while let Some(link) = link.upgrade() {
         link.follow().await;
+        // Never faster than this, however many commands fail meanwhile.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         tokio::select! {
             () = tokio::time::sleep(POLL) => {}
             () = link.failed.notified() => {}

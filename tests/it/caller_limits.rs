@@ -8,12 +8,11 @@ use serde_json::{Value, json};
 
 use crate::helpers::{RedisServer, TestApp, spawn_app};
 
-/// 10 a minute per customer by default; a caller may say up to 1000, and a window up to
-/// an hour.
+/// 10 a minute per customer by default; a caller may say up to 1000.
 fn plans() -> Value {
     json!({"strict": false, "rules": [
         {"name": "per-customer", "algorithm": "fixed_window", "limit": 10, "window_ms": 60000,
-         "dimensions": ["customer"], "caller_max": {"limit": 1000, "window_ms": 3600000}},
+         "dimensions": ["customer"], "caller_max": {"limit": 1000}},
         {"name": "per-ip", "algorithm": "fixed_window", "limit": 100, "window_ms": 60000,
          "dimensions": ["ip"]}
     ]})
@@ -77,6 +76,27 @@ async fn a_caller_sets_a_rules_numbers_for_its_check_with_counters_of_their_own(
         .await,
         0
     );
+    // A reset clears the counters under callers' numbers too; its undo puts them back.
+    let r = app
+        .as_admin(
+            Method::DELETE,
+            "/api/v1/identifiers/customer/acme?reason=plan%20upgrade",
+            None,
+        )
+        .await;
+    assert!(r.status().is_success());
+    let token = r.json::<Value>().await.unwrap()["undo"]["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let five = || Some(json!({"per-customer": {"limit": 5}}));
+    assert_eq!(check(&app, "acme", Some(pro.clone())).await.status(), 200);
+    assert_eq!(check(&app, "acme", five()).await.status(), 200);
+    let r = app
+        .as_admin(Method::POST, &format!("/api/v1/resets/{token}/undo"), None)
+        .await;
+    assert!(r.status().is_success());
+    assert_eq!(check(&app, "acme", five()).await.status(), 429);
 }
 
 #[tokio::test]
@@ -98,7 +118,12 @@ async fn limits_a_policy_does_not_allow_are_refused_naming_the_field() {
         (
             json!({"per-customer": {"burst": 5}}),
             "limits.per-customer.burst",
-            "only limit, window_ms",
+            "only limit",
+        ),
+        (
+            json!({"per-customer": {"window_ms": 1}}),
+            "limits.per-customer.window_ms",
+            "only limit",
         ),
         (
             json!({"per-ip": {"limit": 5}}),
@@ -123,18 +148,29 @@ async fn limits_a_policy_does_not_allow_are_refused_naming_the_field() {
             "{limits}: {problem}"
         );
     }
-    // The policy's own caller_max is checked when it is saved.
-    let mut bad = plans();
-    bad["rules"][0]["caller_max"] = json!({"capacity": 5});
-    let r = app
-        .as_admin(Method::PUT, "/api/v1/policies/plans", Some(&bad))
-        .await;
-    assert_eq!(r.status(), 400);
-    let problem: Value = r.json().await.unwrap();
-    assert_eq!(
-        problem["field"], "rules[0].caller_max.capacity",
-        "{problem}"
-    );
+    // The policy's own caller_max is checked when it is saved: amounts only (a shorter
+    // window would loosen the rule, and no maximum stops that), never a concurrency rule.
+    let concurrency = json!({"strict": false, "rules": [{"name": "running",
+        "algorithm": "concurrency", "limit": 2, "lease_ms": 1000, "caller_max": {"limit": 5}}]});
+    let mut capacity = plans();
+    capacity["rules"][0]["caller_max"] = json!({"capacity": 5});
+    let mut window = plans();
+    window["rules"][0]["caller_max"] = json!({"window_ms": 3600000});
+    let mut zero = plans();
+    zero["rules"][0]["caller_max"] = json!({"limit": 0});
+    for (bad, field) in [
+        (capacity, "rules[0].caller_max.capacity"),
+        (window, "rules[0].caller_max.window_ms"),
+        (zero, "rules[0].caller_max.limit"),
+        (concurrency, "rules[0].caller_max"),
+    ] {
+        let r = app
+            .as_admin(Method::PUT, "/api/v1/policies/plans", Some(&bad))
+            .await;
+        assert_eq!(r.status(), 400, "{bad}");
+        let problem: Value = r.json().await.unwrap();
+        assert_eq!(problem["field"], field, "{problem}");
+    }
     // Export keeps it.
     let stored: Value = app
         .as_admin(Method::GET, "/api/v1/policies/plans", None)
@@ -142,10 +178,7 @@ async fn limits_a_policy_does_not_allow_are_refused_naming_the_field() {
         .json()
         .await
         .unwrap();
-    assert_eq!(
-        stored["rules"][0]["caller_max"],
-        json!({"limit": 1000, "window_ms": 3600000})
-    );
+    assert_eq!(stored["rules"][0]["caller_max"], json!({"limit": 1000}));
     // In a batch too, each check with its own.
     let (_, batch) = app
         .post_as_service(
@@ -159,4 +192,8 @@ async fn limits_a_policy_does_not_allow_are_refused_naming_the_field() {
     assert_eq!(batch["results"][0]["status"], 200, "{batch}");
     assert_eq!(batch["results"][0]["body"]["limit"], 2, "{batch}");
     assert_eq!(batch["results"][1]["status"], 400, "{batch}");
+    assert_eq!(
+        batch["results"][1]["body"]["field"], "checks[1].limits.per-customer.limit",
+        "{batch}"
+    );
 }

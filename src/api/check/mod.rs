@@ -97,7 +97,8 @@ pub async fn batch_handler(
     let mut checked = state.service().check_all(valid).await.into_iter();
     let results: Vec<Value> = requests
         .iter()
-        .map(|request| {
+        .enumerate()
+        .map(|(i, request)| {
             let answer = match request {
                 Err(e) => Err(e),
                 Ok(_) => Ok(checked.next().expect("one answer per valid check")),
@@ -108,7 +109,13 @@ pub async fn batch_handler(
                     json!({ "status": a.status.as_u16(), "body": serde_json::to_value(&a.body).unwrap_or(Value::Null) })
                 }
                 Ok(Err(e)) => {
-                    let e = ApiError::from(e);
+                    // A field of this check is named as the batch holds it.
+                    let e = match e {
+                        crate::service::CheckError::BadLimits { field, message } => {
+                            ApiError::bad(format!("checks[{i}].{field}"), message)
+                        }
+                        e => ApiError::from(e),
+                    };
                     json!({ "status": e.status().as_u16(), "body": e.body() })
                 }
                 Err(e) => json!({ "status": e.status().as_u16(), "body": e.body() }),

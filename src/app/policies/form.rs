@@ -434,7 +434,7 @@ mod tests {
         );
         // What callers may set, as typed and back.
         let plan = RuleForm {
-            caller_max: "limit=1000, window_ms=3600000".into(),
+            caller_max: "limit=1000".into(),
             ..typed.clone()
         };
         let doc = document_of("", false, false, std::slice::from_ref(&plan));
@@ -451,7 +451,7 @@ mod tests {
         );
         assert_eq!(
             rule_form(&policy.document()["rules"][0]).caller_max,
-            "limit=1000, window_ms=3600000"
+            "limit=1000"
         );
         assert!(
             document_of("", false, false, std::slice::from_ref(&typed))["rules"][0]

@@ -515,7 +515,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Dimensions"<input name=f("dimensions") value=r.dimensions placeholder="all, or ip, user"/>{e("dimensions")}</label>
                                     <label>"Counts a check as"<input name=f("cost") value=r.cost list="cost-models" placeholder="its cost (1 per request for concurrency)"/>{e("cost")}</label>
                                     <span class="duration"><label>"Once it denies, block for"<input name=f("block_ms") value=r.block_ms.clone() inputmode="numeric" placeholder="no penalty"/>{e("block_ms")}</label>{unit(f("block_unit"), if r.block_unit.is_empty() { "s".to_owned() } else { r.block_unit.clone() }, "Block unit")}</span>
-                                    <label>"Callers may set, at most"<input name=f("caller_max") value=r.caller_max.clone() placeholder="none, or limit=1000, window_ms=3600000"/>{e("caller_max")}</label>
+                                    <label>"Callers may set, at most"<input name=f("caller_max") value=r.caller_max.clone() placeholder="none, or limit=1000"/>{e("caller_max")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                     {(!blank).then(|| view! { <label class="check remove"><input type="checkbox" name=f("remove") checked=r.remove == "on"/>"Remove this rule when saving"</label> })}
                                     <p class="muted rule-summary">{summary}</p>
