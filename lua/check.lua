@@ -3,7 +3,9 @@
 -- KEYS/ARGV. Two call shapes:
 --
 -- One check (modes 'check', 'denied', 'refund', 'probe'; no live counters):
---   KEYS: one state key per entry (rule × identifier), all in one hash-tag slot on a cluster.
+--   KEYS: one state key per entry (rule × identifier), then the penalty key of each entry
+--         whose rule has a penalty box (see `held` below), all in one hash-tag slot on a
+--         cluster.
 --   ARGV: [1] '' to use Redis TIME (the server's clock), or now in µs, or '+<µs>' for TIME
 --             plus an offset (tests: a clock that never runs slower than Redis's);
 --         [2] cost, an integer ≥ 0 (0 peeks: nothing is written);
@@ -19,7 +21,8 @@
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lw", "sw", "tb", "lb",
 --         "gc", "bw", "cc", "qt"), count_denied ("1"|"0", followed by ":<cost>" when the
 --         entry has a cost of its own, which it is counted at instead of ARGV[2], then by
---         "!<block_ms>" when its rule has a penalty box, see `held` below), and the
+--         "!<block_ms>@<offset>" when its rule has a penalty box: its penalty key is
+--         KEYS[<the check's first key> - 1 + offset], see `held` below), and the
 --         algorithm's three
 --         parameters (see its file; numbers, but for a quota's boundaries).
 --   Reply: { allowed (1|0), now_us, then per entry: allowed (1, 0, or 2: denied by the
@@ -29,10 +32,11 @@
 -- A batch of counted checks (mode 'batch', single Redis: the checks that arrived together,
 -- coalesced into one call; each is its own all-or-nothing check, evaluated in order, so a
 -- later check sees what an earlier one consumed, exactly as if they had come one by one):
---   KEYS: per check, its n state keys then its policy's rate hash (see stats.lua); last, the
---         denied set and the near set of the current minute.
+--   KEYS: per check, its n state keys, its p penalty keys, then its policy's rate hash (see
+--         stats.lua); last, the denied set and the near set of the current minute.
 --   ARGV: [1] the clock, as above; [2] m, the number of checks; [3] 'batch'; then per check:
---         n, cost, 5 per entry as above, then one label per entry
+--         n (or 'n:p' when it has p penalty keys), cost, 5 per entry as above, then one
+--         label per entry
 --         ('<policy>|<dimension>=<value>').
 --   Reply: one string, the integers { now_us, then per check: allowed (1|0, or -1 when the
 --          check's script failed), then 6 per entry as above (zeros for a failed check) }
@@ -79,25 +83,29 @@ local results, writes = {}, {}
 
 -- An entry's count_denied flag ('1' or '0'), its cost and its penalty: its own cost when
 -- the flag carries one ('1:60': an Envoy descriptor's hits), else the check's; its rule's
--- block_ms after a '!' ('0!60000', '1:60!60000'), else 0.
+-- block_ms after a '!', with where its penalty key is after an '@' (the offset from the
+-- check's first key: '0!60000@3' is KEYS[k + 3]), else 0 and nil.
 local function counting(flag, cost)
   local count_denied = string.byte(flag, 1) == 49
-  if #flag == 1 then return count_denied, cost, 0 end
-  local own, block = match(flag, '^[01]:?(%d*)!?(%d*)$')
+  if #flag == 1 then return count_denied, cost, 0, nil end
+  local own, block, at = match(flag, '^[01]:?(%d*)!?(%d*)@?(%d*)$')
   assert(own, 'check.lua: bad entry flag')
   if own ~= '' then cost = tonumber(own) end
   assert(cost and cost >= 0 and cost == floor(cost), 'check.lua: bad entry cost')
-  return count_denied, cost, tonumber(block) or 0
+  block = tonumber(block) or 0
+  at = tonumber(at)
+  assert(block == 0 or at, 'check.lua: a penalty without its key')
+  return count_denied, cost, block, at
 end
 
--- The penalty box (a rule's block_ms). Once the rule denies an identifier, the key beside
--- its state ('<state key>:pb', in the same slot) holds until when (µs) the entry keeps
--- denying, whatever its state says. An entry held is not stepped: its result is its state
+-- The penalty box (a rule's block_ms). Once the rule denies an identifier, its penalty key
+-- (in KEYS after the check's state keys, in their slot; `store::keys::penalty_box` names
+-- it) holds until when (µs) the entry keeps denying, whatever its state says. An entry held is not stepped: its result is its state
 -- as a peek, denied with allowed = 2 (a penalty), nothing left, and retry_ms the rest of
 -- the penalty. A denial of the entry's own, at a cost, starts a penalty and answers the
 -- same way, its retry at least block_ms. domain::check::evaluate mirrors this.
-local function held_until(key, now)
-  local until_us = tonumber(redis.call('GET', key .. ':pb'))
+local function held_until(pkey, now)
+  local until_us = tonumber(redis.call('GET', pkey))
   if until_us and until_us > now then return until_us end
   return nil
 end
@@ -109,8 +117,8 @@ local function held(result, now, until_us)
   return result
 end
 
-local function trip(key, result, now, block_ms)
-  redis.call('SET', key .. ':pb', int(now + block_ms * 1000), 'PX', block_ms + 1)
+local function trip(pkey, result, now, block_ms)
+  redis.call('SET', pkey, int(now + block_ms * 1000), 'PX', block_ms + 1)
   result[1], result[3] = 2, 0
   if result[4] < block_ms then result[4] = block_ms end
   if result[5] ~= -1 and result[5] < block_ms then result[5] = block_ms end
@@ -143,10 +151,11 @@ local function run(k, a, n, cost, mode)
     local step = ALGORITHMS[code]
     if not step then error('check.lua: unknown algorithm ' .. tostring(code)) end
     local p1, p2, p3 = param(ARGV[base + 3]), param(ARGV[base + 4]), param(ARGV[base + 5])
-    local count_denied, c, block = counting(ARGV[base + 2], cost)
+    local count_denied, c, block, at = counting(ARGV[base + 2], cost)
+    local pkey = at and KEYS[k + at]
     local result
     local until_us = block > 0 and (mode == 'check' or mode == 'denied' or mode == 'probe')
-      and held_until(key, now)
+      and held_until(pkey, now)
     if until_us then
       -- held by its penalty: nothing is stepped, nothing written
       result = held(step(key, now, 0, p1, p2, p3, false), now, until_us)
@@ -173,7 +182,7 @@ local function run(k, a, n, cost, mode)
       local w = 6 * i
       result, writes[w - 5], writes[w - 4], writes[w - 3], writes[w - 2], writes[w - 1],
         writes[w] = step(key, now, c, p1, p2, p3, count_denied)
-      if block > 0 and result[1] == 0 and c > 0 then result = trip(key, result, now, block) end
+      if block > 0 and result[1] == 0 and c > 0 then result = trip(pkey, result, now, block) end
     end
     if result[1] ~= 1 then all_allowed = false end
     results[i] = result
@@ -198,8 +207,9 @@ local function run(k, a, n, cost, mode)
 end
 
 if mode ~= 'batch' then
-  local n = #KEYS
-  assert(n > 0 and #ARGV == 3 + 5 * n, 'check.lua: expected 3 + 5 ARGV per key')
+  -- n state keys, then the penalty keys of the entries with one
+  local n = (#ARGV - 3) / 5
+  assert(n > 0 and n == floor(n) and #KEYS >= n, 'check.lua: expected 3 + 5 ARGV per entry')
   assert(mode == 'check' or mode == 'denied' or mode == 'refund' or mode == 'probe'
     or mode == 'report' or mode == 'giveback', 'check.lua: bad mode')
   local allowed, results = run(0, 3, n, tonumber(ARGV[2]), mode)
@@ -212,14 +222,22 @@ end
 
 local m = tonumber(ARGV[2])
 assert(m and m > 0, 'check.lua: bad number of checks')
+-- A check's number of entries, and of penalty keys after its state keys: 'n', or 'n:p'
+-- when some of its rules have a penalty box.
+local function entries(x)
+  local n = tonumber(x)
+  if n then return n, 0 end
+  local a, b = match(x, '^(%d+):(%d+)$')
+  return tonumber(a), tonumber(b) or 0
+end
 -- The totals checked before anything is written (the loop below works out where each
 -- check's keys and arguments start as it goes; a table of them cost 3 % of a 1-rule check).
 do
   local k, a = 0, 3
   for c = 1, m do
-    local n = tonumber(ARGV[a + 1])
+    local n, p = entries(ARGV[a + 1])
     assert(n and n > 0, 'check.lua: bad number of entries')
-    k = k + n + 1
+    k = k + n + p + 1
     a = a + 2 + 6 * n
   end
   assert(k + 2 == #KEYS and a == #ARGV, 'check.lua: batch KEYS or ARGV do not add up')
@@ -254,7 +272,8 @@ local failures
 local r = 1
 local k, a = 0, 3
 for c = 1, m do
-  local n, cost = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local n, p = entries(ARGV[a + 1])
+  local cost = tonumber(ARGV[a + 2])
   a = a + 2
   -- One check failing (a key of the wrong type, say) fails that check alone: the others
   -- of the batch never depend on it, so they are still answered.
@@ -283,7 +302,7 @@ for c = 1, m do
     end
 
     local labels = a + 5 * n
-    local rate = KEYS[k + n + 1]
+    local rate = KEYS[k + n + p + 1]
     local tally = rates[rate]
     if not tally then
       tally = { 0, 0 }
@@ -330,7 +349,7 @@ for c = 1, m do
       end
     end
   end
-  k = k + n + 1
+  k = k + n + p + 1
   a = a + 6 * n
 end
 

@@ -583,14 +583,16 @@ impl Store {
             .scripts
             .checks
             .for_algorithms(rules.iter().map(|(a, _)| a));
+        let penalties = penalty_keys(keys, rules);
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
-        for key in keys {
+        cmd.arg(script.get_hash()).arg(keys.len() + penalties.len());
+        for key in keys.iter().chain(&penalties) {
             cmd.arg(key);
         }
         cmd.arg(now.arg()).arg(cost).arg(mode.arg());
+        let mut penalty_at = penalty_offsets(keys.len());
         for rule in rules {
-            entry_args(&mut cmd, rule, context);
+            entry_args(&mut cmd, rule, context, penalty_at(rule));
         }
         let carried: Vec<_> = crate::traces::current_sampled().into_iter().collect();
         let raw: Vec<i64> = Store::traced_script_call(&carried, self.evalsha(script, &cmd)).await?;
@@ -682,26 +684,51 @@ fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
         .collect()
 }
 
+/// The penalty keys of a check's entries whose rules have a penalty box, in entry order:
+/// they follow the check's state keys (`keys`) in the script's KEYS.
+pub(super) fn penalty_keys(keys: &[String], rules: &[(Algorithm, Counting)]) -> Vec<String> {
+    keys.iter()
+        .zip(rules)
+        .filter(|(_, (_, counting))| counting.block_ms > 0)
+        .map(|(key, _)| super::keys::penalty_box(key))
+        .collect()
+}
+
+/// Where each entry's penalty key is among a check's `n` state keys and its penalty keys
+/// (the offset from its first key, as [`entry_args`] tells the script); `None` for an
+/// entry without a penalty box. Called once per entry, in order.
+pub(super) fn penalty_offsets(n: usize) -> impl FnMut(&(Algorithm, Counting)) -> Option<usize> {
+    let mut next = n;
+    move |(_, counting)| {
+        (counting.block_ms > 0).then(|| {
+            next += 1;
+            next
+        })
+    }
+}
+
 /// One entry's five arguments to the check script: the algorithm's code, `count_denied`
-/// (`1` or `0`, followed by `:<cost>` when the entry has a cost of its own), and its three
-/// parameters (see the algorithm's Lua file): a concurrency rule's third is
+/// (`1` or `0`, followed by `:<cost>` when the entry has a cost of its own, then by
+/// `!<block_ms>@<offset>` when its rule has a penalty box whose key is at `penalty_at`),
+/// and its three parameters (see the algorithm's Lua file): a concurrency rule's third is
 /// the check's lease token, a quota's second the calendar boundaries around the check.
 pub(super) fn entry_args(
     cmd: &mut redis::Cmd,
     (algorithm, counting): &(Algorithm, Counting),
     context: &CheckContext,
+    penalty_at: Option<usize>,
 ) {
     cmd.arg(algorithm.kind().code);
-    match (counting.count_denied, counting.cost, counting.block_ms) {
-        (true, None, 0) => cmd.arg("1"),
-        (false, None, 0) => cmd.arg("0"),
-        (count_denied, cost, block_ms) => {
+    match (counting.count_denied, counting.cost, penalty_at) {
+        (true, None, None) => cmd.arg("1"),
+        (false, None, None) => cmd.arg("0"),
+        (count_denied, cost, penalty_at) => {
             let mut flag = u8::from(count_denied).to_string();
             if let Some(cost) = cost {
                 flag.push_str(&format!(":{cost}"));
             }
-            if block_ms > 0 {
-                flag.push_str(&format!("!{block_ms}"));
+            if let Some(at) = penalty_at {
+                flag.push_str(&format!("!{}@{at}", counting.block_ms));
             }
             cmd.arg(flag)
         }

@@ -338,11 +338,20 @@ impl Store {
         let minute = super::stats::minute_of(super::stats::now_ms());
         // EVALSHA written straight into one command buffer (a ScriptInvocation would hold
         // each key and argument in an allocation of its own first).
-        let keys = batch.iter().map(|c| c.keys.len() + 1).sum::<usize>() + 2;
+        let penalties: Vec<Vec<String>> = batch
+            .iter()
+            .map(|c| super::penalty_keys(&c.keys, &c.rules))
+            .collect();
+        let keys = batch
+            .iter()
+            .zip(&penalties)
+            .map(|(c, p)| c.keys.len() + p.len() + 1)
+            .sum::<usize>()
+            + 2;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(keys);
-        for check in &batch {
-            for key in &check.keys {
+        for (check, penalties) in batch.iter().zip(&penalties) {
+            for key in check.keys.iter().chain(penalties) {
                 cmd.arg(key);
             }
             cmd.arg(&check.rate_key);
@@ -350,10 +359,16 @@ impl Store {
         cmd.arg(self.keys.stats_denied(minute))
             .arg(self.keys.stats_near(minute));
         cmd.arg("").arg(batch.len()).arg("batch");
-        for check in &batch {
-            cmd.arg(check.keys.len()).arg(check.cost);
+        for (check, penalties) in batch.iter().zip(&penalties) {
+            if penalties.is_empty() {
+                cmd.arg(check.keys.len());
+            } else {
+                cmd.arg(format!("{}:{}", check.keys.len(), penalties.len()));
+            }
+            cmd.arg(check.cost);
+            let mut penalty_at = super::penalty_offsets(check.keys.len());
             for rule in &check.rules {
-                super::entry_args(&mut cmd, rule, &check.context);
+                super::entry_args(&mut cmd, rule, &check.context, penalty_at(rule));
             }
             for label in &check.labels {
                 cmd.arg(label);

@@ -95,7 +95,8 @@ impl Keys {
 }
 
 /// Where a rule's penalty box holds an identifier (until when, µs), beside the rule's state
-/// key and in its slot. `lua/check.lua` makes the same name (`held_until`).
+/// key and in its slot; the check script gets it in KEYS (`held_until` in
+/// `lua/check.lua`).
 pub fn penalty_box(state_key: &str) -> String {
     format!("{state_key}:pb")
 }

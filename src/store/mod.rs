@@ -23,7 +23,7 @@ pub mod stats;
 
 pub(crate) use check::CheckContext;
 pub use check::{CheckEntry, Now, ScriptReply};
-use check::{CheckScripts, entry_args, parse_reply};
+use check::{CheckScripts, entry_args, parse_reply, penalty_keys, penalty_offsets};
 pub use error::StoreError;
 pub use events::Event;
 pub use keys::Keys;

@@ -118,3 +118,48 @@ async fn a_penalty_out_of_range_is_refused_naming_the_field_and_export_keeps_it(
     let stored: Value = r.json().await.unwrap();
     assert_eq!(stored["rules"][0]["block_ms"], 60000, "{stored}");
 }
+
+/// A penalty box on a later rule of a check with several entries, through the coalesced
+/// call the API uses: its key comes after the check's state keys, where its flag says.
+#[tokio::test]
+async fn a_penalty_on_a_later_rule_of_a_composite_check_holds() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "two",
+        json!({"strict": false, "rules": [
+            {"name": "per-ip", "algorithm": "fixed_window", "limit": 100, "window_ms": 60000, "dimensions": ["ip"]},
+            {"name": "per-user", "algorithm": "token_bucket", "capacity": 1, "refill_tokens": 1,
+             "refill_period_ms": 100, "dimensions": ["user"], "block_ms": 60000}
+        ]}),
+    )
+    .await;
+    let check =
+        || app.check(json!({"policy": "two", "identifiers": {"ip": "192.0.2.1", "user": "dan"}}));
+    assert_eq!(check().await.status(), 200);
+    let tripped: Value = check().await.json().await.unwrap();
+    assert_eq!(tripped["allowed"], false, "{tripped}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held: Value = check().await.json().await.unwrap();
+    assert_eq!(
+        held["allowed"], false,
+        "the bucket refilled, the penalty holds: {held}"
+    );
+    let per_user = held["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "per-user")
+        .unwrap()
+        .clone();
+    assert_eq!(per_user["penalty"], true, "{held}");
+    // The per-ip rule counted the allowed check only.
+    let per_ip = held["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "per-ip")
+        .unwrap()
+        .clone();
+    assert_eq!(per_ip["remaining"], 99, "{held}");
+}
