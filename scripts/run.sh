@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Starts Spillway's release build for local use. When REDIS_URL is unset and nothing answers
+# Starts Spillway's release build for local use. When no Redis is configured (REDIS_URL,
+# REDIS_SENTINELS, REDIS_CLUSTER_URLS) and nothing answers
 # on 127.0.0.1:6379, starts a redis-server under .spillway/ with the append-only file on, so
 # policies survive a restart.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ -z "${REDIS_URL:-}" ]; then
+if [ -z "${REDIS_URL:-}${REDIS_SENTINELS:-}${REDIS_CLUSTER_URLS:-}" ]; then
   if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
     mkdir -p .spillway
     echo "run: starting redis-server on 127.0.0.1:6379 (data in .spillway/)"
