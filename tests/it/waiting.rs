@@ -34,8 +34,9 @@ async fn forward(app: &TestApp, policy: &str, ip: &str) -> (u16, u64) {
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap();
     let reset = body["reset_ms"].as_u64().unwrap_or(0);
-    // Window ends are whole seconds; the answer's latency is far less than half of one.
-    let window_end = (now_ms + reset + 500) / 1000 * 1000;
+    // Window ends are whole seconds: the clock when the answer came, plus what was left of
+    // its window when it was decided, is that end plus the answer's latency (under 1 s).
+    let window_end = (now_ms + reset) / 1000 * 1000;
     (status, window_end)
 }
 
