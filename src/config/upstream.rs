@@ -304,10 +304,31 @@ impl Upstream {
                 self.set("REDIS_URL", urls[0].clone());
                 self.set("REDIS_CLUSTER_URLS", urls.join(","));
             }
+            Some("sentinel") => {
+                // Upstream's form: the master's name first, then the sentinels.
+                let mut parts = url.split(',').map(str::trim).filter(|p| !p.is_empty());
+                let master = parts.next().unwrap_or_default();
+                let sentinels: Vec<&str> = parts.collect();
+                if sentinels.is_empty() {
+                    return Err((
+                        "REDIS_URL",
+                        "with REDIS_TYPE=sentinel: the master's name, then the sentinels (mymaster,host:port,…)".into(),
+                    ));
+                }
+                self.set(
+                    "REDIS_URL",
+                    format!("{scheme}+sentinel://{auth}{}/{master}", sentinels.join(",")),
+                );
+                if let Some(auth) = get("REDIS_SENTINEL_AUTH").filter(|a| !a.is_empty()) {
+                    self.set("REDIS_SENTINEL_PASSWORD", auth);
+                }
+            }
             Some(other) => {
                 return Err((
                     "REDIS_TYPE",
-                    format!("{other:?}: a single Redis or a Redis Cluster (single, cluster)"),
+                    format!(
+                        "{other:?}: a single Redis, a Redis Cluster or Sentinel (single, cluster, sentinel)"
+                    ),
                 ));
             }
         }
@@ -675,5 +696,29 @@ mod tests {
             u.get("REDIS_CLUSTER_URLS").unwrap(),
             "redis://:secret@a:7000,redis://:secret@b:7001"
         );
+    }
+
+    #[test]
+    fn sentinel_as_upstream_writes_it() {
+        let u = read(&[
+            ("USE_STATSD", "false"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_AUTH", "secret"),
+            ("REDIS_SENTINEL_AUTH", "spw"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            u.get("REDIS_URL").unwrap(),
+            "redis+sentinel://:secret@s1:26379,s2:26379/mymaster"
+        );
+        assert_eq!(u.get("REDIS_SENTINEL_PASSWORD").unwrap(), "spw");
+        let only_master = read(&[
+            ("USE_STATSD", "false"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster"),
+        ]);
+        assert_eq!(only_master.map(|_| ()).unwrap_err().0, "REDIS_URL");
     }
 }
