@@ -441,7 +441,7 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
             };
             let when = match (passes_in_ms, penalty_ms) {
                 (Some(ms), Some(penalty)) => format!(
-                    "blocked until {} UTC (a penalty of {} after the rule denied); the next request passes in {}",
+                    "blocked until {} (a penalty of {} after the rule denied); the next request passes in {}",
                     crate::domain::time::utc_seconds(inspection.at_ms + ms as i64),
                     seconds(penalty),
                     seconds(ms)
