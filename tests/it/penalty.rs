@@ -136,9 +136,18 @@ async fn a_penalty_on_a_later_rule_of_a_composite_check_holds() {
     .await;
     let check =
         || app.check(json!({"policy": "two", "identifiers": {"ip": "192.0.2.1", "user": "dan"}}));
-    assert_eq!(check().await.status(), 200);
-    let tripped: Value = check().await.json().await.unwrap();
-    assert_eq!(tripped["allowed"], false, "{tripped}");
+    // Two checks within the bucket's 100 ms trip it (however slow the machine, one pair
+    // of the next few does).
+    let (mut tripped, mut allowed) = (Value::Null, 0);
+    for _ in 0..20 {
+        let answer: Value = check().await.json().await.unwrap();
+        if answer["allowed"] == false {
+            tripped = answer;
+            break;
+        }
+        allowed += 1;
+    }
+    assert_eq!(tripped["allowed"], false, "never denied");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let held: Value = check().await.json().await.unwrap();
     assert_eq!(
@@ -153,7 +162,7 @@ async fn a_penalty_on_a_later_rule_of_a_composite_check_holds() {
         .unwrap()
         .clone();
     assert_eq!(per_user["penalty"], true, "{held}");
-    // The per-ip rule counted the allowed check only.
+    // The per-ip rule counted the allowed checks only.
     let per_ip = held["results"]
         .as_array()
         .unwrap()
@@ -161,5 +170,5 @@ async fn a_penalty_on_a_later_rule_of_a_composite_check_holds() {
         .find(|r| r["rule"] == "per-ip")
         .unwrap()
         .clone();
-    assert_eq!(per_ip["remaining"], 99, "{held}");
+    assert_eq!(per_ip["remaining"], 100 - allowed, "{held}");
 }
