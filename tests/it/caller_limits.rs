@@ -77,25 +77,11 @@ async fn a_caller_sets_a_rules_numbers_for_its_check_with_counters_of_their_own(
         0
     );
     // A reset clears the counters under callers' numbers too; its undo puts them back.
-    let r = app
-        .as_admin(
-            Method::DELETE,
-            "/api/v1/identifiers/customer/acme?reason=plan%20upgrade",
-            None,
-        )
-        .await;
-    assert!(r.status().is_success());
-    let token = r.json::<Value>().await.unwrap()["undo"]["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let token = app.reset("customer=acme", "reason=plan%20upgrade").await;
     let five = || Some(json!({"per-customer": {"limit": 5}}));
     assert_eq!(check(&app, "acme", Some(pro.clone())).await.status(), 200);
     assert_eq!(check(&app, "acme", five()).await.status(), 200);
-    let r = app
-        .as_admin(Method::POST, &format!("/api/v1/resets/{token}/undo"), None)
-        .await;
-    assert!(r.status().is_success());
+    app.undo_reset(&token).await;
     assert_eq!(check(&app, "acme", five()).await.status(), 429);
 }
 

@@ -229,6 +229,33 @@ impl TestApp {
         assert!(status.is_success(), "{status}: {body}");
         body
     }
+
+    /// `DELETE /api/v1/identifiers/{dimension}/{value}?{query}` with the admin key; panics
+    /// unless it succeeds. Returns the undo's token.
+    pub async fn reset(&self, identifier: &str, query: &str) -> String {
+        let (dimension, value) = identifier.split_once('=').expect("dimension=value");
+        let path = format!("/api/v1/identifiers/{dimension}/{value}?{query}");
+        let response = self.as_admin(reqwest::Method::DELETE, &path, None).await;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{status}: {body}");
+        body["undo"]["token"]
+            .as_str()
+            .expect("an undo token")
+            .to_owned()
+    }
+
+    /// `POST /api/v1/resets/{token}/undo` with the admin key; panics unless it succeeds.
+    pub async fn undo_reset(&self, token: &str) {
+        let path = format!("/api/v1/resets/{token}/undo");
+        let response = self.as_admin(reqwest::Method::POST, &path, None).await;
+        let status = response.status();
+        assert!(
+            status.is_success(),
+            "{status}: {}",
+            response.text().await.unwrap()
+        );
+    }
 }
 
 impl Drop for TestApp {

@@ -68,27 +68,15 @@ async fn a_denial_holds_the_identifier_on_every_instance_until_a_reset() {
     );
 
     // A reset lifts it on every instance; its undo puts it back.
-    let r = a
-        .as_admin(
-            Method::DELETE,
-            "/api/v1/identifiers/user/bob?policy=boxed&reason=support%20ticket",
-            None,
-        )
+    let token = a
+        .reset("user=bob", "policy=boxed&reason=support%20ticket")
         .await;
-    assert!(r.status().is_success());
-    let token = r.json::<Value>().await.unwrap()["undo"]["token"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     assert_eq!(
         check(&b, "bob").await.0,
         200,
         "the reset lifted the penalty"
     );
-    let r = a
-        .as_admin(Method::POST, &format!("/api/v1/resets/{token}/undo"), None)
-        .await;
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    a.undo_reset(&token).await;
     let (status, held) = check(&b, "bob").await;
     assert_eq!(
         (status, &held["results"][0]["penalty"]),
