@@ -158,10 +158,13 @@ test("an admin gives a rule a penalty box in the editor; the preview and the ins
   if (hydrated) await waitForHydration(page);
   const rule = page.getByRole("group", { name: "Add a rule" }).first();
   await rule.getByLabel("Name").fill("per-minute");
-  await rule.getByLabel("Algorithm").selectOption("fixed_window");
-  await rule.getByLabel("Limit").fill("2");
-  await rule.getByLabel("Window", { exact: true }).fill("1");
-  await rule.getByLabel("Window unit").selectOption("min");
+  // A bucket that refills a token an hour: no window turns between the checks below, however
+  // slow the machine.
+  await rule.getByLabel("Algorithm").selectOption("token_bucket");
+  await rule.getByLabel("Capacity").fill("2");
+  await rule.getByLabel("Tokens per period").fill("1");
+  await rule.getByLabel("Period", { exact: true }).fill("1");
+  await rule.getByLabel("Period unit").selectOption("h");
   await rule.getByLabel("Once it denies, block for").fill("10");
   await rule.getByLabel("Block unit").selectOption("min");
   // Waiting instead of refusing, with no time given first: named beside its field, and
