@@ -103,6 +103,14 @@ fn describe() {
         "spillway_deny_cache_entries",
         "Entries in the over-limit cache"
     );
+    describe_gauge!(
+        "spillway_local_counters",
+        "Counters of local rules (sync: local) this instance holds"
+    );
+    describe_counter!(
+        "spillway_local_checks_total",
+        "Checks of policies with local rules answered by this instance's counters"
+    );
     describe_counter!(
         "spillway_envoy_hits_total",
         "Hits of Envoy descriptors that found a limit, by metric key and status (within_limit, over_limit, shadow_mode)"
@@ -302,6 +310,16 @@ pub fn breaker_open(open: bool) {
 /// The over-limit cache's size.
 pub fn deny_cache_entries(entries: usize) {
     metrics::gauge!("spillway_deny_cache_entries").set(entries as f64);
+}
+
+/// How many counters of local rules this instance holds.
+pub fn local_counters(counters: usize) {
+    metrics::gauge!("spillway_local_counters").set(counters as f64);
+}
+
+/// Counts a check decided (in part) by this instance's counters of local rules.
+pub fn local_check() {
+    cached!(Counter, metrics::counter!("spillway_local_checks_total")).increment(1);
 }
 
 /// Counts a check answered from the over-limit cache, without Redis.

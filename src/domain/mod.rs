@@ -41,6 +41,7 @@ pub mod history;
 pub mod identifier;
 pub mod inspection;
 pub mod lease;
+pub mod local;
 pub mod overrides;
 pub mod people;
 pub mod policy;

@@ -452,6 +452,8 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
         "cost",
         "block_ms",
         "caller_max",
+        "sync",
+        "flush_ms",
     ];
     allowed.extend_from_slice(&params);
     reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
@@ -543,6 +545,56 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                     format!(
                         "must be a whole number of ms from 1 to {} (400 days), or left out for no penalty",
                         super::rule::MAX_BLOCK_MS
+                    ),
+                ));
+            }
+        },
+    };
+    rule.sync = match obj.get("sync") {
+        None | Some(Value::Null) => super::rule::SyncMode::Exact,
+        Some(Value::String(s)) if s == "exact" => super::rule::SyncMode::Exact,
+        Some(Value::String(s)) if s == "local" => {
+            if !Rule::counts_locally(&rule.algorithm) {
+                return Err(PolicyError::field(
+                    at("sync"),
+                    format!(
+                        "a {} rule cannot count locally (only one number of what is left can be spent apart on each instance): use exact",
+                        rule.algorithm.name()
+                    ),
+                ));
+            }
+            if rule.block_ms.is_some() {
+                return Err(PolicyError::field(
+                    at("sync"),
+                    "a rule with a penalty box (block_ms) counts exactly: the denial that starts one must be seen by every instance at once",
+                ));
+            }
+            super::rule::SyncMode::Local
+        }
+        Some(_) => {
+            return Err(PolicyError::field(
+                at("sync"),
+                "must be \"exact\" (in Redis, every check) or \"local\" (on each instance, flushed every flush_ms)",
+            ));
+        }
+    };
+    rule.flush_ms = match obj.get("flush_ms") {
+        None | Some(Value::Null) => None,
+        Some(_) if rule.sync.is_exact() => {
+            return Err(PolicyError::field(
+                at("flush_ms"),
+                "only a local rule flushes: add \"sync\": \"local\", or leave flush_ms out",
+            ));
+        }
+        Some(v) => match v.as_u64() {
+            Some(ms @ super::rule::MIN_FLUSH_MS..=super::rule::MAX_FLUSH_MS) => Some(ms),
+            _ => {
+                return Err(PolicyError::field(
+                    at("flush_ms"),
+                    format!(
+                        "must be a whole number of ms from {} to {}",
+                        super::rule::MIN_FLUSH_MS,
+                        super::rule::MAX_FLUSH_MS
                     ),
                 ));
             }

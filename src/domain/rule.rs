@@ -32,6 +32,31 @@ pub const CALLER_AMOUNTS: [&str; 6] = [
 /// The longest penalty a rule may give (`block_ms`): 400 days, as the longest period.
 pub const MAX_BLOCK_MS: u64 = MAX_PERIOD_MS;
 
+/// How often a local rule's counts reach Redis by default (`flush_ms`).
+pub const DEFAULT_FLUSH_MS: u64 = 100;
+/// The range `flush_ms` may take: 10 ms to a minute.
+pub const MIN_FLUSH_MS: u64 = 10;
+pub const MAX_FLUSH_MS: u64 = 60_000;
+
+/// Where a rule's checks are decided (`sync`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncMode {
+    /// In Redis, atomically, every check: exact across instances.
+    #[default]
+    Exact,
+    /// On each instance, from its own counter; what it counted reaches Redis every
+    /// `flush_ms`, and it learns the others' totals then. Approximate: see
+    /// `domain::local` for the bound on overshoot.
+    Local,
+}
+
+impl SyncMode {
+    pub fn is_exact(&self) -> bool {
+        *self == SyncMode::Exact
+    }
+}
+
 /// An algorithm with its parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "algorithm", rename_all = "snake_case")]
@@ -631,6 +656,13 @@ pub struct Rule {
     /// `None`: callers may set none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caller_max: Option<std::collections::BTreeMap<String, u64>>,
+    /// Where its checks are decided: in Redis (`exact`, the default) or on each instance
+    /// (`local`), flushed every `flush_ms`.
+    #[serde(default, skip_serializing_if = "SyncMode::is_exact")]
+    pub sync: SyncMode,
+    /// A local rule's flush period, ms; `None`: [`DEFAULT_FLUSH_MS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_ms: Option<u64>,
 }
 
 impl Rule {
@@ -678,6 +710,8 @@ impl Rule {
             cost: None,
             block_ms: None,
             caller_max: None,
+            sync: SyncMode::Exact,
+            flush_ms: None,
         })
     }
 
@@ -754,6 +788,23 @@ impl Rule {
             algorithm,
             ..self.clone()
         })
+    }
+
+    /// A local rule's flush period (ms); `None` for an exact rule.
+    pub fn local_flush_ms(&self) -> Option<u64> {
+        (self.sync == SyncMode::Local).then(|| self.flush_ms.unwrap_or(DEFAULT_FLUSH_MS))
+    }
+
+    /// Whether local counting has a meaning for `algorithm`: one number of what is left that
+    /// instances can spend apart and add up later. A sliding log keeps each admission's time,
+    /// a concurrency rule leases, and a leaky bucket answers a place in its queue.
+    pub fn counts_locally(algorithm: &Algorithm) -> bool {
+        !matches!(
+            algorithm,
+            Algorithm::SlidingLog { .. }
+                | Algorithm::Concurrency { .. }
+                | Algorithm::LeakyBucket { .. }
+        )
     }
 
     /// How this rule counts a check's cost: as it says, else requests for a concurrency

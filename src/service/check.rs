@@ -470,7 +470,8 @@ impl Service {
         }
     }
 
-    /// Decides `entries` of `policy` at `cost`, all or nothing: from the over-limit cache
+    /// Decides `entries` of `policy` at `cost`, all or nothing: local rules from this
+    /// instance's counters (see local.rs), from the over-limit cache
     /// when a denial there covers them, otherwise in one round trip to Redis (which also
     /// keeps the overview's counters). The caller applies the failure mode to an error.
     pub(super) async fn decide(
@@ -479,6 +480,20 @@ impl Service {
         entries: &[CheckEntry<'_>],
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        let local: Vec<bool> = entries
+            .iter()
+            .map(|e| e.rule.local_flush_ms().is_some())
+            .collect();
+        if local.contains(&true)
+            && let Some(decided) = self.decide_with_local(policy, entries, cost, &local).await
+        {
+            crate::metrics::local_check();
+            if let Ok(decision) = &decided {
+                self.outage.answered();
+                crate::metrics::decided(policy.name.as_str(), &decision.results, self.rule_metrics);
+            }
+            return decided;
+        }
         if let Some(cached) = self.denials.lookup(policy, entries, cost) {
             // Denied until a known time: answered from memory, no Redis call (the overview's
             // counters hear of it within a second).

@@ -32,6 +32,8 @@ const MAX_TOGETHER: usize = 50_000;
 
 #[derive(Default)]
 struct Pending {
+    /// Checks allowed without Redis (local rules), not yet in its counters.
+    allowed: u64,
     denied: u64,
     by_identifier: HashMap<String, u64>,
     /// What the denials were, per identifier that bound.
@@ -70,11 +72,25 @@ pub struct LiveCounts {
 impl LiveCounts {
     /// Notes one denial answered from the cache; `identifier` is the one that bound.
     pub fn denied_from_cache(&self, policy: &str, identifier: Option<String>) {
+        self.answered_here(policy, false, identifier);
+    }
+
+    /// Counts a check this instance answered without Redis (the over-limit cache, local
+    /// rules): allowed, or denied with the identifier that bound.
+    pub fn answered_here(&self, policy: &str, allowed: bool, identifier: Option<String>) {
         let mut pending = self
             .pending
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let p = pending.entry(policy.to_owned()).or_default();
+        // No key allocated per check: local rules answer here at the HTTP floor's rate.
+        if !pending.contains_key(policy) {
+            pending.insert(policy.to_owned(), Pending::default());
+        }
+        let p = pending.get_mut(policy).expect("inserted above");
+        if allowed {
+            p.allowed += 1;
+            return;
+        }
         p.denied += 1;
         if let Some(id) = identifier {
             // Bounded: a flood of distinct identifiers keeps only the first thousand.
@@ -179,14 +195,14 @@ impl LiveCounts {
             .drain()
             .collect();
         for (policy, p) in drained {
-            if p.denied > 0 {
+            if p.denied > 0 || p.allowed > 0 {
                 let labels: Vec<(String, u64)> = p
                     .by_identifier
                     .into_iter()
                     .map(|(id, n)| (label(&policy, &id), n))
                     .collect();
-                if let Err(error) = store.add_stats(&policy, 0, p.denied, &labels).await {
-                    tracing::debug!(%error, "could not add cached denials to the counters");
+                if let Err(error) = store.add_stats(&policy, p.allowed, p.denied, &labels).await {
+                    tracing::debug!(%error, "could not add checks answered here to the counters");
                 }
             }
             let notes: Vec<DenialNote> = p.notes.into_values().collect();

@@ -25,6 +25,7 @@ pub mod identifiers;
 pub mod keys;
 pub mod leases;
 pub mod live;
+pub mod local;
 pub mod overview;
 pub mod password;
 pub mod people;
@@ -57,6 +58,8 @@ pub struct Service {
     store: Store,
     policies: policy_cache::PolicyCache,
     denials: deny_cache::DenyCache,
+    /// This instance's counters of local rules (`sync: local`).
+    local: local::LocalCounts,
     live: live::LiveCounts,
     /// This instance's counts on their way to the history.
     history: history::HistoryCounts,
@@ -99,9 +102,12 @@ impl Service {
         if let Err(error) = service.policies.reload(&service.store).await {
             tracing::warn!(%error, "policies not loaded yet");
         }
-        service
-            .policies
-            .spawn_refresher(service.store.clone(), service.denials.clone(), shutdown);
+        service.policies.spawn_refresher(
+            service.store.clone(),
+            service.denials.clone(),
+            service.local.clone(),
+            shutdown,
+        );
         service.announce_first_admin().await;
         if let Err(error) = service.keys.reload(&service.store).await {
             tracing::warn!(%error, "stored API keys not loaded yet");
@@ -111,6 +117,9 @@ impl Service {
             .spawn_refresher(service.store.clone(), shutdown);
         tokio::task::spawn_blocking(password::warm_up);
         service.live.spawn_flusher(service.store.clone(), shutdown);
+        service
+            .local
+            .spawn_flusher(service.store.clone(), service.outage.clone(), shutdown);
         service
             .history
             .spawn_flusher(service.store.clone(), config.history_flush, shutdown);
@@ -133,6 +142,7 @@ impl Service {
             store,
             policies: Default::default(),
             denials: Default::default(),
+            local: Default::default(),
             live: Default::default(),
             history: Default::default(),
             outage: Default::default(),

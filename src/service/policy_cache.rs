@@ -111,8 +111,15 @@ impl PolicyCache {
         Ok(())
     }
 
-    /// Keeps the cache fresh until the server stops, and forwards resets to `denials`.
-    pub fn spawn_refresher(&self, store: Store, denials: DenyCache, shutdown: &Shutdown) {
+    /// Keeps the cache fresh until the server stops, and forwards resets to `denials` and to
+    /// the counters of local rules.
+    pub fn spawn_refresher(
+        &self,
+        store: Store,
+        denials: DenyCache,
+        local: super::local::LocalCounts,
+        shutdown: &Shutdown,
+    ) {
         let cache = self.clone();
         shutdown.spawn(async move {
             loop {
@@ -129,6 +136,7 @@ impl PolicyCache {
                                 Some(Event::PolicyChanged(_)) => true,
                                 Some(Event::Reset { policies, identifier }) => {
                                     denials.invalidate(policies.as_deref(), &identifier);
+                                    local.forget(policies.as_deref(), &identifier);
                                     false
                                 }
                                 None => break, // subscription lost: subscribe again

@@ -27,6 +27,7 @@ mod history;
 mod leases;
 mod listeners_tls;
 mod live;
+mod local;
 mod memory;
 mod openapi;
 mod penalty;

@@ -1,0 +1,401 @@
+//! Local counting (issue 37): a rule with `sync: local` is answered from each instance's own
+//! counter and flushed to Redis every `flush_ms`. Two instances against one Redis: what they
+//! admit together overshoots the limit by no more than the bound README states; Redis keeps
+//! the truth for the inspector and the overview; a reset reaches every instance; a Redis
+//! outage is ridden out from memory for the stated grace, then the failure mode decides.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::helpers::{RedisServer, TestApp, clear_of_window_turn, spawn_app};
+
+const LIMIT: u64 = 100;
+
+/// A policy of one local rule per user: `algorithm` holds its algorithm and parameters.
+fn local(algorithm: Value, flush_ms: u64, failure_mode: &str) -> Value {
+    let mut rule =
+        json!({"name": "per-user", "dimensions": ["user"], "sync": "local", "flush_ms": flush_ms});
+    rule.as_object_mut()
+        .unwrap()
+        .extend(algorithm.as_object().unwrap().clone());
+    json!({"failure_mode": failure_mode, "rules": [rule]})
+}
+
+/// The four algorithms of the issue, each admitting [`LIMIT`] in the test's time (no
+/// window turns, refills of a token an hour).
+fn algorithms() -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "fixed",
+            json!({"algorithm": "fixed_window", "limit": LIMIT, "window_ms": 3_600_000}),
+        ),
+        (
+            "sliding",
+            json!({"algorithm": "sliding_window", "limit": LIMIT, "window_ms": 3_600_000}),
+        ),
+        (
+            "bucket",
+            json!({"algorithm": "token_bucket", "capacity": LIMIT, "refill_tokens": 1, "refill_period_ms": 3_600_000}),
+        ),
+        (
+            "gcra",
+            json!({"algorithm": "gcra", "rate": 1, "period_ms": 3_600_000, "burst": LIMIT - 1}),
+        ),
+    ]
+}
+
+async fn check(app: &TestApp, policy: &str, user: &str, cost: u64) -> (u16, Value) {
+    let r = app
+        .check(json!({"policy": policy, "identifiers": {"user": user}, "cost": cost}))
+        .await;
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// What `app` would still admit for `user` (a peek: cost 0).
+async fn known_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64> {
+    let (status, answer) = check(app, policy, user, 0).await;
+    (status == 200).then(|| answer["results"][0]["remaining"].as_u64())?
+}
+
+/// What Redis holds, as the inspector reads it.
+async fn redis_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64> {
+    let r = app
+        .as_admin(
+            Method::GET,
+            &format!("/api/v1/identifiers/user/{user}"),
+            None,
+        )
+        .await;
+    let inspection: Value = r.json().await.ok()?;
+    inspection["policies"]
+        .as_array()?
+        .iter()
+        .find(|p| p["policy"] == policy)?["rules"][0]["remaining"]
+        .as_u64()
+}
+
+/// Waits until Redis and both instances agree that `expected` is left: every count has
+/// been flushed and learned. Nothing here depends on how fast the machine is.
+async fn settle(apps: [&TestApp; 2], policy: &str, user: &str, expected: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let seen = (
+            redis_remaining(apps[0], policy, user).await,
+            known_remaining(apps[0], policy, user).await,
+            known_remaining(apps[1], policy, user).await,
+        );
+        if seen == (Some(expected), Some(expected), Some(expected)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{policy}: Redis, a and b never agreed on {expected} left: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `n` checks of cost 1 from `app`, all at once; how many were allowed.
+async fn burst(app: &TestApp, policy: &str, user: &str, n: usize) -> u64 {
+    let answers = futures_util::future::join_all((0..n).map(|_| check(app, policy, user, 1))).await;
+    answers
+        .iter()
+        .map(|(status, answer)| {
+            assert!(
+                *status == 200 || *status == 429,
+                "{policy}: {status} {answer}"
+            );
+            u64::from(*status == 200)
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn two_instances_overshoot_by_no_more_than_the_stated_bound() {
+    let redis = RedisServer::start();
+    let (a, b) = (spawn_app(&redis).await, spawn_app(&redis).await);
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    // The load: each instance gets `m` checks per round, and rounds are a flush apart (the
+    // next starts once both instances have learned the other's count). So one instance
+    // admits at most m between learning the others' counts: README's bound is
+    // (instances − 1) × m over the limit.
+    let m = 30;
+    for (policy, algorithm) in algorithms() {
+        a.put_policy(policy, local(algorithm, 50, "closed")).await;
+        let mut total = 0;
+        let mut expected = LIMIT;
+        for round in 0.. {
+            assert!(round < 10, "{policy}: the budget never ran out");
+            settle([&a, &b], policy, "hot", expected).await;
+            if expected == 0 {
+                break;
+            }
+            let (x, y) = tokio::join!(burst(&a, policy, "hot", m), burst(&b, policy, "hot", m));
+            total += x + y;
+            expected = LIMIT.saturating_sub(total);
+        }
+        let bound = m as u64;
+        assert!(
+            (LIMIT..=LIMIT + bound).contains(&total),
+            "{policy}: two instances admitted {total} against a limit of {LIMIT}: overshoot {} > bound {bound}",
+            total.saturating_sub(LIMIT)
+        );
+        eprintln!(
+            "{policy}: admitted {total} of {LIMIT} (overshoot {}, bound {bound})",
+            total - LIMIT
+        );
+    }
+}
+
+#[tokio::test]
+async fn under_a_continuous_load_no_instance_admits_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let (a, b) = (spawn_app(&redis).await, spawn_app(&redis).await);
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    a.put_policy(
+        "steady",
+        local(
+            json!({"algorithm": "fixed_window", "limit": LIMIT, "window_ms": 3_600_000}),
+            // A second between flushes: each instance spends what it was told was left
+            // well before it hears from Redis again.
+            1000,
+            "closed",
+        ),
+    )
+    .await;
+    settle([&a, &b], "steady", "hot", LIMIT).await;
+    // Eight senders an instance, each sending one check after another until the budget is
+    // spent everywhere: each instance alone never passes the limit (what it has not
+    // flushed counts against what Redis said was left, its own flushed counts included).
+    let hammer = |app: &TestApp| {
+        let app = app.clone_client();
+        async move {
+            let mut admitted = 0;
+            let mut denied_in_a_row = 0;
+            while denied_in_a_row < 50 {
+                let (status, answer) = check(&app, "steady", "hot", 1).await;
+                match status {
+                    200 => {
+                        admitted += 1;
+                        denied_in_a_row = 0;
+                    }
+                    429 => denied_in_a_row += 1,
+                    _ => panic!("{status} {answer}"),
+                }
+            }
+            admitted
+        }
+    };
+    let per_app = |app: &TestApp| {
+        let senders: Vec<_> = (0..8).map(|_| hammer(app)).collect();
+        async move {
+            futures_util::future::join_all(senders)
+                .await
+                .iter()
+                .sum::<u64>()
+        }
+    };
+    let (x, y) = tokio::join!(per_app(&a), per_app(&b));
+    assert!(
+        x <= LIMIT && y <= LIMIT,
+        "one instance alone overshot: {x}, {y}"
+    );
+    settle([&a, &b], "steady", "hot", 0).await;
+    assert!(x + y >= LIMIT, "the budget was not spent: {x} + {y}");
+    eprintln!(
+        "continuous: a {x}, b {y}, overshoot {}",
+        (x + y).saturating_sub(LIMIT)
+    );
+}
+
+#[tokio::test]
+async fn redis_keeps_the_truth_and_a_reset_reaches_every_instance() {
+    let redis = RedisServer::start();
+    let (a, b) = (spawn_app(&redis).await, spawn_app(&redis).await);
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    a.put_policy(
+        "truth",
+        local(
+            json!({"algorithm": "fixed_window", "limit": 10, "window_ms": 3_600_000}),
+            100,
+            "closed",
+        ),
+    )
+    .await;
+    settle([&a, &b], "truth", "bob", 10).await;
+    for _ in 0..6 {
+        assert_eq!(check(&a, "truth", "bob", 1).await.0, 200);
+    }
+    // The inspector reads Redis: it sees a's six within a flush.
+    settle([&a, &b], "truth", "bob", 4).await;
+    for _ in 0..4 {
+        assert_eq!(check(&b, "truth", "bob", 1).await.0, 200);
+    }
+    let (status, denied) = check(&b, "truth", "bob", 1).await;
+    assert_eq!(status, 429, "{denied}");
+    assert_eq!(
+        denied["retry_after_ms"], denied["reset_ms"],
+        "a fixed window's wait is its turn: {denied}"
+    );
+    assert!(
+        denied["retry_after_ms"].as_u64().unwrap() > 1000,
+        "{denied}"
+    );
+    // The overview's counters hear of checks answered from memory too.
+    let store = spillway::store::Store::connect_with_keys(
+        &redis.url(),
+        Duration::from_secs(2),
+        spillway::store::Keys::default(),
+    )
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, rates) = store.policy_rates(&["truth".into()], 60).await.unwrap();
+        let allowed: u64 = rates[0].iter().map(|s| s.allowed).sum();
+        let denied: u64 = rates[0].iter().map(|s| s.denied).sum();
+        // The settles' peeks count as allowed checks too.
+        if allowed >= 10 && denied == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the overview never counted them: {allowed} allowed, {denied} denied"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A reset on a reaches b at once, and b counts from the start again.
+    settle([&a, &b], "truth", "bob", 0).await;
+    a.reset("user=bob", "policy=truth&reason=test").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while check(&b, "truth", "bob", 0).await.1["results"][0]["remaining"] != 10 {
+        assert!(Instant::now() < deadline, "b never heard of the reset");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(check(&b, "truth", "bob", 1).await.0, 200);
+    settle([&a, &b], "truth", "bob", 9).await;
+}
+
+#[tokio::test]
+async fn an_outage_is_ridden_out_from_memory_for_the_grace_then_the_failure_mode_decides() {
+    let mut redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    // flush_ms 100: a grace of 5 s (ten flushes, at least 5 s).
+    app.put_policy(
+        "ride",
+        local(
+            json!({"algorithm": "fixed_window", "limit": 20, "window_ms": 3_600_000}),
+            100,
+            "closed",
+        ),
+    )
+    .await;
+    for _ in 0..5 {
+        assert_eq!(check(&app, "ride", "eve", 1).await.0, 200);
+    }
+    redis.kill();
+    let killed = Instant::now();
+    // Still answering from memory, within what was left: 15 more, then denials.
+    let mut statuses = Vec::new();
+    for _ in 0..20 {
+        statuses.push(check(&app, "ride", "eve", 1).await.0);
+    }
+    assert!(
+        killed.elapsed() < Duration::from_secs(4),
+        "the checks took the grace"
+    );
+    let allowed = statuses.iter().filter(|s| **s == 200).count();
+    let denied = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((allowed, denied), (15, 5), "{statuses:?}");
+    // Past the grace, the policy fails closed.
+    tokio::time::sleep(Duration::from_secs(6).saturating_sub(killed.elapsed())).await;
+    let (status, answer) = check(&app, "ride", "eve", 1).await;
+    assert_eq!(status, 503, "failure_mode closed after the grace: {answer}");
+    // Redis back (empty: it kept nothing): the counter is seeded again and what this
+    // instance could not flush is sent.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = check(&app, "ride", "eve", 0).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn local_counting_is_refused_where_it_has_no_meaning_naming_the_field() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    for (rule, field, says) in [
+        (
+            json!({"name": "r", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "sync": "local"}),
+            "rules[0].sync",
+            "cannot count locally",
+        ),
+        (
+            json!({"name": "r", "algorithm": "sliding_log", "limit": 5, "window_ms": 1000, "sync": "local"}),
+            "rules[0].sync",
+            "cannot count locally",
+        ),
+        (
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "sync": "local", "block_ms": 1000}),
+            "rules[0].sync",
+            "penalty box",
+        ),
+        (
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "flush_ms": 100}),
+            "rules[0].flush_ms",
+            "only a local rule",
+        ),
+        (
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "sync": "local", "flush_ms": 5}),
+            "rules[0].flush_ms",
+            "from 10 to 60000",
+        ),
+        (
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "sync": "sometimes"}),
+            "rules[0].sync",
+            "must be",
+        ),
+    ] {
+        let r = app
+            .as_admin(
+                Method::PUT,
+                "/api/v1/policies/refused",
+                Some(&json!({"rules": [rule]})),
+            )
+            .await;
+        assert_eq!(r.status().as_u16(), 400);
+        let problem: Value = r.json().await.unwrap();
+        let text = problem.to_string();
+        assert!(
+            text.contains(field) && text.contains(says),
+            "{field} / {says}: {problem}"
+        );
+    }
+    // Kept as written, and read back.
+    let saved = app
+        .put_policy(
+            "kept",
+            local(
+                json!({"algorithm": "gcra", "rate": 10, "period_ms": 1000, "burst": 5}),
+                250,
+                "open",
+            ),
+        )
+        .await;
+    let rule = &saved["rules"][0];
+    assert_eq!(
+        (rule["sync"].clone(), rule["flush_ms"].clone()),
+        (json!("local"), json!(250)),
+        "{saved}"
+    );
+}
