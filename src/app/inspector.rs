@@ -589,7 +589,14 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                     };
                     view! {
                         <tr class:binding=blocks>
-                            <td data-label="Rule">{r.rule.clone()}{blocks.then(|| view! { " " <span class="badge bad">"blocks"</span> })}</td>
+                            <td data-label="Rule">{r.rule.clone()}{blocks.then(|| view! { " " <span class="badge bad">"blocks"</span> })}
+                                {r.flush_ms.map(|ms| view! {
+                                    " "<span class="badge" data-testid=format!("approximate-{}", r.rule)
+                                        title=format!("Counted on each instance and flushed to Redis every {ms} ms: what is shown here is up to one flush behind, and instances together may pass the limit by what each admits in one flush.")>
+                                        {format!("approximate (local, flushed every {ms} ms)")}
+                                    </span>
+                                })}
+                            </td>
                             <td data-label="Algorithm">{r.algorithm}</td>
                             <td data-label="Used">
                                 <meter min="0" max=r.limit.to_string() value=used.to_string() high=(r.limit * 8 / 10).to_string()

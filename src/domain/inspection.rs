@@ -22,6 +22,10 @@ pub struct RuleState {
     /// The rule's penalty box, if it has one (ms).
     #[serde(default)]
     pub block_ms: Option<u64>,
+    /// A local rule (`sync: local`): its flush period (ms). Redis, which this state is read
+    /// from, is then up to one flush behind what the instances admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_ms: Option<u64>,
     /// A concurrency rule: the leases held now, soonest to run out first.
     #[serde(default)]
     pub leases: Vec<LeaseView>,

@@ -146,6 +146,10 @@ impl Service {
                                 .all_rules()
                                 .find(|rule| rule.name == r.rule)
                                 .and_then(|rule| rule.block_ms),
+                            flush_ms: policy
+                                .all_rules()
+                                .find(|rule| rule.name == r.rule)
+                                .and_then(|rule| rule.local_flush_ms()),
                             leases,
                         })
                         .collect();

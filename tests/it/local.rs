@@ -399,3 +399,75 @@ async fn local_counting_is_refused_where_it_has_no_meaning_naming_the_field() {
         "{saved}"
     );
 }
+
+#[tokio::test]
+async fn a_check_of_local_and_exact_rules_stays_all_or_nothing() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    app.put_policy(
+        "mixed",
+        json!({"rules": [
+            {"name": "per-user", "algorithm": "fixed_window", "limit": 5, "window_ms": 3_600_000,
+             "dimensions": ["user"], "sync": "local", "flush_ms": 50},
+            {"name": "per-ip", "algorithm": "fixed_window", "limit": 3, "window_ms": 3_600_000,
+             "dimensions": ["ip"]}
+        ]}),
+    )
+    .await;
+    let check = |ip: &'static str, cost: u64| {
+        let app = app.clone_client();
+        async move {
+            let r = app
+                .check(json!({"policy": "mixed", "identifiers": {"user": "u", "ip": ip}, "cost": cost}))
+                .await;
+            let status = r.status().as_u16();
+            let answer: Value = r.json().await.unwrap();
+            let remaining = |rule: &str| {
+                answer["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|r| r["rule"] == rule)
+                    .unwrap()["remaining"]
+                    .as_u64()
+                    .unwrap()
+            };
+            (status, remaining("per-user"), remaining("per-ip"))
+        }
+    };
+    for left in [(4, 2), (3, 1), (2, 0)] {
+        assert_eq!(check("192.0.2.1", 1).await, (200, left.0, left.1));
+    }
+    // The exact rule denies: the local one keeps what it held (its state as a peek).
+    assert_eq!(check("192.0.2.1", 1).await, (429, 2, 0));
+    assert_eq!(check("192.0.2.1", 0).await.1, 2);
+    // Another address: the local rule runs out first, and the exact one is not charged.
+    assert_eq!(check("192.0.2.2", 1).await, (200, 1, 2));
+    assert_eq!(check("192.0.2.2", 1).await, (200, 0, 1));
+    assert_eq!(check("192.0.2.2", 1).await, (429, 0, 1));
+    let r = app
+        .as_admin(Method::GET, "/api/v1/identifiers/ip/192.0.2.2", None)
+        .await;
+    let inspection: Value = r.json().await.unwrap();
+    let mixed = inspection["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == "mixed")
+        .unwrap();
+    assert_eq!(mixed["rules"][0]["remaining"], 1, "{inspection}");
+    assert!(mixed["rules"][0].get("flush_ms").is_none(), "an exact rule");
+    // The inspector marks the local rule approximate, with its flush period.
+    let r = app
+        .as_admin(Method::GET, "/api/v1/identifiers/user/u", None)
+        .await;
+    let inspection: Value = r.json().await.unwrap();
+    let mixed = inspection["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["policy"] == "mixed")
+        .unwrap();
+    assert_eq!(mixed["rules"][0]["flush_ms"], 50, "{inspection}");
+}

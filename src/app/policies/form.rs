@@ -239,6 +239,13 @@ pub fn document_of(
             if !r.caller_max.trim().is_empty() {
                 doc["caller_max"] = caller_max_of(&r.caller_max);
             }
+            if r.sync == "local" {
+                doc["sync"] = json!("local");
+            }
+            // Sent whatever the counting, for the policy to name when it has no meaning.
+            if !r.flush_ms.trim().is_empty() {
+                doc["flush_ms"] = num(r.flush_ms.trim());
+            }
             // A weight is a number; anything else goes as typed, for the policy to name.
             match r.cost.trim() {
                 "" => {}
@@ -294,6 +301,8 @@ pub fn rule_form(rule: &serde_json::Value) -> RuleForm {
     RuleForm {
         block_ms,
         block_unit,
+        sync: s("sync"),
+        flush_ms: s("flush_ms"),
         caller_max: rule
             .get("caller_max")
             .and_then(|c| c.as_object())
@@ -451,6 +460,30 @@ mod tests {
             document_of("", false, false, std::slice::from_ref(&typed))["rules"][0]
                 .get("block_ms")
                 .is_none()
+        );
+        // Counted locally, flushed every 250 ms, and back; exact when left as it is.
+        let hot = RuleForm {
+            sync: "local".into(),
+            flush_ms: "250".into(),
+            ..typed.clone()
+        };
+        let doc = document_of("", false, false, std::slice::from_ref(&hot));
+        let policy = Policy::from_document("hot", &doc).unwrap();
+        assert_eq!(policy.rules[0].local_flush_ms(), Some(250));
+        let back = rule_form(&policy.document()["rules"][0]);
+        assert_eq!(
+            (back.sync.as_str(), back.flush_ms.as_str()),
+            ("local", "250")
+        );
+        let exact = RuleForm {
+            sync: "exact".into(),
+            ..typed.clone()
+        };
+        let doc = document_of("", false, false, std::slice::from_ref(&exact));
+        assert!(doc["rules"][0].get("sync").is_none());
+        assert_eq!(
+            Policy::from_document("exact", &doc).unwrap().rules[0].local_flush_ms(),
+            None
         );
         // Blank and removed rules are left out; an error's index maps back to the form's.
         let removed = RuleForm {

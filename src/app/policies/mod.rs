@@ -108,6 +108,12 @@ pub struct RuleForm {
     /// `limit=1000, window_ms=3600000`; empty for nothing.
     #[serde(default)]
     pub caller_max: String,
+    /// Where its checks are decided: "exact" (or empty) in Redis, "local" on each instance.
+    #[serde(default)]
+    pub sync: String,
+    /// A local rule's flush period in ms; empty for the default.
+    #[serde(default)]
+    pub flush_ms: String,
     /// "on": leave this rule out when saving.
     #[serde(default)]
     pub remove: String,

@@ -242,6 +242,8 @@ fn field_label(field: &str, rules: &[RuleForm]) -> String {
         "cost" => "Counts a check as",
         "block_ms" => "Once it denies, block for",
         tail if tail.starts_with("caller_max") => "Callers may set, at most",
+        "sync" => "Counted",
+        "flush_ms" => "Flush every (ms)",
         "" => return rule,
         other => other,
     };
@@ -324,7 +326,18 @@ fn rule_summary(r: &RuleForm) -> String {
             r.caller_max.trim()
         )
     };
-    format!("{what}, for {who}{penalty}{callers}{removed}.")
+    let local = if r.sync == "local" {
+        let every = match r.flush_ms.trim() {
+            "" => crate::domain::rule::DEFAULT_FLUSH_MS.to_string(),
+            ms => ms.to_owned(),
+        };
+        format!(
+            "; counted on each instance and flushed to Redis every {every} ms (approximate: instances together may pass the limit by what each admits in one flush)"
+        )
+    } else {
+        String::new()
+    };
+    format!("{what}, for {who}{penalty}{callers}{local}{removed}.")
 }
 
 /// The field a failed save names (empty for none) and its message, to sit beside the field.
@@ -516,6 +529,13 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Counts a check as"<input name=f("cost") value=r.cost list="cost-models" placeholder="its cost (1 per request for concurrency)"/>{e("cost")}</label>
                                     <span class="duration"><label>"Once it denies, block for"<input name=f("block_ms") value=r.block_ms.clone() inputmode="numeric" placeholder="no penalty"/>{e("block_ms")}</label>{unit(f("block_unit"), if r.block_unit.is_empty() { "s".to_owned() } else { r.block_unit.clone() }, "Block unit")}</span>
                                     <label>"Callers may set, at most"<input name=f("caller_max") value=r.caller_max.clone() placeholder="none, or limit=1000"/>{e("caller_max")}</label>
+                                    <label>"Counted"
+                                        <select name=f("sync")>
+                                            <option value="exact" selected=r.sync != "local">"exactly, in Redis, every check"</option>
+                                            <option value="local" selected=r.sync == "local">"on each instance, flushed to Redis (approximate, for hot keys)"</option>
+                                        </select>{e("sync")}
+                                    </label>
+                                    <label>"Flush every (ms)"<input name=f("flush_ms") value=r.flush_ms.clone() inputmode="numeric" placeholder="100 (local only)"/>{e("flush_ms")}</label>
                                     <label class="check"><input type="checkbox" name=f("count_denied") checked=r.count_denied == "on"/>"Count denied requests"</label>
                                     {(!blank).then(|| view! { <label class="check remove"><input type="checkbox" name=f("remove") checked=r.remove == "on"/>"Remove this rule when saving"</label> })}
                                     <p class="muted rule-summary">{summary}</p>
