@@ -69,6 +69,14 @@ pub enum FailureMode {
     Closed,
 }
 
+/// Where a rule's checks are decided.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SyncName {
+    Exact,
+    Local,
+}
+
 /// A rule's algorithm.
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -238,6 +246,15 @@ pub struct RuleDocument {
     /// `refill_tokens`, `leak_tokens`, `rate` or `burst` (never a duration, and never on
     /// a concurrency rule). Left out: callers may set none.
     caller_max: Option<BTreeMap<String, u64>>,
+    /// Where the rule's checks are decided: `exact` (the default: in Redis, every check) or
+    /// `local` (each instance answers from its own counter and adds what it admitted to
+    /// Redis every `flush_ms`; approximate, for hot identifiers: instances together may
+    /// pass the limit by what each admits in one flush). Not for `concurrency`,
+    /// `sliding_log` or `leaky_bucket`, nor with `block_ms`.
+    sync: Option<SyncName>,
+    /// A local rule's flush period, 10 ms to a minute (default 100).
+    #[schema(minimum = 10, maximum = 60_000)]
+    flush_ms: Option<u64>,
     limit: Option<u64>,
     window_ms: Option<u64>,
     capacity: Option<u64>,

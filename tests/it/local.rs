@@ -23,7 +23,7 @@ fn local(algorithm: Value, flush_ms: u64, failure_mode: &str) -> Value {
     json!({"failure_mode": failure_mode, "rules": [rule]})
 }
 
-/// The four algorithms of the issue, each admitting [`LIMIT`] in the test's time (no
+/// The issue's four algorithms and the bucketed window, each admitting [`LIMIT`] in the test's time (no
 /// window turns, refills of a token an hour).
 fn algorithms() -> Vec<(&'static str, Value)> {
     vec![
@@ -34,6 +34,10 @@ fn algorithms() -> Vec<(&'static str, Value)> {
         (
             "sliding",
             json!({"algorithm": "sliding_window", "limit": LIMIT, "window_ms": 3_600_000}),
+        ),
+        (
+            "bucketed",
+            json!({"algorithm": "bucketed_window", "limit": LIMIT, "window_ms": 3_600_000, "bucket_ms": 60_000}),
         ),
         (
             "bucket",
