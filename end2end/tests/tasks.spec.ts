@@ -196,6 +196,52 @@ test("an admin gives a rule a penalty box in the editor; the preview and the ins
   await shot(page, "penalty");
 });
 
+test("an admin counts a hot rule on each instance; the inspector marks it approximate", async ({ page }, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  const policy = `hot-${testInfo.project.name}`;
+  await signIn(page);
+  await page.goto(`/policy?name=${policy}`);
+  if (hydrated) await waitForHydration(page);
+  const rule = page.getByRole("group", { name: "Add a rule" }).first();
+  await rule.getByLabel("Name").fill("per-user");
+  await rule.getByLabel("Algorithm").selectOption("fixed_window");
+  await rule.getByLabel("Limit").fill("1000");
+  await rule.getByLabel("Window", { exact: true }).fill("1");
+  await rule.getByLabel("Window unit").selectOption("h");
+  await rule.getByLabel("Counted").selectOption("local");
+  // Too short a flush: named beside its field, and what was typed stays.
+  await rule.getByLabel("Flush every (ms)").fill("5");
+  await page.getByRole("button", { name: "Save policy" }).click();
+  await expect(page.getByTestId("save-error")).toContainText("Flush every (ms)");
+  await expect(page.getByTestId("save-error")).toContainText("from 10 to 60000");
+  const typed = page.getByRole("group", { name: "Rule per-user" });
+  await expect(typed.getByLabel("Counted")).toHaveValue("local");
+  await typed.getByLabel("Flush every (ms)").fill("250");
+  await page.getByRole("button", { name: "Save policy" }).click();
+  await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
+  const saved = page.getByRole("group", { name: "Rule per-user" });
+  await expect(saved.getByLabel("Counted")).toHaveValue("local");
+  await expect(saved.getByLabel("Flush every (ms)")).toHaveValue("250");
+  await expect(saved).toContainText("counted on each instance and flushed to Redis every 250 ms");
+
+  expect(await check(page, policy, { user: "zed" })).toBe(200);
+  // Counted by the instance, in Redis within a flush: what the inspector reads.
+  await expect
+    .poll(async () => {
+      const inspection = await (await page.request.get("/api/v1/identifiers/user/zed")).json();
+      const mine = inspection.policies.find((p: { policy: string }) => p.policy === policy);
+      return mine?.rules?.[0]?.remaining;
+    })
+    .toBe(999);
+  await page.goto(`/identifiers?id=${encodeURIComponent("user=zed")}`);
+  const row = page.getByRole("region", { name: `user=zed in ${policy}` });
+  await expect(row).toContainText("1 / 1000");
+  await expect(row.getByTestId("approximate-per-user")).toHaveText("approximate (local, flushed every 250 ms)");
+  await expect(row.getByTestId("approximate-per-user")).toBeVisible();
+  await expect(row.getByTestId("approximate-per-user")).toHaveCSS("background-color", /rgb\(/);
+  await shot(page, "local");
+});
+
 test("the overview hydrates within 2 s on a Slow 4G connection", async ({ page }, testInfo) => {
   test.skip(testInfo.project.name !== "hydrated", "hydration needs JavaScript");
   await signIn(page);
