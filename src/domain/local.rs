@@ -24,19 +24,19 @@ use super::{Outcome, rule::Algorithm};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalCounter {
     /// The rule's limit, as Redis answered it.
-    pub limit: u64,
+    limit: u64,
     /// What was left in Redis at the last flush, every instance's counts included.
-    pub remaining: u64,
+    remaining: u64,
     /// When the rule was full again, as of the last flush (ms on this instance's clock).
-    pub full_at_ms: i64,
+    full_at_ms: i64,
     /// When the last flush answered (ms on this instance's clock).
-    pub synced_at_ms: i64,
+    synced_at_ms: i64,
     /// Admitted here since the last flush's answer was taken (reservations included).
-    pub used: u64,
+    used: u64,
     /// Admitted here and not sent to Redis yet.
-    pub unsent: u64,
+    unsent: u64,
     /// Sent by the flush now on its way, not yet answered.
-    pub in_flight: u64,
+    in_flight: u64,
 }
 
 impl LocalCounter {
@@ -53,6 +53,23 @@ impl LocalCounter {
         };
         counter.learn(answer, now_ms);
         counter
+    }
+
+    /// When the last flush answered (ms on this instance's clock).
+    pub fn synced_at_ms(&self) -> i64 {
+        self.synced_at_ms
+    }
+
+    /// What it admitted and has not sent to Redis yet.
+    pub fn unsent(&self) -> u64 {
+        self.unsent
+    }
+
+    /// Takes on what a counter it replaces (its rule changed) admitted and had not sent:
+    /// sent with its next flush, and counted against what is left.
+    pub fn carry(&mut self, unsent: u64) {
+        self.used = self.used.saturating_add(unsent);
+        self.unsent = self.unsent.saturating_add(unsent);
     }
 
     fn learn(&mut self, answer: &Outcome, now_ms: i64) {
@@ -108,11 +125,12 @@ impl LocalCounter {
         self.commit(cost);
     }
 
-    /// Starts a flush: what it sends. At most one flush is on its way per counter.
+    /// Starts a flush: what it sends. At most one flush is on its way per counter (its
+    /// caller's to keep); were another started, the two would go as one.
     pub fn start_flush(&mut self) -> u64 {
-        debug_assert_eq!(self.in_flight, 0, "one flush at a time");
-        self.in_flight = std::mem::take(&mut self.unsent);
-        self.in_flight
+        let sent = std::mem::take(&mut self.unsent);
+        self.in_flight = self.in_flight.saturating_add(sent);
+        sent
     }
 
     /// The flush was answered at `now_ms`: Redis holds what it sent, and says what is left
@@ -243,6 +261,155 @@ mod tests {
         assert_eq!((c.unsent, c.in_flight, c.used), (6, 0, 6));
         assert!(c.fresh(5_000, grace_ms(100)));
         assert!(!c.fresh(5_001, grace_ms(100)));
+    }
+
+    /// One instance of the simulation: its counter, its flush (sent, then Redis's answer
+    /// once Redis has applied it), and what it admitted.
+    struct Instance {
+        counter: LocalCounter,
+        flush: Flush,
+        admitted: u64,
+        /// What Redis had taken from each instance's flushes when it answered the flush
+        /// this instance last learned from (all 0: seeded before any), and the same for the
+        /// flush on its way.
+        learned_from: Vec<u64>,
+        on_its_way: Vec<u64>,
+    }
+
+    enum Flush {
+        Idle,
+        Sent(u64),
+        Applied(Outcome),
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
+        /// A check of 1; the bool: the policy's exact rules deny it after the local ones
+        /// allowed (the share is let go of).
+        Check(bool),
+        StartFlush,
+        /// Redis runs the flush (counts what was sent, answers what is left).
+        Apply,
+        Answer,
+        /// The flush never reached Redis.
+        Fail,
+    }
+
+    fn step_strategy() -> impl proptest::strategy::Strategy<Value = (usize, Step)> {
+        use proptest::prelude::*;
+        (
+            0usize..4,
+            prop_oneof![
+                6 => Just(Step::Check(false)),
+                1 => any::<bool>().prop_map(Step::Check),
+                2 => Just(Step::StartFlush),
+                2 => Just(Step::Apply),
+                2 => Just(Step::Answer),
+                1 => Just(Step::Fail),
+            ],
+        )
+    }
+
+    proptest::proptest! {
+        /// Instances checking, flushing, failing and learning in any order against one
+        /// Redis (a window of `limit`): no count is lost or counted twice, no instance alone
+        /// admits more than the limit, and together they pass it by at most what the other
+        /// instances had admitted and Redis had not heard of when it answered the flush the
+        /// last admitting instance acted on (README's bound: at most (N − 1) × what one
+        /// instance admits in two flush periods and their round trips).
+        #[test]
+        fn instances_stay_within_the_stated_bound_and_lose_no_count(
+            limit in 1u64..40,
+            n in 2usize..5,
+            steps in proptest::collection::vec(step_strategy(), 0..400),
+        ) {
+            let answer = |count: u64| Outcome {
+                allowed: true,
+                limit,
+                remaining: limit.saturating_sub(count),
+                reset_ms: 60_000,
+                retry_after_ms: None,
+                delay_ms: 0,
+                penalty: false,
+            };
+            let mut redis = 0u64;
+            let mut instances: Vec<Instance> = (0..n)
+                .map(|_| Instance {
+                    counter: LocalCounter::seeded(&answer(0), 0),
+                    flush: Flush::Idle,
+                    admitted: 0,
+                    learned_from: vec![0; n],
+                    on_its_way: vec![0; n],
+                })
+                .collect();
+            // What Redis has taken from each instance's flushes.
+            let mut taken = vec![0u64; n];
+            // Who admitted last, and what Redis had taken from each when it answered the
+            // flush that instance had then learned from.
+            let mut last_admission: Option<(usize, Vec<u64>)> = None;
+            for (who, step) in steps {
+                let who = who % n;
+                let i = &mut instances[who];
+                match (step, &i.flush) {
+                    (Step::Check(exact_denies), _) if i.counter.outcome(&WINDOW, 1, 0).allowed => {
+                        i.counter.reserve(1);
+                        if exact_denies {
+                            i.counter.release(1);
+                        } else {
+                            i.counter.commit(1);
+                            i.admitted += 1;
+                            last_admission = Some((who, i.learned_from.clone()));
+                        }
+                    }
+                    (Step::StartFlush, Flush::Idle) => i.flush = Flush::Sent(i.counter.start_flush()),
+                    (Step::Apply, Flush::Sent(sent)) => {
+                        redis += sent;
+                        taken[who] += sent;
+                        i.flush = Flush::Applied(answer(redis));
+                        i.on_its_way = taken.clone();
+                    }
+                    (Step::Answer, Flush::Applied(outcome)) => {
+                        let outcome = *outcome;
+                        i.counter.flushed(&outcome, 0);
+                        i.flush = Flush::Idle;
+                        i.learned_from = std::mem::take(&mut i.on_its_way);
+                    }
+                    (Step::Fail, Flush::Sent(_)) => {
+                        i.counter.flush_failed();
+                        i.flush = Flush::Idle;
+                    }
+                    _ => {}
+                }
+            }
+            // One instance alone never passes the limit. All together pass it by at most
+            // what the others had admitted that Redis had not heard of when it answered the
+            // flush the last instance to admit had learned from: that instance's own
+            // admissions, plus the others' Redis had then, fit in the limit.
+            let admitted: Vec<u64> = instances.iter().map(|i| i.admitted).collect();
+            let total: u64 = admitted.iter().sum();
+            for (j, &a) in admitted.iter().enumerate() {
+                proptest::prop_assert!(a <= limit, "instance {j} alone admitted {a} > {limit}");
+            }
+            if let Some((j, known)) = last_admission {
+                let unknown: u64 = (0..n).filter(|&k| k != j).map(|k| admitted[k] - known[k]).sum();
+                proptest::prop_assert!(
+                    total <= limit + unknown,
+                    "{total} admitted: more than {limit} + {unknown} unknown to instance {j}"
+                );
+            }
+            // Every flush lands, then every instance sends what is left.
+            for i in &mut instances {
+                if let Flush::Sent(sent) = i.flush {
+                    redis += sent;
+                    i.counter.flushed(&answer(redis), 0);
+                } else if let Flush::Applied(outcome) = i.flush {
+                    i.counter.flushed(&outcome, 0);
+                }
+                redis += i.counter.start_flush();
+                i.counter.flushed(&answer(redis), 0);
+            }
+            proptest::prop_assert_eq!(redis, total, "a count lost or counted twice");
+        }
     }
 
     #[test]

@@ -470,10 +470,11 @@ impl Service {
         }
     }
 
-    /// Decides `entries` of `policy` at `cost`, all or nothing: local rules from this
-    /// instance's counters (see local.rs), from the over-limit cache
-    /// when a denial there covers them, otherwise in one round trip to Redis (which also
-    /// keeps the overview's counters). The caller applies the failure mode to an error.
+    /// Decides `entries` of `policy` at `cost`, all or nothing. A check with local rules: by
+    /// this instance's counters, asking Redis for its exact rules only (see local.rs). Any
+    /// other: from the over-limit cache when a denial there covers it, else in one round
+    /// trip to Redis (which also keeps the overview's counters). The caller applies the
+    /// failure mode to an error.
     pub(super) async fn decide(
         &self,
         policy: &Policy,
@@ -489,7 +490,6 @@ impl Service {
         {
             crate::metrics::local_check();
             if let Ok(decision) = &decided {
-                self.outage.answered();
                 crate::metrics::decided(policy.name.as_str(), &decision.results, self.rule_metrics);
             }
             return decided;

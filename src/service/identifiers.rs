@@ -126,6 +126,9 @@ impl Service {
                             Vec::new()
                         });
                     }
+                    let rule_named = |name: &crate::domain::Name| {
+                        policy.all_rules().find(|rule| rule.name == *name)
+                    };
                     ps.rules = decision
                         .results
                         .into_iter()
@@ -142,14 +145,8 @@ impl Service {
                             binding: r.binding,
                             retry_after_ms: r.outcome.retry_after_ms,
                             penalty: r.outcome.penalty,
-                            block_ms: policy
-                                .all_rules()
-                                .find(|rule| rule.name == r.rule)
-                                .and_then(|rule| rule.block_ms),
-                            flush_ms: policy
-                                .all_rules()
-                                .find(|rule| rule.name == r.rule)
-                                .and_then(|rule| rule.local_flush_ms()),
+                            block_ms: rule_named(&r.rule).and_then(|rule| rule.block_ms),
+                            flush_ms: rule_named(&r.rule).and_then(|rule| rule.local_flush_ms()),
                             leases,
                         })
                         .collect();

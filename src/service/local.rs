@@ -34,6 +34,9 @@ const FLUSHES_AT_ONCE: usize = 64;
 
 struct Slot {
     counter: LocalCounter,
+    /// Which counter this is: a counter seeded again (a changed rule) or dropped (a reset)
+    /// is a new one, and what was on its way for the old one is not applied to it.
+    generation: u64,
     policy: Name,
     rule: Rule,
     identifier: Identifier,
@@ -49,13 +52,13 @@ struct Slot {
 impl Slot {
     /// Used since its last flush answered: it has something to learn or send.
     fn busy(&self) -> bool {
-        self.last_used_ms >= self.counter.synced_at_ms || self.counter.unsent > 0
+        self.last_used_ms >= self.counter.synced_at_ms() || self.counter.unsent() > 0
     }
 
     /// Unused and unflushed for longer than a flush period: what it knows is old, so the
     /// next check reads Redis first (as a new counter would).
     fn dormant(&self, now: i64) -> bool {
-        !self.busy() && !self.flushing && now - self.counter.synced_at_ms > self.flush_ms as i64
+        !self.busy() && !self.flushing && now - self.counter.synced_at_ms() > self.flush_ms as i64
     }
 }
 
@@ -63,6 +66,7 @@ impl Slot {
 #[derive(Clone, Default)]
 pub struct LocalCounts {
     slots: Arc<Mutex<HashMap<String, Slot>>>,
+    generations: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn key(policy: &str, entry: &CheckEntry<'_>) -> String {
@@ -74,37 +78,80 @@ fn key(policy: &str, entry: &CheckEntry<'_>) -> String {
     )
 }
 
-/// What the local entries of a check made of it.
-struct Taken {
+/// What an allowed check of local entries holds in their counters until it is settled.
+struct Share {
+    /// Per entry: its counter's key and generation, its cost, whether its rule counts denials.
+    held: Vec<(String, u64, u64, bool)>,
+}
+
+/// The local entries' answer to a check: their outcomes, and what an allowed check holds.
+/// A held share not settled (the check was dropped half way: a timeout, a caller gone) is
+/// let go of, so it never stays taken.
+struct Taken<'a> {
+    counts: &'a LocalCounts,
     outcomes: Vec<Outcome>,
-    keys: Vec<String>,
-    costs: Vec<u64>,
     allowed: bool,
+    share: Option<Share>,
+}
+
+impl Taken<'_> {
+    /// Keeps the share (`admitted`: the whole check was allowed) or lets go of it; a rule
+    /// that counts denials keeps its share of a denied check.
+    fn settle(&mut self, admitted: bool) {
+        let Some(share) = self.share.take() else {
+            return;
+        };
+        let mut slots = self.counts.lock();
+        for (k, generation, cost, count_denied) in share.held {
+            let Some(slot) = slots.get_mut(&k).filter(|s| s.generation == generation) else {
+                continue; // reset or seeded again meanwhile: its share went with it
+            };
+            if admitted || count_denied {
+                slot.counter.commit(cost);
+            } else {
+                slot.counter.release(cost);
+            }
+        }
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
 }
 
 /// Why the local entries could not be decided here.
 enum NotHere {
-    /// Some have no counter yet (or one of another rule's numbers): seed these.
+    /// Some have no counter yet, one of another rule, or one that has not heard from Redis
+    /// for a flush period: seed these.
     Unseeded(Vec<usize>),
-    /// A counter has not heard from Redis for longer than its grace: Redis is down.
-    Stale,
+    /// A counter has not heard from Redis for longer than its grace (ms): Redis is down.
+    Stale(u64),
     /// No room for more counters: decide in Redis.
     Full,
 }
 
-/// A counter's flush: its key, what it counts, and what it sends.
-type Due = (String, Name, Rule, Identifier, Option<String>, u64);
+/// One counter's flush: what it counts, and what it sends.
+struct Due {
+    key: String,
+    generation: u64,
+    policy: Name,
+    rule: Rule,
+    identifier: Identifier,
+    limits: Option<String>,
+    sent: u64,
+}
 
 /// Adds what one counter admitted to Redis; Redis's answer is its state afterwards, every
 /// instance's counts in.
-async fn flush_one(store: Store, due: Due) -> (String, Result<Outcome, StoreError>) {
-    let (k, policy, rule, identifier, limits, sent) = due;
+async fn flush_one(store: Store, due: Due) -> (Due, Result<Outcome, StoreError>) {
     let entry = CheckEntry {
-        limits: limits.as_deref(),
-        ..CheckEntry::new(&rule, &identifier)
+        limits: due.limits.as_deref(),
+        ..CheckEntry::new(&due.rule, &due.identifier)
     };
     let answer = store
-        .report(&policy, &[entry], sent as i64, Now::Redis)
+        .report(&due.policy, &[entry], due.sent as i64, Now::Redis)
         .await
         .and_then(|d| {
             d.results
@@ -113,7 +160,7 @@ async fn flush_one(store: Store, due: Due) -> (String, Result<Outcome, StoreErro
                 .map(|r| r.outcome)
                 .ok_or_else(|| StoreError::Reply("a flush came back with no result".into()))
         });
-    (k, answer)
+    (due, answer)
 }
 
 impl LocalCounts {
@@ -123,15 +170,18 @@ impl LocalCounts {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Decides `entries` (all local) at `cost`, all or nothing among them, holding what an
-    /// allowed check takes until [`LocalCounts::settle`].
+    /// Decides `entries` (all local) at `cost`, all or nothing among them; an allowed check
+    /// holds its share until it is settled. `woken`: answer from counters that have not
+    /// heard from Redis for a while rather than read it again (Redis is down, and they are
+    /// within their grace).
     fn take(
         &self,
         policy: &str,
         entries: &[CheckEntry<'_>],
         cost: u64,
         now: i64,
-    ) -> Result<Taken, NotHere> {
+        woken: bool,
+    ) -> Result<Taken<'_>, NotHere> {
         let mut slots = self.lock();
         let keys: Vec<String> = entries.iter().map(|e| key(policy, e)).collect();
         let unseeded: Vec<usize> = keys
@@ -141,7 +191,7 @@ impl LocalCounts {
             .filter(|(_, (k, e))| {
                 slots
                     .get(*k)
-                    .is_none_or(|s| s.rule.algorithm != e.rule.algorithm || s.dormant(now))
+                    .is_none_or(|s| s.rule != *e.rule || (!woken && s.dormant(now)))
             })
             .map(|(i, _)| i)
             .collect();
@@ -156,41 +206,41 @@ impl LocalCounts {
         let mut outcomes = Vec::with_capacity(entries.len());
         for ((k, e), &c) in keys.iter().zip(entries).zip(&costs) {
             let slot = slots.get_mut(k).expect("seeded above");
-            if !slot.counter.fresh(now, grace_ms(slot.flush_ms)) {
-                return Err(NotHere::Stale);
+            let grace = grace_ms(slot.flush_ms);
+            if !slot.counter.fresh(now, grace) {
+                return Err(NotHere::Stale(grace));
             }
             slot.last_used_ms = now;
             outcomes.push(slot.counter.outcome(&e.rule.algorithm, c, now));
         }
         let allowed = outcomes.iter().all(|o| o.allowed);
-        for ((k, e), &c) in keys.iter().zip(entries).zip(&costs) {
-            let counter = &mut slots.get_mut(k).expect("seeded above").counter;
+        let mut held = Vec::new();
+        for ((k, e), &c) in keys.into_iter().zip(entries).zip(&costs) {
+            let slot = slots.get_mut(&k).expect("seeded above");
             if allowed {
-                counter.reserve(c);
+                slot.counter.reserve(c);
+                held.push((k, slot.generation, c, e.rule.count_denied));
             } else if e.rule.count_denied {
-                counter.count_denied(c);
+                slot.counter.count_denied(c);
             }
         }
         Ok(Taken {
+            counts: self,
             outcomes,
-            keys,
-            costs,
             allowed,
+            share: allowed.then_some(Share { held }),
         })
     }
 
-    /// Keeps (`admitted`) or lets go of what an allowed [`LocalCounts::take`] held.
-    fn settle(&self, taken: &Taken, admitted: bool) {
-        let mut slots = self.lock();
-        for (k, &c) in taken.keys.iter().zip(&taken.costs) {
-            if let Some(slot) = slots.get_mut(k) {
-                if admitted {
-                    slot.counter.commit(c);
-                } else {
-                    slot.counter.release(c);
-                }
-            }
-        }
+    /// Whether every one of `entries` has a counter of its rule still within its grace:
+    /// it may answer without reading Redis first.
+    fn all_fresh(&self, policy: &str, entries: &[CheckEntry<'_>], now: i64) -> bool {
+        let slots = self.lock();
+        entries.iter().all(|e| {
+            slots
+                .get(&key(policy, e))
+                .is_some_and(|s| s.rule == *e.rule && s.counter.fresh(now, grace_ms(s.flush_ms)))
+        })
     }
 
     /// Counters seeded from Redis's answers (`seeds`: each entry with its peek).
@@ -201,22 +251,27 @@ impl LocalCounts {
             let flush_ms = e.rule.local_flush_ms().unwrap_or_default();
             match slots.get_mut(&k) {
                 // Another check seeded it meanwhile: keep its counts.
-                Some(slot) if slot.rule.algorithm == e.rule.algorithm && !slot.dormant(now) => {}
+                Some(slot) if slot.rule == *e.rule && !slot.dormant(now) => {}
                 // Woken: what Redis says now, with what it holds for checks on their way.
-                Some(slot) if slot.rule.algorithm == e.rule.algorithm => {
+                Some(slot) if slot.rule == *e.rule => {
                     slot.counter.flushed(answer, now);
                     slot.last_used_ms = now;
                 }
                 existing => {
-                    // A changed rule starts from Redis again; what it had not sent yet
-                    // still goes out with the next flush.
-                    let unsent = existing.map_or(0, |s| s.counter.unsent + s.counter.in_flight);
+                    // A changed rule starts from Redis again; what it had admitted and not
+                    // sent goes out with its next flush (what is on its way already stays
+                    // the old counter's).
+                    let unsent = existing.map_or(0, |s| s.counter.unsent());
                     let mut counter = LocalCounter::seeded(answer, now);
-                    counter.unsent = unsent;
+                    counter.carry(unsent);
+                    let generation = self
+                        .generations
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     slots.insert(
                         k,
                         Slot {
                             counter,
+                            generation,
                             policy: policy.clone(),
                             rule: e.rule.clone(),
                             identifier: e.identifier.clone(),
@@ -247,8 +302,9 @@ impl LocalCounts {
     /// Flushes what is due: every counter used since its last flush, `flush_ms` after it,
     /// whether or not it admitted anything (it learns the others' counts and the rule's
     /// refills). A counter nobody asks about is not flushed; it reads Redis again when it is
-    /// next asked. One report call a counter, all on their way together.
-    pub async fn flush_due(&self, store: &Store, outage: &super::alerts::RedisOutage) {
+    /// next asked. `last`: the server is stopping, so everything not sent goes now. One
+    /// report call a counter, all on their way together.
+    pub async fn flush_due(&self, store: &Store, outage: &super::alerts::RedisOutage, last: bool) {
         let now = now_ms();
         let due: Vec<Due> = {
             let mut slots = self.lock();
@@ -256,39 +312,42 @@ impl LocalCounts {
             slots
                 .iter_mut()
                 .filter(|(_, s)| {
+                    let after = |t: i64| now - t >= s.flush_ms as i64;
                     !s.flushing
                         && s.busy()
-                        && now - s.counter.synced_at_ms >= s.flush_ms as i64
-                        && now - s.tried_ms >= s.flush_ms as i64
+                        && (last || (after(s.counter.synced_at_ms()) && after(s.tried_ms)))
                 })
                 .map(|(k, s)| {
                     s.flushing = true;
                     s.tried_ms = now;
-                    let sent = s.counter.start_flush();
-                    (
-                        k.clone(),
-                        s.policy.clone(),
-                        s.rule.clone(),
-                        s.identifier.clone(),
-                        s.limits.clone(),
-                        sent,
-                    )
+                    Due {
+                        key: k.clone(),
+                        generation: s.generation,
+                        policy: s.policy.clone(),
+                        rule: s.rule.clone(),
+                        identifier: s.identifier.clone(),
+                        limits: s.limits.clone(),
+                        sent: s.counter.start_flush(),
+                    }
                 })
                 .collect()
         };
         if due.is_empty() {
             return;
         }
-        let answers: Vec<(String, Result<Outcome, StoreError>)> =
+        let answers: Vec<(Due, Result<Outcome, StoreError>)> =
             futures_util::stream::iter(due.into_iter().map(|d| flush_one(store.clone(), d)))
                 .buffer_unordered(FLUSHES_AT_ONCE)
                 .collect()
                 .await;
         let now = now_ms();
         let mut slots = self.lock();
-        for (k, answer) in answers {
-            let Some(slot) = slots.get_mut(&k) else {
-                continue; // reset meanwhile
+        for (due, answer) in answers {
+            let Some(slot) = slots
+                .get_mut(&due.key)
+                .filter(|s| s.generation == due.generation)
+            else {
+                continue; // reset or seeded again meanwhile
             };
             slot.flushing = false;
             match answer {
@@ -305,7 +364,7 @@ impl LocalCounts {
         }
     }
 
-    /// Flushes every 10 ms what is due, until the server stops.
+    /// Flushes every 10 ms what is due, until the server stops; then everything not sent.
     pub fn spawn_flusher(
         &self,
         store: Store,
@@ -313,13 +372,20 @@ impl LocalCounts {
         shutdown: &Shutdown,
     ) {
         let counts = self.clone();
-        shutdown.spawn(async move {
+        let stop = shutdown.clone();
+        shutdown.spawn_to_the_end(async move {
             let mut tick =
                 tokio::time::interval(Duration::from_millis(crate::domain::rule::MIN_FLUSH_MS));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
-                counts.flush_due(&store, &outage).await;
+                let stopping = tokio::select! {
+                    _ = tick.tick() => false,
+                    () = stop.stopped() => true,
+                };
+                counts.flush_due(&store, &outage, stopping).await;
+                if stopping {
+                    break;
+                }
             }
         });
     }
@@ -343,68 +409,78 @@ impl Service {
             .partition(|(_, is_local)| **is_local);
         let here: Vec<CheckEntry<'_>> = here.into_iter().map(|(e, _)| *e).collect();
         let there: Vec<CheckEntry<'_>> = there.into_iter().map(|(e, _)| *e).collect();
-        let taken = loop {
-            match self.local.take(policy.name.as_str(), &here, cost, now_ms()) {
+        let mut woken = false;
+        let mut taken = loop {
+            match self
+                .local
+                .take(policy.name.as_str(), &here, cost, now_ms(), woken)
+            {
                 Ok(taken) => break taken,
                 Err(NotHere::Full) => return None,
-                Err(NotHere::Stale) => {
-                    return Some(Err(StoreError::Reply(
-                        "a local rule has not reached Redis for longer than its grace".into(),
-                    )));
+                Err(NotHere::Stale(grace_ms)) => {
+                    return Some(Err(StoreError::NotReached(grace_ms)));
                 }
                 Err(NotHere::Unseeded(missing)) => {
                     let missing: Vec<CheckEntry<'_>> = missing.iter().map(|&i| here[i]).collect();
-                    let peek = match self
+                    match self
                         .store
                         .report(&policy.name, &missing, 0, Now::Redis)
                         .await
                     {
-                        Ok(peek) => peek,
+                        Ok(peek) => {
+                            self.outage.answered();
+                            let seeds: Vec<_> = missing
+                                .iter()
+                                .zip(peek.results.iter().map(|r| &r.outcome))
+                                .collect();
+                            self.local.seed(&policy.name, &seeds, now_ms());
+                        }
+                        // Redis is down, but the counters heard from it within their grace:
+                        // they answer, within what they were last told was left.
+                        Err(_)
+                            if !woken
+                                && self.local.all_fresh(
+                                    policy.name.as_str(),
+                                    &missing,
+                                    now_ms(),
+                                ) =>
+                        {
+                            woken = true;
+                        }
                         Err(error) => {
                             self.outage.failed(now_ms(), &error);
                             return Some(Err(error));
                         }
-                    };
-                    let seeds: Vec<_> = missing
-                        .iter()
-                        .zip(peek.results.iter().map(|r| &r.outcome))
-                        .collect();
-                    self.local.seed(&policy.name, &seeds, now_ms());
+                    }
                 }
             }
         };
         // The exact entries: counted in Redis when the local ones allowed, else a peek there
-        // (the check is denied already).
-        let (exact, counted_there) = if there.is_empty() {
-            (None, false)
+        // (the check is denied already, and stays denied if the peek fails).
+        let exact = if there.is_empty() {
+            None
         } else if taken.allowed {
-            let answer = self.store.check_and_count(&policy.name, &there, cost).await;
-            if answer.is_err() {
-                self.local.settle(&taken, false);
+            match self.store.check_and_count(&policy.name, &there, cost).await {
+                Ok(decision) => Some(decision),
+                Err(error) => {
+                    self.outage.failed(now_ms(), &error);
+                    return Some(Err(error)); // the share is let go of as `taken` drops
+                }
             }
-            (Some(answer), true)
         } else {
-            (
-                Some(self.store.probe(&policy.name, &there, cost).await),
-                false,
-            )
+            self.store.probe(&policy.name, &there, cost).await.ok()
         };
-        let exact = match exact.transpose() {
-            Ok(exact) => exact,
-            Err(error) => {
-                self.outage.failed(now_ms(), &error);
-                return Some(Err(error));
-            }
-        };
-        let admitted = taken.allowed && exact.as_ref().is_none_or(|d| d.allowed);
-        if taken.allowed {
-            self.local.settle(&taken, admitted);
+        if exact.is_some() {
+            self.outage.answered();
         }
-        let mut local_outcomes = taken
-            .outcomes
+        let counted_there = taken.allowed && exact.is_some();
+        let admitted = taken.allowed && exact.as_ref().is_none_or(|d| d.allowed);
+        taken.settle(admitted);
+        let costs = here.iter().map(|e| e.cost.unwrap_or(cost));
+        let mut local_outcomes = std::mem::take(&mut taken.outcomes)
             .into_iter()
-            .zip(&taken.costs)
-            .map(|(mut o, &c)| {
+            .zip(costs)
+            .map(|(mut o, c)| {
                 if o.allowed && !admitted {
                     // Not taken after all: its state as a peek shows it.
                     o.remaining += c;
@@ -412,6 +488,7 @@ impl Service {
                 o
             });
         let mut exact_results = exact.map(|d| d.results).unwrap_or_default().into_iter();
+        // Every local entry's result, and the exact ones' when Redis answered for them.
         let results: Vec<RuleResult> = entries
             .iter()
             .zip(local)
@@ -432,10 +509,7 @@ impl Service {
             })
             .collect();
         let mut decision = Decision::new(results);
-        if !taken.allowed {
-            // The local entries denied: the exact ones were only looked at.
-            decision.allowed = false;
-        }
+        decision.allowed = admitted;
         if !counted_there {
             // No script call counted this check for the overview: it is counted here and
             // flushed with the others.

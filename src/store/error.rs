@@ -14,6 +14,10 @@ pub enum StoreError {
     CircuitOpen,
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+    /// A local rule's counter has not reached Redis for longer than its grace (ms): its
+    /// flushes fail, so the policy's failure mode decides.
+    #[error("redis has not been reached for {0} ms, longer than a local rule's grace")]
+    NotReached(u64),
     /// The check script failed for this one check (its other checks were answered).
     #[error("the check script failed: {0}")]
     Script(String),
