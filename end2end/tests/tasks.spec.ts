@@ -84,11 +84,14 @@ test("support: bob says he is blocked; he is, through his address; one reset fre
   await signIn(page, "e2e-support", "/identifiers");
   if (hydrated) await waitForHydration(page);
   // What support is told is "bob": the inspector finds user=bob, and the address he was
-  // checked with (written within a second).
+  // checked with (written within a second). The verdict follows live samples, the reset's
+  // choices the page's read: inspect until that read knows the address too.
+  const what = page.getByLabel("What");
   await expect(async () => {
     await page.getByLabel("Identifier or value").fill(bob);
     await page.getByRole("button", { name: "Inspect" }).click();
     await expect(page.getByTestId("verdict")).toContainText("Blocked now", { timeout: 1000 });
+    await expect(what).toHaveValue(`${policy}/per-ip ip=${ip}`, { timeout: 1000 });
   }).toPass({ timeout: 10_000 });
   const verdict = page.getByTestId("verdict");
   await expect(verdict).toContainText(`by ${policy} › per-ip on ip=${ip} (checked together with user=${bob})`);
@@ -97,7 +100,6 @@ test("support: bob says he is blocked; he is, through his address; one reset fre
   await shot(page, "support-bob");
 
   // The reset offers what blocks first; support resets bob and his address in one go.
-  const what = page.getByLabel("What");
   await expect(what).toHaveValue(`${policy}/per-ip ip=${ip}`);
   await what.selectOption({ label: `user=${bob} and the 1 checked with it: everything` });
   await page.getByRole("region", { name: "Reset" }).getByLabel("Reason").fill("bob's ticket 4711");

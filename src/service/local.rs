@@ -455,8 +455,9 @@ impl Service {
                 }
             }
         };
-        // The exact entries: counted in Redis when the local ones allowed, else a peek there
-        // (the check is denied already, and stays denied if the peek fails).
+        // The exact entries: counted in Redis when the local ones allowed; else told of the
+        // denial (rules that count denials count it) and read (the check is denied already,
+        // and stays denied if Redis cannot be asked).
         let exact = if there.is_empty() {
             None
         } else if taken.allowed {
@@ -468,7 +469,10 @@ impl Service {
                 }
             }
         } else {
-            self.store.probe(&policy.name, &there, cost).await.ok()
+            self.store
+                .denied_elsewhere(&policy.name, &there, cost)
+                .await
+                .ok()
         };
         if exact.is_some() {
             self.outage.answered();
@@ -494,15 +498,7 @@ impl Service {
             .zip(local)
             .filter_map(|(e, &is_local)| {
                 if is_local {
-                    let outcome = local_outcomes.next()?;
-                    Some(RuleResult {
-                        rule: e.rule.name.clone(),
-                        identifier: e.identifier.clone(),
-                        algorithm: Some(e.rule.algorithm),
-                        outcome,
-                        binding: false,
-                        lease: None,
-                    })
+                    local_outcomes.next().map(|outcome| e.result(outcome))
                 } else {
                     exact_results.next()
                 }

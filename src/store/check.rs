@@ -187,6 +187,18 @@ pub(crate) struct Counting {
 }
 
 impl CheckEntry<'_> {
+    /// What this entry's rule said: `outcome`, named by rule and identifier.
+    pub fn result(&self, outcome: Outcome) -> RuleResult {
+        RuleResult {
+            rule: self.rule.name.clone(),
+            identifier: self.identifier.clone(),
+            algorithm: Some(self.rule.algorithm),
+            outcome,
+            binding: false,
+            lease: None,
+        }
+    }
+
     /// A concurrency rule: an allowed, counted check holds a lease of it.
     pub fn takes_lease(&self) -> bool {
         matches!(self.rule.algorithm, Algorithm::Concurrency { .. })
@@ -388,6 +400,29 @@ impl Store {
         entries: &[CheckEntry<'_>],
         cost: u64,
     ) -> Result<Decision, StoreError> {
+        self.in_each_slot(policy, entries, cost, Mode::Probe).await
+    }
+
+    /// `entries` of a check that another part of it denied (a local rule): each counts it
+    /// as a denied check counts, so only rules with `count_denied` write, and answers its
+    /// state. One call per identifier's slot.
+    pub async fn denied_elsewhere(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Decision, StoreError> {
+        self.in_each_slot(policy, entries, cost, Mode::Denied).await
+    }
+
+    /// Runs the check script in `mode` once per identifier's slot, at Redis's clock.
+    async fn in_each_slot(
+        &self,
+        policy: &Name,
+        entries: &[CheckEntry<'_>],
+        cost: u64,
+        mode: Mode,
+    ) -> Result<Decision, StoreError> {
         let mut outcomes: Vec<Option<Outcome>> = vec![None; entries.len()];
         for group in self.prepare(policy, entries).slot_groups(entries) {
             let reply = self
@@ -396,7 +431,7 @@ impl Store {
                     &group.rules,
                     cost,
                     Now::Redis,
-                    Mode::Probe,
+                    mode,
                     &CheckContext::new(&group.rules, Now::Redis),
                 )
                 .await?;
@@ -409,14 +444,7 @@ impl Store {
         let results = entries
             .iter()
             .zip(outcomes)
-            .map(|(e, outcome)| RuleResult {
-                rule: e.rule.name.clone(),
-                identifier: e.identifier.clone(),
-                algorithm: Some(e.rule.algorithm),
-                outcome,
-                binding: false,
-                lease: None,
-            })
+            .map(|(e, outcome)| e.result(outcome))
             .collect();
         Decision::new(results)
     }

@@ -64,12 +64,12 @@ async fn known_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64>
     (status == 200).then(|| answer["results"][0]["remaining"].as_u64())?
 }
 
-/// What Redis holds, as the inspector reads it.
-async fn redis_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64> {
+/// The inspector's state of `identifier` (`user/bob`) under `policy`, read from Redis.
+async fn inspected(app: &TestApp, identifier: &str, policy: &str) -> Option<Value> {
     let r = app
         .as_admin(
             Method::GET,
-            &format!("/api/v1/identifiers/user/{user}"),
+            &format!("/api/v1/identifiers/{identifier}"),
             None,
         )
         .await;
@@ -77,8 +77,13 @@ async fn redis_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64>
     inspection["policies"]
         .as_array()?
         .iter()
-        .find(|p| p["policy"] == policy)?["rules"][0]["remaining"]
-        .as_u64()
+        .find(|p| p["policy"] == policy)
+        .cloned()
+}
+
+/// What Redis holds for `user`'s first rule under `policy`.
+async fn redis_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64> {
+    inspected(app, &format!("user/{user}"), policy).await?["rules"][0]["remaining"].as_u64()
 }
 
 /// Waits until Redis and both instances agree that `expected` is left: every count has
@@ -465,28 +470,30 @@ async fn a_check_of_local_and_exact_rules_stays_all_or_nothing() {
     assert_eq!(check("192.0.2.2", 1).await, (200, 1, 2));
     assert_eq!(check("192.0.2.2", 1).await, (200, 0, 1));
     assert_eq!(check("192.0.2.2", 1).await, (429, 0, 1));
-    let r = app
-        .as_admin(Method::GET, "/api/v1/identifiers/ip/192.0.2.2", None)
-        .await;
-    let inspection: Value = r.json().await.unwrap();
-    let mixed = inspection["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["policy"] == "mixed")
-        .unwrap();
-    assert_eq!(mixed["rules"][0]["remaining"], 1, "{inspection}");
-    assert!(mixed["rules"][0].get("flush_ms").is_none(), "an exact rule");
+    // An exact rule that counts denials counts one a local rule made.
+    app.put_policy(
+        "strict-ip",
+        json!({"rules": [
+            {"name": "per-user", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000,
+             "dimensions": ["user"], "sync": "local"},
+            {"name": "per-ip", "algorithm": "fixed_window", "limit": 10, "window_ms": 3_600_000,
+             "dimensions": ["ip"], "count_denied": true}
+        ]}),
+    )
+    .await;
+    for expected in [200, 429] {
+        let r = app
+            .check(json!({"policy": "strict-ip", "identifiers": {"user": "w", "ip": "192.0.2.9"}}))
+            .await;
+        assert_eq!(r.status().as_u16(), expected);
+    }
+    let counted = inspected(&app, "ip/192.0.2.9", "strict-ip").await.unwrap();
+    assert_eq!(counted["rules"][0]["remaining"], 8, "{counted}");
+
+    let by_ip = inspected(&app, "ip/192.0.2.2", "mixed").await.unwrap();
+    assert_eq!(by_ip["rules"][0]["remaining"], 1, "{by_ip}");
+    assert!(by_ip["rules"][0].get("flush_ms").is_none(), "an exact rule");
     // The inspector marks the local rule approximate, with its flush period.
-    let r = app
-        .as_admin(Method::GET, "/api/v1/identifiers/user/u", None)
-        .await;
-    let inspection: Value = r.json().await.unwrap();
-    let mixed = inspection["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["policy"] == "mixed")
-        .unwrap();
-    assert_eq!(mixed["rules"][0]["flush_ms"], 50, "{inspection}");
+    let by_user = inspected(&app, "user/u", "mixed").await.unwrap();
+    assert_eq!(by_user["rules"][0]["flush_ms"], 50, "{by_user}");
 }
