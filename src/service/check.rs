@@ -481,12 +481,8 @@ impl Service {
         entries: &[CheckEntry<'_>],
         cost: u64,
     ) -> Result<Decision, StoreError> {
-        let local: Vec<bool> = entries
-            .iter()
-            .map(|e| e.rule.local_flush_ms().is_some())
-            .collect();
-        if local.contains(&true)
-            && let Some(decided) = self.decide_with_local(policy, entries, cost, &local).await
+        if entries.iter().any(super::local::is_local)
+            && let Some(decided) = self.decide_with_local(policy, entries, cost).await
         {
             crate::metrics::local_check();
             if let Ok(decision) = &decided {

@@ -391,24 +391,23 @@ impl LocalCounts {
     }
 }
 
+/// Whether a check's entry is of a local rule (`sync: local`).
+pub(super) fn is_local(entry: &CheckEntry<'_>) -> bool {
+    entry.rule.local_flush_ms().is_some()
+}
+
 impl Service {
-    /// Decides a check some of whose entries are local rules (`local[i]`: whether entry `i`
-    /// is): the local ones from this instance's counters, the others in Redis, all or
-    /// nothing. `None` when the local ones cannot be decided here (too many counters): the
-    /// caller decides the whole check in Redis.
+    /// Decides a check some of whose entries are local rules: those from this instance's
+    /// counters, the others in Redis, all or nothing. `None` when the local ones cannot be
+    /// decided here (too many counters): the caller decides the whole check in Redis.
     pub(super) async fn decide_with_local(
         &self,
         policy: &Policy,
         entries: &[CheckEntry<'_>],
         cost: u64,
-        local: &[bool],
     ) -> Option<Result<Decision, StoreError>> {
-        let (here, there): (Vec<_>, Vec<_>) = entries
-            .iter()
-            .zip(local)
-            .partition(|(_, is_local)| **is_local);
-        let here: Vec<CheckEntry<'_>> = here.into_iter().map(|(e, _)| *e).collect();
-        let there: Vec<CheckEntry<'_>> = there.into_iter().map(|(e, _)| *e).collect();
+        let (here, there): (Vec<CheckEntry<'_>>, Vec<CheckEntry<'_>>) =
+            entries.iter().partition(|e| is_local(e));
         let mut woken = false;
         let mut taken = loop {
             match self
@@ -495,9 +494,8 @@ impl Service {
         // Every local entry's result, and the exact ones' when Redis answered for them.
         let results: Vec<RuleResult> = entries
             .iter()
-            .zip(local)
-            .filter_map(|(e, &is_local)| {
-                if is_local {
+            .filter_map(|e| {
+                if is_local(e) {
                     local_outcomes.next().map(|outcome| e.result(outcome))
                 } else {
                     exact_results.next()
