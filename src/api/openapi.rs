@@ -249,7 +249,7 @@ pub struct RuleDocument {
     /// Where the rule's checks are decided: `exact` (the default: in Redis, every check) or
     /// `local` (each instance answers from its own counter and adds what it admitted to
     /// Redis every `flush_ms`; approximate, for hot identifiers: instances together may
-    /// pass the limit by what each admits in one flush). Not for `concurrency`,
+    /// pass the limit by about what each admits between its flushes). Not for `concurrency`,
     /// `sliding_log` or `leaky_bucket`, nor with `block_ms`.
     sync: Option<SyncName>,
     /// A local rule's flush period, 10 ms to a minute (default 100).

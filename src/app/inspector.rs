@@ -592,7 +592,7 @@ fn Policies(inspection: Inspection) -> impl IntoView {
                             <td data-label="Rule">{r.rule.clone()}{blocks.then(|| view! { " " <span class="badge bad">"blocks"</span> })}
                                 {r.flush_ms.map(|ms| view! {
                                     " "<span class="badge kind" data-testid=format!("approximate-{}", r.rule)
-                                        title=format!("Counted on each instance and flushed to Redis every {ms} ms: what is shown here is up to one flush behind, and instances together may pass the limit by what each admits in one flush.")>
+                                        title=format!("Counted on each instance and flushed to Redis every {ms} ms: what is shown here is up to one flush behind, and instances together may pass the limit by about what each admits between its flushes.")>
                                         {format!("approximate (local, flushed every {ms} ms)")}
                                     </span>
                                 })}

@@ -332,7 +332,7 @@ fn rule_summary(r: &RuleForm) -> String {
             ms => ms.to_owned(),
         };
         format!(
-            "; counted on each instance and flushed to Redis every {every} ms (approximate: instances together may pass the limit by what each admits in one flush)"
+            "; counted on each instance and flushed to Redis every {every} ms (approximate: instances together may pass the limit by about what each admits between its flushes)"
         )
     } else {
         String::new()
