@@ -2,7 +2,7 @@
 # needs first (scripts/deps.sh), and installs nothing that is already there.
 
 SHELL := /bin/bash
-export PATH := $(CURDIR)/.tools/node_modules/.bin:$(HOME)/.cargo/bin:$(PATH)
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 .PHONY: demo deps-run run build lint test test-unit test-e2e test-image test-deploy image deps-image deps-build deps-test deps-bench bench clean help
 
@@ -25,15 +25,16 @@ deps-test:
 	@scripts/deps.sh test
 
 # The release build, made again only when what goes into it changed (make test and make
-# image both need it; cargo-leptos would redo the bundle's wasm-bindgen, wasm-opt and brotli
-# steps, about two minutes, every time). A missing binary or site is built again too.
+# image both need it; the bundle's wasm-bindgen, wasm-opt and brotli steps take about a
+# minute). It installs the bundle's tools itself, beside the server's build (scripts/build.sh). A missing binary or site is built again too.
 # The directories are inputs too: a deleted file changes its directory's time. The stamp
 # takes the time the build started, so a file saved during the build is built next time.
 BUILD_INPUTS := $(shell find src style public lua 2>/dev/null) Cargo.toml Cargo.lock build.rs \
-  Leptos.toml .cargo/config.toml scripts/build.sh
+  Leptos.toml .cargo/config.toml scripts/build.sh scripts/site.mjs tools/site/package-lock.json \
+  $(shell find tools/wasm-split/src 2>/dev/null) tools/wasm-split/Cargo.lock
 BUILT := target/release/.built
 
-build: deps-build
+build:
 	@scripts/build.sh --check || rm -f $(BUILT)
 	@$(MAKE) --no-print-directory $(BUILT)
 

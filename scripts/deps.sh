@@ -4,8 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CARGO_LEPTOS_VERSION=0.3.10
-BINARYEN_VERSION=132.0.0
 PLAYWRIGHT_VERSION=1.65.1
 OPENAPI_CLIENT_VERSION=0.29.1
 FASTAPI_VERSION=0.165.0
@@ -13,7 +11,7 @@ KUBECTL_VERSION=1.37.1
 KUBERNETES_VALIDATE_VERSION=1.37.0
 ENVOY_VERSION=1.40.0
 TOOLS="$PWD/.tools"
-export PATH="$TOOLS/node_modules/.bin:$HOME/.cargo/bin:$PATH"
+export PATH="$HOME/.cargo/bin:$PATH"
 
 say() { printf '\033[1mdeps:\033[0m %s\n' "$*"; }
 
@@ -40,36 +38,38 @@ need_redis() {
 need_build_tools() {
   rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
     || { say "adding the wasm32 target"; rustup target add wasm32-unknown-unknown; }
-  # The two tools build side by side: each ends in a long single-threaded step (its own
-  # crate, its link) that leaves a core to the other.
+  # The two Rust tools build side by side: each ends in a long single-threaded step (its
+  # own crate, its link) that leaves a core to the other.
   local pids=()
-  if [ "$(cargo leptos --version 2>/dev/null)" != "cargo-leptos $CARGO_LEPTOS_VERSION" ]; then
-    # It only drives the build, so an unoptimised binary without debug info serves: about
-    # 5 minutes to build on 2 cores instead of 14 for the release one.
-    say "installing cargo-leptos $CARGO_LEPTOS_VERSION (about 5 minutes on 2 cores)"
-    CARGO_PROFILE_DEV_DEBUG=false \
-      cargo install --quiet --force --debug --locked --features no_downloads "cargo-leptos@$CARGO_LEPTOS_VERSION" &
-    pids+=($!)
-  fi
   local wbg; wbg=$(wasm_bindgen_version)
   if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $wbg" ]; then
     say "installing wasm-bindgen-cli $wbg"
     # Not --locked: the CLI's own lock file names a webpki-roots the registry no longer has.
-    # Optimised: it runs on every build of the browser bundle.
-    cargo install --quiet wasm-bindgen-cli --version "$wbg" --force &
+    # Unoptimised, without debug info: 86 s to build on 2 cores instead of 219 (a fresh
+    # clone's first run waits for it), and 2 s instead of 0.4 for each build of the bundle.
+    CARGO_PROFILE_DEV_DEBUG=false cargo install --quiet --debug wasm-bindgen-cli --version "$wbg" --force &
+    pids+=($!)
+  fi
+  # The bundle's splitter (tools/wasm-split), built again when its sources change.
+  local split_sum; split_sum=$(cat tools/wasm-split/Cargo.toml tools/wasm-split/Cargo.lock tools/wasm-split/src/*.rs | md5sum | cut -d' ' -f1)
+  if [ ! -x "$TOOLS/bin/spillway-wasm-split" ] || [ "$(cat "$TOOLS/bin/.spillway-wasm-split.sum" 2>/dev/null)" != "$split_sum" ]; then
+    say "installing the bundle's splitter (tools/wasm-split) into .tools"
+    # Unoptimised too: 21 s to build instead of 55, 1.5 s instead of 0.3 to run.
+    ( CARGO_PROFILE_DEV_DEBUG=false cargo install --quiet --force --debug --locked --path tools/wasm-split --root "$TOOLS" \
+      && echo "$split_sum" > "$TOOLS/bin/.spillway-wasm-split.sum" ) &
     pids+=($!)
   fi
   # Every install is waited for (none is left running), then a failure stops the script.
   local pid failed=0
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
   [ "$failed" -eq 0 ] || { say "a tool failed to install (its cargo output is above)"; exit 1; }
-  # Debian's binaryen (108) produces wasm that never hydrates; the npm build works.
-  if [ "$("$TOOLS/node_modules/.bin/wasm-opt" --version 2>/dev/null | awk '{print $3}')" != "${BINARYEN_VERSION%%.*}" ]; then
+  # From npm, built for this platform (tools/site/package.json): wasm-opt, esbuild,
+  # lightningcss and browserslist. node_modules/.installed-lock is the lock file it was
+  # installed from.
+  if ! cmp -s tools/site/package-lock.json tools/site/node_modules/.installed-lock; then
     need_node
-    say "installing binaryen $BINARYEN_VERSION (wasm-opt) into .tools"
-    mkdir -p "$TOOLS"
-    [ -f "$TOOLS/package.json" ] || echo '{"private": true}' > "$TOOLS/package.json"
-    npm install --prefix "$TOOLS" --no-audit --no-fund --silent "binaryen@$BINARYEN_VERSION"
+    say "installing the site's tools (wasm-opt, esbuild, lightningcss) into tools/site"
+    (cd tools/site && npm ci --no-audit --no-fund --silent && cp package-lock.json node_modules/.installed-lock)
   fi
 }
 
@@ -152,9 +152,9 @@ need_image_tools() {
 
 case "${1:-}" in
   build) need_build_tools ;;
-  run) need_build_tools; need_redis ;;
-  test) need_build_tools; need_redis; need_browser_tests; need_client_tests; need_deploy_tools; need_envoy; need_image_tools ;;
-  bench) need_build_tools; need_redis; need_bench_tools; need_envoy ;;
+  run) need_redis ;;
+  test) need_redis; need_browser_tests; need_client_tests; need_deploy_tools; need_envoy; need_image_tools ;;
+  bench) need_redis; need_bench_tools; need_envoy ;;
   image) need_image_tools ;;
   *) echo "usage: $0 build|run|test|bench|image" >&2; exit 2 ;;
 esac
