@@ -31,7 +31,7 @@ deps-test:
 # takes the time the build started, so a file saved during the build is built next time.
 BUILD_INPUTS := $(shell find src style public lua 2>/dev/null) Cargo.toml Cargo.lock build.rs \
   Leptos.toml .cargo/config.toml scripts/build.sh scripts/site.mjs tools/site/package-lock.json \
-  $(shell find tools/wasm-split/src 2>/dev/null) tools/wasm-split/Cargo.lock
+  $(shell find tools/bundle/src 2>/dev/null) tools/bundle/Cargo.lock
 BUILT := target/release/.built
 
 build:
@@ -54,6 +54,8 @@ lint: deps-build
 	cargo clippy --features ssr --all-targets -- -D warnings
 	cargo clippy --features hydrate --target wasm32-unknown-unknown --lib -- -D warnings
 	cargo clippy -p spillway-client --all-targets -- -D warnings
+	cargo fmt --check --manifest-path tools/bundle/Cargo.toml
+	cargo clippy --manifest-path tools/bundle/Cargo.toml -- -D warnings
 
 # Unit tests and the integration-test binary; the integration tests start their own
 # redis-server processes on free ports.

@@ -37,8 +37,8 @@ export LEPTOS_OUTPUT_NAME=spillway LEPTOS_SITE_ROOT=target/site LEPTOS_SITE_PKG_
   LEPTOS_JS_MINIFY=true LEPTOS_HASH_FILES=true LEPTOS_HASH_FILE_NAME=hash.txt
 # The bundle: the wasm linked with its relocations (the splitter needs them), in the
 # size-optimised profile, then scripts/site.mjs makes the site from it.
-# Its tools are installed first when missing (scripts/deps.sh build: the wasm-bindgen CLI,
-# the splitter, the npm tools): on a first run they build while the server does.
+# Its tools are installed first when missing (scripts/deps.sh build: tools/bundle, the npm
+# tools): on a first run they build while the server does.
 echo "build: the browser bundle builds beside the server; its output is in target/front.log"
 (
   scripts/deps.sh build

@@ -15,9 +15,9 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 say() { printf '\033[1mdeps:\033[0m %s\n' "$*"; }
 
-# wasm-bindgen-cli must match the wasm-bindgen crate in Cargo.lock exactly.
-wasm_bindgen_version() {
-  awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+# The version of a crate in a lock file (the bundle's tool must use the bundle's wasm-bindgen).
+lock_version() {
+  awk -v name="$2" '$0 == "name = \"" name "\"" { getline; gsub(/version = |"/, ""); print; exit }' "$1"
 }
 
 apt_install() {
@@ -38,31 +38,21 @@ need_redis() {
 need_build_tools() {
   rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
     || { say "adding the wasm32 target"; rustup target add wasm32-unknown-unknown; }
-  # The two Rust tools build side by side: each ends in a long single-threaded step (its
-  # own crate, its link) that leaves a core to the other.
-  local pids=()
-  local wbg; wbg=$(wasm_bindgen_version)
-  if [ "$(wasm-bindgen --version 2>/dev/null)" != "wasm-bindgen $wbg" ]; then
-    say "installing wasm-bindgen-cli $wbg"
-    # Not --locked: the CLI's own lock file names a webpki-roots the registry no longer has.
-    # Unoptimised, without debug info: 86 s to build on 2 cores instead of 219 (a fresh
-    # clone's first run waits for it), and 2 s instead of 0.4 for each build of the bundle.
-    CARGO_PROFILE_DEV_DEBUG=false cargo install --quiet --debug wasm-bindgen-cli --version "$wbg" --force &
-    pids+=($!)
+  # The bundle's tool (tools/bundle: the splitter and wasm-bindgen's library), built again
+  # when its sources change. Its wasm-bindgen must be the bundle's.
+  local wbg; wbg=$(lock_version Cargo.lock wasm-bindgen)
+  if [ "$(lock_version tools/bundle/Cargo.lock wasm-bindgen-cli-support)" != "$wbg" ]; then
+    say "tools/bundle/Cargo.toml must ask for wasm-bindgen-cli-support =$wbg, the wasm-bindgen of Cargo.lock"
+    exit 1
   fi
-  # The bundle's splitter (tools/wasm-split), built again when its sources change.
-  local split_sum; split_sum=$(cat tools/wasm-split/Cargo.toml tools/wasm-split/Cargo.lock tools/wasm-split/src/*.rs | md5sum | cut -d' ' -f1)
-  if [ ! -x "$TOOLS/bin/spillway-wasm-split" ] || [ "$(cat "$TOOLS/bin/.spillway-wasm-split.sum" 2>/dev/null)" != "$split_sum" ]; then
-    say "installing the bundle's splitter (tools/wasm-split) into .tools"
-    # Unoptimised too: 21 s to build instead of 55, 1.5 s instead of 0.3 to run.
-    ( CARGO_PROFILE_DEV_DEBUG=false cargo install --quiet --force --debug --locked --path tools/wasm-split --root "$TOOLS" \
-      && echo "$split_sum" > "$TOOLS/bin/.spillway-wasm-split.sum" ) &
-    pids+=($!)
+  local sum; sum=$(cat tools/bundle/Cargo.toml tools/bundle/Cargo.lock tools/bundle/src/*.rs | md5sum | cut -d' ' -f1)
+  if [ ! -x "$TOOLS/bin/spillway-bundle" ] || [ "$(cat "$TOOLS/bin/.spillway-bundle.sum" 2>/dev/null)" != "$sum" ]; then
+    say "installing the bundle's tool (tools/bundle) into .tools"
+    # Unoptimised, without debug info: about 45 s to build on 2 cores (the wasm-bindgen CLI
+    # and a splitter, optimised, took 4.5 minutes), a few seconds more for each build.
+    CARGO_PROFILE_DEV_DEBUG=false cargo install --quiet --force --debug --locked --path tools/bundle --root "$TOOLS"
+    echo "$sum" > "$TOOLS/bin/.spillway-bundle.sum"
   fi
-  # Every install is waited for (none is left running), then a failure stops the script.
-  local pid failed=0
-  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
-  [ "$failed" -eq 0 ] || { say "a tool failed to install (its cargo output is above)"; exit 1; }
   # From npm, built for this platform (tools/site/package.json): wasm-opt, esbuild,
   # lightningcss and browserslist. node_modules/.installed-lock is the lock file it was
   # installed from.

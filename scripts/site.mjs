@@ -8,8 +8,9 @@
 // The site goes to target/site (emptied first), the list of hashed names to
 // target/release/hash.txt, where Leptos looks for it beside the server's binary.
 //
-// 1. split the wasm at its lazy routes (.tools/bin/spillway-wasm-split, tools/wasm-split);
-// 2. wasm-bindgen the main module, then every module optimised for size (binaryen -Oz);
+// 1. split the wasm at its lazy routes (.tools/bin/spillway-bundle, from tools/bundle);
+// 2. the main module's JS bindings (wasm-bindgen's library, in the same tool), then every
+//    module optimised for size (binaryen -Oz);
 // 3. minify the JS (esbuild; the npm tools are in tools/site), the CSS for the browsers of Cargo.toml's `browserquery`
 //    (lightningcss), copy public/;
 // 4. name every file of pkg/ by its content (below), write hash.txt;
@@ -87,20 +88,13 @@ function patchText(file, names) {
 fs.rmSync(site, { recursive: true, force: true });
 fs.mkdirSync(pkg, { recursive: true });
 const mainIn = wasmIn.replace(/\.wasm$/, "_split.wasm");
-await run(path.join(tools, "bin/spillway-wasm-split"), [wasmIn, pkg, mainIn, name]);
+const bundle = path.join(tools, "bin/spillway-bundle");
+await run(bundle, ["split", wasmIn, pkg, mainIn, name]);
 const modules = fs.readdirSync(pkg).filter((f) => f.endsWith(".wasm"));
 step("split");
 
 // 2. Bindings, then every module optimised for size.
-await run("wasm-bindgen", [
-  "--target=web",
-  "--keep-lld-exports",
-  "--no-demangle",
-  "--no-typescript",
-  `--out-name=${name}`,
-  `--out-dir=${pkg}`,
-  mainIn,
-]);
+await run(bundle, ["bindgen", mainIn, pkg, name]);
 rename(`${name}_bg.wasm`, `${name}.wasm`);
 step("wasm-bindgen");
 // The main module by wasm-opt's command line, the others meanwhile through binaryen's API in
