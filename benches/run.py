@@ -592,15 +592,17 @@ def main():
                      f"{fmt([e['redis_us_check'] for e in es], 1)} | "
                      f"{fmt([e['cpu_us'] for e in es], 1)} | {fmt([e['load_us'] for e in es], 1)} | {fmt([e['rss'] for e in es], 1)} |")
     # The bundle a browser loads to hydrate (the overview and sign-in); the other pages are
-    # split into chunks fetched when first visited (`cargo leptos build --split`).
+    # split into chunks fetched when first visited (scripts/site.mjs). The files carry their
+    # hash in their names: target/release/hash.txt names the main module and the manifest.
     pkg = os.path.join(ROOT, "target", "site", "pkg")
     gz_kb = lambda path: len(gzip.compress(open(path, "rb").read(), 9)) / 1024
-    wasm = os.path.join(pkg, "spillway.wasm")
+    hashes = dict(line.split(": ", 1) for line in open(os.path.join(ROOT, "target", "release", "hash.txt")).read().split("\n") if ": " in line)
+    wasm = os.path.join(pkg, f"spillway.{hashes.get('wasm', '')}.wasm")
     wasm_gz = gz_kb(wasm) if os.path.exists(wasm) else float("nan")
     chunks = glob.glob(os.path.join(pkg, "chunk_*.wasm")) + glob.glob(os.path.join(pkg, "split_*.wasm"))
     chunks_gz = sum(gz_kb(c) for c in chunks)
     # The most a visit to one more page fetches (its split module and the chunks it needs).
-    manifest = os.path.join(pkg, "__wasm_split_manifest.json")
+    manifest = os.path.join(pkg, f"__wasm_split_manifest.{hashes.get('manifest', '')}.json")
     page_gz = max((sum(gz_kb(os.path.join(pkg, f"{m}.wasm")) for m in mods)
                    for mods in json.load(open(manifest)).values()), default=0.0) if os.path.exists(manifest) else 0.0
     flexible = "rate-limiter-flexible + ioredis (node:http)"
