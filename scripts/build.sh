@@ -38,9 +38,18 @@ export LEPTOS_OUTPUT_NAME=spillway LEPTOS_SITE_ROOT=target/site LEPTOS_SITE_PKG_
 # The bundle: the wasm linked with its relocations (the splitter needs them), in the
 # size-optimised profile, then scripts/site.mjs makes the site from it.
 # Its tools are installed first when missing (scripts/deps.sh build: tools/bundle, the npm
-# tools): on a first run they build while the server does.
+# tools): on a first run they build while the server does. It runs at the lowest priority:
+# the server's build is the longer chain (its own crate, 4 minutes mostly on one core, waits
+# for every dependency), so the bundle takes the cores the server leaves idle.
+# What can stop it early is checked here, where it can be seen (and where apt may ask for a
+# password): the wasm32 target, node, the tool's wasm-bindgen against Cargo.lock's.
+scripts/deps.sh prepare
 echo "build: the browser bundle builds beside the server; its output is in target/front.log"
+# In a process group of its own (set -m), so that a failed or interrupted build stops all of
+# it: cargo, node and the tools' installs, not only the subshell.
+set -m
 (
+  renice -n 19 -p "$BASHPID" > /dev/null
   scripts/deps.sh build
   RUSTFLAGS="--cfg erase_components -Clink-args=--emit-relocs" \
     cargo build --lib --target wasm32-unknown-unknown --profile wasm-release \
@@ -48,8 +57,8 @@ echo "build: the browser bundle builds beside the server; its output is in targe
   node scripts/site.mjs target/front/wasm32-unknown-unknown/wasm-release/spillway.wasm
 ) > target/front.log 2>&1 &
 front=$!
-# A failed or interrupted build stops the other half too.
-trap 'kill "$front" 2>/dev/null || true' EXIT
+set +m
+trap 'kill -- -"$front" 2>/dev/null || true' EXIT
 server_status=0
 cargo build --release --bin spillway --no-default-features --features ssr || server_status=$?
 if [ "$server_status" -ne 0 ]; then

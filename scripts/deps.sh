@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what Spillway needs to build, run and test, and nothing that is already there.
-# Idempotent: a second run only checks versions. Usage: scripts/deps.sh build|run|test|bench|image
+# Idempotent: a second run only checks versions. Usage: scripts/deps.sh prepare|build|run|test|bench|image
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,16 +35,25 @@ need_redis() {
   command -v redis-server >/dev/null && command -v redis-cli >/dev/null || apt_install redis-server redis-tools
 }
 
-need_build_tools() {
+# What the bundle's build needs and can be checked or added at once (scripts/build.sh runs
+# this before it starts the builds; need_build_tools runs it too).
+prepare_build() {
   rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
     || { say "adding the wasm32 target"; rustup target add wasm32-unknown-unknown; }
-  # The bundle's tool (tools/bundle: the splitter and wasm-bindgen's library), built again
-  # when its sources change. Its wasm-bindgen must be the bundle's.
+  need_node
+  # The bundle's tool (tools/bundle) generates the bindings: its wasm-bindgen must be the
+  # bundle's.
   local wbg; wbg=$(lock_version Cargo.lock wasm-bindgen)
   if [ "$(lock_version tools/bundle/Cargo.lock wasm-bindgen-cli-support)" != "$wbg" ]; then
     say "tools/bundle/Cargo.toml must ask for wasm-bindgen-cli-support =$wbg, the wasm-bindgen of Cargo.lock"
     exit 1
   fi
+}
+
+need_build_tools() {
+  prepare_build
+  # The bundle's tool (the splitter and wasm-bindgen's library), built again when its
+  # sources change.
   local sum; sum=$(cat tools/bundle/Cargo.toml tools/bundle/Cargo.lock tools/bundle/src/*.rs | md5sum | cut -d' ' -f1)
   if [ ! -x "$TOOLS/bin/spillway-bundle" ] || [ "$(cat "$TOOLS/bin/.spillway-bundle.sum" 2>/dev/null)" != "$sum" ]; then
     say "installing the bundle's tool (tools/bundle) into .tools"
@@ -57,7 +66,6 @@ need_build_tools() {
   # lightningcss and browserslist. node_modules/.installed-lock is the lock file it was
   # installed from.
   if ! cmp -s tools/site/package-lock.json tools/site/node_modules/.installed-lock; then
-    need_node
     say "installing the site's tools (wasm-opt, esbuild, lightningcss) into tools/site"
     (cd tools/site && npm ci --no-audit --no-fund --silent && cp package-lock.json node_modules/.installed-lock)
   fi
@@ -141,10 +149,11 @@ need_image_tools() {
 }
 
 case "${1:-}" in
+  prepare) prepare_build ;;
   build) need_build_tools ;;
   run) need_redis ;;
   test) need_redis; need_browser_tests; need_client_tests; need_deploy_tools; need_envoy; need_image_tools ;;
   bench) need_redis; need_bench_tools; need_envoy ;;
   image) need_image_tools ;;
-  *) echo "usage: $0 build|run|test|bench|image" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare|build|run|test|bench|image" >&2; exit 2 ;;
 esac

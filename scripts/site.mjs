@@ -117,6 +117,8 @@ process.stderr.write = (chunk, ...rest) =>
   String(chunk).startsWith("warning: unknown name subsection") ? true : write(chunk, ...rest);
 for (const file of modules) {
   const module = binaryen.readBinary(read(file));
+  // As the command line does before it optimises.
+  if (!module.validate()) throw new Error(`${file} is not valid wasm (binaryen's messages are above)`);
   module.setFeatures(module.getFeatures() | binaryen.Features.BulkMemory | binaryen.Features.NontrappingFPToInt);
   module.optimize();
   fs.writeFileSync(at(file), module.emitBinary());
