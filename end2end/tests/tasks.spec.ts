@@ -247,6 +247,18 @@ test("an admin counts a hot rule on each instance; the inspector marks it approx
 test("the overview hydrates within 2 s on a Slow 4G connection", async ({ page }, testInfo) => {
   test.skip(testInfo.project.name !== "hydrated", "hydration needs JavaScript");
   await signIn(page);
+  // The moment of hydration on the page's own clock (milliseconds since the navigation
+  // started, before the HTML was asked for): the app marks <body> when it has hydrated. Timed
+  // around Playwright's calls instead, the figure also held their round trips and polling,
+  // about 0.3 s here.
+  await page.addInitScript(() => {
+    new MutationObserver((_, observer) => {
+      if (document.body?.dataset.hydrated) {
+        (window as unknown as { hydratedAt: number }).hydratedAt = performance.now();
+        observer.disconnect();
+      }
+    }).observe(document, { attributes: true, subtree: true, attributeFilter: ["data-hydrated"] });
+  });
   const cdp = await page.context().newCDPSession(page);
   await cdp.send("Network.enable");
   await cdp.send("Network.setCacheDisabled", { cacheDisabled: true });
@@ -259,16 +271,24 @@ test("the overview hydrates within 2 s on a Slow 4G connection", async ({ page }
   });
   let bytes = 0;
   cdp.on("Network.loadingFinished", (e) => (bytes += e.encodedDataLength));
-  const started = Date.now();
   await page.goto("/", { waitUntil: "commit" });
   await waitForHydration(page);
-  const ms = Date.now() - started;
-  testInfo.annotations.push({ type: "slow-4g", description: `hydrated in ${ms} ms, ${bytes} bytes` });
-  console.log(`slow 4G: hydrated in ${ms} ms after ${bytes} bytes`);
-  // What decides the time is what crosses the wire before hydration (at 1.6 Mbit/s, 200 KB
-  // take a second): that is held to a budget, which does not depend on how busy the
-  // machine is. The wall time is bounded loosely (the machine's CPU compiles the wasm).
-  // The 2 s goal is not met yet: 281 KB of brotli'd wasm, four fifths of it the framework.
+  const timing = await page.evaluate(() => ({
+    hydrated: (window as unknown as { hydratedAt: number }).hydratedAt,
+    wasm: performance.getEntriesByType("resource").find((e) => e.name.endsWith(".wasm"))?.responseEnd,
+  }));
+  const ms = Math.round(timing.hydrated);
+  const wasm = Math.round(timing.wasm ?? NaN);
+  testInfo.annotations.push({
+    type: "slow-4g",
+    description: `hydrated at ${ms} ms (wasm received at ${wasm} ms), ${bytes} bytes`,
+  });
+  console.log(`slow 4G: hydrated at ${ms} ms, the wasm received at ${wasm} ms, ${bytes} bytes`);
+  // Most of the time is what crosses the wire first (at 1.6 Mbit/s, 200 KB take a second):
+  // held to a budget. What follows the wasm's last byte (compiling, hydrating) takes about
+  // 20 ms here.
   expect(bytes).toBeLessThan(320 * 1024);
-  expect(ms).toBeLessThan(4000);
+  expect(wasm).toBeGreaterThan(0);
+  expect(ms).toBeGreaterThanOrEqual(wasm);
+  expect(ms).toBeLessThan(2000);
 });
