@@ -43,7 +43,7 @@ export LEPTOS_OUTPUT_NAME=spillway LEPTOS_SITE_ROOT=target/site LEPTOS_SITE_PKG_
 # core, waits for every dependency), so the bundle takes the cores the server leaves idle.
 # From a fresh clone the first build took 17m00s at the same priority, 15m18s at nice 19
 # (the bundle then finished 3.5 minutes after the server); at nice 10 the server alone took
-# 13m24s.
+# 13m24s. On a faster day, on a new machine, the first `make run` served after 11m07s.
 # What can stop it early is checked here, where it can be seen (and where apt may ask for a
 # password): the wasm32 target, node, the tool's wasm-bindgen against Cargo.lock's.
 scripts/deps.sh prepare
