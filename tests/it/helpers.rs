@@ -18,6 +18,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Returns `n` distinct TCP ports nobody is listening on right now (each is held until all are
+/// chosen, so none is handed out twice).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 /// Waits until a redis-server answers PING on `port`.
 fn wait_for_redis(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -337,8 +348,14 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     /// Starts three cluster-enabled servers, joins them and waits for `cluster_state:ok`.
+    ///
+    /// Each node's cluster bus gets a free port of its own (`--cluster-port`): by default it
+    /// is the node's port plus 10000, which fails above 55535 (a fifth of the ports the
+    /// kernel hands out here) or when that port is taken.
     pub fn start() -> Self {
-        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut chosen = free_ports(6);
+        let buses = chosen.split_off(3);
+        let ports = chosen;
         let dir = std::env::temp_dir().join(format!(
             "spillway-cluster-{}-{}",
             std::process::id(),
@@ -347,12 +364,15 @@ impl RedisCluster {
         std::fs::create_dir_all(&dir).unwrap();
         let children = ports
             .iter()
-            .map(|port| {
+            .zip(&buses)
+            .map(|(port, bus)| {
                 Command::new("redis-server")
                     .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                     .args([
                         "--cluster-enabled",
                         "yes",
+                        "--cluster-port",
+                        &bus.to_string(),
                         "--cluster-config-file",
                         &format!("nodes-{port}.conf"),
                     ])
