@@ -252,8 +252,11 @@ async fn grpc_connections_that_ask_nothing_are_closed() {
         .await
         .expect("the connection, idle after its call, is closed")
         .unwrap();
+    // The server's idle timer starts when it sends the answer, a moment before the client
+    // sees it (on a busy machine, 113 ms before): the bound is half the timeout. A timer
+    // that had run on during the call would close the connection at once.
     assert!(
-        closed - answered >= Duration::from_millis(500),
+        closed - answered >= Duration::from_millis(300),
         "closed {:?} after the answer",
         closed - answered
     );
