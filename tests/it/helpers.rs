@@ -11,11 +11,7 @@ use spillway::{config::Config, server, state::AppState};
 
 /// Returns a TCP port nobody is listening on right now.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1)[0]
 }
 
 /// Returns `n` distinct TCP ports nobody is listening on right now (each is held until all are
@@ -350,8 +346,8 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers, joins them and waits for `cluster_state:ok`.
     ///
     /// Each node's cluster bus gets a free port of its own (`--cluster-port`): by default it
-    /// is the node's port plus 10000, which fails above 55535 (a fifth of the ports the
-    /// kernel hands out here) or when that port is taken.
+    /// is the node's port plus 10000, which nobody checked was free (another process may
+    /// hold it) and which does not exist for a port above 55535.
     pub fn start() -> Self {
         let mut chosen = free_ports(6);
         let buses = chosen.split_off(3);
