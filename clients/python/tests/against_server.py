@@ -18,6 +18,9 @@ URL = os.environ["SPILLWAY_URL"]
 ADMIN = {"authorization": f"Bearer {os.environ['SPILLWAY_ADMIN_KEY']}"}
 KEY = os.environ["SPILLWAY_SERVICE_KEY"]
 OPEN, CLOSED = FailMode.OPEN, FailMode.CLOSED
+# The server under test is a debug build on a machine shared with other tests: a timeout that
+# fits it, except where the timeout itself is tested (the client's default is 100 ms).
+TIMEOUT = 5.0
 
 
 def hourly(limit, **more):
@@ -59,7 +62,7 @@ async def denied_count(policy):
 
 
 async def the_denial_cache():
-    async with Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED) as spillway:
+    async with Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED, timeout=TIMEOUT) as spillway:
         first = await spillway.check("py-cache", {"user": "ada"})
         assert first.allowed and first.outcome == "allowed" and not first.unmatched
         names = [k for k, _ in first.headers]
@@ -80,8 +83,8 @@ async def the_denial_cache():
 
 
 async def leases():
-    async with Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED) as spillway:
-        other = Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED)
+    async with Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED, timeout=TIMEOUT) as spillway:
+        other = Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED, timeout=TIMEOUT)
         denied = allowed = 0
         async with spillway.lease("py-lease", {"user": "ada"}) as decision:
             assert len(decision.leases) == 1
@@ -121,7 +124,7 @@ async def leases():
 
 
 async def reserve(admin):
-    async with Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED) as spillway:
+    async with Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED, timeout=TIMEOUT) as spillway:
         async with spillway.reserve("py-tokens", {"user": "ada"}, 300) as r:
             tokens = [x for x in r.decision.answer["results"] if x["rule"] == "hourly"][0]
             assert tokens["remaining"] == 700, r.decision.answer
@@ -151,13 +154,13 @@ async def reserve(admin):
 async def failure_modes():
     ip = {"ip": "10.0.0.7"}
     for mode, goes_on in ((OPEN, True), (CLOSED, False)):
-        async with Spillway(URL, KEY, on_unavailable=mode, on_misconfigured=mode) as spillway:
+        async with Spillway(URL, KEY, on_unavailable=mode, on_misconfigured=mode, timeout=TIMEOUT) as spillway:
             for policy, status in (("py-strict", 400), ("py-missing", 404)):
                 d = await spillway.check(policy, ip)
                 assert d.outcome == "misconfigured" and d.status == status and d.allowed == goes_on, d
             lenient = await spillway.check("py-lenient", ip)
             assert lenient.allowed and lenient.unmatched
-        async with Spillway(URL, "spw_svc_wrong", on_unavailable=mode, on_misconfigured=mode) as wrong:
+        async with Spillway(URL, "spw_svc_wrong", on_unavailable=mode, on_misconfigured=mode, timeout=TIMEOUT) as wrong:
             d = await wrong.check("py-strict", {"user": "ada"})
             assert d.outcome == "misconfigured" and d.status == 401 and d.allowed == goes_on, d
             if not goes_on:
@@ -188,7 +191,7 @@ async def failure_modes():
 
 
 async def asgi_middleware(admin):
-    spillway = Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED)
+    spillway = Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED, timeout=TIMEOUT)
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
@@ -225,7 +228,7 @@ async def asgi_middleware(admin):
 
 
 async def fastapi_dependency():
-    spillway = Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED)
+    spillway = Spillway(URL, KEY, on_unavailable=CLOSED, on_misconfigured=CLOSED, timeout=TIMEOUT)
     app = FastAPI()
     install(app)
     limited = rate_limit(spillway, "py-fastapi", lambda request: {"user": request.headers.get("x-user")})

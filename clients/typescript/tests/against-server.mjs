@@ -16,7 +16,11 @@ const KEY = process.env.SPILLWAY_SERVICE_KEY;
 const ADMIN = { authorization: `Bearer ${process.env.SPILLWAY_ADMIN_KEY}`, "content-type": "application/json" };
 const CLOSED = { unavailable: "closed", misconfigured: "closed" };
 const quiet = { warn() {}, error() {} };
-const client = (failure = CLOSED, more = {}) => new Spillway({ url: URL, key: KEY, failure, logger: quiet, ...more });
+// The server under test is a debug build on a machine shared with other tests: a timeout that
+// fits it, except where the timeout itself is tested (the client's default is 100 ms).
+const TIMEOUT_MS = 5000;
+const client = (failure = CLOSED, more = {}) =>
+  new Spillway({ url: URL, key: KEY, failure, logger: quiet, timeoutMs: TIMEOUT_MS, ...more });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const hourly = (limit, more = {}) => ({ name: "hourly", algorithm: "fixed_window", limit, window_ms: 3600000, ...more });
 
@@ -149,7 +153,7 @@ async function failureModes() {
     }
     const lenient = await spillway.check("ts-lenient", { ip: "10.0.0.7" });
     assert.ok(lenient.allowed && lenient.unmatched);
-    const wrong = new Spillway({ url: URL, key: "spw_svc_wrong", failure, logger: quiet });
+    const wrong = new Spillway({ url: URL, key: "spw_svc_wrong", failure, logger: quiet, timeoutMs: TIMEOUT_MS });
     const d = await wrong.check("ts-strict", { user: "ada" });
     assert.equal(d.outcome, "misconfigured");
     assert.equal(d.status, 401);
