@@ -262,17 +262,30 @@ pub fn InspectorPage() -> impl IntoView {
     let undo = ServerAction::<UndoReset>::new();
     let release = ServerAction::<ReleaseLease>::new();
     let exempt = ServerAction::<crate::app::policies::AddOverride>::new();
+    // Inspect pressed again for what the page shows: the address does not change, so the
+    // router does not read anew; this does (the reset's choices are of the page's read).
+    let asked_again = RwSignal::new(0u32);
+    let typed = NodeRef::<leptos::html::Input>::new();
+    let again = move |_| {
+        if typed
+            .get_untracked()
+            .is_some_and(|input| input.value() == id_of(&location.search.get_untracked()))
+        {
+            asked_again.update(|n| *n += 1);
+        }
+    };
     let data = Resource::new(
         move || {
             (
                 id(),
+                asked_again.get(),
                 reset.version().get(),
                 release.version().get(),
                 exempt.version().get(),
                 undo.version().get(),
             )
         },
-        |(id, _, _, _, _)| async move {
+        |(id, _, _, _, _, _)| async move {
             if id.trim().is_empty() {
                 Ok(None)
             } else {
@@ -281,8 +294,15 @@ pub fn InspectorPage() -> impl IntoView {
         },
     );
     let denials = Resource::new(
-        move || (id(), reset.version().get(), undo.version().get()),
-        |(id, _, _)| async move {
+        move || {
+            (
+                id(),
+                asked_again.get(),
+                reset.version().get(),
+                undo.version().get(),
+            )
+        },
+        |(id, _, _, _)| async move {
             if crate::domain::Identifier::parse(id.trim()).is_err() {
                 Ok(Denials::default())
             } else {
@@ -304,6 +324,7 @@ pub fn InspectorPage() -> impl IntoView {
     });
     // After a change, show the fresh read at once rather than the last sample.
     Effect::new(move |_| {
+        asked_again.track();
         reset.version().track();
         undo.version().track();
         release.version().track();
@@ -314,9 +335,9 @@ pub fn InspectorPage() -> impl IntoView {
     view! {
         <Title text="Identifiers"/>
         <h1>"Identifier inspector"</h1>
-        <Form method="GET" action="" attr:class="row">
+        <Form method="GET" action="" attr:class="row" on:submit=again>
             <label>"Identifier or value"
-                <input name="id" placeholder="bob, user=42 or ip=203.0.113.7" value=id prop:value=id required
+                <input node_ref=typed name="id" placeholder="bob, user=42 or ip=203.0.113.7" value=id prop:value=id required
                     list="recent-identifiers" autocomplete="off"/>
             </label>
             <button type="submit">"Inspect"</button>

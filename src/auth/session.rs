@@ -308,6 +308,13 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         None
     };
     if !signed_in && !is_open(&path) {
+        if path.starts_with("/events/") {
+            // A live stream is not a page to send to the sign-in form: a browser's
+            // EventSource follows the redirect, and its cookieless load of the sign-in page
+            // would be given a new form token, replacing that of a form open in another tab.
+            let refused = (StatusCode::UNAUTHORIZED, "Sign in to follow live data.");
+            return secured(refused.into_response(), None);
+        }
         return secured(to_sign_in(&req), None);
     }
     if signed_in && path == "/login" && req.method() == Method::GET {

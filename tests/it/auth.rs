@@ -1243,7 +1243,12 @@ async fn every_role_gets_what_it_may_on_every_route() {
         ("/people", [200, 403, 403, 303, 303, 303]),
         ("/policy?name=demo", [200, 200, 200, 303, 303, 303]),
         ("/identifiers?id=user%3D1", [200, 200, 200, 303, 303, 303]),
-        ("/events/overview", [200, 200, 200, 303, 303, 303]),
+        // A live stream is refused, not sent to the sign-in page.
+        ("/events/overview", [200, 200, 200, 401, 401, 401]),
+        (
+            "/events/identifier?id=user%3D1",
+            [200, 200, 200, 401, 401, 401],
+        ),
         ("/account", [200, 200, 200, 303, 303, 303]),
         // Signed in: sent on (to `/`); anyone else gets the form.
         ("/login", [303, 303, 303, 200, 200, 200]),
