@@ -121,6 +121,49 @@ test("support: bob says he is blocked; he is, through his address; one reset fre
   expect(await check(page, policy, { user: bob, ip })).toBe(429);
 });
 
+test("support gives a partner a limit of its own for a day, right from the inspector", async ({ page }, testInfo) => {
+  const policy = `partner-${testInfo.project.name}`;
+  const acme = `acme-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-user", 2, "user")] });
+  expect(await check(page, policy, { user: acme })).toBe(200);
+  await page.goto(`/identifiers?id=user%3D${acme}`);
+  if (testInfo.project.name === "hydrated") await waitForHydration(page);
+  const box = page.getByRole("region", { name: "Block, exempt or limit" });
+  await expect(box.getByLabel("Policy")).toHaveValue(policy);
+  // The limit's fields show once that action is chosen (CSS, so without JavaScript too).
+  await expect(box.getByLabel("Requests")).toBeHidden();
+  const fill = async (limit: string) => {
+    await box.getByLabel("Action").selectOption({ label: "A limit of its own" });
+    await box.getByLabel("Requests").fill(limit);
+    await box.getByLabel("per", { exact: true }).fill("1");
+    await box.getByLabel("Unit").selectOption({ label: "hours" });
+    await box.getByLabel("For").selectOption({ label: "1 day" });
+    await box.getByLabel("Reason").fill("acme's launch, ticket 815");
+    await box.getByRole("button", { name: "Add override" }).click();
+  };
+  await fill("lots");
+  await expect(page.getByRole("alert")).toContainText("limit: must be a whole number of requests");
+  await fill("5");
+  await expect(page.getByRole("status").filter({ hasText: "Override added" })).toBeVisible();
+  // Counted apart from the policy's 2 an hour: 5 more, then refused.
+  const statuses = [];
+  for (let i = 0; i < 6; i++) statuses.push(await check(page, policy, { user: acme }));
+  expect(statuses).toEqual([200, 200, 200, 200, 200, 429]);
+  await page.goto(`/identifiers?id=user%3D${acme}`);
+  await expect(page.getByTestId("verdict")).toContainText(`Blocked now by ${policy} › own-limit on user=${acme}`);
+  await shot(page, "own-limit");
+  await page.goto(`/policy?name=${policy}`);
+  const row = page.getByRole("region", { name: "Overrides" }).getByRole("row", { name: `user=${acme}` });
+  await expect(row).toContainText("limit: 5 per 1 hour");
+  await expect(row).toContainText("acme's launch, ticket 815");
+  // And taken away again, after a second step, saying so.
+  await row.getByText("Remove…").click();
+  await row.getByRole("button", { name: "Yes, remove it" }).click();
+  await expect(page.getByRole("status").filter({ hasText: "Override removed." })).toBeVisible();
+  await expect(page.getByRole("region", { name: "Overrides" }).getByRole("row", { name: `user=${acme}` })).toHaveCount(0);
+});
+
 test("deleting a policy states what it touches and takes its name typed", async ({ page }, testInfo) => {
   const policy = `doomed-${testInfo.project.name}`;
   await signIn(page);

@@ -55,6 +55,44 @@ pub fn back_from_a_form(path: &str) {
     }
 }
 
+/// Sends a form posted without JavaScript back to the page it was posted from (its
+/// `Referer`: this site's, as the origin check made sure) with `done=<form>`, for that
+/// page's success notice. A hydrated page is left alone (it shows the answer where it is).
+pub fn back_done(form: &str) {
+    if !from_a_form() {
+        return;
+    }
+    let referer = use_context::<Parts>().and_then(|p| {
+        p.headers
+            .get(axum::http::header::REFERER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    leptos_axum::redirect(&with_done(referer.as_deref().unwrap_or("/"), form));
+}
+
+/// `referer`'s path and query, without a former answer (`done`, `kept`, a server function's
+/// error), with `done=<form>`, landing on the form (`#form`).
+fn with_done(referer: &str, form: &str) -> String {
+    let path = match referer.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("/", |i| &rest[i..]),
+        None if referer.starts_with('/') && !referer.starts_with("//") => referer,
+        None => "/",
+    };
+    let path = path.split('#').next().unwrap_or("/");
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let mut pairs: Vec<&str> = query
+        .split('&')
+        .filter(|p| {
+            let key = p.split('=').next().unwrap_or_default();
+            !p.is_empty() && !matches!(key, "done" | "kept" | "__err" | "__path")
+        })
+        .collect();
+    let done = format!("done={}", crate::domain::percent_encode(form));
+    pairs.push(&done);
+    format!("{path}?{}#{form}", pairs.join("&"))
+}
+
 /// Sets the status of a server function's answer, except for a plain form post (JavaScript
 /// off): that one must stay a redirect back to the page, which shows the error.
 pub fn set_status(status: StatusCode) {
@@ -113,4 +151,31 @@ pub fn require_change(action: Action, csrf: &str) -> Result<Caller, AppError> {
         ));
     }
     Ok(caller)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_done;
+
+    #[test]
+    fn a_form_goes_back_to_its_page_with_its_notice_and_no_former_answer() {
+        for (referer, back) in [
+            (
+                "http://127.0.0.1:3000/identifiers?id=user%3Dbob",
+                "/identifiers?id=user%3Dbob&done=override#override",
+            ),
+            (
+                "https://spillway.example/policy?name=demo&done=override&__err=x#overrides",
+                "/policy?name=demo&done=override#override",
+            ),
+            (
+                "http://h/identifiers",
+                "/identifiers?done=override#override",
+            ),
+            ("http://h", "/?done=override#override"),
+            ("//evil.example/x", "/?done=override#override"),
+        ] {
+            assert_eq!(with_done(referer, "override"), back, "{referer}");
+        }
+    }
 }

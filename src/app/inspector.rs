@@ -9,6 +9,7 @@ use crate::app::error::AppError;
 use leptos_meta::Title;
 use leptos_router::components::Form;
 
+use super::kept::use_done;
 use super::session::{CsrfField, error_message, use_session};
 use crate::domain::people::Action;
 
@@ -212,11 +213,13 @@ pub async fn release_lease(
         .parse()
         .map_err(|m: String| AppError::bad_input("lease", m))?;
     let reason = reason_given(&reason)?;
-    state
+    let held = state
         .service()
         .release_lease_by(&caller.actor(), &lease, reason)
         .await
-        .map_err(|e| AppError::unavailable("release", e))
+        .map_err(|e| AppError::unavailable("release", e))?;
+    crate::app::guard::back_done(if held { "lease" } else { "lease-gone" });
+    Ok(held)
 }
 
 fn seconds(ms: u64) -> String {
@@ -253,6 +256,10 @@ fn follow_identifier(
 fn id_of(search: &str) -> String {
     crate::domain::query_value(search, "id").unwrap_or_default()
 }
+
+/// The notice of an override added from the inspector.
+const OVERRIDE_ADDED: &str =
+    "Override added. It is listed on the policy's page, where it can be removed.";
 
 #[component]
 pub fn InspectorPage() -> impl IntoView {
@@ -311,6 +318,12 @@ pub fn InspectorPage() -> impl IntoView {
         },
     );
     let session = use_session();
+    // A form posted without JavaScript comes back with `done=<form>` for its notice.
+    let (released, gone, exempted) = (
+        use_done("lease"),
+        use_done("lease-gone"),
+        use_done("override"),
+    );
     let live = RwSignal::new(None::<Inspection>);
     let history = RwSignal::new(Vec::<Inspection>::new());
     #[cfg(feature = "hydrate")]
@@ -345,15 +358,20 @@ pub fn InspectorPage() -> impl IntoView {
         <ResetNotice reset=reset undo=undo/>
         {move || reset.value().get().and_then(Result::err).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
         {move || undo.value().get().and_then(Result::err).map(|e| view! { <p class="alert" role="alert">{error_message(&e)}</p> })}
-        {move || release.value().get().map(|r| match r {
-            Ok(true) => view! { <p class="notice" role="status">"Lease released."</p> }.into_any(),
-            Ok(false) => view! { <p class="notice" role="status">"That lease was no longer held."</p> }.into_any(),
-            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-        })}
-        {move || exempt.value().get().map(|r| match r {
-            Ok(()) => view! { <p class="notice" role="status">"Override added. It is listed on the policy's page, where it can be removed."</p> }.into_any(),
-            Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-        })}
+        {move || match release.value().get() {
+            Some(Ok(true)) => Some(view! { <p class="notice" role="status">"Lease released."</p> }.into_any()),
+            Some(Ok(false)) => Some(view! { <p class="notice" role="status">"That lease was no longer held."</p> }.into_any()),
+            Some(Err(e)) => Some(view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any()),
+            None if released.get() => Some(view! { <p class="notice" role="status">"Lease released."</p> }.into_any()),
+            None if gone.get() => Some(view! { <p class="notice" role="status">"That lease was no longer held."</p> }.into_any()),
+            None => None,
+        }}
+        {move || match exempt.value().get() {
+            Some(Ok(())) => Some(view! { <p class="notice" role="status">{OVERRIDE_ADDED}</p> }.into_any()),
+            Some(Err(e)) => Some(view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any()),
+            None if exempted.get() => Some(view! { <p class="notice" role="status">{OVERRIDE_ADDED}</p> }.into_any()),
+            None => None,
+        }}
         <Suspense fallback=|| view! { <p>"Reading counters…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -969,22 +987,36 @@ fn OverrideForm(
     else {
         return ().into_any();
     };
-    let policies: Vec<String> = i.policies.iter().map(|p| p.policy.clone()).collect();
+    // The policies where it has state first: the override is most likely for one of those.
+    let mut policies: Vec<&PolicyState> = i.policies.iter().collect();
+    policies.sort_by_key(|p| {
+        !(p.status == "blocked"
+            || p.rules
+                .iter()
+                .any(|r| r.ttl_ms.is_some() || r.remaining < r.limit))
+    });
+    let policies: Vec<String> = policies.into_iter().map(|p| p.policy.clone()).collect();
     // A `*` in the value would make the override a wildcard, not this identifier.
     if policies.is_empty() || value.contains('*') {
         return ().into_any();
     }
     let matcher = format!("{dimension}={value}");
     view! {
-        <section class="card" aria-labelledby="override-heading">
-            <h2 id="override-heading">"Block or exempt"</h2>
-            <ActionForm action=action attr:class="row">
+        <section class="card" id="override" aria-labelledby="override-heading">
+            <h2 id="override-heading">"Block, exempt or limit"</h2>
+            <ActionForm action=action attr:class="row override-form">
                 <CsrfField csrf=csrf/>
                 <input type="hidden" name="matcher" value=matcher/>
                 <label>"Policy"<select name="name">{policies.into_iter().map(|p| view! { <option value=p.clone()>{p.clone()}</option> }).collect_view()}</select></label>
                 <label>"Action"<select name="action">
                     <option value="unlimited">"Exempt (let through without counting)"</option>
                     <option value="block">"Block (deny every request)"</option>
+                    <option value="limit">"A limit of its own"</option>
+                </select></label>
+                <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000"/></label>
+                <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value="1"/></label>
+                <label class="limit-only">"Unit"<select name="window_unit">
+                    {crate::app::policies::UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == "h">{*l}</option> }).collect_view()}
                 </select></label>
                 <label>"For"<select name="expires_minutes">
                     <option value="15">"15 minutes"</option>

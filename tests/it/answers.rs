@@ -833,3 +833,101 @@ async fn an_undo_leaves_leases_alone_and_a_value_is_reset_as_given() {
     .unwrap();
     assert!(spaced.to_string().contains("\"remaining\":4"), "{spaced}");
 }
+
+/// Support gives one identifier a limit of its own from the inspector's form, with an
+/// expiry: it is counted apart from the policy's rule, listed with its numbers, and a
+/// wrong number is refused naming the form's field.
+#[tokio::test]
+async fn support_gives_one_identifier_a_limit_of_its_own() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let doc = json!({"rules": [{"name": "per-user", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000, "dimensions": ["user"]}]});
+    app.put_policy("own", doc).await;
+    add_user(&store(&redis).await, "sam", Role::Support).await;
+    let mut v = Visitor::signed_in(&app, "sam").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let add = |limit: &'static str, window: &'static str| {
+        [
+            ("csrf", csrf.clone()),
+            ("name", "own".to_owned()),
+            ("matcher", "user=partner".to_owned()),
+            ("action", "limit".to_owned()),
+            ("limit", limit.to_owned()),
+            ("window", window.to_owned()),
+            ("window_unit", "h".to_owned()),
+            ("expires_minutes", "60".to_owned()),
+            ("reason", "partner load test".to_owned()),
+        ]
+    };
+    for (limit, window, field) in [
+        ("", "1", "limit"),
+        ("many", "1", "limit"),
+        ("5", "0", "window"),
+        ("5", "an", "window"),
+    ] {
+        let form = add(limit, window);
+        let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::BAD_REQUEST,
+            "{limit:?} per {window:?}"
+        );
+        let body = r.text().await.unwrap();
+        assert!(
+            body.contains(&format!("\"field\":\"{field}\"")),
+            "{limit:?} per {window:?}: {body}"
+        );
+    }
+    let form = add("5", "1");
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+
+    let status = |user: &'static str| {
+        let app = &app;
+        async move {
+            app.check(json!({"policy": "own", "identifiers": {"user": user}}))
+                .await
+                .status()
+                .as_u16()
+        }
+    };
+    for _ in 0..5 {
+        assert_eq!(status("partner").await, 200, "its own limit of 5 an hour");
+    }
+    assert_eq!(status("partner").await, 429);
+    for _ in 0..2 {
+        assert_eq!(status("someone").await, 200);
+    }
+    assert_eq!(
+        status("someone").await,
+        429,
+        "the policy's 2 for everyone else"
+    );
+
+    let policy: Value = app
+        .client
+        .get(app.url("/api/v1/policies/own"))
+        .bearer_auth(crate::helpers::ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let o = &policy["overrides"][0];
+    assert_eq!(o["action"], "limit", "{policy}");
+    assert_eq!(o["rules"][0]["limit"], 5, "{policy}");
+    assert_eq!(o["rules"][0]["window_ms"], 3_600_000, "{policy}");
+    assert!(o["expires_at_ms"].as_i64().is_some(), "{policy}");
+    let page = v
+        .get("/policy?name=own")
+        .await
+        .text()
+        .await
+        .unwrap()
+        .replace("<!>", "");
+    assert!(page.contains("limit: 5 per 1 hour"), "{page}");
+}

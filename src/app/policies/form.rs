@@ -74,7 +74,7 @@ pub const UNITS: [(&str, &str, u64); 5] = [
 
 /// A duration as typed, `raw` in `unit`, in milliseconds: the number itself when it is not
 /// a whole number (the policy's parser names the field), or for an unknown unit.
-fn in_ms(raw: &str, unit: &str) -> serde_json::Value {
+pub(super) fn in_ms(raw: &str, unit: &str) -> serde_json::Value {
     let raw = raw.trim();
     let factor = UNITS.iter().find(|u| u.0 == unit).map_or(1, |u| u.2);
     match raw.parse::<u64>() {

@@ -354,6 +354,10 @@ pub fn PolicyPage() -> impl IntoView {
     let save_envoy = ServerAction::<SaveEnvoyFile>::new();
     let rollback = ServerAction::<RollbackPolicy>::new();
     let add_ov = ServerAction::<AddOverride>::new();
+    let (ov_added, ov_removed) = (
+        crate::app::kept::use_done("override"),
+        crate::app::kept::use_done("override-removed"),
+    );
     let remove_ov = ServerAction::<RemoveOverride>::new();
     let delete = ServerAction::<DeletePolicy>::new();
     let data = Resource::new(
@@ -462,8 +466,10 @@ pub fn PolicyPage() -> impl IntoView {
         {save_summary}
         {move || save.value().get().and_then(|r| r.ok()).or_else(|| save_envoy.value().get().and_then(|r| r.ok())).map(|v| view! { <p class="notice" role="status">{format!("Saved as version {v}.")}</p> })}
         {move || rollback.value().get().and_then(|r| r.ok()).map(|v| view! { <p class="notice" role="status">{format!("Rolled back: saved as version {v}.")}</p> })}
-        {move || add_ov.value().get().and_then(|r| r.ok()).map(|()| view! { <p class="notice" role="status">"Override added."</p> })}
-        {move || remove_ov.value().get().and_then(|r| r.ok()).map(|()| view! { <p class="notice" role="status">"Override removed."</p> })}
+        // Hydrated, from the action's answer; without JavaScript, from the address it came
+        // back to (`done=`).
+        {move || (matches!(add_ov.value().get(), Some(Ok(()))) || (add_ov.value().with(Option::is_none) && ov_added.get())).then(|| view! { <p class="notice" role="status">"Override added."</p> })}
+        {move || (matches!(remove_ov.value().get(), Some(Ok(()))) || (remove_ov.value().with(Option::is_none) && ov_removed.get())).then(|| view! { <p class="notice" role="status">"Override removed."</p> })}
         <Suspense fallback=|| view! { <p>"Loading…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -684,18 +690,27 @@ pub fn PolicyPage() -> impl IntoView {
                             </section>
                             <Preview name=preview_name document=document typed=typed_rules draft=draft_rules/>
                             {p.exists.then(|| view! {
-                                <section class="card" aria-labelledby="overrides-heading">
+                                <section class="card" id="override" aria-labelledby="overrides-heading">
                                     <h2 id="overrides-heading">"Overrides"</h2>
                                     <table>
                                         <thead><tr><th>"Match"</th><th>"Action"</th><th>"Expires"</th><th>"Reason"</th><th></th></tr></thead>
                                         <tbody>{overrides}</tbody>
                                     </table>
                                     {can_override.then(|| view! {
-                                        <ActionForm action=add_ov attr:class="row">
+                                        <ActionForm action=add_ov attr:class="row override-form">
                                             <CsrfField csrf=c2/>
                                             <input type="hidden" name="name" value=n2/>
                                             <label>"Match"<input name="matcher" required placeholder="user=vip-*, ip=10.0.0.0/8"/></label>
-                                            <label>"Action"<select name="action"><option value="unlimited">"unlimited"</option><option value="block">"block"</option></select></label>
+                                            <label>"Action"<select name="action">
+                                                <option value="unlimited">"unlimited"</option>
+                                                <option value="block">"block"</option>
+                                                <option value="limit">"a limit of its own"</option>
+                                            </select></label>
+                                            <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000"/></label>
+                                            <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value="1"/></label>
+                                            <label class="limit-only">"Unit"<select name="window_unit">
+                                                {UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == "h">{*l}</option> }).collect_view()}
+                                            </select></label>
                                             <label>"Expires in (minutes, 0 = never)"<input name="expires_minutes" inputmode="numeric" value="60"/></label>
                                             <label>"Reason"<input name="reason"/></label>
                                             <button type="submit">"Add override"</button>
