@@ -137,7 +137,7 @@ test("support gives a partner a limit of its own for a day, right from the inspe
     await box.getByLabel("Action").selectOption({ label: "A limit of its own" });
     await box.getByLabel("Requests").fill(limit);
     await box.getByLabel("per", { exact: true }).fill("1");
-    await box.getByLabel("Unit").selectOption({ label: "hours" });
+    await box.getByLabel("Unit").selectOption({ label: "days" });
     await box.getByLabel("For").selectOption({ label: "1 day" });
     await box.getByLabel("Reason").fill("acme's launch, ticket 815");
     await box.getByRole("button", { name: "Add override" }).click();
@@ -146,7 +146,7 @@ test("support gives a partner a limit of its own for a day, right from the inspe
   await expect(page.getByRole("alert")).toContainText("limit: must be a whole number of requests");
   await fill("5");
   await expect(page.getByRole("status").filter({ hasText: "Override added" })).toBeVisible();
-  // Counted apart from the policy's 2 an hour: 5 more, then refused.
+  // Counted apart from the policy's 2 an hour: 5 more today, then refused.
   const statuses = [];
   for (let i = 0; i < 6; i++) statuses.push(await check(page, policy, { user: acme }));
   expect(statuses).toEqual([200, 200, 200, 200, 200, 429]);
@@ -155,7 +155,7 @@ test("support gives a partner a limit of its own for a day, right from the inspe
   await shot(page, "own-limit");
   await page.goto(`/policy?name=${policy}`);
   const row = page.getByRole("region", { name: "Overrides" }).getByRole("row", { name: `user=${acme}` });
-  await expect(row).toContainText("limit: 5 per 1 hour");
+  await expect(row).toContainText("limit: 5 per 1 day");
   await expect(row).toContainText("acme's launch, ticket 815");
   // And taken away again, after a second step, saying so.
   await row.getByText("Remove…").click();

@@ -81,12 +81,17 @@ fn with_done(referer: &str, form: &str) -> String {
     };
     let path = path.split('#').next().unwrap_or("/");
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    // This site's page, never another's (`//host`, `/\host`).
+    let path = if path.starts_with("//") || path.starts_with("/\\") {
+        "/"
+    } else {
+        path
+    };
+    // What the page is of (an identifier, a policy), not an earlier answer (a reset's
+    // notice, a kept draft, an error).
     let mut pairs: Vec<&str> = query
         .split('&')
-        .filter(|p| {
-            let key = p.split('=').next().unwrap_or_default();
-            !p.is_empty() && !matches!(key, "done" | "kept" | "__err" | "__path")
-        })
+        .filter(|p| matches!(p.split('=').next().unwrap_or_default(), "id" | "name"))
         .collect();
     let done = format!("done={}", crate::domain::percent_encode(form));
     pairs.push(&done);
@@ -173,6 +178,11 @@ mod tests {
                 "/identifiers?done=override#override",
             ),
             ("http://h", "/?done=override#override"),
+            (
+                "http://h/identifiers?id=bob&reset=3&undo=t0k&done=lease",
+                "/identifiers?id=bob&done=override#override",
+            ),
+            ("https://h//evil.example/x", "/?done=override#override"),
             ("//evil.example/x", "/?done=override#override"),
         ] {
             assert_eq!(with_done(referer, "override"), back, "{referer}");

@@ -269,18 +269,11 @@ pub fn InspectorPage() -> impl IntoView {
     let undo = ServerAction::<UndoReset>::new();
     let release = ServerAction::<ReleaseLease>::new();
     let exempt = ServerAction::<crate::app::policies::AddOverride>::new();
-    // Inspect pressed again for what the page shows: the address does not change, so the
-    // router does not read anew; this does (the reset's choices are of the page's read).
+    // Each press of Inspect reads anew: for the identifier the page already shows the
+    // address does not change, so the router alone would not (and the reset's choices are
+    // of the page's read). A new identifier changes both in one go: one read.
     let asked_again = RwSignal::new(0u32);
-    let typed = NodeRef::<leptos::html::Input>::new();
-    let again = move |_| {
-        if typed
-            .get_untracked()
-            .is_some_and(|input| input.value() == id_of(&location.search.get_untracked()))
-        {
-            asked_again.update(|n| *n += 1);
-        }
-    };
+    let again = move |_| asked_again.update(|n| *n += 1);
     let data = Resource::new(
         move || {
             (
@@ -350,7 +343,7 @@ pub fn InspectorPage() -> impl IntoView {
         <h1>"Identifier inspector"</h1>
         <Form method="GET" action="" attr:class="row" on:submit=again>
             <label>"Identifier or value"
-                <input node_ref=typed name="id" placeholder="bob, user=42 or ip=203.0.113.7" value=id prop:value=id required
+                <input name="id" placeholder="bob, user=42 or ip=203.0.113.7" value=id prop:value=id required
                     list="recent-identifiers" autocomplete="off"/>
             </label>
             <button type="submit">"Inspect"</button>
@@ -971,7 +964,7 @@ fn ResetForm(
     }
 }
 
-/// Block or exempt the identifier in one policy for a while, with a reason: an override on
+/// Block, exempt or limit the identifier in one policy for a while, with a reason: an override on
 /// its exact value.
 #[component]
 fn OverrideForm(

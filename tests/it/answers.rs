@@ -847,43 +847,59 @@ async fn support_gives_one_identifier_a_limit_of_its_own() {
     let mut v = Visitor::signed_in(&app, "sam").await;
     let csrf = v.csrf().await;
     let origin = v.origin();
-    let add = |limit: &'static str, window: &'static str| {
+    let add = |matcher: &str, limit: &str, window: &str, unit: &str| {
         [
             ("csrf", csrf.clone()),
             ("name", "own".to_owned()),
-            ("matcher", "user=partner".to_owned()),
+            ("matcher", matcher.to_owned()),
             ("action", "limit".to_owned()),
             ("limit", limit.to_owned()),
             ("window", window.to_owned()),
-            ("window_unit", "h".to_owned()),
+            ("window_unit", unit.to_owned()),
             ("expires_minutes", "60".to_owned()),
             ("reason", "partner load test".to_owned()),
         ]
     };
-    for (limit, window, field) in [
-        ("", "1", "limit"),
-        ("many", "1", "limit"),
-        ("5", "0", "window"),
-        ("5", "an", "window"),
+    for (limit, window, unit, field) in [
+        ("", "1", "h", "limit"),
+        ("many", "1", "h", "limit"),
+        // Refused by the rule's own checks, named as the form's fields.
+        ("0", "1", "h", "limit"),
+        ("5", "401", "d", "window"),
+        ("5", "0", "h", "window"),
+        ("5", "an", "h", "window"),
+        // A unit's label, or none, is not taken for milliseconds.
+        ("5", "1", "hours", "window_unit"),
+        ("5", "1", "", "window_unit"),
     ] {
-        let form = add(limit, window);
+        let form = add("user=partner", limit, window, unit);
         let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
-        assert_eq!(
-            r.status(),
-            StatusCode::BAD_REQUEST,
-            "{limit:?} per {window:?}"
-        );
+        let what = format!("{limit:?} per {window:?} {unit:?}");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{what}");
         let body = r.text().await.unwrap();
         assert!(
             body.contains(&format!("\"field\":\"{field}\"")),
-            "{limit:?} per {window:?}: {body}"
+            "{what}: {body}"
         );
     }
-    let form = add("5", "1");
+    // Support may not change the limit of a whole wildcard.
+    let form = add("user=partner-*", "5", "1", "h");
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+    let form = add("user=partner", "5", "1", "h");
     let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
     assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    // A match that is not dimension=value is refused under the form's own field.
+    let form = add("partner", "5", "1", "h");
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("\"field\":\"matcher\""), "{body}");
 
     let status = |user: &'static str| {
         let app = &app;
@@ -894,6 +910,7 @@ async fn support_gives_one_identifier_a_limit_of_its_own() {
                 .as_u16()
         }
     };
+    clear_of_window_turn(Duration::from_secs(3600)).await;
     for _ in 0..5 {
         assert_eq!(status("partner").await, 200, "its own limit of 5 an hour");
     }

@@ -570,6 +570,7 @@ mod override_add {
                 let field = match e.field.rsplit_once('.') {
                     Some((_, "limit")) if e.field.contains("rules") => "limit",
                     Some((_, "window_ms")) if e.field.contains("rules") => "window",
+                    _ if e.field == "override.match" => "matcher",
                     _ => e.field.as_str(),
                 };
                 AppError::bad_input(field, e.message)
@@ -641,6 +642,13 @@ fn own_limit(limit: &str, window: &str, window_unit: &str) -> Result<serde_json:
         .trim()
         .parse()
         .map_err(|_| AppError::bad_input("limit", "must be a whole number of requests"))?;
+    // The form's units: a label sent for its value, or none, is not taken as milliseconds.
+    if !super::UNITS[1..].iter().any(|u| u.0 == window_unit) {
+        return Err(AppError::bad_input(
+            "window_unit",
+            "must be one of s, min, h, d",
+        ));
+    }
     let window_ms = super::form::in_ms(window, window_unit);
     if !window_ms.is_u64() || window_ms == 0 {
         return Err(AppError::bad_input(
