@@ -98,6 +98,8 @@ test("support: bob says he is blocked; he is, through his address; one reset fre
     await expect(page.getByTestId("verdict")).toContainText("Blocked now", { timeout: 1000 });
     await expect(what).toHaveValue(`${policy}/per-ip ip=${ip}`, { timeout: 1000 });
   }).toPass({ timeout: 10_000 });
+  // The address is what was asked, as a browser writes it (no `&=` of a nameless button).
+  expect(new URL(page.url()).search).toBe(`?id=${bob}`);
   const verdict = page.getByTestId("verdict");
   await expect(verdict).toContainText(`by ${policy} › per-ip on ip=${ip} (checked together with user=${bob})`);
   await expect(verdict).toContainText("the next request passes in");

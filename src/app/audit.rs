@@ -71,7 +71,7 @@ pub fn AuditPage() -> impl IntoView {
     view! {
         <Title text="Audit"/>
         <h1>"Audit log"</h1>
-        <Form method="GET" action="" attr:class="row filters">
+        <Form method="GET" action="" on_form_data=super::without_nameless() attr:class="row filters">
             <label>"Actor"<input name="actor" placeholder="user:alice, key:billing" value=move || get("actor") prop:value=move || get("actor")/></label>
             <label>"Action"
                 <select name="action">

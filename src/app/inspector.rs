@@ -341,7 +341,7 @@ pub fn InspectorPage() -> impl IntoView {
     view! {
         <Title text="Identifiers"/>
         <h1>"Identifier inspector"</h1>
-        <Form method="GET" action="" attr:class="row" on:submit=again>
+        <Form method="GET" action="" on_form_data=super::without_nameless() attr:class="row" on:submit=again>
             <label>"Identifier or value"
                 <input name="id" placeholder="bob, user=42 or ip=203.0.113.7" value=id prop:value=id required
                     list="recent-identifiers" autocomplete="off"/>

@@ -30,6 +30,12 @@ use leptos_router::{
 
 pub use overview::{RedisReport, redis_status};
 
+/// For a `<Form method="GET">`: leaves the nameless submit button out of the form's data,
+/// as a browser does (Leptos adds it, and the address would end in `&=`).
+pub(crate) fn without_nameless() -> std::sync::Arc<dyn Fn(&leptos::web_sys::FormData)> {
+    std::sync::Arc::new(|data| data.delete(""))
+}
+
 /// Follows a server-sent event stream in the browser: each event's JSON goes to `on_event`;
 /// the stream closes when the calling reactive scope is cleaned up.
 #[cfg(feature = "hydrate")]

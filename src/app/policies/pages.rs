@@ -99,7 +99,7 @@ pub fn PoliciesPage() -> impl IntoView {
                                     <NewEnvoyDomain action=import csrf=csrf.clone()/>
                                 </div>
                             })}
-                            <Form method="GET" action="" attr:role="search" attr:class="filter">
+                            <Form method="GET" action="" on_form_data=crate::app::without_nameless() attr:role="search" attr:class="filter">
                                 <label>"Find " <input type="search" name="q" value=search() placeholder="name, description or domain"/></label>
                                 <button type="submit">"Find"</button>
                             </Form>
@@ -831,7 +831,7 @@ fn Preview(
     view! {
         <section class="card" aria-labelledby="preview-heading">
             <h2 id="preview-heading">"Burst preview"</h2>
-            <Form method="GET" action="" attr:class="row">
+            <Form method="GET" action="" on_form_data=crate::app::without_nameless() attr:class="row">
                 <input type="hidden" name="name" value=name.clone()/>
                 <label>"Requests"<input name="burst_n" inputmode="numeric" value=move || n().to_string() prop:value=move || n().to_string()/></label>
                 <label>"Over (seconds)"<input name="burst_s" inputmode="decimal" value=move || secs().to_string() prop:value=move || secs().to_string()/></label>
