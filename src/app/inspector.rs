@@ -10,6 +10,7 @@ use leptos_meta::Title;
 use leptos_router::components::Form;
 
 use super::kept::use_done;
+use super::policies::OwnLimitFields;
 use super::session::{CsrfField, error_message, use_session};
 use crate::domain::people::Action;
 
@@ -1006,11 +1007,7 @@ fn OverrideForm(
                     <option value="block">"Block (deny every request)"</option>
                     <option value="limit">"A limit of its own"</option>
                 </select></label>
-                <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000"/></label>
-                <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value="1"/></label>
-                <label class="limit-only">"Unit"<select name="window_unit">
-                    {crate::app::policies::UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == "h">{*l}</option> }).collect_view()}
-                </select></label>
+                <OwnLimitFields/>
                 <label>"For"<select name="expires_minutes">
                     <option value="15">"15 minutes"</option>
                     <option value="60" selected>"1 hour"</option>

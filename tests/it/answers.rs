@@ -866,6 +866,10 @@ async fn support_gives_one_identifier_a_limit_of_its_own() {
         // Refused by the rule's own checks, named as the form's fields.
         ("0", "1", "h", "limit"),
         ("5", "401", "d", "window"),
+        // The edges: past the largest limit, past a whole number, a window that overflows.
+        ("1000000001", "1", "h", "limit"),
+        ("99999999999999999999", "1", "h", "limit"),
+        ("5", "99999999999999999", "d", "window"),
         ("5", "0", "h", "window"),
         ("5", "an", "h", "window"),
         // A unit's label, or none, is not taken for milliseconds.
@@ -924,16 +928,7 @@ async fn support_gives_one_identifier_a_limit_of_its_own() {
         "the policy's 2 for everyone else"
     );
 
-    let policy: Value = app
-        .client
-        .get(app.url("/api/v1/policies/own"))
-        .bearer_auth(crate::helpers::ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let policy = app.get_policy("own").await;
     let o = &policy["overrides"][0];
     assert_eq!(o["action"], "limit", "{policy}");
     assert_eq!(o["rules"][0]["limit"], 5, "{policy}");

@@ -9,7 +9,6 @@ use std::{
 };
 
 use reqwest::{StatusCode, header};
-use serde_json::Value;
 use spillway::domain::people::Role;
 
 use crate::{
@@ -286,16 +285,7 @@ async fn an_override_expiry_that_overflows_is_refused() {
             );
         }
     }
-    let policy: Value = app
-        .client
-        .get(app.url("/api/v1/policies/demo"))
-        .bearer_auth(crate::helpers::ADMIN_KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let policy = app.get_policy("demo").await;
     let overrides = policy["overrides"].as_array().unwrap();
     assert_eq!(overrides.len(), 1, "{policy}");
     let expires = overrides[0]["expires_at_ms"].as_i64().unwrap();

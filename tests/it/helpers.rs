@@ -227,6 +227,16 @@ impl TestApp {
         .unwrap()
     }
 
+    /// `GET /api/v1/policies/{name}` with the admin key; panics unless it is found.
+    pub async fn get_policy(&self, name: &str) -> serde_json::Value {
+        let path = format!("/api/v1/policies/{name}");
+        let response = self.as_admin(reqwest::Method::GET, &path, None).await;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert!(status.is_success(), "{status}: {body}");
+        body
+    }
+
     /// `PUT /api/v1/policies/{name}` with the admin key; panics unless it is stored.
     pub async fn put_policy(&self, name: &str, doc: serde_json::Value) -> serde_json::Value {
         let path = format!("/api/v1/policies/{name}");

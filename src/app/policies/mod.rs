@@ -11,7 +11,7 @@ mod pages;
 
 pub use actions::*;
 pub use form::{UNITS, document_of, field_in_form, rule_form, rule_forms_from_pairs};
-pub use pages::{PoliciesPage, PolicyPage};
+pub use pages::{OwnLimitFields, PoliciesPage, PolicyPage};
 
 use serde::{Deserialize, Serialize};
 

@@ -250,6 +250,19 @@ fn field_label(field: &str, rules: &[RuleForm]) -> String {
     format!("{rule} › {input}")
 }
 
+/// The fields of an override's own limit (`limit` requests per `window` `window_unit`),
+/// shown by the stylesheet only while that action is chosen in an `.override-form`.
+#[component]
+pub fn OwnLimitFields() -> impl IntoView {
+    view! {
+        <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000"/></label>
+        <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value="1"/></label>
+        <label class="limit-only">"Unit"<select name="window_unit">
+            {UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == "h">{*l}</option> }).collect_view()}
+        </select></label>
+    }
+}
+
 /// A rule in plain words ("100 requests per 1 minute, for each ip and user"), from its
 /// fields as typed.
 fn rule_summary(r: &RuleForm) -> String {
@@ -553,10 +566,10 @@ pub fn PolicyPage() -> impl IntoView {
                             let n = p.name.clone();
                             view! {
                                 <tr>
-                                    <td><code>{o.matcher.clone()}</code></td>
-                                    <td>{o.action.clone()}</td>
-                                    <td>{o.expires_at_ms.map_or("never".to_owned(), |t| utc_minutes(Some(t)))}</td>
-                                    <td>{o.reason.clone()}</td>
+                                    <td data-label="Match"><code>{o.matcher.clone()}</code></td>
+                                    <td data-label="Action">{o.action.clone()}</td>
+                                    <td data-label="Expires">{o.expires_at_ms.map_or("never".to_owned(), |t| utc_minutes(Some(t)))}</td>
+                                    <td data-label="Reason">{o.reason.clone()}</td>
                                     <td>{can_override.then(|| view! {
                                         <details class="confirm-step">
                                             <summary>"Remove…"</summary>
@@ -692,7 +705,7 @@ pub fn PolicyPage() -> impl IntoView {
                             {p.exists.then(|| view! {
                                 <section class="card" id="override" aria-labelledby="overrides-heading">
                                     <h2 id="overrides-heading">"Overrides"</h2>
-                                    <table>
+                                    <table class="cards-on-phone">
                                         <thead><tr><th>"Match"</th><th>"Action"</th><th>"Expires"</th><th>"Reason"</th><th></th></tr></thead>
                                         <tbody>{overrides}</tbody>
                                     </table>
@@ -706,11 +719,7 @@ pub fn PolicyPage() -> impl IntoView {
                                                 <option value="block">"block"</option>
                                                 <option value="limit">"a limit of its own"</option>
                                             </select></label>
-                                            <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000"/></label>
-                                            <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value="1"/></label>
-                                            <label class="limit-only">"Unit"<select name="window_unit">
-                                                {UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == "h">{*l}</option> }).collect_view()}
-                                            </select></label>
+                                            <OwnLimitFields/>
                                             <label>"Expires in (minutes, 0 = never)"<input name="expires_minutes" inputmode="numeric" value="60"/></label>
                                             <label>"Reason"<input name="reason"/></label>
                                             <button type="submit">"Add override"</button>
