@@ -10,15 +10,27 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
 };
 
+/// What a client may send on one HTTP/2 connection before the server reads it, on either
+/// port (hyper's defaults let a connection push 5 MiB): the largest part of what a
+/// connection can make the server hold (`config::capacity::PER_CONNECTION`).
+pub const CONNECTION_WINDOW: u32 = 256 * 1024;
+
 /// A cap on the connections one listener holds open: a connection accepted past it waits
 /// for a permit (the kernel's backlog queues the rest), so memory and file descriptors stay
 /// bounded however many clients connect.
 #[derive(Clone)]
-pub struct Limit(Arc<tokio::sync::Semaphore>);
+pub struct Limit(Arc<tokio::sync::Semaphore>, usize);
 
 impl Limit {
     pub fn new(connections: usize) -> Self {
-        Self(Arc::new(tokio::sync::Semaphore::new(connections)))
+        Self(Arc::new(tokio::sync::Semaphore::new(connections)), connections)
+    }
+
+    /// Whether the port is nearly full (fewer than an eighth of its connections left): its
+    /// idle connections are then closed at the first quiet look rather than after a whole
+    /// timeout, so the port makes room before it runs out.
+    pub fn pressed(&self) -> bool {
+        self.0.available_permits() < self.1.div_ceil(8)
     }
 
     /// A permit for one more connection, held until it closes.
@@ -28,6 +40,27 @@ impl Limit {
             .acquire_owned()
             .await
             .expect("the semaphore is never closed")
+    }
+}
+
+/// A port's budget of calls begun whose message (or body) has not been read yet: what a
+/// client may make the server hold before it knows anything of the call. A call past it is
+/// refused at once rather than queued, so the budget bounds memory, not just throughput.
+#[derive(Clone)]
+pub struct Pending(Arc<tokio::sync::Semaphore>);
+
+impl Pending {
+    pub fn new(calls: usize) -> Self {
+        Self(Arc::new(tokio::sync::Semaphore::new(calls)))
+    }
+
+    /// A place for one more call until its message is read, if there is one.
+    pub fn try_take(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let taken = self.0.clone().try_acquire_owned().ok();
+        if taken.is_none() {
+            metrics::counter!("spillway_calls_refused_total", "reason" => "pending").increment(1);
+        }
+        taken
     }
 }
 
@@ -96,7 +129,7 @@ impl Watch {
     /// One tick (a quarter of the timeout after the last): whether the connection has taken
     /// longer than the timeout to send a request's header, or sat idle (nothing read or
     /// written, no request being answered) that long.
-    pub fn overdue(&mut self, activity: &Activity) -> bool {
+    pub fn overdue(&mut self, activity: &Activity, pressed: bool) -> bool {
         let io = activity.io.load(Ordering::Relaxed);
         let quiet = io == self.io && activity.in_flight.load(Ordering::Relaxed) == 0;
         self.idle_ticks = if quiet { self.idle_ticks + 1 } else { 0 };
@@ -112,19 +145,21 @@ impl Watch {
         self.head = head;
         // Idle for WATCH_TICKS whole intervals; a header seen pending at WATCH_TICKS + 1
         // ticks began more than WATCH_TICKS intervals ago.
-        self.idle_ticks >= WATCH_TICKS || self.head_ticks > WATCH_TICKS
+        // On a nearly full port, one quiet tick is enough to close an idle connection.
+        let idle_limit = if pressed { 1 } else { WATCH_TICKS };
+        self.idle_ticks >= idle_limit || self.head_ticks > WATCH_TICKS
     }
 
     /// One tick, for a connection that only speaks HTTP/2 (the gRPC port): whether it has
     /// gone a whole timeout with no request in flight and none begun. Reads and writes do
     /// not count here: keep-alive PINGs and a preface with nothing after it would otherwise
     /// keep a connection that asks nothing open for ever.
-    pub fn unused(&mut self, activity: &Activity) -> bool {
+    pub fn unused(&mut self, activity: &Activity, pressed: bool) -> bool {
         let streams = activity.streams.load(Ordering::Relaxed);
         let quiet = streams == self.streams && activity.in_flight.load(Ordering::Relaxed) == 0;
         self.quiet_ticks = if quiet { self.quiet_ticks + 1 } else { 0 };
         self.streams = streams;
-        self.quiet_ticks >= WATCH_TICKS
+        self.quiet_ticks >= if pressed { 1 } else { WATCH_TICKS }
     }
 }
 

@@ -42,6 +42,8 @@ async fn run() -> anyhow::Result<()> {
             Err(problems) => anyhow::bail!("{problems}"),
         };
     }
+    // Before the configuration: the connection caps are clamped to what the process may open.
+    let open_files = spillway::config::capacity::raise_open_files();
     let config = Config::from_env().context("reading the configuration")?;
     server::init_tracing(&config);
     if let Some(ignored) = &config.upstream {
@@ -60,13 +62,29 @@ async fn run() -> anyhow::Result<()> {
                 None => None,
             };
             let drain = config.shutdown_drain;
-            let state = AppState::connect(config)
-                .await
-                .context("connecting to Redis")?;
-            let addr = state.leptos_options.site_addr;
+            let capacity = &config.capacity;
+            tracing::info!(
+                open_files,
+                memory_budget_mb = capacity.budget_mb,
+                max_connections = capacity.max_connections,
+                max_pending_calls = capacity.max_pending,
+                max_waiting = capacity.max_waiting,
+                "capacity: a memory budget of {} MiB from {}",
+                capacity.budget_mb,
+                capacity.budget_source
+            );
+            if let Some(clamped) = &capacity.clamped {
+                tracing::warn!("{clamped}");
+            }
+            let addr = config.leptos_options.site_addr;
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr} (LEPTOS_SITE_ADDR)"))?;
+            // Until Redis answers, the port says the process is alive and not ready.
+            let tls = config.tls.http.clone();
+            let state = server::starting(&listener, tls, AppState::connect_patiently(config))
+                .await
+                .context("connecting to Redis")?;
             let scheme = if state.tls.http.is_some() {
                 "https"
             } else {

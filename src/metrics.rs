@@ -91,6 +91,14 @@ fn describe() {
         "spillway_redis_breaker_open",
         "1 while the Redis circuit breaker is open (calls fail fast), 0 otherwise"
     );
+    describe_gauge!(
+        "spillway_redis_up",
+        "1 while Redis answers (the last health probe or check reached it), 0 during an outage"
+    );
+    describe_counter!(
+        "spillway_calls_refused_total",
+        "Calls refused at once because a port's budget was spent, by reason (pending: calls begun and not yet read, SPILLWAY_MAX_PENDING_CALLS)"
+    );
     describe_counter!(
         "spillway_policy_cache_lookups_total",
         "Policy lookups on the check path, by result (hit, miss)"
@@ -133,6 +141,7 @@ fn describe() {
     );
     metrics::gauge!("spillway_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     metrics::gauge!("spillway_redis_breaker_open").set(0.0);
+    metrics::counter!("spillway_calls_refused_total", "reason" => "pending").increment(0);
     metrics::gauge!("spillway_deny_cache_entries").set(0.0);
     // Shown at 0 until the first one, so a board's rate() has a series from the start.
     metrics::counter!("spillway_redis_errors_total").increment(0);

@@ -55,7 +55,12 @@ pub fn router(state: AppState) -> Router {
             within_request_timeout,
         ))
         .layer(axum::middleware::from_fn(traced))
-        .layer(TraceLayer::new_for_http())
+        // A failed answer is not an error of this process: 5xx answers are counted in
+        // metrics and an outage is said once (`service::alerts::RedisOutage`), so the
+        // layer's per-request ERROR line is kept for RUST_LOG=tower_http=debug.
+        .layer(TraceLayer::new_for_http().on_failure(
+            tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.shutdown.clone(),
             close_while_draining,
@@ -308,11 +313,15 @@ pub async fn run(
     let builder = http_builder(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let limit = crate::connection::Limit::new(state.max_connections);
+    // Requests held by policies that wait have their own budget: they do not take the
+    // places of requests being read.
+    let pending = crate::connection::Pending::new(state.max_pending + state.max_waiting);
     tokio::pin!(shutdown);
     while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (app, state, builder) = (app.clone(), state.clone(), builder.clone());
+        let (limit, pending) = (limit.clone(), pending.clone());
         let graceful = graceful.watcher();
         // The TLS handshake (when the port has TLS) happens in the connection's own task.
         tokio::spawn(async move {
@@ -326,7 +335,7 @@ pub async fn run(
                 }
             };
             let activity = Arc::new(Activity::default());
-            let service = requests_of(app, state, peer, activity.clone());
+            let service = requests_of(app, state, peer, activity.clone(), pending);
             let connection = builder
                 .serve_connection_with_upgrades(
                     TokioIo::new(crate::batched_writes::BatchedWrites::sniffing(Watched {
@@ -337,7 +346,7 @@ pub async fn run(
                 )
                 .into_owned();
             let connection = graceful.watch(connection);
-            watched(connection, activity, header_read_timeout, peer).await;
+            watched(connection, activity, header_read_timeout, peer, &limit).await;
         });
     }
     drop(listener);
@@ -349,33 +358,39 @@ pub async fn run(
     Ok(())
 }
 
-/// The HTTP/1 and HTTP/2 settings of the HTTP port. HTTP/2: as many streams as the gRPC
-/// port, and windows that bound what a client may send before the server reads it (hyper's
-/// defaults let a connection push 5 MiB).
+/// The HTTP/1 and HTTP/2 settings of the HTTP port. HTTP/1: a read buffer of 64 KiB at
+/// most (a longer header is refused; hyper's default is about 400 KiB). HTTP/2: 128 streams,
+/// and windows that bound what a client may send before the server reads it.
 fn http_builder(
     header_read_timeout: Duration,
 ) -> hyper_util::server::conn::auto::Builder<hyper_util::rt::TokioExecutor> {
     use hyper_util::rt::{TokioExecutor, TokioTimer};
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().header_read_timeout(None);
+    builder
+        .http1()
+        .header_read_timeout(None)
+        .max_buf_size(64 * 1024);
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(128)
-        .initial_stream_window_size(256 * 1024)
-        .initial_connection_window_size(1024 * 1024)
+        .initial_stream_window_size(64 * 1024)
+        .initial_connection_window_size(crate::connection::CONNECTION_WINDOW)
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(header_read_timeout);
     builder
 }
 
 /// What answers the requests of one connection from `peer`: a check straight to its
-/// handler, anything else through the router; each counted in flight on `activity`.
+/// handler, anything else through the router; each counted in flight on `activity`, and
+/// each holding a place of the port's `pending` budget until its answer's head is out (a
+/// request past the budget is answered 503 at once).
 fn requests_of(
     app: Router,
     state: AppState,
     peer: std::net::SocketAddr,
     activity: Arc<Activity>,
+    pending: crate::connection::Pending,
 ) -> impl hyper::service::Service<
     axum::extract::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -385,6 +400,13 @@ fn requests_of(
     hyper::service::service_fn(
         move |request: axum::extract::Request<hyper::body::Incoming>| {
             let in_flight = InFlight::start(&activity);
+            let Some(place) = pending.try_take() else {
+                use axum::response::IntoResponse;
+                let busy = auth::session::secure_api_response(
+                    api::ApiError::Busy("requests in flight on this port").into_response(),
+                );
+                return futures_util::future::Either::Left(std::future::ready(Ok(busy)));
+            };
             // The router's requests get theirs from its `traced` layer.
             let span = (crate::traces::on()
                 && api::is_check_endpoint(request.method(), request.uri().path()))
@@ -404,11 +426,11 @@ fn requests_of(
                     ))
                 }
             };
-            async move {
+            futures_util::future::Either::Right(async move {
                 let response = answer.await;
-                drop(in_flight);
+                drop((in_flight, place));
                 response
-            }
+            })
         },
     )
 }
@@ -420,6 +442,7 @@ async fn watched<C, E>(
     activity: Arc<Activity>,
     header_read_timeout: Duration,
     peer: std::net::SocketAddr,
+    limit: &crate::connection::Limit,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -437,9 +460,57 @@ async fn watched<C, E>(
                 return;
             }
             _ = tick.tick() => {
-                if watch.overdue(&activity) {
+                if watch.overdue(&activity, limit.pressed()) {
                     return;
                 }
+            }
+        }
+    }
+}
+
+/// Runs `start` (connecting to Redis) while `listener` answers as a process that is alive
+/// and not ready: `/healthz` 200, everything else (`/readyz` too) a 503 problem saying the
+/// policies are not loaded. Liveness probes pass and readiness probes fail until the
+/// server proper takes the port.
+pub async fn starting<T>(
+    listener: &TcpListener,
+    tls: Option<Arc<crate::tls::Port>>,
+    start: impl Future<Output = T>,
+) -> T {
+    use axum::routing::get;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let app: Router = Router::new()
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({ "status": "ok", "starting": true })) }),
+        )
+        .fallback(|| async { api::ApiError::PoliciesNotLoaded });
+    let within = Duration::from_secs(5);
+    tokio::pin!(start);
+    loop {
+        tokio::select! {
+            started = &mut start => return started,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let (app, tls) = (app.clone(), tls.clone());
+                tokio::spawn(async move {
+                    let Ok(socket) = Socket::accept(stream, tls.as_deref(), within).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(
+                        move |request: http::Request<hyper::body::Incoming>| {
+                            tower_service::Service::call(
+                                &mut app.clone(),
+                                request.map(axum::body::Body::new),
+                            )
+                        },
+                    );
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let connection = builder.serve_connection(TokioIo::new(socket), service);
+                    // Probes ask once and go: no connection outlives a few seconds.
+                    let _ = tokio::time::timeout(within, connection).await;
+                });
             }
         }
     }

@@ -48,6 +48,10 @@ pub struct Shared {
     pub header_read_timeout: std::time::Duration,
     /// Connections each listener holds open at most.
     pub max_connections: usize,
+    /// Calls each port has begun and not yet read (see `config::capacity`).
+    pub max_pending: usize,
+    /// Requests held at once by policies that wait (`SPILLWAY_MAX_WAITING`).
+    pub max_waiting: usize,
     /// The reverse proxies whose forwarded headers are believed.
     pub trusted_proxies: crate::forwarded::TrustedProxies,
     /// Envoy's rate limit protocol: the gRPC address, key requirement and headers.
@@ -70,6 +74,39 @@ impl Shared {
 }
 
 impl AppState {
+    /// [`AppState::connect`], tried again with backoff (a quarter second, doubling to 5 s)
+    /// while Redis cannot be reached: a pod started during an outage waits for it instead of
+    /// exiting. Said once when the wait begins and once when it ends; a setting that is
+    /// wrong (not an unreachable Redis) ends the start at once.
+    pub async fn connect_patiently(config: Config) -> Result<Self, StoreError> {
+        let started = std::time::Instant::now();
+        let mut backoff = std::time::Duration::from_millis(250);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            match Self::connect(config.clone()).await {
+                Ok(state) => {
+                    if attempts > 1 {
+                        tracing::info!(
+                            attempts,
+                            waited_ms = started.elapsed().as_millis() as u64,
+                            "Redis answered: starting"
+                        );
+                    }
+                    return Ok(state);
+                }
+                Err(error) if error.is_unreachable() => {
+                    if attempts == 1 {
+                        tracing::warn!(%error, "Redis cannot be reached: /healthz answers, /readyz says not ready, and connecting is retried until Redis answers");
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
     /// Connects to Redis as configured and starts the service (see [`Service::start`]).
     /// Starts even when Redis is down: checks then answer by failure mode, and the policies
     /// load once Redis is back.
@@ -85,6 +122,8 @@ impl AppState {
             request_timeout: config.request_timeout,
             header_read_timeout: config.header_read_timeout,
             max_connections: config.max_connections,
+            max_pending: config.max_pending,
+            max_waiting: config.max_waiting,
             trusted_proxies: config.trusted_proxies.clone(),
             envoy: config.envoy.clone(),
             streams: Default::default(),

@@ -153,37 +153,54 @@ async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Readiness: Redis answers and runs Lua scripts.
+/// Readiness: able to answer. Not while draining, nor before the policies were first
+/// loaded; but a Redis outage keeps the instance ready, so callers get each policy's failure
+/// mode rather than connection errors. Redis's state is reported here (and in
+/// `spillway_redis_up`).
 #[utoipa::path(get, path = "/readyz", tag = "health", operation_id = "readyz", security(()), responses((status = 200, body = openapi::Status), (status = 503, body = openapi::Problem, content_type = "application/problem+json")))]
 async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    if state.shutdown.is_draining() {
-        return Err(ApiError::ShuttingDown);
-    }
-    let health = state
-        .service()
-        .redis_health()
-        .await
-        .map_err(ApiError::RedisUnavailable)?;
+    ready(&state)?;
+    let redis = match state.service().redis_health().await {
+        Ok(health) => json!({
+            "status": "up",
+            "server_time_us": health.server_time_us,
+            "round_trip_us": health.round_trip_us,
+        }),
+        Err(error) => json!({ "status": "down", "error": error.to_string() }),
+    };
     let folder = state
         .service()
         .domains_folder()
         .map(|f| json!({ "dir": f.dir, "problem": f.problem }));
     Ok(Json(json!({
         "status": "ready",
-        "policies_loaded": state.service().policies_loaded(),
+        "policies_loaded": true,
         "domains_folder": folder,
-        "redis": { "server_time_us": health.server_time_us, "round_trip_us": health.round_trip_us },
+        "redis": redis,
     })))
 }
 
-/// envoyproxy/ratelimit's health check, where its users' probes look: `OK` while Redis
-/// answers and the server is not shutting down, 500 otherwise.
-#[utoipa::path(get, path = "/healthcheck", tag = "health", operation_id = "healthcheck", security(()), responses((status = 200, description = "OK", content_type = "text/plain"), (status = 500, description = "Redis unreachable or shutting down")))]
-async fn healthcheck(State(state): State<AppState>) -> (StatusCode, &'static str) {
-    if state.shutdown.is_draining() || state.service().redis_health().await.is_err() {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "");
+/// Whether this instance can answer checks: not draining, and its policies loaded.
+fn ready(state: &AppState) -> Result<(), ApiError> {
+    if state.shutdown.is_draining() {
+        return Err(ApiError::ShuttingDown);
     }
-    (StatusCode::OK, "OK")
+    if !state.service().policies_loaded() {
+        return Err(ApiError::PoliciesNotLoaded);
+    }
+    Ok(())
+}
+
+/// envoyproxy/ratelimit's health check, where its users' probes look (Envoy Gateway's
+/// liveness and readiness probes among them): `OK` while the instance can answer (as
+/// `/readyz`: a Redis outage leaves it OK, so each domain's failure mode is served), 500
+/// while draining or before the policies were first loaded.
+#[utoipa::path(get, path = "/healthcheck", tag = "health", operation_id = "healthcheck", security(()), responses((status = 200, description = "OK", content_type = "text/plain"), (status = 500, description = "Shutting down, or the policies not loaded yet")))]
+async fn healthcheck(State(state): State<AppState>) -> (StatusCode, &'static str) {
+    match ready(&state) {
+        Ok(()) => (StatusCode::OK, "OK"),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, ""),
+    }
 }
 
 /// Prometheus text exposition.

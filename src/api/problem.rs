@@ -49,6 +49,9 @@ pub enum ApiError {
     PoliciesNotLoaded,
     #[error("shutting down")]
     ShuttingDown,
+    /// The port has as many requests begun as its budget allows (the detail says which).
+    #[error("busy: {0}")]
+    Busy(&'static str),
     /// The request took longer than `SPILLWAY_REQUEST_TIMEOUT_MS` to arrive and be answered
     /// (a body that stalled, or an answer that could not be made in time).
     #[error("request timed out")]
@@ -149,6 +152,7 @@ impl ApiError {
                 "shutting-down",
                 "Shutting down",
             ),
+            ApiError::Busy(_) => (StatusCode::SERVICE_UNAVAILABLE, "busy", "Too busy"),
             ApiError::BadRequest { .. } => (
                 StatusCode::BAD_REQUEST,
                 "invalid-request",
@@ -202,6 +206,10 @@ impl ApiError {
             ApiError::ShuttingDown => {
                 "this instance received a shutdown signal and is draining".into()
             }
+            ApiError::Busy(what) => format!(
+                "this instance holds as many {what} as its budget allows \
+                 (SPILLWAY_MAX_PENDING_CALLS); try again in a moment"
+            ),
             ApiError::BadRequest { field, detail } => format!("{field}: {detail}"),
             ApiError::Unauthorized => {
                 "Authorization: send 'Bearer <api key>' with a key this instance knows".into()
@@ -250,7 +258,10 @@ impl IntoResponse for ApiError {
         // Nor is Redis being down, once per check: the outage log says it once
         // (`service::alerts::RedisOutage`).
         if status.is_server_error()
-            && !matches!(self, ApiError::Timeout(_) | ApiError::RedisUnavailable(_))
+            && !matches!(
+                self,
+                ApiError::Timeout(_) | ApiError::RedisUnavailable(_) | ApiError::Busy(_)
+            )
         {
             tracing::warn!(error = ?self, "request failed");
         }

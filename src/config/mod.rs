@@ -5,6 +5,7 @@ use std::{path::Path, time::Duration};
 
 use leptos::config::LeptosOptions;
 
+pub mod capacity;
 pub mod sentinel;
 pub mod upstream;
 pub mod xds;
@@ -31,12 +32,19 @@ pub struct Config {
     /// requests (`SPILLWAY_HEADER_READ_TIMEOUT_MS`, default 10 s).
     pub header_read_timeout: Duration,
     /// Connections each listener (HTTP, gRPC) holds open at most
-    /// (`SPILLWAY_MAX_CONNECTIONS`, default 10000); past it a new one waits in the kernel's
-    /// backlog until one closes.
+    /// (`SPILLWAY_MAX_CONNECTIONS`, default from the memory budget: see [`capacity`]); past
+    /// it a new one waits in the kernel's backlog until one closes.
     pub max_connections: usize,
+    /// Calls each port has begun and not yet read the message of
+    /// (`SPILLWAY_MAX_PENDING_CALLS`, default from the memory budget); past it a new call is
+    /// refused at once.
+    pub max_pending: usize,
     /// Denied requests held at once by policies that wait (`on_deny: wait`), on this
-    /// instance (`SPILLWAY_MAX_WAITING`, default 10000); past it a denial is answered at once.
+    /// instance (`SPILLWAY_MAX_WAITING`, default a quarter of the connections, at most half);
+    /// past it a denial is answered at once.
     pub max_waiting: usize,
+    /// Where the caps above came from, and what was lowered to fit the descriptors.
+    pub capacity: capacity::Capacity,
     /// The reverse proxies whose `X-Forwarded-*` headers are believed
     /// (`SPILLWAY_TRUSTED_PROXIES`, addresses and CIDR blocks; default none).
     pub trusted_proxies: crate::forwarded::TrustedProxies,
@@ -238,6 +246,11 @@ impl Config {
         let envoy = envoy_settings(&lookup)?;
         let traces = crate::traces::TraceSettings::from_lookup(&lookup)
             .map_err(|(name, problem)| ConfigError::Invalid { name, problem })?;
+        let capacity = capacity::Capacity::derive(
+            &lookup,
+            capacity::cgroup_memory_limit(),
+            rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft),
+        )?;
         let public_url = lookup("SPILLWAY_PUBLIC_URL")
             .filter(|u| !u.is_empty())
             .unwrap_or_else(|| format!("http://{}", conf.leptos_options.site_addr))
@@ -292,8 +305,10 @@ impl Config {
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
-            max_connections: max_connections(&lookup)?,
-            max_waiting: whole_above_zero(&lookup, "SPILLWAY_MAX_WAITING", 10_000)?,
+            max_connections: capacity.max_connections,
+            max_pending: capacity.max_pending,
+            max_waiting: capacity.max_waiting,
+            capacity,
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,
@@ -501,30 +516,6 @@ fn stop_when_over(
             name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
             problem: format!("expected true or false, got {other:?}"),
         }),
-    }
-}
-
-/// Connections each listener holds open at most (`SPILLWAY_MAX_CONNECTIONS`, default
-/// 10000).
-fn max_connections(lookup: &impl Fn(&str) -> Option<String>) -> Result<usize, ConfigError> {
-    whole_above_zero(lookup, "SPILLWAY_MAX_CONNECTIONS", 10_000)
-}
-
-/// A count setting: a whole number above 0, `default` when not set.
-fn whole_above_zero(
-    lookup: &impl Fn(&str) -> Option<String>,
-    name: &'static str,
-    default: usize,
-) -> Result<usize, ConfigError> {
-    match lookup(name) {
-        None => Ok(default),
-        Some(raw) => match raw.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(ConfigError::Invalid {
-                name,
-                problem: format!("expected a whole number above 0, got {raw:?}"),
-            }),
-        },
     }
 }
 

@@ -177,7 +177,7 @@ const MAX_STREAMS: u32 = 256;
 /// per connection (with the connection cap, the most the port buffers unread). A message
 /// larger than a stream's window flows on as it is read.
 const STREAM_WINDOW: u32 = 64 * 1024;
-const CONNECTION_WINDOW: u32 = 256 * 1024;
+const CONNECTION_WINDOW: u32 = crate::connection::CONNECTION_WINDOW;
 
 /// The gRPC methods anyone may call without a key: health, which orchestrators' probes
 /// call and which says nothing about the limits.
@@ -186,6 +186,14 @@ const OPEN_PREFIX: &str = "/grpc.health.v1.Health/";
 /// The largest health request read: a service name. Anyone may call health, so what it may
 /// make the server hold is kept to this (a message that declares more is refused at once).
 const MAX_HEALTH_MESSAGE: usize = 1024;
+
+/// Health calls one connection may have open at once (a probe makes one at a time; a
+/// `Watch` stays open). Past it a health call is refused with `RESOURCE_EXHAUSTED`.
+pub const HEALTH_CALLS_PER_CONNECTION: usize = 4;
+
+/// How long a health call's message may take to arrive (it is a service name, sent with
+/// the call's headers by every client).
+const HEALTH_MESSAGE_WITHIN: Duration = Duration::from_secs(1);
 
 /// A gRPC message's prefix: a compression flag and its length (4 bytes, big-endian).
 const PREFIX: usize = 5;
@@ -235,7 +243,11 @@ fn takes(request: &http::Request<Incoming>) -> bool {
 /// One `ShouldRateLimit` call the short way (its caller already authenticated): read whole
 /// within the header-read timeout, decided within the caller's `grpc-timeout`
 /// (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such a call), answered.
-async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Response<Unary> {
+async fn answer(
+    state: AppState,
+    request: http::Request<Incoming>,
+    place: tokio::sync::OwnedSemaphorePermit,
+) -> http::Response<Unary> {
     let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
     let path = request.uri().path().trim_start_matches('/');
     let span = crate::traces::server_span(
@@ -270,11 +282,15 @@ async fn answer(state: AppState, request: http::Request<Incoming>) -> http::Resp
                         read_within.as_millis()
                     ))
                 })??;
+            // Read: the place in the port's budget of pending calls is free again. The
+            // decision's future is boxed, so a call still waiting for its message holds only
+            // what reading needs (see `config::capacity::PER_PENDING_CALL`).
+            drop(place);
             match method {
                 Method::ShouldRateLimit => {
-                    decide(&state, message, deadline.map(|d| started + d)).await
+                    Box::pin(decide(&state, message, deadline.map(|d| started + d))).await
                 }
-                _ => kuadrant(&state, method, message).await,
+                _ => Box::pin(kuadrant(&state, method, message)).await,
             }
         };
         match deadline {
@@ -405,8 +421,9 @@ type Routes = tonic::service::Routes;
 /// tonic, within the request timeout.
 async fn route(
     state: AppState,
-    mut routes: Routes,
+    routes: Routes,
     request: http::Request<Incoming>,
+    port: Port,
 ) -> http::Response<http_body_util::Either<Unary, tonic::body::Body>> {
     use http_body_util::Either;
     if !is_grpc(&request) {
@@ -414,16 +431,63 @@ async fn route(
         *answer.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
         return answer;
     }
-    if !request.uri().path().starts_with(OPEN_PREFIX)
-        && let Err(status) = authenticate(&state, request.headers())
-    {
+    let health = request.uri().path().starts_with(OPEN_PREFIX);
+    if !health && let Err(status) = authenticate(&state, request.headers()) {
         return status.into_http().map(Either::Left);
     }
+    // Every call holds a place in the port's budget until its message is read; health
+    // calls also one of their connection's few.
+    let health_call = match health {
+        true => match port.health.take() {
+            Some(call) => Some(call),
+            None => {
+                return Status::resource_exhausted(format!(
+                    "at most {HEALTH_CALLS_PER_CONNECTION} health calls a connection at once"
+                ))
+                .into_http()
+                .map(Either::Left);
+            }
+        },
+        false => None,
+    };
+    let Some(place) = port.pending.try_take() else {
+        return Status::resource_exhausted(
+            "this instance holds as many calls waiting for their message as its budget \
+             allows (SPILLWAY_MAX_PENDING_CALLS); try again in a moment",
+        )
+        .into_http()
+        .map(Either::Left);
+    };
     if takes(&request) {
-        return answer(state, request).await.map(Either::Left);
+        return answer(state, request, place).await.map(Either::Left);
     }
     let within = state.request_timeout;
-    match tokio::time::timeout(within, tower_service::Service::call(&mut routes, request)).await {
+    let answered = match health_call {
+        Some(call) => {
+            let request = match health_request(request).await {
+                Ok(request) => request,
+                Err(status) => return status.into_http().map(Either::Left),
+            };
+            drop(place);
+            let answered = Box::pin(tokio::time::timeout(
+                within,
+                tower_service::Service::call(&mut routes.clone(), request),
+            ))
+            .await;
+            drop(call);
+            answered
+        }
+        None => {
+            let answered = Box::pin(tokio::time::timeout(
+                within,
+                tower_service::Service::call(&mut routes.clone(), request),
+            ))
+            .await;
+            drop(place);
+            answered
+        }
+    };
+    match answered {
         Ok(Ok(answer)) => answer.map(Either::Right),
         Ok(Err(never)) => match never {},
         Err(_) => Status::deadline_exceeded(format!(
@@ -432,6 +496,68 @@ async fn route(
         ))
         .into_http()
         .map(Either::Left),
+    }
+}
+
+/// A health call with its message read first, within [`HEALTH_MESSAGE_WITHIN`] and
+/// [`MAX_HEALTH_MESSAGE`]: what anyone may make the server wait on is a second and a
+/// kilobyte.
+async fn health_request(
+    request: http::Request<Incoming>,
+) -> Result<http::Request<http_body_util::Full<Bytes>>, Status> {
+    use http_body_util::BodyExt;
+    let (parts, body) = request.into_parts();
+    let read = http_body_util::Limited::new(body, PREFIX + MAX_HEALTH_MESSAGE).collect();
+    let bytes = match tokio::time::timeout(HEALTH_MESSAGE_WITHIN, read).await {
+        Err(_) => {
+            return Err(Status::deadline_exceeded(format!(
+                "a health call's message must arrive within {} ms",
+                HEALTH_MESSAGE_WITHIN.as_millis()
+            )));
+        }
+        Ok(Err(_)) => {
+            return Err(Status::out_of_range(format!(
+                "a health call's message is at most {MAX_HEALTH_MESSAGE} bytes"
+            )));
+        }
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    Ok(http::Request::from_parts(
+        parts,
+        http_body_util::Full::new(bytes),
+    ))
+}
+
+/// What the calls of one connection share: the port's budget of pending calls and the
+/// connection's own count of health calls.
+#[derive(Clone)]
+struct Port {
+    pending: crate::connection::Pending,
+    health: HealthCalls,
+}
+
+/// The health calls open on one connection.
+#[derive(Clone, Default)]
+struct HealthCalls(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+/// One open health call, counted until dropped.
+struct HealthCall(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl HealthCalls {
+    fn take(&self) -> Option<HealthCall> {
+        use std::sync::atomic::Ordering;
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < HEALTH_CALLS_PER_CONNECTION).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| HealthCall(self.0.clone()))
+    }
+}
+
+impl Drop for HealthCall {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -481,6 +607,7 @@ async fn watch_connection<C>(
     activity: &crate::connection::Activity,
     timeout: Duration,
     closing: &tokio_util::sync::CancellationToken,
+    limit: &crate::connection::Limit,
 ) where
     C: Future<Output = hyper::Result<()>> + GracefulConnection,
 {
@@ -510,7 +637,7 @@ async fn watch_connection<C>(
                         return;
                     }
                 }
-                None if watch.unused(activity) => {
+                None if watch.unused(activity, limit.pressed()) => {
                     connection.as_mut().goaway();
                     goaway = Some(0);
                 }
@@ -565,12 +692,17 @@ pub async fn serve(
     let closing = tokio_util::sync::CancellationToken::new();
     let connections = tokio_util::task::TaskTracker::new();
     let limit = Limit::new(state.max_connections);
+    let pending = crate::connection::Pending::new(state.max_pending);
     tokio::pin!(shutdown);
     while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (state, routes, builder) = (state.clone(), routes.clone(), builder.clone());
-        let closing = closing.clone();
+        let (closing, limit) = (closing.clone(), limit.clone());
+        let port = Port {
+            pending: pending.clone(),
+            health: HealthCalls::default(),
+        };
         // The TLS handshake (when the port has TLS) happens in the connection's own task.
         connections.spawn(async move {
             let _permit = permit;
@@ -586,7 +718,7 @@ pub async fn serve(
             let streams = activity.clone();
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let in_flight = InFlight::start(&streams);
-                let answer = route(state.clone(), routes.clone(), request);
+                let answer = route(state.clone(), routes.clone(), request, port.clone());
                 async move {
                     let answer = answer.await;
                     drop(in_flight);
@@ -599,7 +731,7 @@ pub async fn serve(
             // count its reads and writes.
             let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(socket));
             let connection = builder.serve_connection(io, service);
-            watch_connection(connection, &activity, timeout, &closing).await;
+            watch_connection(connection, &activity, timeout, &closing, &limit).await;
         });
     }
     // New connections are refused at once, not left to hang while the calls in flight end.

@@ -209,6 +209,8 @@ impl Service {
 
     /// Whether Redis answers and runs scripts, and how fast.
     pub async fn redis_health(&self) -> Result<RedisHealth, StoreError> {
-        self.store.health().await
+        let health = self.store.health().await;
+        metrics::gauge!("spillway_redis_up").set(if health.is_ok() { 1.0 } else { 0.0 });
+        health
     }
 }

@@ -50,9 +50,10 @@ impl Service {
         top: usize,
         only: Option<&(dyn Fn(&str) -> bool + Sync)>,
     ) -> OverviewFacts {
-        let redis = self.store.health().await;
+        let redis = self.redis_health().await;
+        // Said once per outage by the outage log (`alerts::RedisOutage`), not per view.
         if let Err(error) = &redis {
-            tracing::warn!(%error, "redis health probe failed");
+            tracing::debug!(%error, "redis health probe failed");
             return OverviewFacts {
                 redis,
                 rates: None,

@@ -22,3 +22,28 @@ pub enum StoreError {
     #[error("the check script failed: {0}")]
     Script(String),
 }
+
+impl StoreError {
+    /// Whether Redis could not be reached (down, refusing, not answering in time), rather
+    /// than reached and wrong, or set up wrong: waiting may mend the former, never the
+    /// latter.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            StoreError::Redis(error) => {
+                error.is_io_error()
+                    || error.is_connection_refusal()
+                    || error.is_connection_dropped()
+                    || error.is_timeout()
+                    || matches!(
+                        error.kind(),
+                        redis::ErrorKind::Io
+                            | redis::ErrorKind::ClusterConnectionNotFound
+                            | redis::ErrorKind::MasterNameNotFoundBySentinel
+                            | redis::ErrorKind::NoValidReplicasFoundBySentinel
+                    )
+            }
+            StoreError::Timeout(_) | StoreError::CircuitOpen | StoreError::NotReached(_) => true,
+            StoreError::Reply(_) | StoreError::Script(_) => false,
+        }
+    }
+}
