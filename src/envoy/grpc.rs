@@ -168,10 +168,11 @@ async fn kuadrant(
 /// (tonic's default, 4 MiB, let a caller with no key make the server hold 4 MiB a stream.)
 const MAX_MESSAGE: usize = 64 * 1024;
 
-/// Streams one connection may have open at once. Each holds at most one message
-/// (`MAX_MESSAGE`) while it is read, so a connection holds at most 16 MiB of them; a
-/// client that needs more opens another connection (Envoy does).
-const MAX_STREAMS: u32 = 256;
+/// Streams one connection may have open at once (a client that needs more opens another
+/// connection, as Envoy does). What they hold unread is bounded by the connection window,
+/// and each is a row of the codec's table: 128 keeps a connection's worst case within
+/// `config::capacity::PER_CONNECTION`.
+const MAX_STREAMS: u32 = 128;
 
 /// The HTTP/2 windows: what a client may send before the server reads it, per stream and
 /// per connection (with the connection cap, the most the port buffers unread). A message
@@ -417,52 +418,67 @@ type Routes = tonic::service::Routes;
 
 /// One request on the gRPC port, decided before any of its body is read: what is not gRPC
 /// gets HTTP 415 (as the gRPC spec says), a call without a valid key `UNAUTHENTICATED`
-/// (health excepted), then `ShouldRateLimit` the short way and everything else through
-/// tonic, within the request timeout.
+/// (health excepted), a call past the port's budgets `RESOURCE_EXHAUSTED`; all of these at
+/// once, without a task of their own ([`admit`]). Then `ShouldRateLimit` the short way and
+/// everything else through tonic, within the request timeout.
+type Answer = http::Response<http_body_util::Either<Unary, tonic::body::Body>>;
+
+/// What an admitted call holds: its place in the port's budget of pending calls (until its
+/// message is read) and, for health, one of its connection's few health calls.
+struct Admitted {
+    place: tokio::sync::OwnedSemaphorePermit,
+    health: Option<HealthCall>,
+}
+
+/// Whether `request` is taken, decided from its headers alone; the refusal otherwise.
+fn admit(state: &AppState, request: &http::Request<Incoming>, port: &Port) -> Result<Admitted, Answer> {
+    use http_body_util::Either;
+    if !is_grpc(request) {
+        let mut answer = http::Response::new(Either::Left(Unary::default()));
+        *answer.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return Err(answer);
+    }
+    let refuse = |status: Status| status.into_http().map(Either::Left);
+    let health = match request.uri().path().starts_with(OPEN_PREFIX) {
+        false => {
+            authenticate(state, request.headers()).map_err(refuse)?;
+            None
+        }
+        true => Some(port.health.take().ok_or_else(|| {
+            refuse(Status::resource_exhausted(format!(
+                "at most {HEALTH_CALLS_PER_CONNECTION} health calls a connection at once"
+            )))
+        })?),
+    };
+    // Health has a budget of its own: a flood of calls cannot starve the probes, nor a
+    // flood of health calls the checks.
+    let budget = match health {
+        Some(_) => &port.pending_health,
+        None => &port.pending,
+    };
+    let place = budget.try_take().ok_or_else(|| {
+        refuse(Status::resource_exhausted(
+            "this instance holds as many calls waiting for their message as its budget \
+             allows (SPILLWAY_MAX_PENDING_CALLS); try again in a moment",
+        ))
+    })?;
+    Ok(Admitted { place, health })
+}
+
+/// An admitted call, answered.
 async fn route(
     state: AppState,
     routes: Routes,
     request: http::Request<Incoming>,
-    port: Port,
-) -> http::Response<http_body_util::Either<Unary, tonic::body::Body>> {
+    admitted: Admitted,
+) -> Answer {
     use http_body_util::Either;
-    if !is_grpc(&request) {
-        let mut answer = http::Response::new(Either::Left(Unary::default()));
-        *answer.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
-        return answer;
-    }
-    let health = request.uri().path().starts_with(OPEN_PREFIX);
-    if !health && let Err(status) = authenticate(&state, request.headers()) {
-        return status.into_http().map(Either::Left);
-    }
-    // Every call holds a place in the port's budget until its message is read; health
-    // calls also one of their connection's few.
-    let health_call = match health {
-        true => match port.health.take() {
-            Some(call) => Some(call),
-            None => {
-                return Status::resource_exhausted(format!(
-                    "at most {HEALTH_CALLS_PER_CONNECTION} health calls a connection at once"
-                ))
-                .into_http()
-                .map(Either::Left);
-            }
-        },
-        false => None,
-    };
-    let Some(place) = port.pending.try_take() else {
-        return Status::resource_exhausted(
-            "this instance holds as many calls waiting for their message as its budget \
-             allows (SPILLWAY_MAX_PENDING_CALLS); try again in a moment",
-        )
-        .into_http()
-        .map(Either::Left);
-    };
+    let Admitted { place, health } = admitted;
     if takes(&request) {
         return answer(state, request, place).await.map(Either::Left);
     }
     let within = state.request_timeout;
-    let answered = match health_call {
+    let answered = match health {
         Some(call) => {
             let request = match health_request(request).await {
                 Ok(request) => request,
@@ -533,6 +549,7 @@ async fn health_request(
 #[derive(Clone)]
 struct Port {
     pending: crate::connection::Pending,
+    pending_health: crate::connection::Pending,
     health: HealthCalls,
 }
 
@@ -693,6 +710,7 @@ pub async fn serve(
     let connections = tokio_util::task::TaskTracker::new();
     let limit = Limit::new(state.max_connections);
     let pending = crate::connection::Pending::new(state.max_pending);
+    let pending_health = crate::connection::Pending::new((state.max_pending / 4).max(16));
     tokio::pin!(shutdown);
     while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
@@ -701,6 +719,7 @@ pub async fn serve(
         let (closing, limit) = (closing.clone(), limit.clone());
         let port = Port {
             pending: pending.clone(),
+            pending_health: pending_health.clone(),
             health: HealthCalls::default(),
         };
         // The TLS handshake (when the port has TLS) happens in the connection's own task.
@@ -718,11 +737,23 @@ pub async fn serve(
             let streams = activity.clone();
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 let in_flight = InFlight::start(&streams);
-                let answer = route(state.clone(), routes.clone(), request, port.clone());
-                async move {
-                    let answer = answer.await;
-                    drop(in_flight);
-                    Ok::<_, Infallible>(answer)
+                // A refusal is answered from a ready future; only an admitted call's future
+                // is allocated (boxed, so a refused stream's task stays small).
+                match admit(&state, &request, &port) {
+                    Err(refused) => {
+                        drop(in_flight);
+                        futures_util::future::Either::Left(std::future::ready(Ok::<_, Infallible>(
+                            refused,
+                        )))
+                    }
+                    Ok(admitted) => {
+                        let answer = route(state.clone(), routes.clone(), request, admitted);
+                        futures_util::future::Either::Right(Box::pin(async move {
+                            let answer = answer.await;
+                            drop(in_flight);
+                            Ok::<_, Infallible>(answer)
+                        }))
+                    }
                 }
             });
             // Answers that one Redis call decides together leave in one write (see

@@ -63,7 +63,7 @@ fn start_of_message(declared: u32, n: usize) -> Bytes {
 /// N1 of the second probe: a call with no key was read whole (up to 4 MiB) before the key
 /// was checked unless its content-type was exactly `application/grpc`. Now: what is not
 /// gRPC is a 415, any gRPC call without a key is UNAUTHENTICATED, both before the body
-/// ends; health needs no key; the server allows 256 streams a connection; an authenticated
+/// ends; health needs no key; the server allows 128 streams a connection; an authenticated
 /// message that stops coming is ended at the header-read timeout.
 #[tokio::test]
 async fn the_grpc_port_checks_the_key_before_reading_a_body() {
@@ -136,7 +136,7 @@ async fn the_grpc_port_checks_the_key_before_reading_a_body() {
         pong = ping.ping(h2::Ping::opaque()) => pong.unwrap(),
         ended = &mut connection => panic!("the connection ended: {ended:?}"),
     };
-    assert_eq!(connection.max_concurrent_send_streams(), 256);
+    assert_eq!(connection.max_concurrent_send_streams(), 128);
 
     // With a key, a message that stops halfway is ended at the header-read timeout.
     let bearer = format!("Bearer {SERVICE_KEY}");

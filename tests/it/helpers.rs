@@ -462,10 +462,25 @@ impl AppProcess {
     }
 
     pub fn start_with(redis: &RedisServer, extra: &[(&str, &str)]) -> Self {
+        Self::start_under(redis, extra, &[])
+    }
+
+    /// As [`AppProcess::start_with`], the binary started by `wrapper` (for instance
+    /// `prlimit --nofile=1024:1024`).
+    pub fn start_under(redis: &RedisServer, extra: &[(&str, &str)], wrapper: &[&str]) -> Self {
         let port = free_port();
         // A free port for gRPC too: a `make run` may hold the default 8081.
         let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_spillway"))
+        let binary = env!("CARGO_BIN_EXE_spillway");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        let child = command
             .env("SPILLWAY_ALERT_EVAL_MS", "3600000")
             .env("SPILLWAY_GRPC_ADDR", grpc.to_string())
             .envs(extra.iter().copied())
@@ -480,7 +495,14 @@ impl AppProcess {
             .expect("the spillway binary is built for the tests");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(addr).is_err() {
+        // The HTTP port answers while the server starts (health only); the gRPC port is
+        // bound once it has: both listening means started.
+        let grpc_off = extra
+            .iter()
+            .any(|(name, value)| *name == "SPILLWAY_GRPC_ADDR" && value.is_empty());
+        while std::net::TcpStream::connect(addr).is_err()
+            || (!grpc_off && std::net::TcpStream::connect(grpc).is_err())
+        {
             assert!(
                 Instant::now() < deadline,
                 "spillway did not start on {addr}"
@@ -494,6 +516,17 @@ impl AppProcess {
 impl AppProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The process's resident memory now, in bytes (`VmRSS`).
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+            * 1024
     }
 }
 

@@ -29,6 +29,7 @@ mod listeners_tls;
 mod live;
 mod local;
 mod memory;
+mod memory_bound;
 mod openapi;
 mod penalty;
 mod probe2;

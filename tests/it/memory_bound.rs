@@ -1,0 +1,237 @@
+//! What callers without credentials can make the server hold, measured on the real binary:
+//! connections that open every stream they may and send only the start of a message, on
+//! health (which needs no key) and on `ShouldRateLimit` with the key check off. The growth
+//! of the process's resident memory must stay within the bound `config::capacity` states
+//! (connections × PER_CONNECTION + pending calls × PER_PENDING_CALL), and the port must go on
+//! answering an honest caller. Also: under a low open-file limit, hostile connections never
+//! make the server run out of descriptors.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use spillway::config::capacity::{PER_CONNECTION, PER_PENDING_CALL};
+
+use crate::helpers::{AppProcess, RedisServer};
+
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The memory budget the tests give the server: 384 connections a port, 341 pending calls.
+const BUDGET_MB: &str = "512";
+const PENDING: u64 = 341;
+
+/// One hostile connection: opens up to `streams` calls of `path`, each sending the 5-byte
+/// prefix of a 1000-byte message and nothing more, and keeps them (and the connection)
+/// open until dropped. Answers how many the server refused at once.
+struct Hostile {
+    _streams: Vec<h2::SendStream<Bytes>>,
+    refused: usize,
+}
+
+async fn hostile(addr: std::net::SocketAddr, path: &str, streams: usize) -> Option<Hostile> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (sender, connection) = h2::client::handshake(tcp).await.ok()?;
+    tokio::spawn(connection);
+    let mut sender = sender;
+    let mut held = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..streams {
+        let Ok(Ok(ready)) = tokio::time::timeout(Duration::from_millis(500), sender.ready()).await
+        else {
+            break;
+        };
+        sender = ready;
+        let request = http::Request::post(format!("http://{addr}{path}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let Ok((response, mut stream)) = sender.send_request(request, false) else {
+            break;
+        };
+        let mut prefix = vec![0u8];
+        prefix.extend_from_slice(&1000u32.to_be_bytes());
+        stream.reserve_capacity(prefix.len());
+        let _ = stream.send_data(prefix.into(), false);
+        held.push(stream);
+        answers.push(response);
+    }
+    // The calls answered at once are the refused ones (RESOURCE_EXHAUSTED).
+    let mut refused = 0;
+    for response in answers {
+        if let Ok(Ok(response)) = tokio::time::timeout(Duration::from_millis(20), response).await
+            && response.headers().get("grpc-status").map(|v| v.as_bytes()) == Some(b"8")
+        {
+            refused += 1;
+        }
+    }
+    Some(Hostile {
+        _streams: held,
+        refused,
+    })
+}
+
+/// `n` hostile connections at once.
+async fn hostile_connections(
+    addr: std::net::SocketAddr,
+    path: &'static str,
+    n: usize,
+) -> Vec<Hostile> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        tasks.spawn(async move { hostile(addr, path, 256).await });
+    }
+    let mut out = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        out.extend(done.unwrap());
+    }
+    out
+}
+
+/// The highest resident memory seen over `over`, sampled every 50 ms.
+async fn peak_rss(app: &AppProcess, over: Duration) -> u64 {
+    let until = Instant::now() + over;
+    let mut peak = app.rss();
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        peak = peak.max(app.rss());
+    }
+    peak
+}
+
+/// An honest health check on a fresh connection answers SERVING within `within`. While an
+/// attack holds the health budget a call is refused at once (RESOURCE_EXHAUSTED), and asked
+/// again: the attack's calls end when their message does not come within a second.
+async fn health_answers(addr: std::net::SocketAddr, within: Duration) {
+    let deadline = Instant::now() + within;
+    let mut last = None;
+    while Instant::now() < deadline {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+        let asked = health.check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        });
+        match tokio::time::timeout_at(deadline.into(), asked).await {
+            Ok(Ok(answer)) => {
+                assert_eq!(answer.into_inner().status, 1, "SERVING");
+                return;
+            }
+            Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
+                last = Some(status);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok(Err(status)) => panic!("health failed: {status:?}"),
+            Err(_) => break,
+        }
+    }
+    panic!("no honest health check answered within {within:?}; last: {last:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_without_credentials_hold_bounded_memory() {
+    spillway::config::capacity::raise_open_files();
+    let redis = RedisServer::start();
+    let app = AppProcess::start_with(
+        &redis,
+        &[
+            ("SPILLWAY_MEMORY_BUDGET_MB", BUDGET_MB),
+            ("SPILLWAY_GRPC_AUTH", "none"),
+            ("SPILLWAY_HEADER_READ_TIMEOUT_MS", "8000"),
+        ],
+    );
+    // Warm: the first calls allocate the server's lasting structures.
+    health_answers(app.grpc, Duration::from_secs(5)).await;
+    let base = app.rss();
+    for (connections, path) in [
+        (40usize, HEALTH_WATCH),
+        (40, SHOULD_RATE_LIMIT),
+        (400, HEALTH_WATCH),
+    ] {
+        let attack = hostile_connections(app.grpc, path, connections).await;
+        let opened = attack.len();
+        let refused: usize = attack.iter().map(|h| h.refused).sum();
+        let peak = peak_rss(&app, Duration::from_secs(2)).await;
+        let bound = connections as u64 * PER_CONNECTION + PENDING * PER_PENDING_CALL;
+        let grown = peak.saturating_sub(base);
+        eprintln!(
+            "{connections} connections × 256 calls of {path}: {opened} opened, {refused} calls refused, \
+             RSS {} MiB → peak {} MiB (+{} KiB, bound {} KiB)",
+            base >> 20,
+            peak >> 20,
+            grown >> 10,
+            bound >> 10
+        );
+        assert!(opened >= connections * 9 / 10, "{opened} of {connections} connected");
+        assert!(
+            refused > 0,
+            "past the budgets calls are refused at once with RESOURCE_EXHAUSTED"
+        );
+        assert!(
+            grown <= bound,
+            "RSS grew by {} KiB, over the bound of {} KiB",
+            grown >> 10,
+            bound >> 10
+        );
+        // The port still answers an honest caller while the attack holds its calls.
+        health_answers(app.grpc, Duration::from_secs(5)).await;
+        drop(attack);
+    }
+}
+
+/// Under an open-file limit of 1,024, 2,000 connections that send nothing leave the server
+/// able to answer: the connection caps fit the descriptors (no EMFILE, which would refuse
+/// Redis and files too), and idle connections are closed early on a nearly full port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_connections_never_exhaust_descriptors() {
+    spillway::config::capacity::raise_open_files();
+    spillway::install_tls_provider();
+    let redis = RedisServer::start();
+    let app = AppProcess::start_under(
+        &redis,
+        &[("SPILLWAY_HEADER_READ_TIMEOUT_MS", "2000")],
+        &["prlimit", "--nofile=1024:1024"],
+    );
+    let client = reqwest::Client::new();
+    let mut silent = Vec::new();
+    for i in 0..2000 {
+        let addr = if i % 2 == 0 { app.addr } else { app.grpc };
+        // Past the caps connections wait in the kernel's backlog, or are refused by it.
+        if let Ok(Ok(stream)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            silent.push(stream);
+        }
+    }
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", app.pid()))
+        .unwrap()
+        .count();
+    eprintln!(
+        "{} hostile connections made; the server holds {fds} descriptors",
+        silent.len()
+    );
+    assert!(fds < 1024, "{fds} descriptors open, at the limit");
+    // An honest check gets through while they are held: the port closes idle connections
+    // at its first quiet look once nearly full (a quarter of the 2 s timeout), so it waits
+    // at most a few of those.
+    let started = Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(15),
+        client.get(format!("http://{}/healthz", app.addr)).send(),
+    )
+    .await
+    .expect("answered while 2,000 connections are held")
+    .unwrap();
+    assert_eq!(answer.status(), 200);
+    eprintln!("an honest /healthz answered in {:?}", started.elapsed());
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", app.pid()))
+        .unwrap()
+        .count();
+    assert!(fds < 1024, "{fds} descriptors open, at the limit");
+}
