@@ -23,7 +23,10 @@ pub struct Limit(Arc<tokio::sync::Semaphore>, usize);
 
 impl Limit {
     pub fn new(connections: usize) -> Self {
-        Self(Arc::new(tokio::sync::Semaphore::new(connections)), connections)
+        Self(
+            Arc::new(tokio::sync::Semaphore::new(connections)),
+            connections,
+        )
     }
 
     /// Whether the port is nearly full (fewer than an eighth of its connections left): its

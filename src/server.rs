@@ -58,9 +58,11 @@ pub fn router(state: AppState) -> Router {
         // A failed answer is not an error of this process: 5xx answers are counted in
         // metrics and an outage is said once (`service::alerts::RedisOutage`), so the
         // layer's per-request ERROR line is kept for RUST_LOG=tower_http=debug.
-        .layer(TraceLayer::new_for_http().on_failure(
-            tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
-        ))
+        .layer(
+            TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ),
+        )
         .layer(axum::middleware::from_fn_with_state(
             state.shutdown.clone(),
             close_while_draining,

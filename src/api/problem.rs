@@ -256,11 +256,16 @@ impl IntoResponse for ApiError {
         // A timeout is the client's as often as ours (a body that stalled): not worth a
         // warning per connection that anyone may open.
         // Nor is Redis being down, once per check: the outage log says it once
-        // (`service::alerts::RedisOutage`).
+        // (`service::alerts::RedisOutage`); nor a state of the whole instance (starting,
+        // draining, busy) that its own log lines and metrics say.
         if status.is_server_error()
             && !matches!(
                 self,
-                ApiError::Timeout(_) | ApiError::RedisUnavailable(_) | ApiError::Busy(_)
+                ApiError::Timeout(_)
+                    | ApiError::RedisUnavailable(_)
+                    | ApiError::Busy(_)
+                    | ApiError::PoliciesNotLoaded
+                    | ApiError::ShuttingDown
             )
         {
             tracing::warn!(error = ?self, "request failed");

@@ -120,12 +120,15 @@ impl Capacity {
 /// The memory limit of the cgroup this process runs in (cgroup v2 `memory.max`, then v1's
 /// `memory.limit_in_bytes`), when it has one.
 pub fn cgroup_memory_limit() -> Option<u64> {
-    ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        .iter()
-        .find_map(|path| std::fs::read_to_string(path).ok())
-        .and_then(|text| text.trim().parse::<u64>().ok())
-        // v1 says "no limit" with a number near 2^63.
-        .filter(|&bytes| bytes < 1 << 50)
+    [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|path| std::fs::read_to_string(path).ok())
+    .and_then(|text| text.trim().parse::<u64>().ok())
+    // v1 says "no limit" with a number near 2^63.
+    .filter(|&bytes| bytes < 1 << 50)
 }
 
 /// The soft limit on open files, raised to the hard limit first (a process may do so
@@ -171,13 +174,20 @@ mod tests {
     fn caps_follow_the_memory_budget() {
         // 512 MiB (the shipped Deployment's limit): 3/4 of it over two ports.
         let c = derive(&[], Some(512 << 20), 1 << 20);
-        assert_eq!((c.budget_mb, c.budget_source), (512, "the cgroup's memory limit"));
+        assert_eq!(
+            (c.budget_mb, c.budget_source),
+            (512, "the cgroup's memory limit")
+        );
         assert_eq!(c.max_connections, 384);
         assert_eq!(c.max_pending, 341);
         assert_eq!(c.max_waiting, 96);
         assert!(c.worst_case_mb() <= 512 * 7 / 8, "{}", c.worst_case_mb());
         assert!(c.clamped.is_none());
-        let c = derive(&[("SPILLWAY_MEMORY_BUDGET_MB", "2048")], Some(512 << 20), 1 << 20);
+        let c = derive(
+            &[("SPILLWAY_MEMORY_BUDGET_MB", "2048")],
+            Some(512 << 20),
+            1 << 20,
+        );
         assert_eq!((c.budget_mb, c.max_connections), (2048, 1536));
         let c = derive(&[], None, 1 << 20);
         assert_eq!((c.budget_mb, c.budget_source), (1024, "the default"));
@@ -190,7 +200,10 @@ mod tests {
         assert!(c.clamped.unwrap().contains("lowered from 10000 to 480"));
         // Waiting never takes more than half of the connections.
         let c = derive(
-            &[("SPILLWAY_MAX_CONNECTIONS", "300"), ("SPILLWAY_MAX_WAITING", "300")],
+            &[
+                ("SPILLWAY_MAX_CONNECTIONS", "300"),
+                ("SPILLWAY_MAX_WAITING", "300"),
+            ],
             None,
             1 << 20,
         );
@@ -203,6 +216,9 @@ mod tests {
     fn a_bad_count_names_its_setting() {
         let lookup = |name: &str| (name == "SPILLWAY_MAX_PENDING_CALLS").then(|| "0".to_owned());
         let error = Capacity::derive(&lookup, None, 4096).unwrap_err();
-        assert!(error.to_string().contains("SPILLWAY_MAX_PENDING_CALLS"), "{error}");
+        assert!(
+            error.to_string().contains("SPILLWAY_MAX_PENDING_CALLS"),
+            "{error}"
+        );
     }
 }

@@ -10,6 +10,16 @@ pub mod sentinel;
 pub mod upstream;
 pub mod xds;
 
+/// The first admin of a Redis with no users: its password from a Secret
+/// (`SPILLWAY_FIRST_ADMIN_PASSWORD`), or a random one shown on the terminal, or written to
+/// `password_file` (`SPILLWAY_FIRST_ADMIN_PASSWORD_FILE`, default
+/// `$TMPDIR/spillway-first-admin-password`, mode 0600) when there is no terminal.
+#[derive(Clone)]
+pub struct FirstAdmin {
+    pub password: Option<String>,
+    pub password_file: std::path::PathBuf,
+}
+
 /// Everything the server needs to start. Not `Debug`: it holds API keys.
 #[derive(Clone)]
 pub struct Config {
@@ -45,6 +55,8 @@ pub struct Config {
     pub max_waiting: usize,
     /// Where the caps above came from, and what was lowered to fit the descriptors.
     pub capacity: capacity::Capacity,
+    /// The first admin's password, and where a generated one is written.
+    pub first_admin: FirstAdmin,
     /// The reverse proxies whose `X-Forwarded-*` headers are believed
     /// (`SPILLWAY_TRUSTED_PROXIES`, addresses and CIDR blocks; default none).
     pub trusted_proxies: crate::forwarded::TrustedProxies,
@@ -309,6 +321,15 @@ impl Config {
             max_pending: capacity.max_pending,
             max_waiting: capacity.max_waiting,
             capacity,
+            first_admin: FirstAdmin {
+                password: lookup("SPILLWAY_FIRST_ADMIN_PASSWORD").filter(|p| !p.is_empty()),
+                password_file: lookup("SPILLWAY_FIRST_ADMIN_PASSWORD_FILE")
+                    .filter(|p| !p.trim().is_empty())
+                    .map_or_else(
+                        || std::env::temp_dir().join("spillway-first-admin-password"),
+                        std::path::PathBuf::from,
+                    ),
+            },
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,

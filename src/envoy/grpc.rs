@@ -431,7 +431,11 @@ struct Admitted {
 }
 
 /// Whether `request` is taken, decided from its headers alone; the refusal otherwise.
-fn admit(state: &AppState, request: &http::Request<Incoming>, port: &Port) -> Result<Admitted, Answer> {
+fn admit(
+    state: &AppState,
+    request: &http::Request<Incoming>,
+    port: &Port,
+) -> Result<Admitted, Answer> {
     use http_body_util::Either;
     if !is_grpc(request) {
         let mut answer = http::Response::new(Either::Left(Unary::default()));

@@ -108,7 +108,7 @@ impl Service {
             service.local.clone(),
             shutdown,
         );
-        service.announce_first_admin().await;
+        service.announce_first_admin(&config.first_admin).await;
         if let Err(error) = service.keys.reload(&service.store).await {
             tracing::warn!(%error, "stored API keys not loaded yet");
         }

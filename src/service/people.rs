@@ -267,11 +267,14 @@ impl Service {
     /// Creates the user `admin` with a random password when there are no users at all;
     /// returns the name and password to show once. Several instances starting together create
     /// it once (HSETNX).
-    pub async fn ensure_first_admin(&self) -> Result<Option<(String, String)>, StoreError> {
+    pub async fn ensure_first_admin(
+        &self,
+        given: Option<&str>,
+    ) -> Result<Option<(String, String)>, StoreError> {
         if !self.store.list_users().await?.is_empty() {
             return Ok(None);
         }
-        let password = password::generate_password();
+        let password = given.map_or_else(password::generate_password, str::to_owned);
         let user = UserRecord {
             username: Username::parse("admin").expect("a valid name"),
             role: Role::Admin,
@@ -300,15 +303,40 @@ impl Service {
         Ok(Some(("admin".into(), password)))
     }
 
-    /// [`Service::ensure_first_admin`], printing the new admin's password once, to the
-    /// terminal only (never logged).
-    pub(super) async fn announce_first_admin(&self) {
-        match self.ensure_first_admin().await {
-            Ok(Some((user, password))) => println!(
+    /// [`Service::ensure_first_admin`], with the password `first` says (from a Secret), or
+    /// a random one shown once where only its reader sees it: on the terminal when there
+    /// is one, otherwise in a file of mode 0600 whose path is logged (a log is read by more
+    /// people than the admin, and kept). Never in the log.
+    pub(super) async fn announce_first_admin(&self, first: &crate::config::FirstAdmin) {
+        use std::io::IsTerminal;
+        let (user, password) = match self.ensure_first_admin(first.password.as_deref()).await {
+            Ok(Some(created)) => created,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(%error, "could not check for a first admin");
+                return;
+            }
+        };
+        if first.password.is_some() {
+            tracing::info!(%user, "first start: created the admin user with the password of SPILLWAY_FIRST_ADMIN_PASSWORD");
+        } else if std::io::stdout().is_terminal() {
+            println!(
                 "\n  First start: created the admin user {user:?} with password\n\n      {password}\n\n  Sign in at the dashboard and keep it safe; it is not shown again.\n  Change it with `spillway user set-password {user}`.\n"
-            ),
-            Ok(None) => {}
-            Err(error) => tracing::warn!(%error, "could not check for a first admin"),
+            );
+        } else {
+            match write_secret(&first.password_file, &password) {
+                Ok(()) => tracing::info!(
+                    %user,
+                    file = %first.password_file.display(),
+                    "first start: created the admin user; its password is in the file (mode 0600, read it once and delete it)"
+                ),
+                Err(error) => tracing::warn!(
+                    %user,
+                    file = %first.password_file.display(),
+                    %error,
+                    "first start: created the admin user, but could not write its password; set one with `spillway user set-password admin`"
+                ),
+            }
         }
     }
 
@@ -355,4 +383,18 @@ pub enum OwnPasswordRefused {
     Refused(PeopleError),
     #[error(transparent)]
     Unavailable(#[from] StoreError),
+}
+
+/// Writes `secret` to a new file at `path` that only this user may read (0600), replacing
+/// an older one.
+fn write_secret(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    writeln!(file, "{secret}")
 }

@@ -122,11 +122,22 @@ impl PolicyCache {
     ) {
         let cache = self.clone();
         shutdown.spawn(async move {
+            // Said when loading starts failing and when it works again, not every retry.
+            let mut failing = false;
             loop {
                 let mut events = store.subscribe().await.ok();
                 // Load after subscribing, so no change falls between the two.
-                if let Err(error) = cache.reload(&store).await {
-                    tracing::warn!(%error, "loading policies failed; retrying");
+                match cache.reload(&store).await {
+                    Err(error) if !failing => {
+                        failing = true;
+                        tracing::warn!(%error, "loading policies failed; retrying until Redis answers (the policies in memory stay in force)");
+                    }
+                    Err(_) => {}
+                    Ok(()) if failing => {
+                        failing = false;
+                        tracing::info!("policies loaded again");
+                    }
+                    Ok(()) => {}
                 }
                 loop {
                     let tick = tokio::time::sleep(Duration::from_millis(250));

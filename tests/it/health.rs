@@ -1,6 +1,10 @@
 //! Liveness and readiness probes.
 
-use crate::helpers::{RedisServer, spawn_app};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::helpers::{AppProcess, RedisServer, TestApp, spawn_app};
 
 #[tokio::test]
 async fn healthz_answers_without_redis() {
@@ -43,38 +47,170 @@ async fn readyz_runs_a_script_on_redis() {
     );
 }
 
+/// The log lines in `log` (what the process printed that is not a log line, such as
+/// Leptos's note on a binary built without cargo-leptos, aside).
+fn log_lines(log: &str) -> usize {
+    log.lines()
+        .filter(|l| {
+            ["ERROR", "WARN", "INFO", "DEBUG"]
+                .iter()
+                .any(|level| l.contains(level))
+        })
+        .count()
+}
+
+/// Waits until `probe` gives true, asking every 100 ms for at most `within`.
+async fn eventually<F: std::future::Future<Output = bool>>(
+    within: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> F,
+) {
+    let deadline = Instant::now() + within;
+    while !probe().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A Redis outage keeps the instance ready (readiness means "able to answer"): /readyz and
+/// upstream's /healthcheck stay 200 and say Redis is down, each policy answers by its
+/// failure mode, and the log says the outage in a handful of lines, not one per request.
 #[tokio::test]
-async fn readyz_is_503_problem_json_while_redis_is_down_and_recovers() {
+async fn a_redis_outage_keeps_the_instance_ready_and_serving_failure_modes() {
     let mut redis = RedisServer::start();
-    let app = spawn_app(&redis).await;
+    let process = AppProcess::start(&redis);
+    let app = TestApp::remote(process.addr);
+    for (name, failure_mode) in [("opens", "open"), ("closes", "closed")] {
+        app.put_policy(
+            name,
+            json!({"failure_mode": failure_mode, "rules": [
+                {"name": "per-minute", "algorithm": "fixed_window", "limit": 1000, "window_ms": 60000}]}),
+        )
+        .await;
+    }
+    let check =
+        |policy: &'static str| app.check(json!({"policy": policy, "identifiers": {"user": "bob"}}));
+    assert_eq!(check("opens").await.status(), 200);
+    assert_eq!(check("closes").await.status(), 200);
+
     redis.kill();
-    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
-    assert_eq!(response.status(), 503);
-    assert_eq!(
-        response.headers()["content-type"],
-        "application/problem+json"
-    );
-    let body: serde_json::Value = response.json().await.unwrap();
-    assert_eq!(body["status"], 503);
-    assert!(body["detail"].as_str().unwrap().contains("Redis"));
+    let outage = Instant::now();
+    let mut answered = 0;
+    while outage.elapsed() < Duration::from_secs(3) {
+        let open = check("opens").await;
+        assert_eq!(open.status(), 200, "failure_mode open answers 200");
+        let body: Value = open.json().await.unwrap();
+        assert_eq!(body["degraded"], true, "{body}");
+        assert_eq!(
+            check("closes").await.status(),
+            503,
+            "failure_mode closed answers 503"
+        );
+        let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
+        assert_eq!(ready.status(), 200, "ready through the outage");
+        let ready: Value = ready.json().await.unwrap();
+        assert_eq!(ready["redis"]["status"], "down", "{ready}");
+        let upstream = app
+            .client
+            .get(app.url("/healthcheck"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(upstream.status(), 200, "upstream's probe too");
+        answered += 1;
+    }
+    assert!(app.metrics().await.contains("spillway_redis_up 0"));
 
     redis.restart();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let status = app
-            .client
+    eventually(
+        Duration::from_secs(10),
+        "readyz says Redis is up",
+        || async {
+            let ready: Value = app
+                .client
+                .get(app.url("/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            ready["redis"]["status"] == "up"
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(10), "checks count again", || async {
+        check("closes").await.status() == 200
+    })
+    .await;
+    let log = process.log();
+    let lines = log_lines(&log);
+    eprintln!("{answered} rounds of checks and probes in the outage; the log:\n{log}");
+    assert!(
+        lines <= 6,
+        "a 3 s outage with {} requests wrote {lines} lines:\n{log}",
+        answered * 4
+    );
+}
+
+/// A start while Redis is down does not exit: the process is alive (/healthz 200), not
+/// ready (/readyz 503), and becomes ready once Redis answers.
+#[tokio::test]
+async fn a_start_without_redis_waits_for_it() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let process = AppProcess::start_with(&redis, &[("SPILLWAY_GRPC_ADDR", "")]);
+    let app = TestApp::remote(process.addr);
+    let alive = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(alive.status(), 200);
+    let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    assert_eq!(ready.headers()["content-type"], "application/problem+json");
+    let body: Value = ready.json().await.unwrap();
+    assert_eq!(
+        body["type"],
+        "https://spillway.dev/problems/policies-not-loaded"
+    );
+    // It says once that it waits (and goes on answering as above meanwhile).
+    eventually(
+        Duration::from_secs(10),
+        "the log says it waits for Redis",
+        || async { process.log().contains("Redis cannot be reached") },
+    )
+    .await;
+    assert_eq!(
+        app.client
             .get(app.url("/readyz"))
             .send()
             .await
             .unwrap()
-            .status();
-        if status == 200 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "readyz did not recover: {status}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+            .status(),
+        503
+    );
+
+    redis.restart();
+    eventually(
+        Duration::from_secs(15),
+        "ready once Redis answers",
+        || async {
+            app.client
+                .get(app.url("/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                == 200
+        },
+    )
+    .await;
+    app.put_policy(
+        "later",
+        json!({"rules": [{"name": "per-minute", "algorithm": "fixed_window", "limit": 1, "window_ms": 60000}]}),
+    )
+    .await;
+    let check = || app.check(json!({"policy": "later", "identifiers": {"user": "bob"}}));
+    assert_eq!(check().await.status(), 200);
+    assert_eq!(check().await.status(), 429);
+    let log = process.log();
+    assert!(log_lines(&log) <= 3, "{} lines: {log}", log_lines(&log));
 }

@@ -149,6 +149,7 @@ pub struct TestApp {
 impl TestApp {
     /// A client for an app served elsewhere (another process).
     pub fn remote(addr: SocketAddr) -> Self {
+        spillway::install_tls_provider();
         Self {
             addr,
             grpc: None,
@@ -454,6 +455,8 @@ pub struct AppProcess {
     /// Its gRPC port (Envoy's rate limit service).
     pub grpc: SocketAddr,
     child: Child,
+    /// Where its standard output (its log) goes.
+    log: PathBuf,
 }
 
 impl AppProcess {
@@ -472,6 +475,8 @@ impl AppProcess {
         // A free port for gRPC too: a `make run` may hold the default 8081.
         let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let binary = env!("CARGO_BIN_EXE_spillway");
+        let log =
+            std::env::temp_dir().join(format!("spillway-it-{}-{port}.log", std::process::id()));
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
@@ -490,7 +495,7 @@ impl AppProcess {
             .env("SPILLWAY_ADMIN_KEYS", ADMIN_KEY)
             .env("SPILLWAY_REDIS_TIMEOUT_MS", "2000")
             .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("the spillway binary is built for the tests");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
@@ -509,13 +514,23 @@ impl AppProcess {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Self { addr, grpc, child }
+        Self {
+            addr,
+            grpc,
+            child,
+            log,
+        }
     }
 }
 
 impl AppProcess {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The process's resident memory now, in bytes (`VmRSS`).
@@ -534,6 +549,7 @@ impl Drop for AppProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 

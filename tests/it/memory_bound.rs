@@ -165,7 +165,10 @@ async fn callers_without_credentials_hold_bounded_memory() {
             grown >> 10,
             bound >> 10
         );
-        assert!(opened >= connections * 9 / 10, "{opened} of {connections} connected");
+        assert!(
+            opened >= connections * 9 / 10,
+            "{opened} of {connections} connected"
+        );
         assert!(
             refused > 0,
             "past the budgets calls are refused at once with RESOURCE_EXHAUSTED"
