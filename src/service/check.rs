@@ -281,6 +281,13 @@ impl Service {
                 ),
             }
         }
+        // Shadow mode reports what would be denied and writes no penalty: one earned while
+        // shadowing would otherwise bite once the policy enforces.
+        if policy.mode == Mode::Shadow {
+            for entry in &mut entries {
+                entry.penalty = false;
+            }
+        }
         // A cost no rule could ever admit is the caller's mistake, not a wait (in shadow
         // mode it is a denial like any other: the answer stays 200).
         if policy.mode == Mode::Enforce

@@ -147,6 +147,9 @@ pub struct CheckEntry<'a> {
     /// The numbers a caller sent for this rule (`limit=500`), when it did: the entry has
     /// counters of its own under them.
     pub limits: Option<&'a str>,
+    /// Whether a denial may start the rule's penalty box (`block_ms`): not in a policy's
+    /// shadow mode, whose denials are only reported and must not bite once it enforces.
+    pub penalty: bool,
 }
 
 impl<'a> CheckEntry<'a> {
@@ -157,6 +160,7 @@ impl<'a> CheckEntry<'a> {
             identifier,
             cost: None,
             limits: None,
+            penalty: true,
         }
     }
 }
@@ -583,7 +587,11 @@ impl Store {
                     let counting = Counting {
                         count_denied: e.rule.count_denied,
                         cost: e.cost,
-                        block_ms: e.rule.block_ms.unwrap_or(0),
+                        block_ms: if e.penalty {
+                            e.rule.block_ms.unwrap_or(0)
+                        } else {
+                            0
+                        },
                     };
                     (e.rule.algorithm, counting)
                 })

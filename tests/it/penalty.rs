@@ -160,3 +160,35 @@ async fn a_penalty_on_a_later_rule_of_a_composite_check_holds() {
         .clone();
     assert_eq!(per_ip["remaining"], 100 - allowed, "{held}");
 }
+
+/// A denial in shadow mode writes no penalty: switched to enforce, the identifier starts
+/// with its allowance, not with a day in the box (it was 429 with 24 h left).
+#[tokio::test]
+async fn shadow_mode_never_writes_a_penalty() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let policy = |mode: &str| {
+        json!({"mode": mode, "rules": [
+            {"name": "per-user", "algorithm": "fixed_window", "limit": 2, "window_ms": 60000,
+             "dimensions": ["user"], "block_ms": 86_400_000}
+        ]})
+    };
+    app.put_policy("boxed", policy("shadow")).await;
+    // More than the limit at once: a denial of its own at a cost, which would trip the box.
+    let r = app
+        .check(json!({"policy": "boxed", "identifiers": {"user": "bob"}, "cost": 3}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["shadow_denied"], true, "{body}");
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert!(
+        !keys.iter().any(|k| k.ends_with(":pb")),
+        "no penalty key written in shadow mode: {keys:?}"
+    );
+    app.put_policy("boxed", policy("enforce")).await;
+    let (status, body) = check(&app, "bob").await;
+    assert_eq!(status, 200, "no penalty from the shadow denial: {body}");
+    assert_eq!(body["results"][0]["remaining"], 1, "{body}");
+}
