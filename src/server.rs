@@ -486,6 +486,11 @@ pub async fn starting<T>(
             "/healthz",
             get(|| async { axum::Json(serde_json::json!({ "status": "ok", "starting": true })) }),
         )
+        // upstream's probe says "not healthy" its own way.
+        .route(
+            "/healthcheck",
+            get(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR }),
+        )
         .fallback(|| async { api::ApiError::PoliciesNotLoaded });
     let within = Duration::from_secs(5);
     tokio::pin!(start);

@@ -435,14 +435,14 @@ fn admit(
     state: &AppState,
     request: &http::Request<Incoming>,
     port: &Port,
-) -> Result<Admitted, Answer> {
+) -> Result<Admitted, Box<Answer>> {
     use http_body_util::Either;
     if !is_grpc(request) {
         let mut answer = http::Response::new(Either::Left(Unary::default()));
         *answer.status_mut() = http::StatusCode::UNSUPPORTED_MEDIA_TYPE;
-        return Err(answer);
+        return Err(Box::new(answer));
     }
-    let refuse = |status: Status| status.into_http().map(Either::Left);
+    let refuse = |status: Status| Box::new(status.into_http().map(Either::Left));
     let health = match request.uri().path().starts_with(OPEN_PREFIX) {
         false => {
             authenticate(state, request.headers()).map_err(refuse)?;
@@ -747,7 +747,7 @@ pub async fn serve(
                     Err(refused) => {
                         drop(in_flight);
                         futures_util::future::Either::Left(std::future::ready(Ok::<_, Infallible>(
-                            refused,
+                            *refused,
                         )))
                     }
                     Ok(admitted) => {

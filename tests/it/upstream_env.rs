@@ -270,10 +270,12 @@ async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
     let server = Upstream { child, http, grpc };
     let http_client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{}", server.http);
-    // upstream's probe: GET /healthcheck answers OK.
+    // upstream's probe: GET /healthcheck answers OK once started (500 while it connects).
     let started = Instant::now();
     loop {
-        if let Ok(r) = http_client.get(format!("{base}/healthcheck")).send().await {
+        if let Ok(r) = http_client.get(format!("{base}/healthcheck")).send().await
+            && r.status() != 500
+        {
             assert_eq!(r.status(), 200);
             assert_eq!(r.text().await.unwrap(), "OK");
             break;
