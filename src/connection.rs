@@ -19,21 +19,11 @@ pub const CONNECTION_WINDOW: u32 = 256 * 1024;
 /// for a permit (the kernel's backlog queues the rest), so memory and file descriptors stay
 /// bounded however many clients connect.
 #[derive(Clone)]
-pub struct Limit(Arc<tokio::sync::Semaphore>, usize);
+pub struct Limit(Arc<tokio::sync::Semaphore>);
 
 impl Limit {
     pub fn new(connections: usize) -> Self {
-        Self(
-            Arc::new(tokio::sync::Semaphore::new(connections)),
-            connections,
-        )
-    }
-
-    /// Whether the port is nearly full (fewer than an eighth of its connections left): its
-    /// idle connections are then closed at the first quiet look rather than after a whole
-    /// timeout, so the port makes room before it runs out.
-    pub fn pressed(&self) -> bool {
-        self.0.available_permits() < self.1.div_ceil(8)
+        Self(Arc::new(tokio::sync::Semaphore::new(connections)))
     }
 
     /// A permit for one more connection, held until it closes.
@@ -132,7 +122,7 @@ impl Watch {
     /// One tick (a quarter of the timeout after the last): whether the connection has taken
     /// longer than the timeout to send a request's header, or sat idle (nothing read or
     /// written, no request being answered) that long.
-    pub fn overdue(&mut self, activity: &Activity, pressed: bool) -> bool {
+    pub fn overdue(&mut self, activity: &Activity) -> bool {
         let io = activity.io.load(Ordering::Relaxed);
         let quiet = io == self.io && activity.in_flight.load(Ordering::Relaxed) == 0;
         self.idle_ticks = if quiet { self.idle_ticks + 1 } else { 0 };
@@ -148,21 +138,19 @@ impl Watch {
         self.head = head;
         // Idle for WATCH_TICKS whole intervals; a header seen pending at WATCH_TICKS + 1
         // ticks began more than WATCH_TICKS intervals ago.
-        // On a nearly full port, one quiet tick is enough to close an idle connection.
-        let idle_limit = if pressed { 1 } else { WATCH_TICKS };
-        self.idle_ticks >= idle_limit || self.head_ticks > WATCH_TICKS
+        self.idle_ticks >= WATCH_TICKS || self.head_ticks > WATCH_TICKS
     }
 
     /// One tick, for a connection that only speaks HTTP/2 (the gRPC port): whether it has
     /// gone a whole timeout with no request in flight and none begun. Reads and writes do
     /// not count here: keep-alive PINGs and a preface with nothing after it would otherwise
     /// keep a connection that asks nothing open for ever.
-    pub fn unused(&mut self, activity: &Activity, pressed: bool) -> bool {
+    pub fn unused(&mut self, activity: &Activity) -> bool {
         let streams = activity.streams.load(Ordering::Relaxed);
         let quiet = streams == self.streams && activity.in_flight.load(Ordering::Relaxed) == 0;
         self.quiet_ticks = if quiet { self.quiet_ticks + 1 } else { 0 };
         self.streams = streams;
-        self.quiet_ticks >= if pressed { 1 } else { WATCH_TICKS }
+        self.quiet_ticks >= WATCH_TICKS
     }
 }
 

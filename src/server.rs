@@ -323,7 +323,7 @@ pub async fn run(
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (app, state, builder) = (app.clone(), state.clone(), builder.clone());
-        let (limit, pending) = (limit.clone(), pending.clone());
+        let pending = pending.clone();
         let graceful = graceful.watcher();
         // The TLS handshake (when the port has TLS) happens in the connection's own task.
         tokio::spawn(async move {
@@ -348,7 +348,7 @@ pub async fn run(
                 )
                 .into_owned();
             let connection = graceful.watch(connection);
-            watched(connection, activity, header_read_timeout, peer, &limit).await;
+            watched(connection, activity, header_read_timeout, peer).await;
         });
     }
     drop(listener);
@@ -444,7 +444,6 @@ async fn watched<C, E>(
     activity: Arc<Activity>,
     header_read_timeout: Duration,
     peer: std::net::SocketAddr,
-    limit: &crate::connection::Limit,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -462,7 +461,7 @@ async fn watched<C, E>(
                 return;
             }
             _ = tick.tick() => {
-                if watch.overdue(&activity, limit.pressed()) {
+                if watch.overdue(&activity) {
                     return;
                 }
             }
