@@ -291,6 +291,10 @@ pub fn parse_document(text: &str) -> Result<Vec<Policy>, PolicyError> {
 /// document an object with a `domain`).
 fn envoy_documents(text: &str) -> Result<Option<Vec<Policy>>, PolicyError> {
     use serde::Deserialize;
+    crate::service::envoy::refuse_deep_yaml(text).map_err(|message| PolicyError {
+        field: "file".into(),
+        message,
+    })?;
     let mut docs = Vec::new();
     for document in serde_yaml::Deserializer::from_str(text) {
         // Read as YAML's own value first: a key repeated in one mapping is refused there.

@@ -20,6 +20,11 @@ use crate::{audit::Actor, service::Service};
 /// How often the folder is read again.
 pub const READ_EVERY: Duration = Duration::from_secs(1);
 
+/// The largest domain file read (upstream's largest is a few KiB; a ConfigMap holds 1 MiB
+/// in all), and the most the folder's files may hold together.
+pub const MAX_FILE_BYTES: u64 = 1024 * 1024;
+pub const MAX_FOLDER_BYTES: u64 = 16 * 1024 * 1024;
+
 /// The folder and what became of its latest contents.
 pub struct Folder {
     pub dir: PathBuf,
@@ -127,6 +132,7 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, String> {
     let entries =
         std::fs::read_dir(dir).map_err(|e| format!("reading the folder {}: {e}", dir.display()))?;
     let mut files = Vec::new();
+    let mut total = 0u64;
     for entry in entries {
         let entry = entry.map_err(|e| format!("reading the folder {}: {e}", dir.display()))?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -137,6 +143,19 @@ pub fn read_dir(dir: &Path) -> Result<Vec<(String, String)>, String> {
         // Follows symlinks: a ConfigMap's files are links into its current `..data`.
         if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
             continue;
+        }
+        // Sized before it is read: a huge (or sparse) file is refused, not loaded.
+        let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+        if size > MAX_FILE_BYTES {
+            return Err(format!(
+                "{name}: is {size} bytes; a domain file is at most {MAX_FILE_BYTES}"
+            ));
+        }
+        total += size;
+        if total > MAX_FOLDER_BYTES {
+            return Err(format!(
+                "the folder's files hold more than {MAX_FOLDER_BYTES} bytes together"
+            ));
         }
         let text =
             std::fs::read_to_string(&path).map_err(|e| format!("{name}: cannot be read: {e}"))?;

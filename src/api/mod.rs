@@ -168,16 +168,30 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
         }),
         Err(error) => json!({ "status": "down", "error": error.to_string() }),
     };
-    let folder = state
-        .service()
-        .domains_folder()
-        .map(|f| json!({ "dir": f.dir, "problem": f.problem }));
+    // Anyone may read this: the problem's file and field, never what the file holds (a
+    // parser's message may quote it); the dashboard shows the whole message.
+    let folder = state.service().domains_folder().map(|f| {
+        json!({ "dir": f.dir, "problem": f.problem.as_deref().map(problem_summary) })
+    });
     Ok(Json(json!({
         "status": "ready",
         "policies_loaded": true,
         "domains_folder": folder,
         "redis": redis,
     })))
+}
+
+/// A domains folder's problem without what follows its file and field (`broken.yaml:
+/// descriptors[0].rate_limit.unit`): the part a parser may quote the file in is left out.
+fn problem_summary(problem: &str) -> String {
+    let problem = problem.strip_prefix("file: ").unwrap_or(problem);
+    let mut parts = problem.splitn(3, ": ");
+    let file = parts.next().unwrap_or_default();
+    match parts.next() {
+        Some(field) if !field.contains(' ') => format!("{file}: {field}: does not load"),
+        Some(_) => format!("{file}: does not load"),
+        None => "the folder does not load".to_owned(),
+    }
 }
 
 /// Whether this instance can answer checks: not draining, and its policies loaded.

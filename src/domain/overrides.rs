@@ -37,7 +37,10 @@ impl Pattern {
         {
             return Ok(Pattern::Cidr(net.trunc()));
         }
-        Ok(Pattern::Exact(raw.to_owned()))
+        // Matched against identifiers, whose addresses are canonical.
+        Ok(Pattern::Exact(
+            super::identifier::canonical_address(raw).unwrap_or_else(|| raw.to_owned()),
+        ))
     }
 
     fn as_string(&self) -> String {
@@ -368,6 +371,24 @@ mod tests {
         assert!(
             best_match(&list, &id("user=10.1.2.3"), 0).is_none(),
             "other dimension"
+        );
+    }
+
+    /// A mapped IPv4 address does not escape an IPv4 block, and an exact match written in
+    /// another spelling of the same address still matches.
+    #[test]
+    fn addresses_match_in_any_spelling() {
+        let list = vec![
+            parse(json!({"match": "ip=192.0.2.0/24", "action": "block"})),
+            parse(json!({"match": "ip=2001:DB8:0::7", "action": "unlimited"})),
+        ];
+        assert_eq!(
+            best_match(&list, &id("ip=::ffff:192.0.2.5"), 0).unwrap().action,
+            Action::Block
+        );
+        assert_eq!(
+            best_match(&list, &id("ip=2001:db8::0:7"), 0).unwrap().action,
+            Action::Unlimited
         );
     }
 

@@ -410,6 +410,7 @@ fn validate(request: &EnvoyRequest) -> Result<(), EnvoyError> {
 /// one mapping is refused with its line (envoyproxy/ratelimit refuses such a file; read
 /// straight into JSON, the last one silently won).
 pub fn domain_yaml(text: &[u8]) -> Result<serde_json::Value, String> {
+    refuse_deep_yaml(&String::from_utf8_lossy(text))?;
     let yaml: serde_yaml::Value =
         serde_yaml::from_slice(text).map_err(|e| format!("is not valid YAML: {e}"))?;
     serde_json::to_value(yaml).map_err(|e| format!("is not a configuration file: {e}"))
@@ -420,6 +421,7 @@ pub fn domain_yaml(text: &[u8]) -> Result<serde_json::Value, String> {
 /// document is skipped. The error names the document (`document 2: …`).
 pub fn domain_files(text: &str) -> Result<Vec<serde_json::Value>, String> {
     use serde::Deserialize;
+    refuse_deep_yaml(text)?;
     let mut out = Vec::new();
     for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let yaml = serde_yaml::Value::deserialize(document)
@@ -438,8 +440,88 @@ pub fn domain_files(text: &str) -> Result<Vec<serde_json::Value>, String> {
     Ok(out)
 }
 
+/// The deepest nesting a domain file may have. Upstream's deepest configuration nests its
+/// descriptors five deep, about 16 levels of YAML; a parser fed thousands of levels works
+/// for seconds on one request.
+pub const MAX_YAML_DEPTH: usize = 64;
+
+/// Refuses YAML nested deeper than [`MAX_YAML_DEPTH`], judged before any parsing, in one
+/// pass: each line's depth is its indentation levels open, its leading `- ` entries, and
+/// the flow brackets (`[`, `{`) open outside quotes.
+pub fn refuse_deep_yaml(text: &str) -> Result<(), String> {
+    let mut indents: Vec<usize> = Vec::new();
+    let mut flow = 0usize;
+    for (n, line) in text.lines().enumerate() {
+        let body = line.trim_start_matches(' ');
+        if body.is_empty() || body.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - body.len();
+        if flow == 0 {
+            while indents.last().is_some_and(|&i| i >= indent) {
+                indents.pop();
+            }
+            indents.push(indent);
+        }
+        let mut rest = body;
+        let mut dashes = 0;
+        while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("-\t")) {
+            dashes += 1;
+            rest = after.trim_start();
+        }
+        let mut quote: Option<char> = None;
+        let mut deepest = flow;
+        for c in rest.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') => break,
+                (None, '[' | '{') => {
+                    flow += 1;
+                    deepest = deepest.max(flow);
+                }
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+        }
+        let depth = indents.len() + dashes + deepest;
+        if depth > MAX_YAML_DEPTH {
+            return Err(format!(
+                "line {}: nested {depth} levels deep; a domain file nests at most {MAX_YAML_DEPTH}",
+                n + 1
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod yaml_tests {
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let flow = format!("domain: d\ndescriptors: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let started = std::time::Instant::now();
+        let error = super::domain_yaml(flow.as_bytes()).unwrap_err();
+        assert!(error.contains("line 2: nested") && error.contains("at most 64"), "{error}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let mut indented = String::from("domain: d\n");
+        for i in 0..80 {
+            indented.push_str(&format!("{}k{i}:\n", "  ".repeat(i)));
+        }
+        assert!(super::domain_yaml(indented.as_bytes()).unwrap_err().contains("nested"));
+        let dashes = format!("domain: d\ndescriptors:\n  {}x\n", "- ".repeat(70));
+        assert!(super::domain_files(&dashes).unwrap_err().contains("nested"));
+        // Upstream's shape, descriptors five deep, passes.
+        let mut nested = String::from("domain: d\ndescriptors:\n");
+        for level in 0..5 {
+            let pad = "    ".repeat(level);
+            nested.push_str(&format!("{pad}  - key: k{level}\n{pad}    descriptors:\n"));
+        }
+        nested.push_str(&format!("{}  - key: last\n{}    rate_limit: {{unit: second, requests_per_unit: 1}}\n", "    ".repeat(5), "    ".repeat(5)));
+        super::refuse_deep_yaml(&nested).unwrap();
+    }
+
     #[test]
     fn a_repeated_key_is_refused_with_its_line() {
         let file = b"domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      unit: minute\n      requests_per_unit: 1\n";

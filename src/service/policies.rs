@@ -403,6 +403,26 @@ impl Service {
         let mut changed = Vec::new();
         for mut policy in policies {
             let old = self.store.get_policy(&policy.name).await?;
+            // A source keeps only the domains it created: one made through the API or the
+            // dashboard, or kept by another source, is not taken (its history and settings
+            // would change hands silently, and removing the file would delete it).
+            if let Some(old) = &old
+                && old.managed_by.as_deref() != Some(source)
+            {
+                let holder = old
+                    .managed_by
+                    .as_deref()
+                    .unwrap_or("the API (made through the API or the dashboard)");
+                return Err(ChangeError::Taken {
+                    field: "domain".into(),
+                    message: format!(
+                        "{} is held by {holder}; {source} does not take a domain it did not \
+                         create. To hand it over, delete it where it is held (its history \
+                         stays) and this source creates it on its next reading",
+                        policy.name
+                    ),
+                });
+            }
             policy.settle_strict(old.as_ref());
             policy.managed_by = Some(source.to_owned());
             let stored = old

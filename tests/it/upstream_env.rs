@@ -459,3 +459,92 @@ async fn the_dashboard_shows_a_folders_domains_as_managed_and_its_problem() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A folder keeps only what it created: a domain made through the API is not taken (the
+/// folder's set is refused, naming who holds it) and so is never deleted with a file; once
+/// deleted through the API (handed over), the folder creates it. A file over 1 MiB is
+/// refused unread, and /readyz, which anyone may read, names the file and field without
+/// quoting what the file holds.
+#[tokio::test]
+async fn a_folder_never_takes_a_domain_it_did_not_create() {
+    let redis = RedisServer::start();
+    let folder = Folder::new("domains-owner");
+    let app = spawn_app_with(
+        &redis,
+        &[("SPILLWAY_DOMAINS_DIR", folder.0.to_str().unwrap())],
+    )
+    .await;
+    let put = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/owned"))
+        .bearer_auth(ADMIN_KEY)
+        .header("content-type", "application/yaml")
+        .body(domain("owned", 3))
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+    configmap(&folder.0, 1, &[("owned.yaml", &domain("owned", 50))]);
+    let problem = eventually_problem(&app).await;
+    assert!(problem.contains("does not load"), "{problem}");
+    assert_eq!(limit_of(&app, "owned").await, Some(3), "the API's domain stays");
+    // Removing the file deletes nothing the folder did not create.
+    std::fs::remove_file(folder.0.join("owned.yaml")).unwrap();
+    configmap(&folder.0, 2, &[]);
+    let started = Instant::now();
+    while !readyz(&app).await["domains_folder"]["problem"].is_null() {
+        assert!(started.elapsed() < Duration::from_secs(10), "the empty set never loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(limit_of(&app, "owned").await, Some(3));
+
+    // Handed over: deleted through the API, then the folder creates it.
+    let deleted = app
+        .client
+        .delete(app.url("/api/v1/policies/owned"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert!(deleted.status().is_success(), "{}", deleted.status());
+    configmap(&folder.0, 3, &[("owned.yaml", &domain("owned", 50))]);
+    until_stored(&app, "owned", 50, Duration::from_secs(10)).await;
+
+    // A secret-looking value in a broken file is not on /readyz; a huge file is refused.
+    configmap(
+        &folder.0,
+        4,
+        &[
+            ("owned.yaml", &domain("owned", 50)),
+            ("leak.yaml", "domain: leak\ndescriptors: s3cr3t-token-value\n"),
+        ],
+    );
+    let problem = eventually_problem(&app).await;
+    assert!(problem.contains("leak.yaml"), "{problem}");
+    assert!(!problem.contains("s3cr3t"), "{problem}");
+    let huge = "#".repeat(1024 * 1024 + 1);
+    std::fs::remove_file(folder.0.join("leak.yaml")).unwrap();
+    configmap(&folder.0, 5, &[("owned.yaml", &domain("owned", 50)), ("huge.yaml", &huge)]);
+    let started = Instant::now();
+    loop {
+        let problem = readyz(&app).await["domains_folder"]["problem"].clone();
+        if problem.as_str().is_some_and(|p| p.contains("huge.yaml")) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "{problem}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(limit_of(&app, "owned").await, Some(50), "the good set stays");
+}
+
+/// The folder's problem as /readyz shows it, once there is one.
+async fn eventually_problem(app: &TestApp) -> String {
+    let started = Instant::now();
+    loop {
+        if let Some(p) = readyz(app).await["domains_folder"]["problem"].as_str() {
+            return p.to_owned();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "no problem shown");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
