@@ -340,8 +340,71 @@ pub fn deny_cache_hit() {
 /// envoyproxy/ratelimit names its statistics: `domain.key_value.key`), by what it answered:
 /// `within_limit`, `over_limit` or `shadow_mode` (over a shadow-mode limit, answered OK).
 pub fn envoy_hits(key: &str, status: &'static str, hits: u64) {
-    metrics::counter!("spillway_envoy_hits_total", "key" => key.to_owned(), "status" => status)
+    static KEYS: std::sync::OnceLock<MetricKeys> = std::sync::OnceLock::new();
+    let key = KEYS
+        .get_or_init(|| MetricKeys::new(MAX_ENVOY_METRIC_KEYS))
+        .bounded(key);
+    metrics::counter!("spillway_envoy_hits_total", "key" => key, "status" => status)
         .increment(hits);
+}
+
+/// The distinct `key` labels `spillway_envoy_hits_total` takes on one instance. A key of
+/// `detailed_metric` or `value_to_metric` carries the request's values (a client address,
+/// a user), so without a bound every caller would be a series.
+pub const MAX_ENVOY_METRIC_KEYS: usize = 1000;
+
+/// A bounded set of label values: the first `cap` distinct keys keep their own series;
+/// later new ones are counted under their domain's `<domain>.other` (the key's first
+/// segment).
+pub struct MetricKeys {
+    cap: usize,
+    seen: std::sync::RwLock<std::collections::HashSet<String>>,
+}
+
+impl MetricKeys {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            seen: std::sync::RwLock::default(),
+        }
+    }
+
+    /// The label to count `key` under.
+    pub fn bounded(&self, key: &str) -> String {
+        if self
+            .seen
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(key)
+        {
+            return key.to_owned();
+        }
+        let mut seen = self.seen.write().unwrap_or_else(|e| e.into_inner());
+        if seen.len() < self.cap || seen.contains(key) {
+            seen.insert(key.to_owned());
+            return key.to_owned();
+        }
+        let domain = key.split('.').next().unwrap_or(key);
+        format!("{domain}.other")
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    #[test]
+    fn detailed_keys_are_bounded_per_instance() {
+        let keys = super::MetricKeys::new(3);
+        assert_eq!(keys.bounded("edge.remote_address_1"), "edge.remote_address_1");
+        assert_eq!(keys.bounded("edge.remote_address_2"), "edge.remote_address_2");
+        assert_eq!(keys.bounded("edge.per_path"), "edge.per_path");
+        assert_eq!(keys.bounded("edge.remote_address_4"), "edge.other");
+        // Known keys keep their series.
+        assert_eq!(keys.bounded("edge.remote_address_1"), "edge.remote_address_1");
+        let labels: std::collections::HashSet<String> = (0..5000)
+            .map(|i| keys.bounded(&format!("edge.remote_address_{i}")))
+            .collect();
+        assert_eq!(labels.len(), 3, "{labels:?}");
+    }
 }
 
 /// Counts leases of concurrency rules released before they ran out.

@@ -129,7 +129,10 @@ async fn traced(
 }
 
 /// The server span of `request` when traces are on (and it is not for `/pkg`, health or
-/// metrics).
+/// metrics), named by its route's template (`GET /api/v1/identifiers/{dimension}/{value}`,
+/// as `http.route`): never by the path, which may carry an identifier's value. A request
+/// that matched no route is named by its method alone. The check endpoints, answered before
+/// the router, have fixed paths.
 fn http_span<B>(request: &http::Request<B>) -> Option<opentelemetry::Context> {
     use opentelemetry::KeyValue;
     if !crate::traces::on() {
@@ -139,15 +142,24 @@ fn http_span<B>(request: &http::Request<B>) -> Option<opentelemetry::Context> {
     if path.starts_with("/pkg/") || matches!(path, "/healthz" | "/readyz" | "/metrics") {
         return None;
     }
+    let route = match request.extensions().get::<axum::extract::MatchedPath>() {
+        Some(matched) => Some(matched.as_str()),
+        None if api::is_check_endpoint(request.method(), path) => Some(path),
+        None => None,
+    };
     let method = request.method().as_str();
     crate::traces::server_span(
-        || format!("{method} {path}"),
+        || match route {
+            Some(route) => format!("{method} {route}"),
+            None => method.to_owned(),
+        },
         request.headers(),
         || {
-            vec![
-                KeyValue::new("http.request.method", method.to_owned()),
-                KeyValue::new("url.path", path.to_owned()),
-            ]
+            let mut attributes = vec![KeyValue::new("http.request.method", method.to_owned())];
+            if let Some(route) = route {
+                attributes.push(KeyValue::new("http.route", route.to_owned()));
+            }
+            attributes
         },
     )
 }

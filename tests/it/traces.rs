@@ -240,8 +240,18 @@ descriptors:
     );
 
     // The admin action: a server span under the caller, naming the action.
-    let put = child(&spans, "PUT /api/v1/policies/traced", &trace, &caller)
+    // Named by the route's template: no value of the path (an identifier's) in a name.
+    let put = child(&spans, "PUT /api/v1/policies/{name}", &trace, &caller)
         .expect("the admin request's span is the caller's child");
+    assert_eq!(
+        attribute(put, "http.route").as_deref(),
+        Some("/api/v1/policies/{name}")
+    );
+    assert!(
+        spans.iter().all(|s| !s.name.contains("traced")
+            && s.attributes.iter().all(|a| a.key != "url.path")),
+        "no span names a path's value"
+    );
     assert_eq!(
         attribute(put, "spillway.action").as_deref(),
         Some("policy.save")
