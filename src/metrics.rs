@@ -96,6 +96,10 @@ fn describe() {
         "1 while Redis answers (the last health probe or check reached it), 0 during an outage"
     );
     describe_counter!(
+        "spillway_trace_exports_failed_total",
+        "Batches of spans the OTLP collector did not take (their spans are lost)"
+    );
+    describe_counter!(
         "spillway_calls_refused_total",
         "Calls refused at once because a port's budget was spent, by reason (pending: calls begun and not yet read, SPILLWAY_MAX_PENDING_CALLS)"
     );
@@ -394,12 +398,21 @@ mod key_tests {
     #[test]
     fn detailed_keys_are_bounded_per_instance() {
         let keys = super::MetricKeys::new(3);
-        assert_eq!(keys.bounded("edge.remote_address_1"), "edge.remote_address_1");
-        assert_eq!(keys.bounded("edge.remote_address_2"), "edge.remote_address_2");
+        assert_eq!(
+            keys.bounded("edge.remote_address_1"),
+            "edge.remote_address_1"
+        );
+        assert_eq!(
+            keys.bounded("edge.remote_address_2"),
+            "edge.remote_address_2"
+        );
         assert_eq!(keys.bounded("edge.per_path"), "edge.per_path");
         assert_eq!(keys.bounded("edge.remote_address_4"), "edge.other");
         // Known keys keep their series.
-        assert_eq!(keys.bounded("edge.remote_address_1"), "edge.remote_address_1");
+        assert_eq!(
+            keys.bounded("edge.remote_address_1"),
+            "edge.remote_address_1"
+        );
         let labels: std::collections::HashSet<String> = (0..5000)
             .map(|i| keys.bounded(&format!("edge.remote_address_{i}")))
             .collect();

@@ -85,17 +85,26 @@ pub async fn accept<F: Future<Output = ()>>(
     listener: &tokio::net::TcpListener,
     shutdown: &mut std::pin::Pin<&mut F>,
 ) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    // Failing accepts (out of descriptors, say) are said once, with how many, when they
+    // stop; not once each, 20 a second.
+    let mut failed = 0u64;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    if failed > 0 {
+                        tracing::info!(failed, "accepting connections works again");
+                    }
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(error = %e, "could not set TCP_NODELAY");
                     }
                     return Some((stream, peer));
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "accepting a connection failed");
+                    if failed == 0 {
+                        tracing::warn!(%error, "accepting a connection failed; trying again every 50 ms");
+                    }
+                    failed += 1;
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             },

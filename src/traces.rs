@@ -349,7 +349,37 @@ impl opentelemetry_http::HttpClient for Exporting {
             *response.status_mut() = status;
             Ok::<_, reqwest::Error>(response)
         };
-        Ok(self.runtime.spawn(call).await??)
+        let sent = self.runtime.spawn(call).await;
+        let failure = match &sent {
+            Ok(Ok(response)) if response.status().is_success() => None,
+            Ok(Ok(response)) => Some(format!("the collector answered {}", response.status())),
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(error) => Some(error.to_string()),
+        };
+        exported(failure);
+        Ok(sent??)
+    }
+}
+
+/// Whether the last export failed: said when exports start failing and when they work
+/// again, not once per batch.
+static EXPORTS_FAILING: AtomicBool = AtomicBool::new(false);
+
+/// Counts an export that failed (`spillway_trace_exports_failed_total`: its spans are
+/// lost) and logs the change of state.
+fn exported(failure: Option<String>) {
+    match failure {
+        Some(error) => {
+            metrics::counter!("spillway_trace_exports_failed_total").increment(1);
+            if !EXPORTS_FAILING.swap(true, Ordering::Relaxed) {
+                tracing::warn!(%error, "traces: exporting spans failed; their spans are lost until the collector answers (counted in spillway_trace_exports_failed_total)");
+            }
+        }
+        None => {
+            if EXPORTS_FAILING.swap(false, Ordering::Relaxed) {
+                tracing::info!("traces: the collector answers again");
+            }
+        }
     }
 }
 

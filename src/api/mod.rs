@@ -170,9 +170,10 @@ async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> 
     };
     // Anyone may read this: the problem's file and field, never what the file holds (a
     // parser's message may quote it); the dashboard shows the whole message.
-    let folder = state.service().domains_folder().map(|f| {
-        json!({ "dir": f.dir, "problem": f.problem.as_deref().map(problem_summary) })
-    });
+    let folder = state
+        .service()
+        .domains_folder()
+        .map(|f| json!({ "dir": f.dir, "problem": f.problem.as_deref().map(problem_summary) }));
     Ok(Json(json!({
         "status": "ready",
         "policies_loaded": true,

@@ -89,7 +89,11 @@ mod tests {
             ("2001:0db8:0000:0000:0000:0000:0000:0001", "2001:db8::1"),
             ("192.0.2.5", "192.0.2.5"),
         ] {
-            assert_eq!(Identifier::new("ip", given).unwrap().value(), canonical, "{given}");
+            assert_eq!(
+                Identifier::new("ip", given).unwrap().value(),
+                canonical,
+                "{given}"
+            );
             // Any dimension whose value is an address.
             assert_eq!(Identifier::new("client", given).unwrap().value(), canonical);
         }

@@ -383,11 +383,15 @@ mod tests {
             parse(json!({"match": "ip=2001:DB8:0::7", "action": "unlimited"})),
         ];
         assert_eq!(
-            best_match(&list, &id("ip=::ffff:192.0.2.5"), 0).unwrap().action,
+            best_match(&list, &id("ip=::ffff:192.0.2.5"), 0)
+                .unwrap()
+                .action,
             Action::Block
         );
         assert_eq!(
-            best_match(&list, &id("ip=2001:db8::0:7"), 0).unwrap().action,
+            best_match(&list, &id("ip=2001:db8::0:7"), 0)
+                .unwrap()
+                .action,
             Action::Unlimited
         );
     }

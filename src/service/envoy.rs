@@ -500,16 +500,27 @@ pub fn refuse_deep_yaml(text: &str) -> Result<(), String> {
 mod yaml_tests {
     #[test]
     fn deep_nesting_is_refused_before_parsing() {
-        let flow = format!("domain: d\ndescriptors: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+        let flow = format!(
+            "domain: d\ndescriptors: {}{}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
         let started = std::time::Instant::now();
         let error = super::domain_yaml(flow.as_bytes()).unwrap_err();
-        assert!(error.contains("line 2: nested") && error.contains("at most 64"), "{error}");
+        assert!(
+            error.contains("line 2: nested") && error.contains("at most 64"),
+            "{error}"
+        );
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
         let mut indented = String::from("domain: d\n");
         for i in 0..80 {
             indented.push_str(&format!("{}k{i}:\n", "  ".repeat(i)));
         }
-        assert!(super::domain_yaml(indented.as_bytes()).unwrap_err().contains("nested"));
+        assert!(
+            super::domain_yaml(indented.as_bytes())
+                .unwrap_err()
+                .contains("nested")
+        );
         let dashes = format!("domain: d\ndescriptors:\n  {}x\n", "- ".repeat(70));
         assert!(super::domain_files(&dashes).unwrap_err().contains("nested"));
         // Upstream's shape, descriptors five deep, passes.
@@ -518,7 +529,11 @@ mod yaml_tests {
             let pad = "    ".repeat(level);
             nested.push_str(&format!("{pad}  - key: k{level}\n{pad}    descriptors:\n"));
         }
-        nested.push_str(&format!("{}  - key: last\n{}    rate_limit: {{unit: second, requests_per_unit: 1}}\n", "    ".repeat(5), "    ".repeat(5)));
+        nested.push_str(&format!(
+            "{}  - key: last\n{}    rate_limit: {{unit: second, requests_per_unit: 1}}\n",
+            "    ".repeat(5),
+            "    ".repeat(5)
+        ));
         super::refuse_deep_yaml(&nested).unwrap();
     }
 

@@ -391,3 +391,50 @@ fn a_trace_setting_that_cannot_be_used_stops_the_start_naming_it() {
         assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
     }
 }
+
+/// A collector that is down: the spans lost are counted in a metric, and the log says so
+/// once, not once per batch.
+#[tokio::test]
+async fn failed_exports_are_counted_and_said_once() {
+    let redis = RedisServer::start();
+    let closed = format!("http://127.0.0.1:{}", free_port());
+    let server = AppProcess::start_with(
+        &redis,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", closed.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ],
+    );
+    let app = TestApp::remote(server.addr);
+    let failed = || async {
+        let metrics = app.metrics().await;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("spillway_trace_exports_failed_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let started = std::time::Instant::now();
+    // Each request is a span; each batch of them fails to export.
+    while failed().await < 3.0 {
+        let (header, _, _) = traceparent(7);
+        let _ = app
+            .client
+            .get(app.url("/api/v1/policies"))
+            .header("traceparent", header)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no failed export counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    }
+    let log = server.log();
+    assert_eq!(
+        log.matches("exporting spans failed").count(),
+        1,
+        "said once: {log}"
+    );
+}

@@ -487,13 +487,20 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
     configmap(&folder.0, 1, &[("owned.yaml", &domain("owned", 50))]);
     let problem = eventually_problem(&app).await;
     assert!(problem.contains("does not load"), "{problem}");
-    assert_eq!(limit_of(&app, "owned").await, Some(3), "the API's domain stays");
+    assert_eq!(
+        limit_of(&app, "owned").await,
+        Some(3),
+        "the API's domain stays"
+    );
     // Removing the file deletes nothing the folder did not create.
     std::fs::remove_file(folder.0.join("owned.yaml")).unwrap();
     configmap(&folder.0, 2, &[]);
     let started = Instant::now();
     while !readyz(&app).await["domains_folder"]["problem"].is_null() {
-        assert!(started.elapsed() < Duration::from_secs(10), "the empty set never loaded");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the empty set never loaded"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(limit_of(&app, "owned").await, Some(3));
@@ -516,7 +523,10 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
         4,
         &[
             ("owned.yaml", &domain("owned", 50)),
-            ("leak.yaml", "domain: leak\ndescriptors: s3cr3t-token-value\n"),
+            (
+                "leak.yaml",
+                "domain: leak\ndescriptors: s3cr3t-token-value\n",
+            ),
         ],
     );
     let problem = eventually_problem(&app).await;
@@ -524,7 +534,11 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
     assert!(!problem.contains("s3cr3t"), "{problem}");
     let huge = "#".repeat(1024 * 1024 + 1);
     std::fs::remove_file(folder.0.join("leak.yaml")).unwrap();
-    configmap(&folder.0, 5, &[("owned.yaml", &domain("owned", 50)), ("huge.yaml", &huge)]);
+    configmap(
+        &folder.0,
+        5,
+        &[("owned.yaml", &domain("owned", 50)), ("huge.yaml", &huge)],
+    );
     let started = Instant::now();
     loop {
         let problem = readyz(&app).await["domains_folder"]["problem"].clone();
@@ -534,7 +548,11 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
         assert!(started.elapsed() < Duration::from_secs(10), "{problem}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(limit_of(&app, "owned").await, Some(50), "the good set stays");
+    assert_eq!(
+        limit_of(&app, "owned").await,
+        Some(50),
+        "the good set stays"
+    );
 }
 
 /// The folder's problem as /readyz shows it, once there is one.
@@ -544,7 +562,10 @@ async fn eventually_problem(app: &TestApp) -> String {
         if let Some(p) = readyz(app).await["domains_folder"]["problem"].as_str() {
             return p.to_owned();
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "no problem shown");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no problem shown"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
