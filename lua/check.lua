@@ -18,6 +18,10 @@
 --             denial would, even past its limit, so the next check is denied) or 'giveback'
 --             (a negative report: each entry gives `cost` back, never below nothing; see
 --             GIVEBACKS in prelude.lua); both reply as a peek and leave leases alone;
+--             'flush:<since µs>' (a local rule's flush: a 'report', unless the identifier
+--             was reset at or after `since`, when its counter was seeded; then nothing is
+--             counted and the reply's first integer is 2; the epoch key reset.lua writes is
+--             the last of KEYS);
 --         then 5 per entry, in KEYS order: algorithm code ("fw", "lw", "sw", "tb", "lb",
 --         "gc", "bw", "cc", "qt"), count_denied ("1"|"0", followed by ":<cost>" when the
 --         entry has a cost of its own, which it is counted at instead of ARGV[2], then by
@@ -210,10 +214,18 @@ if mode ~= 'batch' then
   -- n state keys, then the penalty keys of the entries with one
   local n = (#ARGV - 3) / 5
   assert(n > 0 and n == floor(n) and #KEYS >= n, 'check.lua: expected 3 + 5 ARGV per entry')
+  local cost, discarded = tonumber(ARGV[2]), false
+  if string.sub(mode, 1, 6) == 'flush:' then
+    local since = tonumber(string.sub(mode, 7))
+    assert(since and #KEYS > n, 'check.lua: a flush names its since and its epoch key')
+    local reset_at = redis.call('GET', KEYS[#KEYS])
+    mode = 'report'
+    if reset_at and tonumber(reset_at) >= since then cost, discarded = 0, true end
+  end
   assert(mode == 'check' or mode == 'denied' or mode == 'refund' or mode == 'probe'
     or mode == 'report' or mode == 'giveback', 'check.lua: bad mode')
-  local allowed, results = run(0, 3, n, tonumber(ARGV[2]), mode)
-  local reply = { allowed and 1 or 0, now }
+  local allowed, results = run(0, 3, n, cost, mode)
+  local reply = { discarded and 2 or (allowed and 1 or 0), now }
   for i = 1, n do
     for j = 1, 6 do reply[#reply + 1] = results[i][j] end
   end

@@ -47,6 +47,9 @@ struct Slot {
     last_used_ms: i64,
     /// When a flush last set out (failed ones are tried again a flush period later).
     tried_ms: i64,
+    /// When it was seeded, µs on Redis's clock: a reset of its identifier at or after this
+    /// makes Redis drop what it flushes (what it counted was reset).
+    seeded_us: i64,
 }
 
 impl Slot {
@@ -136,6 +139,7 @@ enum NotHere {
 struct Due {
     key: String,
     generation: u64,
+    seeded_us: i64,
     policy: Name,
     rule: Rule,
     identifier: Identifier,
@@ -143,22 +147,28 @@ struct Due {
     sent: u64,
 }
 
-/// Adds what one counter admitted to Redis; Redis's answer is its state afterwards, every
-/// instance's counts in.
-async fn flush_one(store: Store, due: Due) -> (Due, Result<Outcome, StoreError>) {
+/// What became of one flush.
+enum Flushed {
+    /// Counted: the counter's state afterwards, every instance's counts in.
+    Counted(Outcome),
+    /// Not applied: the identifier was reset after the counter was seeded.
+    Discarded,
+}
+
+/// Adds what one counter admitted to Redis, unless its identifier was reset since the
+/// counter was seeded (a flush on its way must not undo a reset).
+async fn flush_one(store: Store, due: Due) -> (Due, Result<Flushed, StoreError>) {
     let entry = CheckEntry {
         limits: due.limits.as_deref(),
         ..CheckEntry::new(&due.rule, &due.identifier)
     };
     let answer = store
-        .report(&due.policy, &[entry], due.sent as i64, Now::Redis)
+        .flush_local(&due.policy, &entry, due.sent, due.seeded_us)
         .await
-        .and_then(|d| {
-            d.results
-                .into_iter()
-                .next()
-                .map(|r| r.outcome)
-                .ok_or_else(|| StoreError::Reply("a flush came back with no result".into()))
+        .and_then(|reply| match reply.outcomes.into_iter().next() {
+            _ if reply.discarded => Ok(Flushed::Discarded),
+            Some(outcome) => Ok(Flushed::Counted(outcome)),
+            None => Err(StoreError::Reply("a flush came back with no result".into())),
         });
     (due, answer)
 }
@@ -243,8 +253,9 @@ impl LocalCounts {
         })
     }
 
-    /// Counters seeded from Redis's answers (`seeds`: each entry with its peek).
-    fn seed(&self, policy: &Name, seeds: &[(&CheckEntry<'_>, &Outcome)], now: i64) {
+    /// Counters seeded from Redis's answers (`seeds`: each entry with its peek, read at
+    /// `at_us` on Redis's clock).
+    fn seed(&self, policy: &Name, seeds: &[(&CheckEntry<'_>, &Outcome)], now: i64, at_us: i64) {
         let mut slots = self.lock();
         for (e, answer) in seeds {
             let k = key(policy.as_str(), e);
@@ -280,6 +291,7 @@ impl LocalCounts {
                             flushing: false,
                             last_used_ms: now,
                             tried_ms: now,
+                            seeded_us: at_us,
                         },
                     );
                 }
@@ -323,6 +335,7 @@ impl LocalCounts {
                     Due {
                         key: k.clone(),
                         generation: s.generation,
+                        seeded_us: s.seeded_us,
                         policy: s.policy.clone(),
                         rule: s.rule.clone(),
                         identifier: s.identifier.clone(),
@@ -335,7 +348,7 @@ impl LocalCounts {
         if due.is_empty() {
             return;
         }
-        let answers: Vec<(Due, Result<Outcome, StoreError>)> =
+        let answers: Vec<(Due, Result<Flushed, StoreError>)> =
             futures_util::stream::iter(due.into_iter().map(|d| flush_one(store.clone(), d)))
                 .buffer_unordered(FLUSHES_AT_ONCE)
                 .collect()
@@ -351,8 +364,14 @@ impl LocalCounts {
             };
             slot.flushing = false;
             match answer {
-                Ok(outcome) => {
+                Ok(Flushed::Counted(outcome)) => {
                     slot.counter.flushed(&outcome, now);
+                    outage.answered();
+                }
+                Ok(Flushed::Discarded) => {
+                    // Reset since it was seeded (its event may not have come): it starts
+                    // from Redis again.
+                    slots.remove(&due.key);
                     outage.answered();
                 }
                 Err(error) => {
@@ -432,7 +451,7 @@ impl Service {
                                 .iter()
                                 .zip(peek.results.iter().map(|r| &r.outcome))
                                 .collect();
-                            self.local.seed(&policy.name, &seeds, now_ms());
+                            self.local.seed(&policy.name, &seeds, now_ms(), peek.at_us);
                         }
                         // Redis is down, but the counters heard from it within their grace:
                         // they answer, within what they were last told was left.

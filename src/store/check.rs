@@ -213,6 +213,9 @@ impl CheckEntry<'_> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScriptReply {
     pub allowed: bool,
+    /// A local rule's flush that was not applied: the identifier was reset after its
+    /// counter was seeded.
+    pub discarded: bool,
     /// The time the script used, µs on Redis's clock.
     pub now_us: i64,
     pub outcomes: Vec<Outcome>,
@@ -233,18 +236,22 @@ enum Mode {
     Report,
     /// A negative report: give the cost back.
     GiveBack,
+    /// A local rule's flush: a report, unless the identifier was reset at or after
+    /// `since_us` (when the counter was seeded, Redis's clock).
+    Flush { since_us: i64 },
 }
 
 impl Mode {
-    fn arg(self) -> &'static str {
-        match self {
+    fn arg(self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed(match self {
             Mode::Check => "check",
             Mode::Denied => "denied",
             Mode::Refund => "refund",
             Mode::Probe => "probe",
             Mode::Report => "report",
             Mode::GiveBack => "giveback",
-        }
+            Mode::Flush { since_us } => return format!("flush:{since_us}").into(),
+        })
     }
 }
 
@@ -505,6 +512,30 @@ impl Store {
         Ok(decision)
     }
 
+    /// A local rule's flush: `sent` counted on `entry` as [`Store::report`] counts it,
+    /// unless the identifier was reset at or after `since_us` (when the counter was seeded,
+    /// Redis's clock); then nothing is counted and the answer says `discarded`. The entry's
+    /// state afterwards, and the time of the call (µs, Redis's clock).
+    pub async fn flush_local(
+        &self,
+        policy: &Name,
+        entry: &CheckEntry<'_>,
+        sent: u64,
+        since_us: i64,
+    ) -> Result<ScriptReply, StoreError> {
+        let prepared = self.prepare(policy, std::slice::from_ref(entry));
+        let context = CheckContext::new(&prepared.rules, Now::Redis);
+        self.run_script(
+            &prepared.keys,
+            &prepared.rules,
+            sent,
+            Now::Redis,
+            Mode::Flush { since_us },
+            &context,
+        )
+        .await
+    }
+
     /// The report of [`Store::report`] on explicit keys (the tests drive it against the
     /// model).
     pub async fn run_report(
@@ -611,6 +642,7 @@ impl Store {
         if keys.is_empty() {
             return Ok(ScriptReply {
                 allowed: true,
+                discarded: false,
                 now_us: 0,
                 outcomes: vec![],
             });
@@ -619,13 +651,18 @@ impl Store {
             .scripts
             .checks
             .for_algorithms(rules.iter().map(|(a, _)| a));
-        let penalties = penalty_keys(keys, rules);
+        let mut penalties = penalty_keys(keys, rules);
+        if let Mode::Flush { .. } = mode {
+            // The epoch key, last (after the penalty keys, whose places count from the
+            // first state key).
+            penalties.push(super::keys::reset_epoch_of(&keys[0]));
+        }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(keys.len() + penalties.len());
         for key in keys.iter().chain(&penalties) {
             cmd.arg(key);
         }
-        cmd.arg(now.arg()).arg(cost).arg(mode.arg());
+        cmd.arg(now.arg()).arg(cost).arg(mode.arg().as_ref());
         let mut penalty_at = penalty_offsets(keys.len());
         for rule in rules {
             entry_args(&mut cmd, rule, context, penalty_at(rule));
@@ -813,6 +850,7 @@ pub(super) fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, St
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(ScriptReply {
         allowed: raw[0] == 1,
+        discarded: raw[0] == 2,
         now_us: raw[1],
         outcomes,
     })

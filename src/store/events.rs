@@ -18,6 +18,10 @@ pub enum Event {
     },
 }
 
+/// How long a reset's epoch is kept: longer than any local rule's flush can be on its way
+/// (a flush period, then retries within the rule's grace).
+const RESET_EPOCH_MS: u64 = 3_600_000;
+
 impl Store {
     /// Events as they are published. The receiver ends when the subscription breaks; the
     /// caller subscribes again (and polls the policy generation meanwhile).
@@ -73,18 +77,20 @@ impl Store {
                 let n: u64 = self.query_for_write(redis::cmd("DEL").arg(&leases)).await?;
                 deleted += n;
             }
-            if !keys.is_empty() {
-                // One identifier's keys under one policy share a slot (the stash's too).
-                let mut invocation = self.scripts.reset.prepare_invoke();
-                invocation
-                    .key(self.keys.reset_stash(&policy.name, identifier, undo.0))
-                    .arg(undo.1.as_millis() as u64);
-                for key in &keys {
-                    invocation.key(key);
-                }
-                let n: u64 = self.invoke_write(&invocation).await?;
-                deleted += n;
+            // One identifier's keys under one policy share a slot (the stash's and the
+            // epoch's too). Run even with no state: the epoch stops a local rule's flush
+            // on its way from writing what the reset meant to clear.
+            let mut invocation = self.scripts.reset.prepare_invoke();
+            invocation
+                .key(self.keys.reset_stash(&policy.name, identifier, undo.0))
+                .key(self.keys.reset_epoch(&policy.name, identifier))
+                .arg(undo.1.as_millis() as u64)
+                .arg(RESET_EPOCH_MS);
+            for key in &keys {
+                invocation.key(key);
             }
+            let n: u64 = self.invoke_write(&invocation).await?;
+            deleted += n;
         }
         let scope = if all_policies {
             "*".to_owned()

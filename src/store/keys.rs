@@ -59,6 +59,15 @@ impl Keys {
         out
     }
 
+    /// When `identifier` was last reset under `policy` (µs, Redis's clock; the state's
+    /// slot): `lua/reset.lua` writes it, a local rule's flush reads it.
+    pub fn reset_epoch(&self, policy: &Name, identifier: &Identifier) -> String {
+        let mut out = format!("{}:", self.namespace);
+        self.push_tag(&mut out, policy, identifier);
+        out.push_str(":reset");
+        out
+    }
+
     /// What an undo of the reset `token` must put back (the service's record), for a minute.
     pub fn reset_record(&self, token: &str) -> String {
         let mut out = format!("{}:{{resets}}:", self.namespace);
@@ -97,6 +106,13 @@ impl Keys {
 /// Where a rule's penalty box holds an identifier (until when, µs), beside the rule's state
 /// key and in its slot; the check script gets it in KEYS (`held_until` in
 /// `lua/check.lua`).
+/// The reset epoch ([`Keys::reset_epoch`]) of the identifier whose state key is
+/// `state_key`: the key up to its hash tag, then `:reset`.
+pub fn reset_epoch_of(state_key: &str) -> String {
+    let tag_end = state_key.find('}').map_or(state_key.len(), |i| i + 1);
+    format!("{}:reset", &state_key[..tag_end])
+}
+
 pub fn penalty_box(state_key: &str) -> String {
     format!("{state_key}:pb")
 }
