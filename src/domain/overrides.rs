@@ -167,12 +167,20 @@ impl Override {
         let action = match obj.get("action").and_then(Value::as_str) {
             Some("unlimited") => Action::Unlimited,
             Some("block") => Action::Block,
-            Some("limit") => Action::Rules(parse_rules(
-                obj.get("rules").ok_or_else(|| {
-                    PolicyError::field(at("rules"), "is required when action is limit")
-                })?,
-                &at("rules"),
-            )?),
+            Some("limit") => Action::Rules(
+                parse_rules(
+                    obj.get("rules").ok_or_else(|| {
+                        PolicyError::field(at("rules"), "is required when action is limit")
+                    })?,
+                    &at("rules"),
+                )?
+                .into_iter()
+                .map(|mut rule| {
+                    rule.of_override = true;
+                    rule
+                })
+                .collect(),
+            ),
             _ => {
                 return Err(PolicyError::field(
                     at("action"),

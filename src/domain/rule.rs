@@ -663,6 +663,10 @@ pub struct Rule {
     /// A local rule's flush period, ms; `None`: [`DEFAULT_FLUSH_MS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush_ms: Option<u64>,
+    /// Whether it is an override's own rule: counted in a key space of its own, so it never
+    /// shares a counter with a policy rule of the same name (`store::keys`).
+    #[serde(skip)]
+    pub of_override: bool,
 }
 
 impl Rule {
@@ -712,6 +716,7 @@ impl Rule {
             caller_max: None,
             sync: SyncMode::Exact,
             flush_ms: None,
+            of_override: false,
         })
     }
 

@@ -73,8 +73,10 @@ pub struct LocalCounts {
 }
 
 fn key(policy: &str, entry: &CheckEntry<'_>) -> String {
+    // An override's own rules count apart from the policy's, as in Redis.
+    let space = if entry.rule.of_override { "o." } else { "" };
     format!(
-        "{policy}\u{0}{}\u{0}{}\u{0}{}",
+        "{policy}\u{0}{space}{}\u{0}{}\u{0}{}",
         entry.rule.name,
         entry.identifier,
         entry.limits.unwrap_or_default()

@@ -602,9 +602,7 @@ impl Store {
             keys: entries
                 .iter()
                 .map(|e| {
-                    let mut key =
-                        self.keys
-                            .rule_state(policy, e.identifier, &e.rule.name, &e.rule.algorithm);
+                    let mut key = self.keys.rule_key(policy, e.identifier, e.rule);
                     if let Some(numbers) = e.limits {
                         key.push('~');
                         key.push_str(numbers);

@@ -200,9 +200,7 @@ impl Store {
             .all_rules()
             .filter(|r| rule.is_none_or(|name| &r.name == name))
         {
-            let key = self
-                .keys
-                .rule_state(&policy.name, identifier, &r.name, &r.algorithm);
+            let key = self.keys.rule_key(&policy.name, identifier, r);
             // Its penalty box, if it holds one: a reset lifts it, an undo puts it back.
             kept.push(super::keys::penalty_box(&key));
             match r.algorithm {

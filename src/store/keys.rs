@@ -8,7 +8,7 @@
 //! a rule whose algorithm changed from reading the old algorithm's state.
 
 use crate::domain::{
-    Algorithm, Identifier, Name,
+    Algorithm, Identifier, Name, Rule,
     history::{Step, TopKind},
     people::Username,
 };
@@ -84,18 +84,45 @@ impl Keys {
         rule: &Name,
         algorithm: &Algorithm,
     ) -> String {
+        self.state_key(policy, identifier, "", rule, algorithm)
+    }
+
+    /// The state key of `rule` (a policy's or an override's) for `identifier`: an
+    /// override's own rules are under `o.<name>` (a rule name has no `.`), so a policy rule
+    /// of the same name never shares their counter. A concurrency rule's leases are
+    /// addressed by its name from the lease ids callers hold, so an override's stays under
+    /// its plain name.
+    pub fn rule_key(&self, policy: &Name, identifier: &Identifier, rule: &Rule) -> String {
+        let space = if rule.of_override && !matches!(rule.algorithm, Algorithm::Concurrency { .. })
+        {
+            "o."
+        } else {
+            ""
+        };
+        self.state_key(policy, identifier, space, &rule.name, &rule.algorithm)
+    }
+
+    fn state_key(
+        &self,
+        policy: &Name,
+        identifier: &Identifier,
+        space: &str,
+        rule: &Name,
+        algorithm: &Algorithm,
+    ) -> String {
         let mut out = String::with_capacity(
             self.namespace.len()
                 + policy.as_str().len()
                 + identifier.dimension().as_str().len()
                 + identifier.value().len()
                 + rule.as_str().len()
-                + 12,
+                + 14,
         );
         out.push_str(&self.namespace);
         out.push(':');
         self.push_tag(&mut out, policy, identifier);
         out.push(':');
+        out.push_str(space);
         escape_into(&mut out, rule.as_str());
         out.push(':');
         out.push_str(algorithm.kind().code);

@@ -371,12 +371,8 @@ impl Store {
     ) -> Result<Vec<i64>, StoreError> {
         let mut pipe = redis::pipe();
         for e in entries {
-            pipe.cmd("PTTL").arg(self.keys.rule_state(
-                policy,
-                e.identifier,
-                &e.rule.name,
-                &e.rule.algorithm,
-            ));
+            pipe.cmd("PTTL")
+                .arg(self.keys.rule_key(policy, e.identifier, e.rule));
         }
         self.query_pipe(&pipe).await
     }

@@ -192,3 +192,35 @@ async fn shadow_mode_never_writes_a_penalty() {
     assert_eq!(status, 200, "no penalty from the shadow denial: {body}");
     assert_eq!(body["results"][0]["remaining"], 1, "{body}");
 }
+
+/// An override's own rules count apart from the policy's rules, even under the same name:
+/// bob's "5 an hour" starts from a full allowance though the policy's `own-limit` rule has
+/// counted him to its limit (it admitted 2 of support's 5).
+#[tokio::test]
+async fn an_overrides_rules_have_a_key_space_of_their_own() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = |limit: u64| {
+        json!({"name": "own-limit", "algorithm": "fixed_window", "limit": limit,
+               "window_ms": 3_600_000, "dimensions": ["user"]})
+    };
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    app.put_policy("boxed", json!({"rules": [rule(2)]})).await;
+    for expected in [200, 200, 429] {
+        assert_eq!(check(&app, "bob").await.0, expected);
+    }
+    app.put_policy(
+        "boxed",
+        json!({"rules": [rule(2)], "overrides": [
+            {"match": "user=bob", "action": "limit", "rules": [rule(5)]}]}),
+    )
+    .await;
+    let mut allowed = 0;
+    while check(&app, "bob").await.0 == 200 {
+        allowed += 1;
+        assert!(allowed <= 5, "more than the override's 5");
+    }
+    assert_eq!(allowed, 5, "the override's counter starts full");
+    // The policy's own counter is untouched: carol is counted on it as before.
+    assert_eq!(check(&app, "carol").await.0, 200);
+}
