@@ -240,35 +240,51 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<IO> {
     }
 }
 
-/// Live streams one session may hold open on one instance: a few tabs of the overview and
-/// the inspector. Each costs Redis a gathering a second; 400 of one viewer drove Redis to
-/// about 55,700 commands a second.
-pub const STREAMS_PER_SESSION: usize = 8;
+/// Live streams one user may hold open on one instance, over all their sessions: a few
+/// tabs of the overview and the inspector.
+pub const STREAMS_PER_USER: usize = 8;
 
-/// The live streams each session holds open on this instance.
+/// Live streams one instance holds open at most, over all users. Each view's data is read
+/// once a second however many follow it ([`LatestReads`]), so this bounds the streams'
+/// memory and writes, not Redis's load.
+pub const MAX_LIVE_STREAMS: usize = 64;
+
+/// The live streams each user holds open on this instance, and their total.
 #[derive(Default)]
-pub struct StreamSlots(std::sync::Mutex<std::collections::HashMap<String, usize>>);
+pub struct StreamSlots(std::sync::Mutex<(std::collections::HashMap<String, usize>, usize)>);
+
+/// Why a stream was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamsFull {
+    /// This user holds [`STREAMS_PER_USER`] already.
+    User,
+    /// The instance holds [`MAX_LIVE_STREAMS`] already.
+    Instance,
+}
 
 /// One stream's place, given back when the stream ends (the client went away, the session
 /// ended, the server drains).
 pub struct StreamSlot {
     slots: std::sync::Arc<StreamSlots>,
-    digest: String,
+    user: String,
 }
 
 impl StreamSlots {
-    /// A place for one more stream of the session `digest`, if it has fewer than
-    /// [`STREAMS_PER_SESSION`] open.
-    pub fn take(self: &std::sync::Arc<Self>, digest: &str) -> Option<StreamSlot> {
+    /// A place for one more stream of `user`, if they and the instance have room.
+    pub fn take(self: &std::sync::Arc<Self>, user: &str) -> Result<StreamSlot, StreamsFull> {
         let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = open.entry(digest.to_owned()).or_default();
-        if *n >= STREAMS_PER_SESSION {
-            return None;
+        if open.1 >= MAX_LIVE_STREAMS {
+            return Err(StreamsFull::Instance);
+        }
+        let n = open.0.entry(user.to_owned()).or_default();
+        if *n >= STREAMS_PER_USER {
+            return Err(StreamsFull::User);
         }
         *n += 1;
-        Some(StreamSlot {
+        open.1 += 1;
+        Ok(StreamSlot {
             slots: self.clone(),
-            digest: digest.to_owned(),
+            user: user.to_owned(),
         })
     }
 }
@@ -276,11 +292,96 @@ impl StreamSlots {
 impl Drop for StreamSlot {
     fn drop(&mut self) {
         let mut open = self.slots.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = open.get_mut(&self.digest) {
+        open.1 = open.1.saturating_sub(1);
+        if let Some(n) = open.0.get_mut(&self.user) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&self.digest);
+                open.0.remove(&self.user);
             }
         }
+    }
+}
+
+/// The latest read of each live view (an overview filter, an inspected identifier), shared
+/// by every stream that follows it: a view is read at most once per `fresh`, however many
+/// tabs follow it, and two streams asking at once wait for one read.
+#[derive(Default)]
+pub struct LatestReads {
+    views: std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<View>>>,
+}
+
+type View = tokio::sync::Mutex<Option<(std::time::Instant, Arc<dyn std::any::Any + Send + Sync>)>>;
+
+impl LatestReads {
+    /// The read of `view` made within `fresh`, or a new one by `read`.
+    pub async fn get<T, F>(&self, view: &str, fresh: std::time::Duration, read: F) -> Arc<T>
+    where
+        T: Send + Sync + 'static,
+        F: std::future::Future<Output = T>,
+    {
+        let slot = {
+            let mut views = self.views.lock().unwrap_or_else(|e| e.into_inner());
+            // Views nobody followed for a while are forgotten.
+            if views.len() > 256 {
+                views.retain(|_, v| {
+                    v.try_lock()
+                        .map(|v| v.as_ref().is_some_and(|(at, _)| at.elapsed() < fresh * 10))
+                        .unwrap_or(true)
+                });
+            }
+            views.entry(view.to_owned()).or_default().clone()
+        };
+        let mut latest = slot.lock().await;
+        if let Some((at, data)) = latest.as_ref()
+            && at.elapsed() < fresh
+            && let Ok(data) = data.clone().downcast::<T>()
+        {
+            return data;
+        }
+        let data = Arc::new(read.await);
+        *latest = Some((std::time::Instant::now(), data.clone()));
+        data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_are_capped_per_user_and_overall() {
+        let slots = Arc::new(StreamSlots::default());
+        let mine: Vec<_> = (0..STREAMS_PER_USER)
+            .map(|_| slots.take("bob").unwrap())
+            .collect();
+        assert_eq!(slots.take("bob").err(), Some(StreamsFull::User));
+        drop(mine);
+        let all: Vec<_> = (0..MAX_LIVE_STREAMS)
+            .map(|i| {
+                slots
+                    .take(&format!("viewer{}", i / STREAMS_PER_USER))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(slots.take("carol").err(), Some(StreamsFull::Instance));
+        drop(all);
+        assert!(slots.take("carol").is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_view_is_read_once_for_all_its_followers() {
+        let reads = LatestReads::default();
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        let read = || async {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            7u32
+        };
+        let fresh = std::time::Duration::from_secs(60);
+        for _ in 0..30 {
+            assert_eq!(*reads.get("overview", fresh, read()).await, 7);
+        }
+        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 1);
+        reads.get("identifier:bob", fresh, read()).await;
+        assert_eq!(count.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 }

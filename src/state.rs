@@ -56,8 +56,10 @@ pub struct Shared {
     pub trusted_proxies: crate::forwarded::TrustedProxies,
     /// Envoy's rate limit protocol: the gRPC address, key requirement and headers.
     pub envoy: crate::config::EnvoySettings,
-    /// The dashboard's live streams each session holds open here.
+    /// The dashboard's live streams each user holds open here.
     pub streams: Arc<crate::connection::StreamSlots>,
+    /// The latest read of each live view, shared by the streams that follow it.
+    pub live_reads: Arc<crate::connection::LatestReads>,
     /// TLS on the HTTP and gRPC ports, when configured.
     pub tls: crate::tls::Ports,
     /// The folder of Envoy domain files kept loaded, when configured.
@@ -127,6 +129,7 @@ impl AppState {
             trusted_proxies: config.trusted_proxies.clone(),
             envoy: config.envoy.clone(),
             streams: Default::default(),
+            live_reads: Default::default(),
             tls: config.tls.clone(),
             domains_dir: config.domains_dir.clone(),
             xds: config.xds.clone(),

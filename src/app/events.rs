@@ -16,21 +16,28 @@ use serde::Deserialize;
 
 use crate::{
     auth::session::CurrentSession,
-    connection::{STREAMS_PER_SESSION, StreamSlot},
+    connection::{MAX_LIVE_STREAMS, STREAMS_PER_USER, StreamSlot, StreamsFull},
     state::AppState,
 };
 
 /// The answer to one stream too many: 429 with a problem document that says what to do.
-fn too_many_streams() -> axum::response::Response {
+fn too_many_streams(full: StreamsFull) -> axum::response::Response {
     use axum::response::IntoResponse;
+    let detail = match full {
+        StreamsFull::User => format!(
+            "you already follow {STREAMS_PER_USER} live pages on this server; close a tab of \
+             the dashboard and reload"
+        ),
+        StreamsFull::Instance => format!(
+            "this server already serves {MAX_LIVE_STREAMS} live pages; the page still works \
+             without live updates (reload it to see new data)"
+        ),
+    };
     let problem = serde_json::json!({
         "type": "https://spillway.dev/problems/too-many-streams",
         "title": "Too many live streams",
         "status": 429,
-        "detail": format!(
-            "this session already follows {STREAMS_PER_SESSION} live pages on this server; \
-             close a tab of the dashboard and reload"
-        ),
+        "detail": detail,
     });
     (
         axum::http::StatusCode::TOO_MANY_REQUESTS,
@@ -104,19 +111,29 @@ async fn overview_events(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let view = query.view();
-    let Some(slot) = stream_slot(&state, &session) else {
-        return too_many_streams();
+    let slot = match stream_slot(&state, &session) {
+        Ok(slot) => slot,
+        Err(full) => return too_many_streams(full),
     };
+    let shared = format!("overview\u{0}{}\u{0}{}", view.filter, view.all);
     let stream = ticks(
         state,
         session,
         slot,
-        None::<super::overview::OverviewData>,
+        None::<std::sync::Arc<super::overview::OverviewData>>,
         move |state, last| {
             let view = view.clone();
+            let shared = shared.clone();
             async move {
-                let data = super::overview::gather(&state, &view).await;
-                let delta = super::overview::OverviewDelta::between(last.as_ref(), &data);
+                // One read a second for every stream of this view.
+                let data = state
+                    .live_reads
+                    .clone()
+                    .get(&shared, Duration::from_millis(900), async {
+                        super::overview::gather(&state, &view).await
+                    })
+                    .await;
+                let delta = super::overview::OverviewDelta::between(last.as_deref(), &data);
                 (delta, Some(data))
             }
         },
@@ -126,14 +143,15 @@ async fn overview_events(
         .into_response()
 }
 
-/// A place for one more stream of this session, if it has one left.
-fn stream_slot(state: &AppState, session: &CurrentSession) -> Option<StreamSlot> {
-    let digest = session
+/// A place for one more stream of this session's user, if they and the server have one
+/// left.
+fn stream_slot(state: &AppState, session: &CurrentSession) -> Result<StreamSlot, StreamsFull> {
+    let user = session
         .0
         .as_ref()
-        .map(|s| s.digest.as_str())
+        .and_then(|s| s.user().map(|(name, _)| name.to_string()))
         .unwrap_or_default();
-    state.streams.take(digest)
+    state.streams.take(&user)
 }
 
 /// The overview stream's view: the filter box and `all=1`, as on the page.
@@ -165,13 +183,24 @@ async fn identifier_events(
     Query(q): Query<IdentifierQuery>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let Some(slot) = stream_slot(&state, &session) else {
-        return too_many_streams();
+    let slot = match stream_slot(&state, &session) {
+        Ok(slot) => slot,
+        Err(full) => return too_many_streams(full),
     };
     let id = q.id;
     Sse::new(ticks(state, session, slot, (), move |s, ()| {
         let id = id.clone();
-        async move { (s.service().inspect_typed(&id).await, ()) }
+        async move {
+            let shared = format!("identifier\u{0}{id}");
+            let read = s
+                .live_reads
+                .clone()
+                .get(&shared, Duration::from_millis(900), async {
+                    s.service().inspect_typed(&id).await
+                })
+                .await;
+            (read, ())
+        }
     }))
     .keep_alive(KeepAlive::default())
     .into_response()

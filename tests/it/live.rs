@@ -140,3 +140,64 @@ async fn a_quiet_spell_does_not_bring_back_old_counts() {
         "the stale bucket was zeroed first"
     );
 }
+
+/// Live streams are capped per user (over all their sessions) and their views read once a
+/// second however many follow them: 8 streams of one view cost Redis about what one does
+/// (30 viewers × 8 streams drove a server core before), and a ninth of the same user is
+/// refused with a problem that says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_streams_are_capped_and_share_one_read_a_second() {
+    use spillway::domain::people::Role;
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app(&redis).await;
+    crate::auth::add_user(&crate::auth::store(&redis).await, "ann", Role::Viewer).await;
+    let commands = || {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query(&mut redis.connection())
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    // Commands Redis runs while `streams` follow the overview for 3 s.
+    async fn follow(v: &mut crate::auth::Visitor, streams: usize) -> Vec<reqwest::Response> {
+        let mut open = Vec::new();
+        for _ in 0..streams {
+            let mut stream = v.get("/events/overview").await;
+            assert_eq!(stream.status(), 200);
+            stream.chunk().await.unwrap();
+            open.push(stream);
+        }
+        open
+    }
+    let mut v = crate::auth::Visitor::signed_in(&app, "ann").await;
+    let one = follow(&mut v, 1).await;
+    let before = commands();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let alone = commands() - before;
+    drop(one);
+    // A second session of the same user counts with the first.
+    let mut w = crate::auth::Visitor::signed_in(&app, "ann").await;
+    let mut eight = follow(&mut v, 4).await;
+    eight.extend(follow(&mut w, 4).await);
+    let before = commands();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let together = commands() - before;
+    println!("Redis commands in 3 s: one stream {alone}, eight streams {together}");
+    assert!(
+        together < alone * 2 + 20,
+        "eight streams of one view cost {together} commands, one {alone}"
+    );
+    let ninth = w.get("/events/overview").await;
+    assert_eq!(ninth.status(), 429);
+    let problem: serde_json::Value = ninth.json().await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("close a tab"),
+        "{problem}"
+    );
+    drop(eight);
+}
