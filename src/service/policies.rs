@@ -96,7 +96,16 @@ impl Service {
                 ),
             });
         }
-        match self.store.save_policy(&policy, expected).await? {
+        let saved = match self.store.save_policy(&policy, expected).await {
+            Err(error) if error.is_timeout() => {
+                // The write may still land (Redis ran it after the answer's time ran out):
+                // audited once it is known to have.
+                self.audit_if_landed(actor, &policy, before.as_ref(), action, reason);
+                return Err(ChangeError::Unavailable(error));
+            }
+            other => other?,
+        };
+        match saved {
             Saved::Version(version) => {
                 let saved = Policy { version, ..policy };
                 self.refresh_policies().await;
@@ -121,6 +130,59 @@ impl Service {
                 expected: expected.unwrap_or_default(),
             }),
         }
+    }
+
+    /// After a save whose answer timed out: watches for a minute whether it landed (the
+    /// stored policy moved past `before` and holds `policy`'s document) and, if so, records
+    /// it as the save would have, saying the answer was lost; the cache follows too.
+    fn audit_if_landed(
+        &self,
+        actor: &Actor,
+        policy: &Policy,
+        before: Option<&Policy>,
+        action: &str,
+        reason: &str,
+    ) {
+        let (service, actor, policy) = (self.clone(), actor.clone(), policy.clone());
+        let before = before.cloned();
+        let (action, reason) = (action.to_owned(), reason.to_owned());
+        tokio::spawn(async move {
+            let was = before.as_ref().map_or(0, |p| p.version);
+            for _ in 0..60 {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                let Ok(stored) = service.store.get_policy(&policy.name).await else {
+                    continue;
+                };
+                let landed = stored
+                    .as_ref()
+                    .filter(|s| s.version > was && s.document() == policy.document());
+                if let Some(saved) = landed {
+                    service.refresh_policies().await;
+                    let reason = format!(
+                        "{reason}{}(saved after its answer timed out)",
+                        if reason.is_empty() { "" } else { " " }
+                    );
+                    let _ = actor
+                        .record(
+                            &service.store,
+                            Change {
+                                action: &action,
+                                target: saved.name.as_str(),
+                                before: before
+                                    .as_ref()
+                                    .map_or(String::new(), |p| view(p).to_string()),
+                                after: view(saved).to_string(),
+                                reason: &reason,
+                            },
+                        )
+                        .await;
+                    return;
+                }
+                if stored.is_some_and(|s| s.version > was) {
+                    return; // another write came; this one did not land
+                }
+            }
+        });
     }
 
     /// Saves a policy document its editor wrote whole (the admin API's PUT) as `save_policy`

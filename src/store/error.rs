@@ -24,6 +24,15 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the call ran out of time: Redis may still run it (a write may land).
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            StoreError::Timeout(_) => true,
+            StoreError::Redis(error) => error.is_timeout(),
+            _ => false,
+        }
+    }
+
     /// Whether Redis could not be reached (down, refusing, not answering in time), rather
     /// than reached and wrong, or set up wrong: waiting may mend the former, never the
     /// latter.

@@ -452,3 +452,58 @@ async fn calls_that_time_out_together_are_one_failure_for_the_breaker() {
         );
     }
 }
+
+/// A policy write whose answer times out (Redis paused past the 5 s write timeout) but that
+/// Redis then runs is applied, answered 503, and audited once it is known to have landed,
+/// saying its answer was lost (it was applied and never audited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_timed_out_is_audited_once_it_lands() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let doc = serde_json::json!({"rules": [
+        {"name": "r", "algorithm": "fixed_window", "limit": 7, "window_ms": 60000}]});
+    // The save script loaded (a first save), as on any running Redis.
+    app.put_policy("early", doc.clone()).await;
+    // Writes wait (EVALSHA among them), reads go on: the save's own read passes.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(6500)
+        .arg("WRITE")
+        .query(&mut redis.connection())
+        .unwrap();
+    let put = app
+        .as_admin(reqwest::Method::PUT, "/api/v1/policies/late", Some(&doc))
+        .await;
+    assert_eq!(put.status(), 503, "the answer timed out");
+    let started = Instant::now();
+    loop {
+        let audit: serde_json::Value = app
+            .as_admin(
+                reqwest::Method::GET,
+                "/api/v1/audit?action=policy.save",
+                None,
+            )
+            .await
+            .json()
+            .await
+            .unwrap_or_default();
+        let entry = audit["entries"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["target"] == "late");
+        if let Some(entry) = entry {
+            assert!(
+                entry["reason"].as_str().unwrap().contains("timed out"),
+                "{entry}"
+            );
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the landed write was never audited"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(app.get_policy("late").await["rules"][0]["limit"], 7);
+}
