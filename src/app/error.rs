@@ -46,6 +46,15 @@ impl FromServerFnError for AppError {
     type Encoder = JsonEncoding;
 
     fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
+        // Arguments that do not decode are the caller's mistake: a 400, not the
+        // framework's 500.
+        #[cfg(feature = "ssr")]
+        if matches!(
+            value,
+            ServerFnErrorErr::Args(_) | ServerFnErrorErr::MissingArg(_)
+        ) {
+            crate::app::guard::set_status(axum::http::StatusCode::BAD_REQUEST);
+        }
         AppError::Call(value.to_string())
     }
 }

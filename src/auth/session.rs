@@ -252,6 +252,41 @@ fn is_open(path: &str) -> bool {
     path == "/login" || path.starts_with("/fn/") || path.starts_with("/auth/")
 }
 
+/// Server functions anyone may call (they say who is signed in); every other one needs a
+/// signed-in caller, checked here before its arguments are read.
+const OPEN_SERVER_FNS: &[&str] = &["/fn/whoami"];
+
+/// A server function's answer to someone not signed in, as its own role check gives it:
+/// 401 with the dashboard's error (`{"Refused": …}`, the JSON of `app::AppError`); a form
+/// posted without JavaScript goes to the sign-in page and back to the page it came from.
+fn server_fn_sign_in_first(req: &Request, path: &str) -> Response {
+    let from_a_form = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/html"));
+    if from_a_form {
+        let back = req
+            .headers()
+            .get(header::REFERER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|r| r.parse::<axum::http::Uri>().ok())
+            .map_or_else(|| "/".to_owned(), |u| u.path().to_owned());
+        let next: String =
+            url::form_urlencoded::byte_serialize(safe_next(&back).as_bytes()).collect();
+        return axum::response::Redirect::to(&format!("/login?next={next}")).into_response();
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::HeaderName::from_static("serverfnerror"), path),
+        ],
+        r#"{"Refused":"sign in first"}"#,
+    )
+        .into_response()
+}
+
 /// The middleware: loads the session, guards origins and pages, sets security headers.
 pub async fn middleware(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let path = req.uri().path().to_owned();
@@ -296,6 +331,11 @@ pub async fn middleware(State(state): State<AppState>, mut req: Request, next: N
         }
     };
     let signed_in = session.as_ref().is_some_and(|s| s.user().is_some());
+    if !signed_in && path.starts_with("/fn/") && !OPEN_SERVER_FNS.contains(&path.as_str()) {
+        // Who calls comes before what they sent: no argument of a server function is read
+        // for someone not signed in.
+        return secured(server_fn_sign_in_first(&req, &path), None);
+    }
     req = match bounded_body(req, &path, signed_in).await {
         Ok(req) => req,
         Err(too_large) => return secured(too_large, None),

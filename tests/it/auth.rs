@@ -1279,3 +1279,29 @@ async fn every_role_gets_what_it_may_on_every_route() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A server function checks who calls before what they sent: someone not signed in gets the
+/// role check's 401 whatever the arguments (a missing or malformed one answered 500 before
+/// it), and arguments that do not decode are a 400 for a signed-in caller.
+#[tokio::test]
+async fn server_functions_check_the_caller_first_and_answer_400_for_bad_arguments() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut anonymous = Visitor::new(&app);
+    let origin = anonymous.origin();
+    for (path, form) in [
+        ("/fn/history", vec![("all", "maybe")]),
+        ("/fn/policy_save", vec![]),
+        ("/fn/reset", vec![("id", "bob")]),
+    ] {
+        let r = anonymous.post_form(path, &form, Some(&origin)).await;
+        assert_eq!(r.status(), 401, "{path}");
+        assert_eq!(r.text().await.unwrap(), r#"{"Refused":"sign in first"}"#);
+    }
+    add_user(&store(&redis).await, "vic", Role::Viewer).await;
+    let mut viewer = Visitor::signed_in(&app, "vic").await;
+    let r = viewer
+        .post_form("/fn/history", &[("all", "maybe")], Some(&origin))
+        .await;
+    assert_eq!(r.status(), 400, "{:?}", r.text().await);
+}
