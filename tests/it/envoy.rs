@@ -1933,9 +1933,7 @@ async fn a_json_check_of_a_descriptor_applies_the_one_limit_it_finds() {
         ));
     }
     load(&app, "wide", &yaml).await;
-    let check = |value: &str| {
-        app.check(json!({"policy": "wide", "identifiers": {"envoy": value}}))
-    };
+    let check = |value: &str| app.check(json!({"policy": "wide", "identifiers": {"envoy": value}}));
     let r = check("k7=x").await;
     assert_eq!(r.status(), 200);
     let header = r.headers()["ratelimit-policy"].len();
