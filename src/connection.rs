@@ -19,11 +19,21 @@ pub const CONNECTION_WINDOW: u32 = 256 * 1024;
 /// for a permit (the kernel's backlog queues the rest), so memory and file descriptors stay
 /// bounded however many clients connect.
 #[derive(Clone)]
-pub struct Limit(Arc<tokio::sync::Semaphore>);
+pub struct Limit(Arc<tokio::sync::Semaphore>, usize);
 
 impl Limit {
     pub fn new(connections: usize) -> Self {
-        Self(Arc::new(tokio::sync::Semaphore::new(connections)))
+        Self(
+            Arc::new(tokio::sync::Semaphore::new(connections)),
+            connections,
+        )
+    }
+
+    /// Whether the port is nearly full (fewer than an eighth of its connections left): a
+    /// connection idle between requests is then closed at its first quiet look rather than
+    /// after a whole timeout, so a busy port makes room for new callers before it runs out.
+    pub fn pressed(&self) -> bool {
+        self.0.available_permits() < self.1.div_ceil(8)
     }
 
     /// A permit for one more connection, held until it closes.
@@ -122,7 +132,10 @@ impl Watch {
     /// One tick (a quarter of the timeout after the last): whether the connection has taken
     /// longer than the timeout to send a request's header, or sat idle (nothing read or
     /// written, no request being answered) that long.
-    pub fn overdue(&mut self, activity: &Activity) -> bool {
+    /// On a `pressed` port, a connection that has been answered and is idle between
+    /// requests is overdue at its first quiet look (one that has not sent a request yet
+    /// still has the whole timeout: its first request may be on its way).
+    pub fn overdue(&mut self, activity: &Activity, pressed: bool) -> bool {
         let io = activity.io.load(Ordering::Relaxed);
         let quiet = io == self.io && activity.in_flight.load(Ordering::Relaxed) == 0;
         self.idle_ticks = if quiet { self.idle_ticks + 1 } else { 0 };
@@ -138,19 +151,28 @@ impl Watch {
         self.head = head;
         // Idle for WATCH_TICKS whole intervals; a header seen pending at WATCH_TICKS + 1
         // ticks began more than WATCH_TICKS intervals ago.
-        self.idle_ticks >= WATCH_TICKS || self.head_ticks > WATCH_TICKS
+        let served = activity.streams.load(Ordering::Relaxed) > 0;
+        let idle_limit = if pressed && served { 1 } else { WATCH_TICKS };
+        self.idle_ticks >= idle_limit || self.head_ticks > WATCH_TICKS
     }
 
     /// One tick, for a connection that only speaks HTTP/2 (the gRPC port): whether it has
     /// gone a whole timeout with no request in flight and none begun. Reads and writes do
     /// not count here: keep-alive PINGs and a preface with nothing after it would otherwise
     /// keep a connection that asks nothing open for ever.
-    pub fn unused(&mut self, activity: &Activity) -> bool {
+    /// On a `pressed` port, one that has made calls and is quiet now is unused at its first
+    /// quiet look.
+    pub fn unused(&mut self, activity: &Activity, pressed: bool) -> bool {
         let streams = activity.streams.load(Ordering::Relaxed);
         let quiet = streams == self.streams && activity.in_flight.load(Ordering::Relaxed) == 0;
         self.quiet_ticks = if quiet { self.quiet_ticks + 1 } else { 0 };
         self.streams = streams;
-        self.quiet_ticks >= WATCH_TICKS
+        let quiet_limit = if pressed && streams > 0 {
+            1
+        } else {
+            WATCH_TICKS
+        };
+        self.quiet_ticks >= quiet_limit
     }
 }
 
@@ -366,6 +388,30 @@ mod tests {
         assert_eq!(slots.take("carol").err(), Some(StreamsFull::Instance));
         drop(all);
         assert!(slots.take("carol").is_ok());
+    }
+
+    /// On a nearly full port a connection idle after its requests goes at its first quiet
+    /// look; one that has not sent a request yet keeps the whole timeout.
+    #[test]
+    fn a_pressed_port_closes_connections_idle_between_requests_first() {
+        let fresh = Arc::new(Activity::default());
+        let mut watch = Watch::default();
+        for _ in 0..WATCH_TICKS - 1 {
+            assert!(!watch.overdue(&fresh, true));
+        }
+        assert!(watch.overdue(&fresh, true), "a whole timeout");
+        let served = Arc::new(Activity::default());
+        drop(InFlight::start(&served));
+        let (mut pressed, mut calm) = (Watch::default(), Watch::default());
+        assert!(
+            !pressed.overdue(&served, true),
+            "its answer was just written"
+        );
+        assert!(pressed.overdue(&served, true), "one quiet look");
+        for _ in 0..WATCH_TICKS {
+            assert!(!calm.overdue(&served, false));
+        }
+        assert!(calm.overdue(&served, false));
     }
 
     #[tokio::test]

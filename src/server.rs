@@ -327,15 +327,15 @@ pub async fn run(
     let builder = http_builder(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let limit = crate::connection::Limit::new(state.max_connections);
-    // Requests held by policies that wait have their own budget: they do not take the
-    // places of requests being read.
+    // HTTP/2 streams in flight (see `requests_of`); requests held by policies that wait
+    // have their own budget beside it.
     let pending = crate::connection::Pending::new(state.max_pending + state.max_waiting);
     tokio::pin!(shutdown);
     while let Some((stream, peer, permit)) =
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (app, state, builder) = (app.clone(), state.clone(), builder.clone());
-        let pending = pending.clone();
+        let (limit, pending) = (limit.clone(), pending.clone());
         let graceful = graceful.watcher();
         // The TLS handshake (when the port has TLS) happens in the connection's own task.
         tokio::spawn(async move {
@@ -360,7 +360,7 @@ pub async fn run(
                 )
                 .into_owned();
             let connection = graceful.watch(connection);
-            watched(connection, activity, header_read_timeout, peer).await;
+            watched(connection, activity, header_read_timeout, peer, &limit).await;
         });
     }
     drop(listener);
@@ -397,8 +397,8 @@ fn http_builder(
 
 /// What answers the requests of one connection from `peer`: a check straight to its
 /// handler, anything else through the router; each counted in flight on `activity`, and
-/// each holding a place of the port's `pending` budget until its answer's head is out (a
-/// request past the budget is answered 503 at once).
+/// each HTTP/2 stream holding a place of the port's `pending` budget until its answer's
+/// head is out (a stream past the budget is answered 503 at once).
 fn requests_of(
     app: Router,
     state: AppState,
@@ -414,12 +414,23 @@ fn requests_of(
     hyper::service::service_fn(
         move |request: axum::extract::Request<hyper::body::Incoming>| {
             let in_flight = InFlight::start(&activity);
-            let Some(place) = pending.try_take() else {
-                use axum::response::IntoResponse;
-                let busy = auth::session::secure_api_response(
-                    api::ApiError::Busy("requests in flight on this port").into_response(),
-                );
-                return futures_util::future::Either::Left(std::future::ready(Ok(busy)));
+            // HTTP/2's streams take places of the budget: a connection may carry 128 of
+            // them. An HTTP/1 connection carries one request at a time, so the connection cap
+            // bounds those already (and refusing one before its body is read would close its
+            // connection under the client's feet).
+            let place = if request.version() == http::Version::HTTP_2 {
+                match pending.try_take() {
+                    Some(place) => Some(place),
+                    None => {
+                        use axum::response::IntoResponse;
+                        let busy = auth::session::secure_api_response(
+                            api::ApiError::Busy("requests in flight on this port").into_response(),
+                        );
+                        return futures_util::future::Either::Left(std::future::ready(Ok(busy)));
+                    }
+                }
+            } else {
+                None
             };
             // The router's requests get theirs from its `traced` layer.
             let span = (crate::traces::on()
@@ -456,6 +467,7 @@ async fn watched<C, E>(
     activity: Arc<Activity>,
     header_read_timeout: Duration,
     peer: std::net::SocketAddr,
+    limit: &crate::connection::Limit,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -473,7 +485,7 @@ async fn watched<C, E>(
                 return;
             }
             _ = tick.tick() => {
-                if watch.overdue(&activity) {
+                if watch.overdue(&activity, limit.pressed()) {
                     return;
                 }
             }
@@ -559,9 +571,21 @@ pub fn init_tracing(config: &Config) {
         let level = config.log_level.as_deref().unwrap_or("info");
         tracing_subscriber::EnvFilter::new(format!("{level},tower_http=warn"))
     });
+    // Lines written inside a traced request carry its trace and span ids.
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = match config.log_format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(crate::traces::WithTraceIds::new(
+                tracing_subscriber::fmt::format().json(),
+                true,
+            ))
+            .try_init(),
+        LogFormat::Pretty => builder
+            .event_format(crate::traces::WithTraceIds::new(
+                tracing_subscriber::fmt::format(),
+                false,
+            ))
+            .try_init(),
     };
 }

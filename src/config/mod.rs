@@ -322,7 +322,18 @@ impl Config {
             max_waiting: capacity.max_waiting,
             capacity,
             first_admin: FirstAdmin {
-                password: lookup("SPILLWAY_FIRST_ADMIN_PASSWORD").filter(|p| !p.is_empty()),
+                password: match lookup("SPILLWAY_FIRST_ADMIN_PASSWORD").filter(|p| !p.is_empty()) {
+                    Some(password) => {
+                        crate::domain::people::validate_password(&password).map_err(|problem| {
+                            ConfigError::Invalid {
+                                name: "SPILLWAY_FIRST_ADMIN_PASSWORD",
+                                problem,
+                            }
+                        })?;
+                        Some(password)
+                    }
+                    None => None,
+                },
                 password_file: lookup("SPILLWAY_FIRST_ADMIN_PASSWORD_FILE")
                     .filter(|p| !p.trim().is_empty())
                     .map_or_else(

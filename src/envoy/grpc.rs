@@ -628,6 +628,7 @@ async fn watch_connection<C>(
     activity: &crate::connection::Activity,
     timeout: Duration,
     closing: &tokio_util::sync::CancellationToken,
+    limit: &crate::connection::Limit,
 ) where
     C: Future<Output = hyper::Result<()>> + GracefulConnection,
 {
@@ -657,7 +658,7 @@ async fn watch_connection<C>(
                         return;
                     }
                 }
-                None if watch.unused(activity) => {
+                None if watch.unused(activity, limit.pressed()) => {
                     connection.as_mut().goaway();
                     goaway = Some(0);
                 }
@@ -719,7 +720,7 @@ pub async fn serve(
         crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (state, routes, builder) = (state.clone(), routes.clone(), builder.clone());
-        let closing = closing.clone();
+        let (closing, limit) = (closing.clone(), limit.clone());
         let port = Port {
             pending: pending.clone(),
             pending_health: pending_health.clone(),
@@ -765,7 +766,7 @@ pub async fn serve(
             // count its reads and writes.
             let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(socket));
             let connection = builder.serve_connection(io, service);
-            watch_connection(connection, &activity, timeout, &closing).await;
+            watch_connection(connection, &activity, timeout, &closing, &limit).await;
         });
     }
     // New connections are refused at once, not left to hang while the calls in flight end.

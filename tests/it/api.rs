@@ -721,7 +721,9 @@ async fn overrides_that_could_never_apply_are_refused_naming_the_field() {
 async fn two_instances_share_limits_and_policies() {
     let redis = RedisServer::start();
     let a = spawn_app(&redis).await;
-    let process = AppProcess::start(&redis);
+    // 1,000 clients at once, each on a connection of its own (HTTP/1.1): more than the
+    // default cap of a 1 GiB budget (768), whose excess would wait for idle ones to close.
+    let process = AppProcess::start_with(&redis, &[("SPILLWAY_MAX_CONNECTIONS", "2000")]);
     let b = TestApp::remote(process.addr);
     a.put_policy("shared", one_rule(100)).await;
     wait_for_policy(&b, "shared", 1).await;

@@ -73,10 +73,11 @@ async fn checks_that_time_out_in_flight_are_counted() {
     );
 }
 
-/// N5: one viewer held 400 live overview streams. Now a session holds 8 at most on an
-/// instance: the 9th is a 429 problem, and a closed one frees its place.
+/// N5: one viewer held 400 live overview streams. Now a user holds 8 at most on an
+/// instance, over all their sessions: the 9th is a 429 problem, another user is not held
+/// back, and a closed one frees its place.
 #[tokio::test]
-async fn live_streams_are_capped_per_session() {
+async fn live_streams_are_capped_per_user() {
     let redis = RedisServer::start();
     let app = spawn_app(&redis).await;
     add_user(&store(&redis).await, "vera", Role::Viewer).await;
@@ -100,8 +101,12 @@ async fn live_streams_are_capped_per_session() {
     );
     let body: Value = refused.json().await.unwrap();
     assert!(body["detail"].as_str().unwrap().contains("close a tab"));
-    // Another session is not held back by this one.
-    let mut other = Visitor::signed_in(&app, "vera").await;
+    // Another session of hers counts with this one (30 sessions of one viewer held 240
+    // streams); another user is not held back.
+    let mut again = Visitor::signed_in(&app, "vera").await;
+    assert_eq!(again.get("/events/overview").await.status(), 429);
+    add_user(&store(&redis).await, "walt", Role::Viewer).await;
+    let mut other = Visitor::signed_in(&app, "walt").await;
     assert_eq!(other.get("/events/overview").await.status(), 200);
     // One stream closed: its place comes back once the server notices (its next event).
     drop(open.pop());
