@@ -393,6 +393,20 @@ impl MetricKeys {
     }
 }
 
+/// Counts leases of concurrency rules released before they ran out.
+pub fn leases_released(n: u64) {
+    metrics::counter!("spillway_leases_released_total").increment(n);
+}
+
+/// Counts a usage report, and the cost it added or gave back.
+pub fn reported(policy: &str, cost: i64) {
+    let direction = if cost < 0 { "given_back" } else { "added" };
+    metrics::counter!("spillway_reports_total", "policy" => policy.to_owned(), "direction" => direction)
+        .increment(1);
+    metrics::counter!("spillway_reported_cost_total", "policy" => policy.to_owned(), "direction" => direction)
+        .increment(cost.unsigned_abs());
+}
+
 #[cfg(test)]
 mod key_tests {
     #[test]
@@ -418,18 +432,4 @@ mod key_tests {
             .collect();
         assert_eq!(labels.len(), 3, "{labels:?}");
     }
-}
-
-/// Counts leases of concurrency rules released before they ran out.
-pub fn leases_released(n: u64) {
-    metrics::counter!("spillway_leases_released_total").increment(n);
-}
-
-/// Counts a usage report, and the cost it added or gave back.
-pub fn reported(policy: &str, cost: i64) {
-    let direction = if cost < 0 { "given_back" } else { "added" };
-    metrics::counter!("spillway_reports_total", "policy" => policy.to_owned(), "direction" => direction)
-        .increment(1);
-    metrics::counter!("spillway_reported_cost_total", "policy" => policy.to_owned(), "direction" => direction)
-        .increment(cost.unsigned_abs());
 }

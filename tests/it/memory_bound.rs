@@ -71,6 +71,49 @@ async fn hostile(addr: std::net::SocketAddr, path: &str, streams: usize) -> Opti
     })
 }
 
+/// One hostile HTTP/2 (h2c) connection to the HTTP port: up to `streams` sign-in posts,
+/// each sending 8 KB of a form (the most a visitor may send) and never ending it.
+async fn hostile_sign_ins(addr: std::net::SocketAddr, streams: usize) -> Option<Hostile> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (sender, connection) = h2::client::handshake(tcp).await.ok()?;
+    tokio::spawn(connection);
+    let mut sender = sender;
+    let mut held = Vec::new();
+    let mut answers = Vec::new();
+    for _ in 0..streams {
+        let Ok(Ok(ready)) = tokio::time::timeout(Duration::from_millis(500), sender.ready()).await
+        else {
+            break;
+        };
+        sender = ready;
+        let request = http::Request::post(format!("http://{addr}/auth/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("origin", format!("http://{addr}"))
+            .body(())
+            .unwrap();
+        let Ok((response, mut stream)) = sender.send_request(request, false) else {
+            break;
+        };
+        let form = Bytes::from(format!("username=x&password={}", "p".repeat(8_000)));
+        stream.reserve_capacity(form.len());
+        let _ = stream.send_data(form, false);
+        held.push(stream);
+        answers.push(response);
+    }
+    let mut refused = 0;
+    for response in answers {
+        if let Ok(Ok(response)) = tokio::time::timeout(Duration::from_millis(20), response).await
+            && response.status() == 503
+        {
+            refused += 1;
+        }
+    }
+    Some(Hostile {
+        _streams: held,
+        refused,
+    })
+}
+
 /// `n` hostile connections at once.
 async fn hostile_connections(
     addr: std::net::SocketAddr,
@@ -236,4 +279,63 @@ async fn hostile_connections_never_exhaust_descriptors() {
         .unwrap()
         .count();
     assert!(fds < 1024, "{fds} descriptors open, at the limit");
+}
+
+/// The HTTP port, as the issue measured it: 100 h2c connections × 128 sign-in posts of 8 KB
+/// that never end (343 MB before, 3.4 MB a connection). Streams past the port's budget are
+/// answered 503 at once; the growth stays within the formula.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_floods_on_the_http_port_hold_bounded_memory() {
+    spillway::config::capacity::raise_open_files();
+    let redis = RedisServer::start();
+    let app = AppProcess::start_with(
+        &redis,
+        &[
+            ("SPILLWAY_MEMORY_BUDGET_MB", BUDGET_MB),
+            ("SPILLWAY_HEADER_READ_TIMEOUT_MS", "8000"),
+        ],
+    );
+    let client = reqwest::Client::new();
+    let healthz = |client: reqwest::Client| async move {
+        client
+            .get(format!("http://{}/healthz", app.addr))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    };
+    assert_eq!(healthz(client.clone()).await.unwrap(), 200);
+    let base = app.rss();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let addr = app.addr;
+        tasks.spawn(async move { hostile_sign_ins(addr, 128).await });
+    }
+    let mut attack = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        attack.extend(done.unwrap());
+    }
+    let refused: usize = attack.iter().map(|h| h.refused).sum();
+    let peak = peak_rss(&app, Duration::from_secs(2)).await;
+    // The port's budget: pending calls and the waiting budget beside them.
+    let bound = 100 * PER_CONNECTION + (PENDING + 96) * PER_PENDING_CALL;
+    let grown = peak.saturating_sub(base);
+    eprintln!(
+        "100 h2c connections × 128 sign-ins of 8 KB: {} connected, {refused} refused, +{} KiB (bound {} KiB)",
+        attack.len(),
+        grown >> 10,
+        bound >> 10
+    );
+    assert!(attack.len() >= 90, "{} of 100 connected", attack.len());
+    assert!(refused > 0, "streams past the budget are refused at once");
+    assert!(
+        grown <= bound,
+        "RSS grew by {} KiB, over the bound of {} KiB",
+        grown >> 10,
+        bound >> 10
+    );
+    // An honest caller on a connection of its own is still answered.
+    let started = Instant::now();
+    assert_eq!(healthz(reqwest::Client::new()).await.unwrap(), 200);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(attack);
 }

@@ -247,3 +247,87 @@ async fn envoy_requests_wait_for_the_window_within_their_grpc_timeout() {
         "refused at once"
     );
 }
+
+/// Waiting has a budget of its own, well under the connection cap: with 300 connections,
+/// 320 forward-auth requests that would all wait (a window of 10 a 2 s window, waits of up
+/// to 8 s) hold at most a quarter of the connections, the rest are answered at once, and
+/// another service's checks, each on a new connection, are answered promptly and counted
+/// meanwhile (with the wait budget equal to the cap, they waited 7.5 s for a connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_requests_never_hold_up_another_policys_checks() {
+    use std::time::{Duration, Instant};
+    let redis = RedisServer::start();
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_MAX_CONNECTIONS", "300"),
+            ("SPILLWAY_HEADER_READ_TIMEOUT_MS", "2000"),
+        ],
+    )
+    .await;
+    app.put_policy(
+        "patient",
+        json!({"strict": false, "on_deny": "wait", "max_wait_ms": 8000, "rules": [
+            {"name": "slow", "algorithm": "fixed_window", "limit": 10, "window_ms": 2000}]}),
+    )
+    .await;
+    app.put_policy(
+        "other",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3_600_000}]}),
+    )
+    .await;
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    // The flood: each request on a connection of its own.
+    let flood: Vec<_> = (0..320)
+        .map(|_| {
+            let url = app.url("/api/v1/forward-auth?policy=patient");
+            tokio::spawn(async move {
+                reqwest::Client::new()
+                    .get(url)
+                    .header("X-Spillway-Key", SERVICE_KEY)
+                    .header("X-Forwarded-For", "198.51.100.77")
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another service meanwhile, a new connection per check.
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let started = Instant::now();
+        let r = reqwest::Client::new()
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(SERVICE_KEY)
+            .json(&json!({"policy": "other", "identifiers": {"user": format!("u{i}")}}))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        slowest = slowest.max(started.elapsed());
+    }
+    println!("the other service's slowest check during the flood: {slowest:?}");
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a check waited {slowest:?} behind the waiting requests"
+    );
+    let mut answered = 0;
+    for request in flood {
+        if let Ok(Ok(_)) = request.await {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 320, "every waiting request was answered");
+    let metrics = app.metrics().await;
+    let full = metrics
+        .lines()
+        .find(|l| l.starts_with(r#"spillway_waits_total{policy="patient",outcome="full"}"#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        full > 0,
+        "past the wait budget (75) requests were answered at once"
+    );
+}
