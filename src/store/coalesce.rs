@@ -41,7 +41,9 @@ const MAX_WORK: usize = 256;
 const ALONE: usize = 64;
 
 /// The work of one entry of `algorithm` in the check script, in units of an ordinary
-/// entry: a bucketed window reads every bucket it holds (up to 3,600), a sliding log
+/// entry, at its worst: a bucketed window reads the buckets that left it since its last
+/// write (all of them, up to 3,600, after a window idle; a denial reads from the oldest), a
+/// sliding log
 /// searches its list (up to 100,000 elements); the rest touch one key a fixed number of
 /// times.
 pub(super) fn work_of(algorithm: &Algorithm) -> usize {

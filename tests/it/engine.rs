@@ -1625,3 +1625,53 @@ async fn a_penalty_ends_exactly_where_the_model_says() {
         assert_eq!(reply.outcomes[0].penalty, held, "at +{}µs", t - T0);
     }
 }
+
+/// A bucketed window costs what left the window, not what it holds: with 3,600 buckets
+/// held (an hour of one-second buckets), a check a bucket later reads the one bucket that
+/// left (HMGET) and never the whole hash (HGETALL, 35-102 ms a check for 16 identifiers),
+/// with the same answer.
+#[tokio::test]
+async fn a_bucketed_window_check_reads_only_what_left_the_window() {
+    use spillway::store::{CheckEntry, Now};
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let policy = name("hourly");
+    let rule = rule(
+        "per-hour",
+        Algorithm::BucketedWindow {
+            limit: 1_000_000,
+            window_ms: 3_600_000,
+            bucket_ms: 1000,
+        },
+    );
+    let bob = spillway::domain::Identifier::new("user", "bob").unwrap();
+    let base: i64 = 1_800_000_000_000_000;
+    let at = |second: i64| Now::At(base + second * 1_000_000);
+    for second in 0..3600 {
+        store
+            .check_and_consume(&policy, &[CheckEntry::new(&rule, &bob)], 1, at(second))
+            .await
+            .unwrap();
+    }
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
+    let mut last = None;
+    for second in 3600..3700 {
+        let decision = store
+            .check_and_consume(&policy, &[CheckEntry::new(&rule, &bob)], 1, at(second))
+            .await
+            .unwrap();
+        last = Some(decision.results[0].outcome.remaining);
+    }
+    // Each check: one bucket left and one came, so the hour still holds 3,600.
+    assert_eq!(last, Some(1_000_000 - 3600));
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    assert!(!stats.contains("cmdstat_hgetall"), "{stats}");
+    assert!(stats.contains("cmdstat_hmget"), "{stats}");
+}
