@@ -507,3 +507,102 @@ async fn a_write_that_timed_out_is_audited_once_it_lands() {
     }
     assert_eq!(app.get_policy("late").await["rules"][0]["limit"], 7);
 }
+
+/// Costly checks never make another policy's checks fail open uncounted: 40 callers
+/// checking 16 identifiers whose bucketed windows each hold 3,600 buckets (an hour of
+/// seconds; read whole, 35-102 ms of Redis a check, they made 25 of 25 checks of a
+/// fail-open neighbour pass uncounted) while the neighbour checks 25 times: every one of
+/// its checks is counted, none degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costly_checks_leave_their_neighbours_counted() {
+    use spillway::{
+        domain::{Algorithm, Identifier, Name},
+        store::Keys,
+    };
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "50")]).await;
+    let window = json!({"algorithm": "bucketed_window", "limit": 1_000_000,
+                        "window_ms": 3_600_000, "bucket_ms": 1000});
+    let mut rule = json!({"name": "hourly"});
+    rule.as_object_mut()
+        .unwrap()
+        .extend(window.as_object().unwrap().clone());
+    app.put_policy("costly", json!({"rules": [rule]})).await;
+    app.put_policy(
+        "neighbour",
+        json!({"failure_mode": "open", "rules": [
+            {"name": "r", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3_600_000}]}),
+    )
+    .await;
+    // Each identifier's hour, full: 3,600 buckets, the newest this second.
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let mut conn = redis.connection();
+    let algorithm = Algorithm::BucketedWindow {
+        limit: 1_000_000,
+        window_ms: 3_600_000,
+        bucket_ms: 1000,
+    };
+    for i in 0..16 {
+        let id = Identifier::new("user", &format!("heavy{i}")).unwrap();
+        let key = Keys::default().rule_state(
+            &Name::parse("costly").unwrap(),
+            &id,
+            &Name::parse("hourly").unwrap(),
+            &algorithm,
+        );
+        let mut fields: Vec<(String, i64)> = (0..3600)
+            .map(|a| (((now_s - a) % 3600).to_string(), 1))
+            .collect();
+        fields.push(("t".into(), now_s));
+        fields.push(("s".into(), 3600));
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(fields)
+            .query(&mut conn)
+            .unwrap();
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(&key)
+            .arg(3_600_000)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for c in 0..40 {
+        let (app, stop) = (app.clone_client(), stop.clone());
+        callers.push(tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                app.check(json!({"policy": "costly", "identifiers": {"user": format!("heavy{}", (c + n) % 16)}}))
+                    .await;
+                n += 1;
+            }
+            n
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut counted = 0;
+    for i in 0..25 {
+        let r = app
+            .check(json!({"policy": "neighbour", "identifiers": {"user": format!("n{i}")}}))
+            .await;
+        let body: Value = r.json().await.unwrap();
+        if body["degraded"] == false && body["allowed"] == true {
+            counted += 1;
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut costly = 0;
+    for caller in callers {
+        costly += caller.await.unwrap();
+    }
+    println!("{costly} costly checks meanwhile; the neighbour's counted: {counted} of 25");
+    assert_eq!(
+        counted, 25,
+        "every neighbour check counted, none failed open"
+    );
+    assert!(costly >= 40, "the costly callers ran: {costly}");
+}
