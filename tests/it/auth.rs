@@ -1304,4 +1304,59 @@ async fn server_functions_check_the_caller_first_and_answer_400_for_bad_argument
         .post_form("/fn/history", &[("all", "maybe")], Some(&origin))
         .await;
     assert_eq!(r.status(), 400, "{:?}", r.text().await);
+    // A role that may not: refused before its (missing) arguments are read.
+    let r = viewer
+        .post_form("/fn/policy_save", &[], Some(&origin))
+        .await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        r.text().await.unwrap(),
+        r#"{"Refused":"the viewer role may not do this"}"#
+    );
+}
+
+/// The table the session middleware refuses server functions by holds what each function's
+/// own role check asks: every `#[server(prefix = "/fn", endpoint = …)]` in `src/app` with a
+/// `require(Action::…)` is listed with that action (read from the code).
+#[test]
+fn the_server_function_role_table_matches_the_functions() {
+    use spillway::auth::session::SERVER_FN_ACTIONS;
+    let mut found = Vec::new();
+    let mut stack = vec![std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/app"
+    ))];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let marker = "#[server(prefix = \"/fn\", endpoint = \"";
+            let parts: Vec<&str> = text.split(marker).skip(1).collect();
+            for part in parts {
+                let endpoint = &part[..part.find('"').unwrap()];
+                let body = &part[..part.find(marker).unwrap_or(part.len()).min(4000)];
+                let action = body.find("Action::").map(|at| {
+                    let rest = &body[at + "Action::".len()..];
+                    rest[..rest.find(|c: char| !c.is_alphanumeric()).unwrap()].to_owned()
+                });
+                if let Some(action) = action
+                    && body.contains("require")
+                {
+                    found.push((format!("/fn/{endpoint}"), action));
+                }
+            }
+        }
+    }
+    found.sort();
+    let mut table: Vec<(String, String)> = SERVER_FN_ACTIONS
+        .iter()
+        .map(|(p, a)| ((*p).to_owned(), format!("{a:?}")))
+        .collect();
+    table.sort();
+    assert!(found.len() >= 30, "{found:?}");
+    assert_eq!(table, found);
 }
