@@ -1,5 +1,6 @@
 //! Policies: a named, versioned list of rules with a mode, a failure mode and overrides,
-//! parsed from the JSON document of SPEC §4. Every error names the offending field.
+//! parsed from the policy document's JSON (README, "The API"). Every error names the
+//! offending field.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -116,7 +117,7 @@ pub fn refuse_reserved(name: &Name) -> Result<(), PolicyError> {
 }
 
 impl Policy {
-    /// The document this policy is stored and exported as (SPEC §4's shape): everything but
+    /// The document this policy is stored and exported as (the policy document's shape): everything but
     /// its name and version.
     pub fn document(&self) -> serde_json::Value {
         let mut doc = serde_json::to_value(self).expect("a policy always serializes");

@@ -1,4 +1,4 @@
-//! Rules and their algorithms, parsed from the policy document's JSON (SPEC §4).
+//! Rules and their algorithms, parsed from the policy document's JSON (README, "The API").
 //! Once a `Rule` exists its parameters are valid: every check below names the field.
 
 use serde::{Deserialize, Serialize};

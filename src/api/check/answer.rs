@@ -22,8 +22,9 @@ pub struct CheckAnswer {
     pub body: CheckBody,
 }
 
-/// The body of SPEC §4, the same for 200 and 429. Typed rather than a `serde_json::Value`:
-/// the check path is hot, and a struct serializes without building maps.
+/// The check's answer body (README, "The API"), the same for 200 and 429. Typed rather
+/// than a `serde_json::Value`: the check path is hot, and a struct serializes without
+/// building maps.
 #[derive(Debug, Serialize)]
 pub struct CheckBody {
     pub allowed: bool,
@@ -90,7 +91,7 @@ impl IntoResponse for CheckAnswer {
     }
 }
 
-/// Builds the body and headers of SPEC §4 from a decision.
+/// Builds the check's answer body and its RateLimit headers from a decision.
 pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer {
     let (policy, decision, degraded) = (&*checked.policy, &checked.decision, checked.degraded);
     let binding = decision.binding();

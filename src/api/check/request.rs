@@ -14,7 +14,7 @@ use crate::{
 };
 
 impl CheckRequest {
-    /// Parses the JSON of SPEC §4 from the bytes of a body. A well-formed request (string
+    /// Parses a check request's JSON from the bytes of a body. A well-formed request (string
     /// identifiers, no unknown or repeated field) is read straight into its parts; anything
     /// else goes through `parse`, which names the field that is wrong. Both give the same
     /// answer for every input (a property test holds them to it).
@@ -25,7 +25,7 @@ impl CheckRequest {
         }
     }
 
-    /// Parses the JSON of SPEC §4; `path` prefixes field names (batch items).
+    /// Parses a check request's JSON; `path` prefixes field names (batch items).
     pub fn parse(value: &Value, path: &str) -> Result<Self, ApiError> {
         let at = |f: &str| format!("{path}{f}");
         let obj = value.as_object().ok_or_else(|| {
