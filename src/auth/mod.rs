@@ -6,4 +6,5 @@
 
 pub mod keys;
 pub mod login;
+pub mod server_fns;
 pub mod session;

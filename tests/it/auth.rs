@@ -1320,7 +1320,7 @@ async fn server_functions_check_the_caller_first_and_answer_400_for_bad_argument
 /// `require(Action::…)` is listed with that action (read from the code).
 #[test]
 fn the_server_function_role_table_matches_the_functions() {
-    use spillway::auth::session::SERVER_FN_ACTIONS;
+    use spillway::auth::server_fns::SERVER_FN_ACTIONS;
     let mut found = Vec::new();
     let mut stack = vec![std::path::PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
