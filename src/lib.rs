@@ -9,56 +9,38 @@
 #![recursion_limit = "256"]
 
 pub mod app;
-#[cfg(feature = "ssr")]
-pub mod audit;
 pub mod domain;
 
+// The layers, top to bottom: the composition root (`server`, `state`), the front doors,
+// `auth`, `service`, `store`, `domain`; `config` is read by the root and handed down.
 #[cfg(feature = "ssr")]
 pub mod api;
 #[cfg(feature = "ssr")]
 pub mod auth;
 #[cfg(feature = "ssr")]
-pub mod batched_writes;
-#[cfg(feature = "ssr")]
 pub mod cli;
-#[cfg(feature = "ssr")]
-pub mod clock;
 #[cfg(feature = "ssr")]
 pub mod config;
 #[cfg(feature = "ssr")]
-pub mod connection;
-#[cfg(feature = "ssr")]
-pub mod demo;
-#[cfg(feature = "ssr")]
-pub mod domains_dir;
-#[cfg(feature = "ssr")]
 pub mod envoy;
-#[cfg(feature = "ssr")]
-pub mod forwarded;
-#[cfg(feature = "ssr")]
-pub mod ids;
-#[cfg(feature = "ssr")]
-pub mod metrics;
-#[cfg(feature = "ssr")]
-pub mod outbound;
 #[cfg(feature = "ssr")]
 pub mod server;
 #[cfg(feature = "ssr")]
 pub mod service;
 #[cfg(feature = "ssr")]
-pub mod shutdown;
+pub mod sources;
 #[cfg(feature = "ssr")]
 pub mod state;
 #[cfg(feature = "ssr")]
 pub mod store;
+
+// Leaves anyone may use: the network's edges, metrics and traces, small helpers.
 #[cfg(feature = "ssr")]
-pub mod tls;
+pub mod net;
 #[cfg(feature = "ssr")]
-pub mod traces;
+pub mod support;
 #[cfg(feature = "ssr")]
-pub mod webhooks;
-#[cfg(feature = "ssr")]
-pub mod xds;
+pub mod telemetry;
 
 /// Installs rustls's process-wide crypto provider (ring), which both `rediss://`
 /// connections and the outgoing HTTP clients (webhooks, the demo) need; anything that builds

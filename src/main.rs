@@ -56,8 +56,11 @@ async fn run() -> anyhow::Result<()> {
         Command::Serve => {
             let traces = match &config.traces {
                 Some(settings) => Some(
-                    spillway::traces::install(settings, tokio::runtime::Handle::current())
-                        .map_err(anyhow::Error::msg)?,
+                    spillway::telemetry::traces::install(
+                        settings,
+                        tokio::runtime::Handle::current(),
+                    )
+                    .map_err(anyhow::Error::msg)?,
                 ),
                 None => None,
             };
@@ -130,7 +133,7 @@ async fn run() -> anyhow::Result<()> {
                 .or(config.admin_keys.first())
                 .cloned()
                 .context("demo: set SPILLWAY_SERVICE_KEYS (make demo reads .spillway/keys.env)")?;
-            spillway::demo::run(options, key).await?;
+            spillway::cli::demo::run(options, key).await?;
         }
         Command::People(command) => {
             let service = connect(&config).await?;

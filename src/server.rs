@@ -6,8 +6,8 @@ use std::{
     time::Duration,
 };
 
-use crate::connection::{Activity, InFlight, WATCH_TICKS, Watch, Watched};
-use crate::tls::Socket;
+use crate::net::connection::{Activity, InFlight, WATCH_TICKS, Watch, Watched};
+use crate::net::tls::Socket;
 
 use axum::Router;
 use leptos::prelude::{provide_context, use_context};
@@ -20,13 +20,13 @@ use crate::{
     app::{App, shell},
     auth,
     config::{Config, LogFormat},
-    shutdown::Shutdown,
     state::AppState,
+    support::shutdown::Shutdown,
 };
 
 /// Builds the whole HTTP application for `state`.
 pub fn router(state: AppState) -> Router {
-    crate::metrics::handle();
+    crate::telemetry::metrics::handle();
     let routes = dashboard_routes();
     let context_state = state.clone();
     let leptos_options = state.leptos_options.clone();
@@ -135,7 +135,7 @@ async fn traced(
 /// the router, have fixed paths.
 fn http_span<B>(request: &http::Request<B>) -> Option<opentelemetry::Context> {
     use opentelemetry::KeyValue;
-    if !crate::traces::on() {
+    if !crate::telemetry::traces::on() {
         return None;
     }
     let path = request.uri().path();
@@ -148,7 +148,7 @@ fn http_span<B>(request: &http::Request<B>) -> Option<opentelemetry::Context> {
         None => None,
     };
     let method = request.method().as_str();
-    crate::traces::server_span(
+    crate::telemetry::traces::server_span(
         || match route {
             Some(route) => format!("{method} {route}"),
             None => method.to_owned(),
@@ -172,9 +172,9 @@ async fn in_http_span(
     let Some(cx) = span else {
         return answer.await;
     };
-    let response = crate::traces::within(Some(cx.clone()), answer).await;
+    let response = crate::telemetry::traces::within(Some(cx.clone()), answer).await;
     let status = response.status();
-    crate::traces::record_on(
+    crate::telemetry::traces::record_on(
         &cx,
         vec![opentelemetry::KeyValue::new(
             "http.response.status_code",
@@ -182,7 +182,7 @@ async fn in_http_span(
         )],
     );
     if status.is_server_error() {
-        crate::traces::failed(&cx, status.to_string());
+        crate::telemetry::traces::failed(&cx, status.to_string());
     }
     response
 }
@@ -253,13 +253,14 @@ pub async fn serve(
     // Renewed certificates are picked up while serving.
     state.shutdown.spawn(state.tls.clone().watch());
     if let Some(dir) = &state.domains_dir {
-        let folder = crate::domains_dir::Folder::new(dir.clone());
+        let folder = crate::sources::domains_dir::Folder::new(dir.clone());
         state.shutdown.spawn(folder.watch(state.service().clone()));
     }
     if let Some(xds) = &state.xds {
-        state
-            .shutdown
-            .spawn(crate::xds::run(state.service().clone(), xds.clone()));
+        state.shutdown.spawn(crate::sources::xds::run(
+            state.service().clone(),
+            xds.clone(),
+        ));
     }
     let grpc = grpc.map(|listener| {
         let stopped = state.shutdown.clone();
@@ -326,13 +327,13 @@ pub async fn run(
     let app = router(state.clone());
     let builder = http_builder(header_read_timeout);
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let limit = crate::connection::Limit::new(state.max_connections);
+    let limit = crate::net::connection::Limit::new(state.max_connections);
     // HTTP/2 streams in flight (see `requests_of`); requests held by policies that wait
     // have their own budget beside it.
-    let pending = crate::connection::Pending::new(state.max_pending + state.max_waiting);
+    let pending = crate::net::connection::Pending::new(state.max_pending + state.max_waiting);
     tokio::pin!(shutdown);
     while let Some((stream, peer, permit)) =
-        crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
+        crate::support::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (app, state, builder) = (app.clone(), state.clone(), builder.clone());
         let (limit, pending) = (limit.clone(), pending.clone());
@@ -352,10 +353,12 @@ pub async fn run(
             let service = requests_of(app, state, peer, activity.clone(), pending);
             let connection = builder
                 .serve_connection_with_upgrades(
-                    TokioIo::new(crate::batched_writes::BatchedWrites::sniffing(Watched {
-                        io: socket,
-                        activity: activity.clone(),
-                    })),
+                    TokioIo::new(crate::net::batched_writes::BatchedWrites::sniffing(
+                        Watched {
+                            io: socket,
+                            activity: activity.clone(),
+                        },
+                    )),
                     service,
                 )
                 .into_owned();
@@ -389,7 +392,7 @@ fn http_builder(
         .timer(TokioTimer::new())
         .max_concurrent_streams(128)
         .initial_stream_window_size(64 * 1024)
-        .initial_connection_window_size(crate::connection::CONNECTION_WINDOW)
+        .initial_connection_window_size(crate::net::connection::CONNECTION_WINDOW)
         .keep_alive_interval(Some(Duration::from_secs(20)))
         .keep_alive_timeout(header_read_timeout);
     builder
@@ -404,7 +407,7 @@ fn requests_of(
     state: AppState,
     peer: std::net::SocketAddr,
     activity: Arc<Activity>,
-    pending: crate::connection::Pending,
+    pending: crate::net::connection::Pending,
 ) -> impl hyper::service::Service<
     axum::extract::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
@@ -433,7 +436,7 @@ fn requests_of(
                 None
             };
             // The router's requests get theirs from its `traced` layer.
-            let span = (crate::traces::on()
+            let span = (crate::telemetry::traces::on()
                 && api::is_check_endpoint(request.method(), request.uri().path()))
             .then(|| http_span(&request))
             .flatten();
@@ -467,7 +470,7 @@ async fn watched<C, E>(
     activity: Arc<Activity>,
     header_read_timeout: Duration,
     peer: std::net::SocketAddr,
-    limit: &crate::connection::Limit,
+    limit: &crate::net::connection::Limit,
 ) where
     C: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
@@ -499,7 +502,7 @@ async fn watched<C, E>(
 /// server proper takes the port.
 pub async fn starting<T>(
     listener: &TcpListener,
-    tls: Option<Arc<crate::tls::Port>>,
+    tls: Option<Arc<crate::net::tls::Port>>,
     start: impl Future<Output = T>,
 ) -> T {
     use axum::routing::get;
@@ -576,13 +579,13 @@ pub fn init_tracing(config: &Config) {
     let _ = match config.log_format {
         LogFormat::Json => builder
             .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
-            .event_format(crate::traces::WithTraceIds::new(
+            .event_format(crate::telemetry::traces::WithTraceIds::new(
                 tracing_subscriber::fmt::format().json(),
                 true,
             ))
             .try_init(),
         LogFormat::Pretty => builder
-            .event_format(crate::traces::WithTraceIds::new(
+            .event_format(crate::telemetry::traces::WithTraceIds::new(
                 tracing_subscriber::fmt::format(),
                 false,
             ))

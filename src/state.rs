@@ -39,7 +39,7 @@ pub struct Shared {
     service: Service,
     pub sessions: SessionSettings,
     /// This server's shutdown: draining, then stopping its background tasks.
-    pub shutdown: crate::shutdown::Shutdown,
+    pub shutdown: crate::support::shutdown::Shutdown,
     pub forward_auth: Arc<ForwardAuth>,
     /// Longest time any HTTP request may take.
     pub request_timeout: std::time::Duration,
@@ -53,15 +53,15 @@ pub struct Shared {
     /// Requests held at once by policies that wait (`SPILLWAY_MAX_WAITING`).
     pub max_waiting: usize,
     /// The reverse proxies whose forwarded headers are believed.
-    pub trusted_proxies: crate::forwarded::TrustedProxies,
+    pub trusted_proxies: crate::net::forwarded::TrustedProxies,
     /// Envoy's rate limit protocol: the gRPC address, key requirement and headers.
     pub envoy: crate::config::EnvoySettings,
     /// The dashboard's live streams each user holds open here.
-    pub streams: Arc<crate::connection::StreamSlots>,
+    pub streams: Arc<crate::net::connection::StreamSlots>,
     /// The latest read of each live view, shared by the streams that follow it.
-    pub live_reads: Arc<crate::connection::LatestReads>,
+    pub live_reads: Arc<crate::net::connection::LatestReads>,
     /// TLS on the HTTP and gRPC ports, when configured.
-    pub tls: crate::tls::Ports,
+    pub tls: crate::net::tls::Ports,
     /// The folder of Envoy domain files kept loaded, when configured.
     pub domains_dir: Option<std::path::PathBuf>,
     /// The xDS management server domains come from, when configured.
@@ -114,7 +114,7 @@ impl AppState {
     /// load once Redis is back.
     pub async fn connect(config: Config) -> Result<Self, StoreError> {
         let store = Store::connect_configured(&config, config.redis_timeout).await?;
-        let shutdown = crate::shutdown::Shutdown::default();
+        let shutdown = crate::support::shutdown::Shutdown::default();
         let service = Service::start(&config, store, &shutdown).await;
         Ok(Self(Arc::new(Shared {
             leptos_options: config.leptos_options,

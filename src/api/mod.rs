@@ -223,7 +223,7 @@ async fn healthcheck(State(state): State<AppState>) -> (StatusCode, &'static str
 async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::metrics::handle().render(),
+        crate::telemetry::metrics::handle().render(),
     )
 }
 
@@ -274,7 +274,10 @@ pub mod may {
 /// The caller of an admin API handler, allowed to do `A` ([`require_admin`]: an admin key,
 /// or a signed-in session whose role allows it, with the CSRF token for a change): one
 /// extractor instead of the same four in every handler.
-pub struct Admin<A: may::Needs>(pub crate::audit::Actor, std::marker::PhantomData<A>);
+pub struct Admin<A: may::Needs>(
+    pub crate::service::audit::Actor,
+    std::marker::PhantomData<A>,
+);
 
 impl<A: may::Needs> axum::extract::FromRequestParts<AppState> for Admin<A> {
     type Rejection = ApiError;
@@ -307,7 +310,7 @@ pub async fn require_admin(
     method: &axum::http::Method,
     peer: std::net::SocketAddr,
     action: crate::domain::people::Action,
-) -> Result<crate::audit::Actor, ApiError> {
+) -> Result<crate::service::audit::Actor, ApiError> {
     if headers.contains_key(header::AUTHORIZATION) {
         let caller = require_key(state, headers, KeyRole::Admin)?;
         return Ok(key_actor(&caller, peer));
@@ -335,7 +338,7 @@ pub async fn require_admin(
             ));
         }
     }
-    Ok(crate::audit::Actor {
+    Ok(crate::service::audit::Actor {
         name: format!("user:{user}"),
         role: role.to_string(),
         ip: state
@@ -346,8 +349,8 @@ pub async fn require_admin(
 }
 
 /// The audit actor for an admin key calling from `addr`.
-pub fn key_actor(caller: &KeyCaller, addr: std::net::SocketAddr) -> crate::audit::Actor {
-    crate::audit::Actor {
+pub fn key_actor(caller: &KeyCaller, addr: std::net::SocketAddr) -> crate::service::audit::Actor {
+    crate::service::audit::Actor {
         name: caller.actor.clone(),
         role: caller.role.as_str().to_owned(),
         ip: addr.ip().to_string(),

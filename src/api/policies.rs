@@ -170,7 +170,7 @@ pub(super) async fn add_override(
         ));
     }
     added.refuse_unmatchable("body")?;
-    added.refuse_past_expiry("body", crate::clock::now_ms())?;
+    added.refuse_past_expiry("body", crate::support::clock::now_ms())?;
     let saved = state
         .service()
         .change_policy(&actor, &name(&raw)?, "override.add", "", |current| {

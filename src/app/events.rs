@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::{
     auth::session::CurrentSession,
-    connection::{MAX_LIVE_STREAMS, STREAMS_PER_USER, StreamSlot, StreamsFull},
+    net::connection::{MAX_LIVE_STREAMS, STREAMS_PER_USER, StreamSlot, StreamsFull},
     state::AppState,
 };
 

@@ -8,8 +8,8 @@ use leptos::prelude::*;
 use super::error::AppError;
 use crate::auth::session::{ClientIp, CurrentSession};
 use crate::{
-    audit::Actor,
     domain::people::{Action, Role, Username},
+    service::audit::Actor,
 };
 
 /// A signed-in person calling a server function.

@@ -45,7 +45,7 @@ pub async fn identifier_denials(#[server(default)] id: String) -> Result<Denials
         .await
         .map_err(|e| AppError::unavailable("identifier history", e))?;
     Ok(Denials {
-        now_ms: crate::clock::now_ms(),
+        now_ms: crate::support::clock::now_ms(),
         hours,
     })
 }

@@ -25,8 +25,8 @@ use axum::{
 use subtle::ConstantTimeEq;
 
 use crate::{
-    ids::{random_bytes, to_hex},
     state::AppState,
+    support::ids::{random_bytes, to_hex},
 };
 
 pub use crate::config::SessionSettings;
@@ -41,7 +41,7 @@ pub use crate::service::sessions::Session;
 pub struct CurrentSession(pub Option<Session>);
 
 /// The caller's address, for the audit log and the login limit: the TCP peer, or the client
-/// a trusted proxy forwarded for (`crate::forwarded`).
+/// a trusted proxy forwarded for (`crate::net::forwarded`).
 #[derive(Clone, Debug, Default)]
 pub struct ClientIp(pub String);
 

@@ -59,7 +59,7 @@ pub struct Config {
     pub first_admin: FirstAdmin,
     /// The reverse proxies whose `X-Forwarded-*` headers are believed
     /// (`SPILLWAY_TRUSTED_PROXIES`, addresses and CIDR blocks; default none).
-    pub trusted_proxies: crate::forwarded::TrustedProxies,
+    pub trusted_proxies: crate::net::forwarded::TrustedProxies,
     /// `json` for structured logs, anything else for human-readable ones.
     pub log_format: LogFormat,
     /// Keys that may call the check endpoints (`SPILLWAY_SERVICE_KEYS`, comma-separated).
@@ -98,13 +98,13 @@ pub struct Config {
     pub public_url: String,
     /// Internal hosts and networks alert webhooks may reach
     /// (`SPILLWAY_WEBHOOK_ALLOWED_TARGETS`; default none: public addresses only).
-    pub webhook_targets: crate::outbound::Targets,
-    /// OpenTelemetry traces, from the standard `OTEL_*` variables (`crate::traces`); `None`
+    pub webhook_targets: crate::net::outbound::Targets,
+    /// OpenTelemetry traces, from the standard `OTEL_*` variables (`crate::telemetry::traces`); `None`
     /// (the default) sends none.
-    pub traces: Option<crate::traces::TraceSettings>,
+    pub traces: Option<crate::telemetry::traces::TraceSettings>,
     /// TLS on the HTTP and gRPC ports (`SPILLWAY_TLS_*`, `SPILLWAY_HTTP_TLS_*`,
-    /// `SPILLWAY_GRPC_TLS_*`; see `crate::tls`), its files loaded; none by default.
-    pub tls: crate::tls::Ports,
+    /// `SPILLWAY_GRPC_TLS_*`; see `crate::net::tls`), its files loaded; none by default.
+    pub tls: crate::net::tls::Ports,
     /// The log filter when `RUST_LOG` is unset (`SPILLWAY_LOG_LEVEL`, which upstream's
     /// `LOG_LEVEL` sets; default `info`).
     pub log_level: Option<String>,
@@ -251,12 +251,12 @@ impl Config {
                 });
             }
         };
-        let tls = crate::tls::Ports::from_lookup(&lookup).map_err(invalid)?;
+        let tls = crate::net::tls::Ports::from_lookup(&lookup).map_err(invalid)?;
         let mut sessions = session_settings(&lookup)?;
         // Every request to a TLS port came over https.
         sessions.secure_cookies |= tls.http.is_some();
         let envoy = envoy_settings(&lookup)?;
-        let traces = crate::traces::TraceSettings::from_lookup(&lookup)
+        let traces = crate::telemetry::traces::TraceSettings::from_lookup(&lookup)
             .map_err(|(name, problem)| ConfigError::Invalid { name, problem })?;
         let capacity = capacity::Capacity::derive(
             &lookup,
@@ -344,14 +344,14 @@ impl Config {
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
             public_url,
-            webhook_targets: crate::outbound::Targets::parse(
+            webhook_targets: crate::net::outbound::Targets::parse(
                 &lookup("SPILLWAY_WEBHOOK_ALLOWED_TARGETS").unwrap_or_default(),
             )
             .map_err(|problem| ConfigError::Invalid {
                 name: "SPILLWAY_WEBHOOK_ALLOWED_TARGETS",
                 problem,
             })?,
-            trusted_proxies: crate::forwarded::TrustedProxies::parse(
+            trusted_proxies: crate::net::forwarded::TrustedProxies::parse(
                 &lookup("SPILLWAY_TRUSTED_PROXIES").unwrap_or_default(),
             )
             .map_err(|problem| ConfigError::Invalid {

@@ -178,7 +178,7 @@ const MAX_STREAMS: u32 = 128;
 /// per connection (with the connection cap, the most the port buffers unread). A message
 /// larger than a stream's window flows on as it is read.
 const STREAM_WINDOW: u32 = 64 * 1024;
-const CONNECTION_WINDOW: u32 = crate::connection::CONNECTION_WINDOW;
+const CONNECTION_WINDOW: u32 = crate::net::connection::CONNECTION_WINDOW;
 
 /// The gRPC methods anyone may call without a key: health, which orchestrators' probes
 /// call and which says nothing about the limits.
@@ -251,7 +251,7 @@ async fn answer(
 ) -> http::Response<Unary> {
     let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
     let path = request.uri().path().trim_start_matches('/');
-    let span = crate::traces::server_span(
+    let span = crate::telemetry::traces::server_span(
         || path.to_owned(),
         request.headers(),
         || {
@@ -265,7 +265,7 @@ async fn answer(
         },
     );
     let traced = span.clone();
-    let result = crate::traces::within(span, async {
+    let result = crate::telemetry::traces::within(span, async {
         let started = std::time::Instant::now();
         let deadline = request
             .headers()
@@ -306,7 +306,7 @@ async fn answer(
     .await;
     if let Some(cx) = traced {
         let code = result.as_ref().map_or_else(|s| s.code() as i64, |_| 0);
-        crate::traces::record_on(
+        crate::telemetry::traces::record_on(
             &cx,
             vec![opentelemetry::KeyValue::new("rpc.grpc.status_code", code)],
         );
@@ -321,7 +321,7 @@ async fn answer(
                     | tonic::Code::DataLoss
             )
         {
-            crate::traces::failed(&cx, status.message().to_owned());
+            crate::telemetry::traces::failed(&cx, status.message().to_owned());
         }
     }
     match result {
@@ -552,8 +552,8 @@ async fn health_request(
 /// connection's own count of health calls.
 #[derive(Clone)]
 struct Port {
-    pending: crate::connection::Pending,
-    pending_health: crate::connection::Pending,
+    pending: crate::net::connection::Pending,
+    pending_health: crate::net::connection::Pending,
     health: HealthCalls,
 }
 
@@ -625,14 +625,14 @@ async fn services(state: &AppState) -> Routes {
 /// as long (calls in flight are waited for: each ends within the request timeout).
 async fn watch_connection<C>(
     connection: C,
-    activity: &crate::connection::Activity,
+    activity: &crate::net::connection::Activity,
     timeout: Duration,
     closing: &tokio_util::sync::CancellationToken,
-    limit: &crate::connection::Limit,
+    limit: &crate::net::connection::Limit,
 ) where
     C: Future<Output = hyper::Result<()>> + GracefulConnection,
 {
-    use crate::connection::{WATCH_TICKS, Watch};
+    use crate::net::connection::{WATCH_TICKS, Watch};
     tokio::pin!(connection);
     let mut tick = tokio::time::interval(timeout / WATCH_TICKS);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -698,7 +698,7 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use crate::connection::{Activity, InFlight, Limit};
+    use crate::net::connection::{Activity, InFlight, Limit};
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     let routes = services(&state).await;
     let timeout = state.header_read_timeout;
@@ -713,11 +713,11 @@ pub async fn serve(
     let closing = tokio_util::sync::CancellationToken::new();
     let connections = tokio_util::task::TaskTracker::new();
     let limit = Limit::new(state.max_connections);
-    let pending = crate::connection::Pending::new(state.max_pending);
-    let pending_health = crate::connection::Pending::new((state.max_pending / 4).max(16));
+    let pending = crate::net::connection::Pending::new(state.max_pending);
+    let pending_health = crate::net::connection::Pending::new((state.max_pending / 4).max(16));
     tokio::pin!(shutdown);
     while let Some((stream, peer, permit)) =
-        crate::shutdown::accept_within(&listener, &limit, &mut shutdown).await
+        crate::support::shutdown::accept_within(&listener, &limit, &mut shutdown).await
     {
         let (state, routes, builder) = (state.clone(), routes.clone(), builder.clone());
         let (closing, limit) = (closing.clone(), limit.clone());
@@ -730,7 +730,7 @@ pub async fn serve(
         connections.spawn(async move {
             let _permit = permit;
             let tls = state.tls.grpc.as_deref();
-            let socket = match crate::tls::Socket::accept(stream, tls, timeout).await {
+            let socket = match crate::net::tls::Socket::accept(stream, tls, timeout).await {
                 Ok(socket) => socket,
                 Err(error) => {
                     tracing::debug!(%error, %peer, "gRPC TLS handshake failed");
@@ -764,7 +764,7 @@ pub async fn serve(
             // batched_writes).
             // Only streams are watched here (`Watch::unused`): the socket is not wrapped to
             // count its reads and writes.
-            let io = TokioIo::new(crate::batched_writes::BatchedWrites::http2(socket));
+            let io = TokioIo::new(crate::net::batched_writes::BatchedWrites::http2(socket));
             let connection = builder.serve_connection(io, service);
             watch_connection(connection, &activity, timeout, &closing, &limit).await;
         });

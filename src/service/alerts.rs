@@ -17,12 +17,12 @@ use serde_json::{Value, json};
 
 use super::Service;
 use crate::{
-    audit::{Actor, Change},
-    clock::now_ms,
     domain::alerts::{self, AlertRule, Condition},
-    shutdown::Shutdown,
+    net::webhooks::Webhooks,
+    service::audit::{Actor, Change},
     store::{Store, StoreError},
-    webhooks::Webhooks,
+    support::clock::now_ms,
+    support::shutdown::Shutdown,
 };
 
 /// How alerts are evaluated and where their links point.
@@ -234,7 +234,7 @@ impl Service {
             .find(|r| r.name == name)
             .ok_or_else(|| AlertError::Unknown(name.to_owned()))?;
         let now = now_ms();
-        let id = format!("test-{}", crate::ids::random_hex::<8>());
+        let id = format!("test-{}", crate::support::ids::random_hex::<8>());
         let body = json!({
             "event": "test",
             "rule": rule.name,
@@ -321,7 +321,7 @@ impl Service {
         self.spawn_outage_alerts(settings.clone(), shutdown);
         let store = self.store.clone();
         let targets = self.webhook_targets.clone();
-        let holder = crate::ids::random_hex::<12>();
+        let holder = crate::support::ids::random_hex::<12>();
         shutdown.spawn(async move {
             let webhooks = Webhooks::new(targets);
             let lease_ms = (settings.every.as_millis() as u64 * 3).max(1000);
@@ -430,7 +430,7 @@ async fn evaluate(store: &Store, settings: &AlertSettings) -> Result<(), StoreEr
         if before.contains_key(key) {
             continue;
         }
-        let id = crate::ids::random_hex::<8>();
+        let id = crate::support::ids::random_hex::<8>();
         let record = json!({"id": id, "rule": rule.name, "subject": subject, "since_ms": now,
             "figures": figures});
         store
@@ -582,7 +582,7 @@ impl Service {
         let store = self.store.clone();
         let outage = self.outage.clone();
         let targets = self.webhook_targets.clone();
-        let instance = crate::ids::random_hex::<6>();
+        let instance = crate::support::ids::random_hex::<6>();
         let tasks = shutdown.clone();
         shutdown.spawn(async move {
             let webhooks = Webhooks::new(targets);
@@ -613,7 +613,7 @@ impl Service {
                     };
                     match (since, fired.get(&rule.name)) {
                         (Some(start), None) if now - start > i64::from(seconds) * 1000 => {
-                            let id = crate::ids::random_hex::<8>();
+                            let id = crate::support::ids::random_hex::<8>();
                             fired.insert(rule.name.clone(), (id.clone(), start));
                             let figures = json!({"instance": instance, "failing_since_ms": start,
                                 "failing_for_seconds": (now - start) / 1000});

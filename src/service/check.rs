@@ -100,16 +100,16 @@ impl Service {
     /// nothing. A denial that stands until a known time is answered from memory; anything
     /// else is one round trip to Redis. When Redis fails, the policy's failure mode decides.
     pub async fn check(&self, request: &CheckRequest) -> Result<Checked, CheckError> {
-        let span = crate::traces::child_span("check");
+        let span = crate::telemetry::traces::child_span("check");
         let traced = span.clone();
-        let checked = crate::traces::within(span, self.check_untraced(request)).await;
+        let checked = crate::telemetry::traces::within(span, self.check_untraced(request)).await;
         // A caller's mistake (an unknown policy, a cost too high) is an answer, not a fault.
         if let (
             Some(cx),
             Err(error @ (CheckError::Unavailable(_) | CheckError::PoliciesNotLoaded)),
         ) = (traced, &checked)
         {
-            crate::traces::failed(&cx, error.to_string());
+            crate::telemetry::traces::failed(&cx, error.to_string());
         }
         checked
     }
@@ -440,7 +440,7 @@ impl Service {
                     identifiers,
                     None,
                 );
-                crate::metrics::check_done(
+                crate::telemetry::metrics::check_done(
                     policy.name.as_str(),
                     "unavailable",
                     started.elapsed().as_secs_f64(),
@@ -460,7 +460,7 @@ impl Service {
         denied_by: Option<&Identifier>,
         started: std::time::Instant,
     ) {
-        crate::traces::record(|| {
+        crate::telemetry::traces::record(|| {
             use opentelemetry::KeyValue;
             let mut attributes = vec![
                 KeyValue::new("spillway.policy", policy.name.to_string()),
@@ -473,7 +473,7 @@ impl Service {
         });
         self.history
             .record(policy.name.as_str(), outcome, identifiers, denied_by);
-        crate::metrics::check_done(
+        crate::telemetry::metrics::check_done(
             policy.name.as_str(),
             outcome.label(),
             started.elapsed().as_secs_f64(),
@@ -485,7 +485,7 @@ impl Service {
     /// The policy a check or report names, from memory.
     pub(super) fn policy_named(&self, name: &str) -> Result<Arc<Policy>, CheckError> {
         let found = self.policies.get(name);
-        crate::metrics::policy_lookup(found.is_some());
+        crate::telemetry::metrics::policy_lookup(found.is_some());
         match found {
             Some(p) => Ok(p),
             None if self.policies.is_loaded() => Err(CheckError::UnknownPolicy(name.to_owned())),
@@ -507,17 +507,25 @@ impl Service {
         if entries.iter().any(super::local::is_local)
             && let Some(decided) = self.decide_with_local(policy, entries, cost).await
         {
-            crate::metrics::local_check();
+            crate::telemetry::metrics::local_check();
             if let Ok(decision) = &decided {
-                crate::metrics::decided(policy.name.as_str(), &decision.results, self.rule_metrics);
+                crate::telemetry::metrics::decided(
+                    policy.name.as_str(),
+                    &decision.results,
+                    self.rule_metrics,
+                );
             }
             return decided;
         }
         if let Some(cached) = self.denials.lookup(policy, entries, cost) {
             // Denied until a known time: answered from memory, no Redis call (the overview's
             // counters hear of it within a second).
-            crate::metrics::deny_cache_hit();
-            crate::metrics::decided(policy.name.as_str(), &cached.results, self.rule_metrics);
+            crate::telemetry::metrics::deny_cache_hit();
+            crate::telemetry::metrics::decided(
+                policy.name.as_str(),
+                &cached.results,
+                self.rule_metrics,
+            );
             self.live.denied_from_cache(
                 policy.name.as_str(),
                 cached.binding().map(|b| b.identifier.to_string()),
@@ -529,12 +537,19 @@ impl Service {
             .store
             .check_and_count(&policy.name, entries, cost)
             .await;
-        crate::metrics::redis_call(redis_started.elapsed().as_secs_f64(), result.is_ok());
+        crate::telemetry::metrics::redis_call(
+            redis_started.elapsed().as_secs_f64(),
+            result.is_ok(),
+        );
         match &result {
             Ok(decision) => {
                 self.outage.answered();
                 self.denials.remember(policy, entries, decision, cost);
-                crate::metrics::decided(policy.name.as_str(), &decision.results, self.rule_metrics);
+                crate::telemetry::metrics::decided(
+                    policy.name.as_str(),
+                    &decision.results,
+                    self.rule_metrics,
+                );
             }
             Err(error) => self.outage.failed(super::now_ms(), error),
         }

@@ -170,7 +170,7 @@ impl DenyCache {
             }
             map.insert(k, entry);
         }
-        crate::metrics::deny_cache_entries(map.len());
+        crate::telemetry::metrics::deny_cache_entries(map.len());
     }
 
     /// Forgets `identifier` under `policies` (all when `None`).
@@ -187,6 +187,6 @@ impl DenyCache {
             let policy = k.split('\u{0}').next().unwrap_or_default();
             !policies.is_none_or(|ps| ps.iter().any(|p| p == policy))
         });
-        crate::metrics::deny_cache_entries(map.len());
+        crate::telemetry::metrics::deny_cache_entries(map.len());
     }
 }

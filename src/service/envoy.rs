@@ -88,11 +88,12 @@ impl Service {
         &self,
         request: &EnvoyRequest,
     ) -> Result<EnvoyAnswer, EnvoyError> {
-        let span = crate::traces::child_span("check");
+        let span = crate::telemetry::traces::child_span("check");
         let traced = span.clone();
-        let answer = crate::traces::within(span, self.should_rate_limit_untraced(request)).await;
+        let answer =
+            crate::telemetry::traces::within(span, self.should_rate_limit_untraced(request)).await;
         if let Some(cx) = traced {
-            crate::traces::record_on(
+            crate::telemetry::traces::record_on(
                 &cx,
                 vec![opentelemetry::KeyValue::new(
                     "spillway.envoy_domain",
@@ -102,7 +103,7 @@ impl Service {
             if let Err(error @ (EnvoyError::Unavailable(_) | EnvoyError::PoliciesNotLoaded)) =
                 &answer
             {
-                crate::traces::failed(&cx, error.to_string());
+                crate::telemetry::traces::failed(&cx, error.to_string());
             }
         }
         answer
@@ -332,7 +333,7 @@ impl Service {
             .report(&policy.name, &entries, cost, crate::store::Now::Redis)
             .await
             .map_err(EnvoyError::Unavailable)?;
-        crate::metrics::reported(policy.name.as_str(), cost);
+        crate::telemetry::metrics::reported(policy.name.as_str(), cost);
         Ok(())
     }
 }
@@ -347,7 +348,7 @@ fn descriptor_metrics(plan: &Plan, statuses: &[DescriptorAnswer]) {
             (true, true) => "shadow_mode",
             (true, false) => "within_limit",
         };
-        crate::metrics::envoy_hits(key, status_label, hits);
+        crate::telemetry::metrics::envoy_hits(key, status_label, hits);
     }
 }
 

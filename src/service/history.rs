@@ -20,8 +20,8 @@ use crate::{
         Identifier, Name,
         history::{self, ALL, Counts, Outcome, Range, Step, TopKind},
     },
-    shutdown::Shutdown,
     store::{Store, StoreError, history::HistoryBatch},
+    support::shutdown::Shutdown,
 };
 
 /// Identifier × policy × hour entries one instance keeps between flushes, at most; checks

@@ -4,12 +4,12 @@
 
 use super::{Service, now_ms};
 use crate::{
-    audit::{Actor, Change},
     domain::{
         Identifier, Name, Policy, RulesFor,
         inspection::{Inspection, LeaseView, PolicyState, RuleState},
         lease::LeaseId,
     },
+    service::audit::{Actor, Change},
     store::{CheckEntry, StoreError},
 };
 
@@ -307,7 +307,7 @@ impl Service {
             chosen_policies(&all, target.policy.as_deref(), rule.as_ref())?;
             plans.push((id, rule, all));
         }
-        let token = crate::ids::random_hex::<16>();
+        let token = crate::support::ids::random_hex::<16>();
         // The record first: a reset that fails halfway (Redis) can still be undone.
         let record = ResetRecord {
             targets: targets.to_vec(),

@@ -18,9 +18,9 @@ use sha2::{Digest, Sha256};
 pub use crate::domain::people::KeyRole;
 
 use crate::{
-    clock::now_ms,
-    ids::{random_bytes, to_hex},
     store::Store,
+    support::clock::now_ms,
+    support::ids::{random_bytes, to_hex},
 };
 
 /// Who called, by API key: its role and the name the audit log gives it.
@@ -120,7 +120,11 @@ impl ApiKeys {
 
     /// Keeps the stored keys fresh (polling the people generation every 250 ms) and writes
     /// last-used times every 5 s.
-    pub(super) fn spawn_refresher(&self, store: Store, shutdown: &crate::shutdown::Shutdown) {
+    pub(super) fn spawn_refresher(
+        &self,
+        store: Store,
+        shutdown: &crate::support::shutdown::Shutdown,
+    ) {
         let keys = self.clone();
         shutdown.spawn(async move {
             let mut seen: Option<u64> = None;

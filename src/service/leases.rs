@@ -4,8 +4,8 @@
 
 use super::Service;
 use crate::{
-    audit::{Actor, Change},
     domain::{Algorithm, RulesFor, lease::LeaseId},
+    service::audit::{Actor, Change},
     store::StoreError,
 };
 
@@ -16,7 +16,7 @@ impl Service {
     /// Releases `leases`; whether each was held. Idempotent.
     pub async fn release_leases(&self, leases: &[LeaseId]) -> Result<Vec<bool>, StoreError> {
         let released = self.store.release_leases(leases).await?;
-        crate::metrics::leases_released(released.iter().filter(|r| **r).count() as u64);
+        crate::telemetry::metrics::leases_released(released.iter().filter(|r| **r).count() as u64);
         Ok(released)
     }
 

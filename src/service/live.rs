@@ -16,11 +16,11 @@ use std::{
 
 use crate::{
     domain::Identifier,
-    shutdown::Shutdown,
     store::{
         Store,
         stats::{DenialNote, label},
     },
+    support::shutdown::Shutdown,
 };
 
 /// Identifiers whose denials one flush describes per policy, at most; the others are still

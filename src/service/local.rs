@@ -20,8 +20,8 @@ use crate::{
         Decision, Identifier, Name, Outcome, Policy, Rule, RuleResult,
         local::{LocalCounter, grace_ms},
     },
-    shutdown::Shutdown,
     store::{CheckEntry, Now, Store, StoreError},
+    support::shutdown::Shutdown,
 };
 
 /// A counter unused this long, with nothing left to send, is dropped (it is seeded again
@@ -299,7 +299,7 @@ impl LocalCounts {
                 }
             }
         }
-        crate::metrics::local_counters(slots.len());
+        crate::telemetry::metrics::local_counters(slots.len());
     }
 
     /// Drops the counters of `identifier` (under `policies`, or all): a reset, wherever it
@@ -310,7 +310,7 @@ impl LocalCounts {
             s.identifier != *identifier
                 || !policies.is_none_or(|ps| ps.iter().any(|p| p == s.policy.as_str()))
         });
-        crate::metrics::local_counters(slots.len());
+        crate::telemetry::metrics::local_counters(slots.len());
     }
 
     /// Flushes what is due: every counter used since its last flush, `flush_ms` after it,

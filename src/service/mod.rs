@@ -38,7 +38,7 @@ mod waiting;
 
 pub use check::{CheckError, CheckRequest, Checked};
 
-use crate::{clock::now_ms, config::Config, shutdown::Shutdown, store::Store};
+use crate::{config::Config, store::Store, support::clock::now_ms, support::shutdown::Shutdown};
 
 /// What a use case answers when Redis did not: the store's error, named here so front doors
 /// need not know the store.
@@ -66,7 +66,7 @@ pub struct Service {
     /// Since when this instance's checks fail on Redis (for the `degraded` alerts).
     outage: alerts::RedisOutage,
     /// The internal hosts alert webhooks may reach.
-    webhook_targets: crate::outbound::Targets,
+    webhook_targets: crate::net::outbound::Targets,
     /// The API keys this instance accepts.
     keys: std::sync::Arc<keys::ApiKeys>,
     /// Whether checks are also counted per rule in the metrics (`SPILLWAY_METRICS_RULE_LABEL`).
@@ -123,7 +123,7 @@ impl Service {
         service
             .history
             .spawn_flusher(service.store.clone(), config.history_flush, shutdown);
-        crate::metrics::spawn_upkeep(shutdown);
+        crate::telemetry::metrics::spawn_upkeep(shutdown);
         service.spawn_alerts(
             alerts::AlertSettings {
                 every: config.alert_eval,

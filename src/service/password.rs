@@ -54,7 +54,7 @@ pub fn warm_up() {
 /// without look-alikes (about 140 bits).
 pub fn generate_password() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789";
-    let bytes = crate::ids::random_bytes::<24>();
+    let bytes = crate::support::ids::random_bytes::<24>();
     bytes
         .iter()
         .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)

@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::{Service, keys, password};
 use crate::{
-    audit::{Actor, Change},
     domain::people::{KeyRole, Role, Username, validate_password},
+    service::audit::{Actor, Change},
     store::{
         StoreError,
         people::{ApiKeyRecord, UserRecord},
@@ -76,7 +76,7 @@ impl Service {
             username: username.clone(),
             role,
             password_hash: password::hash(new_password.to_owned()).await,
-            created_at_ms: crate::clock::now_ms(),
+            created_at_ms: crate::support::clock::now_ms(),
         };
         if !self.store.add_user(&user).await? {
             return Err(PeopleError::Exists(username.to_string()));
@@ -206,11 +206,11 @@ impl Service {
         };
         let secret = keys::generate_key(prefix);
         let record = ApiKeyRecord {
-            id: crate::ids::random_hex::<8>(),
+            id: crate::support::ids::random_hex::<8>(),
             name: name.to_owned(),
             role,
-            digest: crate::ids::to_hex(&keys::digest(&secret)),
-            created_at_ms: crate::clock::now_ms(),
+            digest: crate::support::ids::to_hex(&keys::digest(&secret)),
+            created_at_ms: crate::support::clock::now_ms(),
             created_by: actor.name.clone(),
             revoked_at_ms: None,
             last_used_ms: None,
@@ -234,11 +234,13 @@ impl Service {
     pub async fn revoke_key(&self, actor: &Actor, id: &str) -> Result<(), PeopleError> {
         let before = self
             .store
-            .revoke_api_key(id.trim(), crate::clock::now_ms())
+            .revoke_api_key(id.trim(), crate::support::clock::now_ms())
             .await?
             .ok_or_else(|| PeopleError::NotFound(id.to_owned()))?;
         let mut after = before.clone();
-        after.revoked_at_ms.get_or_insert(crate::clock::now_ms());
+        after
+            .revoked_at_ms
+            .get_or_insert(crate::support::clock::now_ms());
         let _ = actor
             .record(
                 &self.store,
@@ -279,7 +281,7 @@ impl Service {
             username: Username::parse("admin").expect("a valid name"),
             role: Role::Admin,
             password_hash: password::hash(password.clone()).await,
-            created_at_ms: crate::clock::now_ms(),
+            created_at_ms: crate::support::clock::now_ms(),
         };
         if !self.store.add_user(&user).await? {
             return Ok(None);

@@ -7,8 +7,8 @@ use serde_json::{Value, json};
 
 use super::Service;
 use crate::{
-    audit::{Actor, Change},
     domain::{Name, Policy, envoy::Counting},
+    service::audit::{Actor, Change},
     store::{Saved, Store, StoreError},
 };
 

@@ -14,8 +14,8 @@ use std::{
 use crate::{
     domain::{Policy, envoy::Counting},
     service::deny_cache::DenyCache,
-    shutdown::Shutdown,
     store::{Event, Store, StoreError},
+    support::shutdown::Shutdown,
 };
 
 type Snapshot = Arc<HashMap<String, Arc<Policy>>>;

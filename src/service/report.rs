@@ -86,7 +86,7 @@ impl Service {
                 }
             }
         }
-        crate::metrics::reported(policy.name.as_str(), request.cost);
+        crate::telemetry::metrics::reported(policy.name.as_str(), request.cost);
         Ok(Reported { policy, state })
     }
 }

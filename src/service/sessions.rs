@@ -9,12 +9,12 @@ use super::{
     signin::{Attempt, Charged},
 };
 use crate::{
-    audit::{Actor, Change},
-    clock::now_ms,
     config::SessionSettings,
     domain::people::{Role, Username},
-    ids::{random_bytes, to_hex},
+    service::audit::{Actor, Change},
     store::sessions::SessionRecord,
+    support::clock::now_ms,
+    support::ids::{random_bytes, to_hex},
 };
 
 /// A live session: its record, and the hex SHA-256 of its id (the key Redis keeps it under).

@@ -79,7 +79,7 @@ impl Breaker {
         }
         if self.failures.swap(0, Ordering::AcqRel) != 0 {
             self.open_until_ms.store(0, Ordering::Release);
-            crate::metrics::breaker_open(false);
+            crate::telemetry::metrics::breaker_open(false);
         }
     }
 
@@ -100,7 +100,7 @@ impl Breaker {
                 now_ms() + self.cooldown.as_millis() as u64,
                 Ordering::Release,
             );
-            crate::metrics::breaker_open(true);
+            crate::telemetry::metrics::breaker_open(true);
         }
     }
 

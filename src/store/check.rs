@@ -665,7 +665,9 @@ impl Store {
         for rule in rules {
             entry_args(&mut cmd, rule, context, penalty_at(rule));
         }
-        let carried: Vec<_> = crate::traces::current_sampled().into_iter().collect();
+        let carried: Vec<_> = crate::telemetry::traces::current_sampled()
+            .into_iter()
+            .collect();
         let raw: Vec<i64> = Store::traced_script_call(&carried, self.evalsha(script, &cmd)).await?;
         parse_reply(&raw, keys.len())
     }

@@ -129,7 +129,7 @@ impl Coalescer {
             rate_key,
             cost,
             context,
-            trace: crate::traces::current_sampled(),
+            trace: crate::telemetry::traces::current_sampled(),
             queued: Instant::now(),
             reply,
         };
@@ -138,7 +138,7 @@ impl Coalescer {
             .await
             .is_err()
         {
-            crate::metrics::check_timed_out(false);
+            crate::telemetry::metrics::check_timed_out(false);
             return Err(StoreError::Timeout(self.timeout));
         }
         // The whole wait, in the queue and in the call, within the timeout: a check never
@@ -146,7 +146,9 @@ impl Coalescer {
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(answer) => answer.map_err(|_| stopped())?,
             Err(_) => {
-                crate::metrics::check_timed_out(sent.load(std::sync::atomic::Ordering::Acquire));
+                crate::telemetry::metrics::check_timed_out(
+                    sent.load(std::sync::atomic::Ordering::Acquire),
+                );
                 Err(StoreError::Timeout(self.timeout))
             }
         }
@@ -331,7 +333,7 @@ fn answer(batch: Vec<Counted>, answers: Result<(i64, Vec<CheckOutcomes>), StoreE
 impl Store {
     /// One call of the batch script for `batch`.
     async fn send_batch(self, batch: Vec<Counted>) -> Call {
-        crate::metrics::checks_per_call(batch.len());
+        crate::telemetry::metrics::checks_per_call(batch.len());
         for check in &batch {
             check.sent.store(true, std::sync::atomic::Ordering::Release);
         }

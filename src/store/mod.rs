@@ -391,7 +391,7 @@ impl Store {
         carried: &[opentelemetry::trace::SpanContext],
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let span = crate::traces::client_call(
+        let span = crate::telemetry::traces::client_call(
             carried,
             "redis check.lua",
             &[
@@ -399,7 +399,7 @@ impl Store {
                 ("db.operation.name", "EVALSHA"),
             ],
         );
-        crate::traces::within_call(span, call).await
+        crate::telemetry::traces::within_call(span, call).await
     }
 
     pub fn keys(&self) -> &Keys {

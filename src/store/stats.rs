@@ -65,7 +65,7 @@ pub struct DenialNote {
     pub identifiers: Vec<String>,
 }
 
-pub(super) use crate::clock::now_ms;
+pub(super) use crate::support::clock::now_ms;
 
 impl Store {
     /// Adds counts answered elsewhere (an instance's over-limit cache) to the counters.

@@ -1,7 +1,6 @@
 //! The arrows between the top-level modules point down only (STYLE.md):
-//! domain ← store ← service ← state ← auth ← {api, envoy, app, cli, domains_dir} ← server ←
-//! main, with
-//! leaf helpers (clock, connection, metrics, shutdown...) anyone may use. `state` is what
+//! domain ← config ← store ← service ← state ← auth ← {api, envoy, app, cli, sources} ←
+//! server ← main, with the leaves (`net`, `support`, `telemetry`) anyone may use. `state` is what
 //! every front door is handed (the service and the doors' settings); `auth` is who is
 //! calling, as HTTP sees it (a key in the headers, a session cookie), which every door asks
 //! before it acts. This reads every `crate::<module>` path in `src/` and fails on an arrow
@@ -12,20 +11,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Each top-level module's layer: a module may use modules of a lower layer, and leaves
-/// (layer 0) and its own layer's `config`/`audit` helpers as listed in `may_use`.
+/// (layer 0) as listed in `may_use`.
 fn layer(module: &str) -> Option<u8> {
     Some(match module {
         "domain" => 0,
         // Leaves: helpers with no knowledge of the product's layers.
-        "batched_writes" | "connection" | "forwarded" | "metrics" | "traces" | "shutdown"
-        | "demo" | "clock" | "ids" | "outbound" | "tls" => 0,
+        "net" | "support" | "telemetry" => 0,
         "config" => 1,
         "store" => 2,
-        "audit" | "webhooks" => 3,
         "service" => 4,
         "state" => 5,
         "auth" => 6,
-        "api" | "envoy" | "app" | "cli" | "domains_dir" | "xds" => 7,
+        "api" | "envoy" | "app" | "cli" | "sources" => 7,
         "server" => 8,
         _ => return None,
     })

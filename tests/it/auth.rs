@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use reqwest::{StatusCode, header};
 use serde_json::json;
 use spillway::{
-    audit::Actor,
     domain::people::{AuditFilter, KeyRole, Role},
     service::Service,
+    service::audit::Actor,
     store::{Keys, Store},
 };
 

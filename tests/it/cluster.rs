@@ -105,7 +105,7 @@ async fn the_dashboard_works_on_a_cluster() {
         .unwrap();
     spillway::service::Service::for_command(store.clone())
         .add_user(
-            &spillway::audit::Actor::default(),
+            &spillway::service::audit::Actor::default(),
             "ann",
             Role::Support,
             "correct horse battery staple",

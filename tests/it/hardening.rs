@@ -289,7 +289,7 @@ async fn an_override_expiry_that_overflows_is_refused() {
     let overrides = policy["overrides"].as_array().unwrap();
     assert_eq!(overrides.len(), 1, "{policy}");
     let expires = overrides[0]["expires_at_ms"].as_i64().unwrap();
-    let now = spillway::clock::now_ms();
+    let now = spillway::support::clock::now_ms();
     assert!(
         expires > now + 59 * 60_000 && expires <= now + 60 * 60_000,
         "{expires}"

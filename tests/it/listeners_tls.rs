@@ -306,7 +306,7 @@ async fn a_renewed_certificate_is_used_for_new_connections_and_drops_no_open_one
     let new_ca = Ca::new("new CA");
     let new = new_ca.server();
     std::fs::write(&key, &new.key).unwrap();
-    tokio::time::sleep(spillway::tls::RELOAD_EVERY * 2 + Duration::from_millis(500)).await;
+    tokio::time::sleep(spillway::net::tls::RELOAD_EVERY * 2 + Duration::from_millis(500)).await;
     assert_eq!(
         status_of(&https(&old_ca.pem), &app, "/healthz").await,
         Some(200),

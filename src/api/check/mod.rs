@@ -136,7 +136,7 @@ pub struct ForwardAuthQuery {
 /// `GET /api/v1/forward-auth?policy=<name>` for Traefik ForwardAuth, Envoy ext_authz and
 /// nginx auth_request: identifiers come from the configured headers (`X-Forwarded-For` →
 /// `ip`: the address the calling proxy appended, or further left past trusted proxies, see
-/// `crate::forwarded`); the key may come as `Authorization: Bearer` or `X-Spillway-Key`.
+/// `crate::net::forwarded`); the key may come as `Authorization: Bearer` or `X-Spillway-Key`.
 #[utoipa::path(get, path = "/api/v1/forward-auth", tag = "checks", operation_id = "forward_auth", params(("policy" = String, Query, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("cost" = Option<u64>, Query, description = "Default 1", maximum = 1000000000), ("X-Forwarded-For" = String, Header, description = "The client address (the default identifier header)", pattern = "^[0-9a-fA-F.:]{2,45}$")), responses(
     (status = 200, description = "Allowed", body = crate::api::openapi::CheckResponse),
     (status = 429, description = "Denied (the status is configurable)", body = crate::api::openapi::CheckResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),

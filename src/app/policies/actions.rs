@@ -561,7 +561,7 @@ mod override_add {
         }
         if minutes > 0 {
             doc["expires_at_ms"] =
-                serde_json::json!(crate::clock::now_ms() + (minutes as i64) * 60_000);
+                serde_json::json!(crate::support::clock::now_ms() + (minutes as i64) * 60_000);
         }
         let added = Override::from_document(&doc, "override")
             .and_then(|o| o.refuse_unmatchable("override").map(|()| o))

@@ -12,7 +12,7 @@ use std::{net::SocketAddr, sync::Arc, time::Duration};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::{domain::alerts::signed_text, outbound::Targets};
+use crate::{domain::alerts::signed_text, net::outbound::Targets};
 
 /// Resolves webhook hosts, refusing any name that resolves to an internal address the
 /// admin has not allowed (a name's addresses are what the connection would use).
@@ -116,7 +116,7 @@ pub fn signature(secret: &str, timestamp_s: i64, body: &str) -> String {
     let mut mac =
         Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes a key of any length");
     mac.update(signed_text(timestamp_s, body).as_bytes());
-    crate::ids::to_hex(&mac.finalize().into_bytes())
+    crate::support::ids::to_hex(&mac.finalize().into_bytes())
 }
 
 #[cfg(test)]
@@ -134,7 +134,7 @@ mod tests {
         let mut mac = <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(b"Jefe").unwrap();
         hmac::Mac::update(&mut mac, b"what do ya want for nothing?");
         assert_eq!(
-            crate::ids::to_hex(&hmac::Mac::finalize(mac).into_bytes()),
+            crate::support::ids::to_hex(&hmac::Mac::finalize(mac).into_bytes()),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
         assert_eq!(

@@ -1,16 +1,18 @@
 //! The command line: `spillway` serves; `spillway policy export|import` keeps policies as
 //! code, so they can live in git and be restored after losing Redis.
 
+pub mod demo;
+
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
 use crate::{
-    audit::Actor,
     domain::{
         Policy, PolicyError,
         people::{KeyRole, Role},
     },
+    service::audit::Actor,
     service::{Service, password},
 };
 
@@ -31,7 +33,7 @@ pub enum Command {
     },
     /// `user add|set-password|set-role|remove|list`, `key add|list|revoke`.
     People(PeopleCommand),
-    Demo(crate::demo::DemoOptions),
+    Demo(crate::cli::demo::DemoOptions),
 }
 
 /// Managing users and API keys from the command line.
@@ -235,7 +237,7 @@ pub fn parse(args: &[String]) -> Result<Command, clap::Error> {
             KeyArgs::List => PeopleCommand::KeyList,
             KeyArgs::Revoke { id } => PeopleCommand::KeyRevoke { id },
         }),
-        Top::Demo { url, seconds } => Command::Demo(crate::demo::DemoOptions { url, seconds }),
+        Top::Demo { url, seconds } => Command::Demo(crate::cli::demo::DemoOptions { url, seconds }),
     })
 }
 

@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use crate::{audit::Actor, service::Service};
+use crate::{service::Service, service::audit::Actor};
 
 /// How often the folder is read again.
 pub const READ_EVERY: Duration = Duration::from_secs(1);

@@ -117,7 +117,7 @@ pub async fn accept<F: Future<Output = ()>>(
 /// connection holds until it closes.
 pub async fn accept_within<F: Future<Output = ()>>(
     listener: &tokio::net::TcpListener,
-    limit: &crate::connection::Limit,
+    limit: &crate::net::connection::Limit,
     shutdown: &mut std::pin::Pin<&mut F>,
 ) -> Option<(
     tokio::net::TcpStream,

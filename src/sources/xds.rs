@@ -28,7 +28,7 @@ use envoy_types::pb::{
 use prost::Message;
 use serde_json::{Value, json};
 
-use crate::{audit::Actor, config::xds::XdsSettings, service::Service};
+use crate::{config::xds::XdsSettings, service::Service, service::audit::Actor};
 
 /// The resource type: upstream's rate limit configuration.
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";

@@ -155,7 +155,7 @@ fn describe() {
 /// Drains the histograms' pending samples into their buckets every few seconds. Without
 /// it the recorder keeps every sample until /metrics is scraped: memory grows with each
 /// check and every check gets slower.
-pub fn spawn_upkeep(shutdown: &crate::shutdown::Shutdown) {
+pub fn spawn_upkeep(shutdown: &crate::support::shutdown::Shutdown) {
     let handle = handle();
     shutdown.spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
