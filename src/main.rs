@@ -28,6 +28,79 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// `spillway` (serve): the HTTP port at once (alive, not ready until Redis answers), then
+/// the gRPC port, until a signal and the drain.
+async fn serve(config: Config, open_files: u64) -> anyhow::Result<()> {
+    let traces = match &config.traces {
+        Some(settings) => Some(
+            spillway::telemetry::traces::install(settings, tokio::runtime::Handle::current())
+                .map_err(anyhow::Error::msg)?,
+        ),
+        None => None,
+    };
+    let drain = config.shutdown_drain;
+    log_capacity(&config.capacity, open_files);
+    let addr = config.leptos_options.site_addr;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr} (LEPTOS_SITE_ADDR)"))?;
+    // Until Redis answers, the port says the process is alive and not ready.
+    let tls = config.tls.http.clone();
+    let state = server::starting(&listener, tls, AppState::connect_patiently(config))
+        .await
+        .context("connecting to Redis")?;
+    let scheme = if state.tls.http.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    tracing::info!(%addr, "spillway listening on {scheme}://{addr}");
+    let grpc = bind_grpc(&state).await?;
+    let shutdown = server::shutdown_after_drain(state.shutdown.clone(), drain);
+    server::serve(listener, grpc, state, shutdown).await?;
+    if let Some(traces) = traces {
+        // The exporter's last export waits on this runtime: off its threads.
+        tokio::task::spawn_blocking(move || traces.shutdown()).await?;
+    }
+    tracing::info!("stopped");
+
+    Ok(())
+}
+
+/// The caps this process runs under, and where its memory budget came from.
+fn log_capacity(capacity: &spillway::config::capacity::Capacity, open_files: u64) {
+    tracing::info!(
+        open_files,
+        memory_budget_mb = capacity.budget_mb,
+        max_connections = capacity.max_connections,
+        max_pending_calls = capacity.max_pending,
+        max_waiting = capacity.max_waiting,
+        "capacity: a memory budget of {} MiB from {}",
+        capacity.budget_mb,
+        capacity.budget_source
+    );
+    if let Some(clamped) = &capacity.clamped {
+        tracing::warn!("{clamped}");
+    }
+}
+
+/// The gRPC port (Envoy's rate limit service), unless `SPILLWAY_GRPC_ADDR` is empty.
+async fn bind_grpc(state: &AppState) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(grpc_addr) = state.envoy.grpc_addr else {
+        return Ok(None);
+    };
+    let grpc = tokio::net::TcpListener::bind(grpc_addr)
+        .await
+        .with_context(|| format!("binding {grpc_addr} (SPILLWAY_GRPC_ADDR)"))?;
+    let tls = match &state.tls.grpc {
+        Some(port) if port.requires_client_certificates() => " (mTLS)",
+        Some(_) => " (TLS)",
+        None => "",
+    };
+    tracing::info!(%grpc_addr, "Envoy rate limit service (gRPC) on {grpc_addr}{tls}");
+    Ok(Some(grpc))
+}
+
 async fn run() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // --help and --version print and exit 0; a wrong argument says what and exits 2.
@@ -53,70 +126,7 @@ async fn run() -> anyhow::Result<()> {
         }
     }
     match command {
-        Command::Serve => {
-            let traces = match &config.traces {
-                Some(settings) => Some(
-                    spillway::telemetry::traces::install(
-                        settings,
-                        tokio::runtime::Handle::current(),
-                    )
-                    .map_err(anyhow::Error::msg)?,
-                ),
-                None => None,
-            };
-            let drain = config.shutdown_drain;
-            let capacity = &config.capacity;
-            tracing::info!(
-                open_files,
-                memory_budget_mb = capacity.budget_mb,
-                max_connections = capacity.max_connections,
-                max_pending_calls = capacity.max_pending,
-                max_waiting = capacity.max_waiting,
-                "capacity: a memory budget of {} MiB from {}",
-                capacity.budget_mb,
-                capacity.budget_source
-            );
-            if let Some(clamped) = &capacity.clamped {
-                tracing::warn!("{clamped}");
-            }
-            let addr = config.leptos_options.site_addr;
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr} (LEPTOS_SITE_ADDR)"))?;
-            // Until Redis answers, the port says the process is alive and not ready.
-            let tls = config.tls.http.clone();
-            let state = server::starting(&listener, tls, AppState::connect_patiently(config))
-                .await
-                .context("connecting to Redis")?;
-            let scheme = if state.tls.http.is_some() {
-                "https"
-            } else {
-                "http"
-            };
-            tracing::info!(%addr, "spillway listening on {scheme}://{addr}");
-            let grpc = match state.envoy.grpc_addr {
-                Some(grpc_addr) => {
-                    let grpc = tokio::net::TcpListener::bind(grpc_addr)
-                        .await
-                        .with_context(|| format!("binding {grpc_addr} (SPILLWAY_GRPC_ADDR)"))?;
-                    let tls = match &state.tls.grpc {
-                        Some(port) if port.requires_client_certificates() => " (mTLS)",
-                        Some(_) => " (TLS)",
-                        None => "",
-                    };
-                    tracing::info!(%grpc_addr, "Envoy rate limit service (gRPC) on {grpc_addr}{tls}");
-                    Some(grpc)
-                }
-                None => None,
-            };
-            let shutdown = server::shutdown_after_drain(state.shutdown.clone(), drain);
-            server::serve(listener, grpc, state, shutdown).await?;
-            if let Some(traces) = traces {
-                // The exporter's last export waits on this runtime: off its threads.
-                tokio::task::spawn_blocking(move || traces.shutdown()).await?;
-            }
-            tracing::info!("stopped");
-        }
+        Command::Serve => serve(config, open_files).await?,
         Command::Export { format, output } => {
             let service = connect(&config).await?;
             let text = cli::export(&service, format).await?;

@@ -213,107 +213,52 @@ impl Config {
                 .and_then(|u| u.get(name))
                 .or_else(|| own(name))
         };
-        let leptos_toml = lookup("SPILLWAY_LEPTOS_TOML").unwrap_or_else(|| "Leptos.toml".into());
-        let file = Path::new(&leptos_toml)
-            .exists()
-            .then_some(leptos_toml.as_str());
-        let mut conf = leptos::config::get_configuration(file)
-            .map_err(|e| ConfigError::Leptos(e.to_string()))?;
-        if conf.leptos_options.hash_files && !hash_file_found(&conf.leptos_options) {
-            // A binary not built by cargo-leptos (`cargo run`, the tests) has no list of
-            // hashed names beside it: its pages name the files without hashes (and Leptos
-            // would stop at the missing list while rendering).
-            conf.leptos_options.hash_files = false;
-        }
-        // Leptos reads LEPTOS_SITE_ADDR from the process; upstream's HOST and PORT say it
-        // here.
-        if let Some(addr) = upstream.as_ref().and_then(|u| u.get("LEPTOS_SITE_ADDR")) {
-            conf.leptos_options.site_addr = addr.parse().map_err(|_| ConfigError::Invalid {
-                name: "PORT",
-                problem: format!("{addr} is not an address to listen on"),
-            })?;
-        }
+        let leptos_options = leptos_options(&lookup, upstream.as_ref())?;
         let (redis_url, redis_cluster_urls) = redis_urls(&lookup)?;
         let (service_keys, admin_keys) = api_keys(&lookup)?;
-        let forward_auth_identifiers = forward_auth_identifiers(&lookup)?;
-        let forward_auth_deny_status = forward_auth_deny_status(&lookup)?;
-        let seed_demo = !matches!(
-            lookup("SPILLWAY_SEED_DEMO").as_deref(),
-            Some("0" | "false" | "no")
-        );
-        let metrics_rule_label = match lookup("SPILLWAY_METRICS_RULE_LABEL").as_deref() {
-            None | Some("" | "0" | "false" | "no") => false,
-            Some("1" | "true" | "yes") => true,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: "SPILLWAY_METRICS_RULE_LABEL",
-                    problem: format!("must be true or false, got {other:?}"),
-                });
-            }
-        };
         let tls = crate::net::tls::Ports::from_lookup(&lookup).map_err(invalid)?;
         let mut sessions = session_settings(&lookup)?;
         // Every request to a TLS port came over https.
         sessions.secure_cookies |= tls.http.is_some();
-        let envoy = envoy_settings(&lookup)?;
-        let traces = crate::telemetry::traces::TraceSettings::from_lookup(&lookup)
-            .map_err(|(name, problem)| ConfigError::Invalid { name, problem })?;
         let capacity = capacity::Capacity::derive(
             &lookup,
             capacity::cgroup_memory_limit(),
             rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft),
         )?;
-        let public_url = lookup("SPILLWAY_PUBLIC_URL")
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| format!("http://{}", conf.leptos_options.site_addr))
-            .trim_end_matches('/')
-            .to_owned();
         Ok(Self {
-            envoy,
+            envoy: envoy_settings(&lookup)?,
             sessions,
             service_keys,
             admin_keys,
-            forward_auth_identifiers,
-            forward_auth_deny_status,
-            seed_demo,
-            metrics_rule_label,
-            traces,
+            forward_auth_identifiers: forward_auth_identifiers(&lookup)?,
+            forward_auth_deny_status: forward_auth_deny_status(&lookup)?,
+            // On unless switched off: a first run shows something.
+            seed_demo: !matches!(
+                lookup("SPILLWAY_SEED_DEMO").as_deref(),
+                Some("0" | "false" | "no")
+            ),
+            metrics_rule_label: yes_or_no(&lookup, "SPILLWAY_METRICS_RULE_LABEL")?,
+            traces: crate::telemetry::traces::TraceSettings::from_lookup(&lookup)
+                .map_err(invalid)?,
             tls,
             log_level: lookup("SPILLWAY_LOG_LEVEL").filter(|l| !l.trim().is_empty()),
-            domains_dir: lookup("SPILLWAY_DOMAINS_DIR")
-                .filter(|d| !d.trim().is_empty())
-                .map(std::path::PathBuf::from),
+            domains_dir: path(&lookup, "SPILLWAY_DOMAINS_DIR"),
             upstream: upstream.as_ref().map(|u| u.ignored.clone()),
-            xds: match xds::XdsSettings::from_lookup(&lookup).map_err(invalid)? {
-                Some(_) if lookup("SPILLWAY_DOMAINS_DIR").is_some_and(|d| !d.trim().is_empty()) => {
-                    return Err(ConfigError::Invalid {
-                        name: "SPILLWAY_XDS_SERVER",
-                        problem: "domains come from xDS or from SPILLWAY_DOMAINS_DIR, not both"
-                            .into(),
-                    });
-                }
-                xds => xds,
-            },
+            xds: xds_settings(&lookup)?,
             shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
                 Some("0") => Duration::ZERO,
                 _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,
             },
-            leptos_options: conf.leptos_options,
-            redis_sentinel: match sentinel::SentinelSettings::from_lookup(&lookup) {
-                Ok(Some(_)) if !redis_cluster_urls.is_empty() => {
-                    return Err(ConfigError::Invalid {
-                        name: "REDIS_CLUSTER_URLS",
-                        problem: "set with Sentinel: give one or the other".into(),
-                    });
-                }
-                Ok(s) => s,
-                Err((name, problem)) => return Err(ConfigError::Invalid { name, problem }),
-            },
+            public_url: lookup("SPILLWAY_PUBLIC_URL")
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| format!("http://{}", leptos_options.site_addr))
+                .trim_end_matches('/')
+                .to_owned(),
+            leptos_options,
+            redis_sentinel: sentinel_settings(&lookup, &redis_cluster_urls)?,
             redis_url,
             redis_cluster_urls,
-            redis_ca_cert: lookup("REDIS_CA_CERT")
-                .filter(|p| !p.is_empty())
-                .map(std::path::PathBuf::from),
+            redis_ca_cert: path(&lookup, "REDIS_CA_CERT"),
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,
@@ -321,49 +266,139 @@ impl Config {
             max_pending: capacity.max_pending,
             max_waiting: capacity.max_waiting,
             capacity,
-            first_admin: FirstAdmin {
-                password: match lookup("SPILLWAY_FIRST_ADMIN_PASSWORD").filter(|p| !p.is_empty()) {
-                    Some(password) => {
-                        crate::domain::people::validate_password(&password).map_err(|problem| {
-                            ConfigError::Invalid {
-                                name: "SPILLWAY_FIRST_ADMIN_PASSWORD",
-                                problem,
-                            }
-                        })?;
-                        Some(password)
-                    }
-                    None => None,
-                },
-                password_file: lookup("SPILLWAY_FIRST_ADMIN_PASSWORD_FILE")
-                    .filter(|p| !p.trim().is_empty())
-                    .map_or_else(
-                        || std::env::temp_dir().join("spillway-first-admin-password"),
-                        std::path::PathBuf::from,
-                    ),
-            },
+            first_admin: first_admin(&lookup)?,
             history_flush: millis(&lookup, "SPILLWAY_HISTORY_FLUSH_MS", 5000)?,
             alert_eval: millis(&lookup, "SPILLWAY_ALERT_EVAL_MS", 10_000)?,
-            public_url,
-            webhook_targets: crate::net::outbound::Targets::parse(
-                &lookup("SPILLWAY_WEBHOOK_ALLOWED_TARGETS").unwrap_or_default(),
-            )
-            .map_err(|problem| ConfigError::Invalid {
-                name: "SPILLWAY_WEBHOOK_ALLOWED_TARGETS",
-                problem,
-            })?,
-            trusted_proxies: crate::net::forwarded::TrustedProxies::parse(
-                &lookup("SPILLWAY_TRUSTED_PROXIES").unwrap_or_default(),
-            )
-            .map_err(|problem| ConfigError::Invalid {
-                name: "SPILLWAY_TRUSTED_PROXIES",
-                problem,
-            })?,
+            webhook_targets: parsed(
+                &lookup,
+                "SPILLWAY_WEBHOOK_ALLOWED_TARGETS",
+                crate::net::outbound::Targets::parse,
+            )?,
+            trusted_proxies: parsed(
+                &lookup,
+                "SPILLWAY_TRUSTED_PROXIES",
+                crate::net::forwarded::TrustedProxies::parse,
+            )?,
             log_format: match lookup("SPILLWAY_LOG_FORMAT").as_deref() {
                 Some("json") => LogFormat::Json,
                 _ => LogFormat::Pretty,
             },
         })
     }
+}
+
+/// Leptos's settings: `Leptos.toml` (or `SPILLWAY_LEPTOS_TOML`), Leptos's own `LEPTOS_*`
+/// variables, and in upstream's environment its `HOST` and `PORT`.
+fn leptos_options(
+    lookup: &impl Fn(&str) -> Option<String>,
+    upstream: Option<&upstream::Upstream>,
+) -> Result<LeptosOptions, ConfigError> {
+    let leptos_toml = lookup("SPILLWAY_LEPTOS_TOML").unwrap_or_else(|| "Leptos.toml".into());
+    let file = Path::new(&leptos_toml)
+        .exists()
+        .then_some(leptos_toml.as_str());
+    let mut conf =
+        leptos::config::get_configuration(file).map_err(|e| ConfigError::Leptos(e.to_string()))?;
+    if conf.leptos_options.hash_files && !hash_file_found(&conf.leptos_options) {
+        // A binary not built by cargo-leptos (`cargo run`, the tests) has no list of
+        // hashed names beside it: its pages name the files without hashes (and Leptos
+        // would stop at the missing list while rendering).
+        conf.leptos_options.hash_files = false;
+    }
+    // Leptos reads LEPTOS_SITE_ADDR from the process; upstream's HOST and PORT say it
+    // here.
+    if let Some(addr) = upstream.and_then(|u| u.get("LEPTOS_SITE_ADDR")) {
+        conf.leptos_options.site_addr = addr.parse().map_err(|_| ConfigError::Invalid {
+            name: "PORT",
+            problem: format!("{addr} is not an address to listen on"),
+        })?;
+    }
+    Ok(conf.leptos_options)
+}
+
+/// `true`/`yes`/`1` or `false`/`no`/`0` (unset or empty: false); anything else is an error
+/// naming the setting.
+fn yes_or_no(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+) -> Result<bool, ConfigError> {
+    match lookup(name).as_deref() {
+        None | Some("" | "0" | "false" | "no") => Ok(false),
+        Some("1" | "true" | "yes") => Ok(true),
+        Some(other) => Err(ConfigError::Invalid {
+            name,
+            problem: format!("must be true or false, got {other:?}"),
+        }),
+    }
+}
+
+/// A path setting; unset or blank is none.
+fn path(lookup: &impl Fn(&str) -> Option<String>, name: &str) -> Option<std::path::PathBuf> {
+    lookup(name)
+        .filter(|p| !p.trim().is_empty())
+        .map(std::path::PathBuf::from)
+}
+
+/// A setting read by `parse` (unset: parsed from the empty text), its error naming it.
+fn parsed<T>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<T, ConfigError> {
+    parse(&lookup(name).unwrap_or_default())
+        .map_err(|problem| ConfigError::Invalid { name, problem })
+}
+
+/// The xDS subscription (`SPILLWAY_XDS_*`), which excludes a domains folder.
+fn xds_settings(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<xds::XdsSettings>, ConfigError> {
+    let invalid = |(name, problem)| ConfigError::Invalid { name, problem };
+    match xds::XdsSettings::from_lookup(lookup).map_err(invalid)? {
+        Some(_) if path(lookup, "SPILLWAY_DOMAINS_DIR").is_some() => Err(ConfigError::Invalid {
+            name: "SPILLWAY_XDS_SERVER",
+            problem: "domains come from xDS or from SPILLWAY_DOMAINS_DIR, not both".into(),
+        }),
+        xds => Ok(xds),
+    }
+}
+
+/// Redis behind Sentinel (`REDIS_SENTINELS` or a `redis+sentinel://` URL), which excludes a
+/// cluster.
+fn sentinel_settings(
+    lookup: &impl Fn(&str) -> Option<String>,
+    cluster_urls: &[String],
+) -> Result<Option<sentinel::SentinelSettings>, ConfigError> {
+    match sentinel::SentinelSettings::from_lookup(lookup) {
+        Ok(Some(_)) if !cluster_urls.is_empty() => Err(ConfigError::Invalid {
+            name: "REDIS_CLUSTER_URLS",
+            problem: "set with Sentinel: give one or the other".into(),
+        }),
+        Ok(s) => Ok(s),
+        Err((name, problem)) => Err(ConfigError::Invalid { name, problem }),
+    }
+}
+
+/// The first admin's password (`SPILLWAY_FIRST_ADMIN_PASSWORD`, held to the password rules)
+/// and where a generated one is written (`SPILLWAY_FIRST_ADMIN_PASSWORD_FILE`).
+fn first_admin(lookup: &impl Fn(&str) -> Option<String>) -> Result<FirstAdmin, ConfigError> {
+    let password = match lookup("SPILLWAY_FIRST_ADMIN_PASSWORD").filter(|p| !p.is_empty()) {
+        Some(password) => {
+            crate::domain::people::validate_password(&password).map_err(|problem| {
+                ConfigError::Invalid {
+                    name: "SPILLWAY_FIRST_ADMIN_PASSWORD",
+                    problem,
+                }
+            })?;
+            Some(password)
+        }
+        None => None,
+    };
+    Ok(FirstAdmin {
+        password,
+        password_file: path(lookup, "SPILLWAY_FIRST_ADMIN_PASSWORD_FILE")
+            .unwrap_or_else(|| std::env::temp_dir().join("spillway-first-admin-password")),
+    })
 }
 
 /// The comma-separated values of `name`, trimmed, empty ones left out; none when unset.

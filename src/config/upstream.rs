@@ -230,29 +230,7 @@ impl Upstream {
     /// REDIS_URL as host:port (several, comma-separated, for a cluster), with REDIS_AUTH,
     /// REDIS_TLS and REDIS_TLS_CACERT.
     fn redis(&mut self, get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
-        match get("REDIS_SOCKET_TYPE")
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
-            None | Some("" | "tcp") => {}
-            Some(other) => {
-                return Err((
-                    "REDIS_SOCKET_TYPE",
-                    format!(
-                        "{other:?}: Redis is reached over TCP here (set tcp and REDIS_URL host:port)"
-                    ),
-                ));
-            }
-        }
-        for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
-            if get(name).is_some_and(|v| !v.is_empty()) {
-                return Err((
-                    name,
-                    "client certificates for Redis are not supported; Redis would refuse the connection".into(),
-                ));
-            }
-        }
+        refuse_unsupported_redis(get)?;
         let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) else {
             return Ok(());
         };
@@ -260,22 +238,12 @@ impl Upstream {
             // Already a URL: Spillway's own form.
             return Ok(());
         }
-        let tls = flag(get, "REDIS_TLS")?;
-        let scheme = if tls { "rediss" } else { "redis" };
-        let auth = match get("REDIS_AUTH").filter(|a| !a.is_empty()) {
-            None => String::new(),
-            // "user:password" or a password alone, as upstream reads it.
-            Some(auth) => {
-                let enc = |s: &str| {
-                    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC)
-                        .to_string()
-                };
-                match auth.split_once(':') {
-                    Some((user, password)) => format!("{}:{}@", enc(user), enc(password)),
-                    None => format!(":{}@", enc(&auth)),
-                }
-            }
+        let scheme = if flag(get, "REDIS_TLS")? {
+            "rediss"
+        } else {
+            "redis"
         };
+        let auth = redis_auth(get);
         let urls: Vec<String> = url
             .split(',')
             .map(str::trim)
@@ -285,11 +253,8 @@ impl Upstream {
         if urls.is_empty() {
             return Err(("REDIS_URL", "expected host:port".into()));
         }
-        match get("REDIS_TYPE")
-            .as_deref()
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
+        let redis_type = get("REDIS_TYPE").map(|t| t.to_ascii_lowercase());
+        match redis_type.as_deref() {
             None | Some("" | "single") => {
                 if urls.len() > 1 {
                     return Err((
@@ -304,25 +269,7 @@ impl Upstream {
                 self.set("REDIS_URL", urls[0].clone());
                 self.set("REDIS_CLUSTER_URLS", urls.join(","));
             }
-            Some("sentinel") => {
-                // Upstream's form: the master's name first, then the sentinels.
-                let mut parts = url.split(',').map(str::trim).filter(|p| !p.is_empty());
-                let master = parts.next().unwrap_or_default();
-                let sentinels: Vec<&str> = parts.collect();
-                if sentinels.is_empty() {
-                    return Err((
-                        "REDIS_URL",
-                        "with REDIS_TYPE=sentinel: the master's name, then the sentinels (mymaster,host:port,…)".into(),
-                    ));
-                }
-                self.set(
-                    "REDIS_URL",
-                    format!("{scheme}+sentinel://{auth}{}/{master}", sentinels.join(",")),
-                );
-                if let Some(auth) = get("REDIS_SENTINEL_AUTH").filter(|a| !a.is_empty()) {
-                    self.set("REDIS_SENTINEL_PASSWORD", auth);
-                }
-            }
+            Some("sentinel") => self.sentinel(get, &url, scheme, &auth)?,
             Some(other) => {
                 return Err((
                     "REDIS_TYPE",
@@ -334,6 +281,33 @@ impl Upstream {
         }
         if let Some(ca) = get("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
             self.set("REDIS_CA_CERT", ca);
+        }
+        Ok(())
+    }
+
+    /// REDIS_TYPE=sentinel: upstream's REDIS_URL names the master first, then the sentinels.
+    fn sentinel(
+        &mut self,
+        get: &impl Fn(&str) -> Option<String>,
+        url: &str,
+        scheme: &str,
+        auth: &str,
+    ) -> Result<(), Problem> {
+        let mut parts = url.split(',').map(str::trim).filter(|p| !p.is_empty());
+        let master = parts.next().unwrap_or_default();
+        let sentinels: Vec<&str> = parts.collect();
+        if sentinels.is_empty() {
+            return Err((
+                "REDIS_URL",
+                "with REDIS_TYPE=sentinel: the master's name, then the sentinels (mymaster,host:port,…)".into(),
+            ));
+        }
+        self.set(
+            "REDIS_URL",
+            format!("{scheme}+sentinel://{auth}{}/{master}", sentinels.join(",")),
+        );
+        if let Some(auth) = get("REDIS_SENTINEL_AUTH").filter(|a| !a.is_empty()) {
+            self.set("REDIS_SENTINEL_PASSWORD", auth);
         }
         Ok(())
     }
@@ -517,6 +491,42 @@ fn flag(get: &impl Fn(&str) -> Option<String>, name: &'static str) -> Result<boo
         None | Some("" | "false" | "0" | "f") => Ok(false),
         Some("true" | "1" | "t") => Ok(true),
         Some(other) => Err((name, format!("expected true or false, got {other:?}"))),
+    }
+}
+
+/// What upstream can ask of Redis that Spillway cannot give: a Unix socket, client
+/// certificates.
+fn refuse_unsupported_redis(get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
+    let socket = get("REDIS_SOCKET_TYPE").map(|t| t.to_ascii_lowercase());
+    if let Some(other) = socket.as_deref().filter(|t| !matches!(*t, "" | "tcp")) {
+        return Err((
+            "REDIS_SOCKET_TYPE",
+            format!("{other:?}: Redis is reached over TCP here (set tcp and REDIS_URL host:port)"),
+        ));
+    }
+    for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
+        if get(name).is_some_and(|v| !v.is_empty()) {
+            return Err((
+                name,
+                "client certificates for Redis are not supported; Redis would refuse the connection".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// REDIS_AUTH as a URL's user part: "user:password" or a password alone, as upstream reads
+/// it, each percent-encoded (empty when unset).
+fn redis_auth(get: &impl Fn(&str) -> Option<String>) -> String {
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    match get("REDIS_AUTH").filter(|a| !a.is_empty()) {
+        None => String::new(),
+        Some(auth) => match auth.split_once(':') {
+            Some((user, password)) => format!("{}:{}@", enc(user), enc(password)),
+            None => format!(":{}@", enc(&auth)),
+        },
     }
 }
 

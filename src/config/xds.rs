@@ -63,25 +63,10 @@ impl XdsSettings {
                 }
             }
         };
-        let identity = match (
+        let identity = identity(
             file("SPILLWAY_XDS_TLS_CERT_FILE")?,
             file("SPILLWAY_XDS_TLS_KEY_FILE")?,
-        ) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err((
-                    "SPILLWAY_XDS_TLS_KEY_FILE",
-                    "SPILLWAY_XDS_TLS_CERT_FILE is set, so a key is needed too".into(),
-                ));
-            }
-            (None, Some(_)) => {
-                return Err((
-                    "SPILLWAY_XDS_TLS_CERT_FILE",
-                    "SPILLWAY_XDS_TLS_KEY_FILE is set, so a certificate is needed too".into(),
-                ));
-            }
-        };
+        )?;
         let ca = file("SPILLWAY_XDS_TLS_CA_FILE")?;
         if !server.starts_with("https://") && (ca.is_some() || identity.is_some()) {
             return Err((
@@ -89,23 +74,7 @@ impl XdsSettings {
                 "TLS files are set, so the server must be an https:// URL".into(),
             ));
         }
-        let mut node_metadata = Vec::new();
-        for pair in get("SPILLWAY_XDS_NODE_METADATA")
-            .unwrap_or_default()
-            .split(',')
-        {
-            let pair = pair.trim();
-            if pair.is_empty() {
-                continue;
-            }
-            let (k, v) = pair.split_once('=').ok_or_else(|| {
-                (
-                    "SPILLWAY_XDS_NODE_METADATA",
-                    format!("expected key=value pairs, got {pair:?}"),
-                )
-            })?;
-            node_metadata.push((k.trim().to_owned(), v.trim().to_owned()));
-        }
+        let node_metadata = node_metadata(&get("SPILLWAY_XDS_NODE_METADATA").unwrap_or_default())?;
         Ok(Some(Self {
             server,
             node_id: get("SPILLWAY_XDS_NODE_ID").unwrap_or_else(|| "spillway".into()),
@@ -115,4 +84,40 @@ impl XdsSettings {
             server_name: get("SPILLWAY_XDS_TLS_SERVER_NAME"),
         }))
     }
+}
+
+/// A client certificate and its key: both or neither.
+fn identity(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+) -> Result<Option<(PathBuf, PathBuf)>, Problem> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some((cert, key))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err((
+            "SPILLWAY_XDS_TLS_KEY_FILE",
+            "SPILLWAY_XDS_TLS_CERT_FILE is set, so a key is needed too".into(),
+        )),
+        (None, Some(_)) => Err((
+            "SPILLWAY_XDS_TLS_CERT_FILE",
+            "SPILLWAY_XDS_TLS_KEY_FILE is set, so a certificate is needed too".into(),
+        )),
+    }
+}
+
+/// `key=value` pairs, comma-separated, for the node's metadata.
+fn node_metadata(raw: &str) -> Result<Vec<(String, String)>, Problem> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').ok_or_else(|| {
+                (
+                    "SPILLWAY_XDS_NODE_METADATA",
+                    format!("expected key=value pairs, got {pair:?}"),
+                )
+            })?;
+            Ok((k.trim().to_owned(), v.trim().to_owned()))
+        })
+        .collect()
 }

@@ -194,26 +194,7 @@ impl Policy {
             "on_deny",
             &[("refuse", OnDeny::Refuse), ("wait", OnDeny::Wait)],
         )?;
-        let max_wait_ms = match (on_deny, obj.get("max_wait_ms")) {
-            (OnDeny::Refuse, None | Some(Value::Null)) => None,
-            (OnDeny::Refuse, Some(_)) => {
-                return Err(PolicyError::field(
-                    "max_wait_ms",
-                    "only goes with \"on_deny\": \"wait\"",
-                ));
-            }
-            (OnDeny::Wait, v) => match v.and_then(Value::as_u64) {
-                Some(ms @ 1..=MAX_WAIT_MS) => Some(ms),
-                _ => {
-                    return Err(PolicyError::field(
-                        "max_wait_ms",
-                        format!(
-                            "must be a whole number of ms from 1 to {MAX_WAIT_MS} with \"on_deny\": \"wait\""
-                        ),
-                    ));
-                }
-            },
-        };
+        let max_wait_ms = parse_max_wait(obj, on_deny)?;
         let mut envoy = parse_envoy(obj)?;
         // An Envoy domain's rules are its limits; any given with it are made again from them.
         let rules = match &mut envoy {
@@ -226,18 +207,7 @@ impl Policy {
             }
         };
         let overrides = parse_overrides(obj)?;
-        let managed_by = match obj.get("managed_by") {
-            None | Some(Value::Null) => None,
-            Some(_) if !stored => None,
-            Some(Value::String(s)) if envoy.is_some() => Some(s.clone()),
-            Some(Value::String(_)) => {
-                return Err(PolicyError::field(
-                    "managed_by",
-                    "only an Envoy domain is managed by a folder or xDS",
-                ));
-            }
-            Some(_) => return Err(PolicyError::field("managed_by", "must be a string")),
-        };
+        let managed_by = parse_managed_by(obj, stored, envoy.is_some())?;
         Ok(Self {
             name,
             version: 1,
@@ -437,50 +407,60 @@ pub fn parse_rules(value: &Value, path: &str) -> Result<Vec<Rule>, PolicyError> 
     Ok(rules)
 }
 
-/// Parses rule number `index` of the array at `path`.
-fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyError> {
-    let at = |f: &str| format!("{path}[{index}].{f}");
-    let obj = value
-        .as_object()
-        .ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
-    let name = required_str(obj, "name", &at)?;
-    let (algorithm, params) = parse_algorithm(obj, &at)?;
-    let mut allowed = vec![
-        "name",
-        "algorithm",
-        "dimensions",
-        "count_denied",
-        "cost",
-        "block_ms",
-        "caller_max",
-        "sync",
-        "flush_ms",
-    ];
-    allowed.extend_from_slice(&params);
-    reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
-    let dimensions = parse_dimensions(obj, &at)?;
-    let count_denied = match obj.get("count_denied") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
+/// `max_wait_ms`: required with `"on_deny": "wait"`, refused without it.
+fn parse_max_wait(
+    obj: &serde_json::Map<String, Value>,
+    on_deny: OnDeny,
+) -> Result<Option<u64>, PolicyError> {
+    Ok(match (on_deny, obj.get("max_wait_ms")) {
+        (OnDeny::Refuse, None | Some(Value::Null)) => None,
+        (OnDeny::Refuse, Some(_)) => {
             return Err(PolicyError::field(
-                at("count_denied"),
-                "must be true or false",
+                "max_wait_ms",
+                "only goes with \"on_deny\": \"wait\"",
             ));
         }
-    };
-    let mut rule = Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
-        // Rule::new names fields as rules[i].x; keep the caller's path.
-        PolicyError {
-            field: e.field.replacen("rules", path, 1),
-            message: e.message,
-        }
-    })?;
-    rule.cost = match obj.get("cost") {
+        (OnDeny::Wait, v) => match v.and_then(Value::as_u64) {
+            Some(ms @ 1..=MAX_WAIT_MS) => Some(ms),
+            _ => {
+                return Err(PolicyError::field(
+                    "max_wait_ms",
+                    format!(
+                        "must be a whole number of ms from 1 to {MAX_WAIT_MS} with \"on_deny\": \"wait\""
+                    ),
+                ));
+            }
+        },
+    })
+}
+
+/// `managed_by`: kept only as the store keeps it, and only on an Envoy domain.
+fn parse_managed_by(
+    obj: &serde_json::Map<String, Value>,
+    stored: bool,
+    envoy: bool,
+) -> Result<Option<String>, PolicyError> {
+    Ok(match obj.get("managed_by") {
         None | Some(Value::Null) => None,
-        Some(v) => Some(super::rule::CostModel::parse(v, &at("cost"))?),
-    };
-    rule.caller_max = match obj.get("caller_max") {
+        Some(_) if !stored => None,
+        Some(Value::String(s)) if envoy => Some(s.clone()),
+        Some(Value::String(_)) => {
+            return Err(PolicyError::field(
+                "managed_by",
+                "only an Envoy domain is managed by a folder or xDS",
+            ));
+        }
+        Some(_) => return Err(PolicyError::field("managed_by", "must be a string")),
+    })
+}
+
+/// A rule's `caller_max`: the most a caller may set each of its amounts to.
+fn parse_caller_max(
+    obj: &serde_json::Map<String, Value>,
+    rule: &Rule,
+    at: &impl Fn(&str) -> String,
+) -> Result<Option<std::collections::BTreeMap<String, u64>>, PolicyError> {
+    Ok(match obj.get("caller_max") {
         None | Some(Value::Null) => None,
         Some(Value::Object(_))
             if matches!(rule.algorithm, super::Algorithm::Concurrency { .. }) =>
@@ -535,23 +515,16 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                 "must be an object of parameter: most a caller may set it to",
             ));
         }
-    };
-    rule.block_ms = match obj.get("block_ms") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(ms @ 1..=super::rule::MAX_BLOCK_MS) => Some(ms),
-            _ => {
-                return Err(PolicyError::field(
-                    at("block_ms"),
-                    format!(
-                        "must be a whole number of ms from 1 to {} (400 days), or left out for no penalty",
-                        super::rule::MAX_BLOCK_MS
-                    ),
-                ));
-            }
-        },
-    };
-    rule.sync = match obj.get("sync") {
+    })
+}
+
+/// A rule's `sync`: exact (in Redis) unless local, which only some rules can be.
+fn parse_sync(
+    obj: &serde_json::Map<String, Value>,
+    rule: &Rule,
+    at: &impl Fn(&str) -> String,
+) -> Result<super::rule::SyncMode, PolicyError> {
+    Ok(match obj.get("sync") {
         None | Some(Value::Null) => super::rule::SyncMode::Exact,
         Some(Value::String(s)) if s == "exact" => super::rule::SyncMode::Exact,
         Some(Value::String(s)) if s == "local" => {
@@ -578,7 +551,69 @@ fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyErr
                 "must be \"exact\" (in Redis, every check) or \"local\" (on each instance, flushed every flush_ms)",
             ));
         }
+    })
+}
+
+/// Parses rule number `index` of the array at `path`.
+fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule, PolicyError> {
+    let at = |f: &str| format!("{path}[{index}].{f}");
+    let obj = value
+        .as_object()
+        .ok_or_else(|| PolicyError::field(format!("{path}[{index}]"), "must be an object"))?;
+    let name = required_str(obj, "name", &at)?;
+    let (algorithm, params) = parse_algorithm(obj, &at)?;
+    let mut allowed = vec![
+        "name",
+        "algorithm",
+        "dimensions",
+        "count_denied",
+        "cost",
+        "block_ms",
+        "caller_max",
+        "sync",
+        "flush_ms",
+    ];
+    allowed.extend_from_slice(&params);
+    reject_unknown(obj, &format!("{path}[{index}]."), &allowed)?;
+    let dimensions = parse_dimensions(obj, &at)?;
+    let count_denied = match obj.get("count_denied") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(PolicyError::field(
+                at("count_denied"),
+                "must be true or false",
+            ));
+        }
     };
+    let mut rule = Rule::new(index, name, algorithm, dimensions, count_denied).map_err(|e| {
+        // Rule::new names fields as rules[i].x; keep the caller's path.
+        PolicyError {
+            field: e.field.replacen("rules", path, 1),
+            message: e.message,
+        }
+    })?;
+    rule.cost = match obj.get("cost") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(super::rule::CostModel::parse(v, &at("cost"))?),
+    };
+    rule.caller_max = parse_caller_max(obj, &rule, &at)?;
+    rule.block_ms = match obj.get("block_ms") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(ms @ 1..=super::rule::MAX_BLOCK_MS) => Some(ms),
+            _ => {
+                return Err(PolicyError::field(
+                    at("block_ms"),
+                    format!(
+                        "must be a whole number of ms from 1 to {} (400 days), or left out for no penalty",
+                        super::rule::MAX_BLOCK_MS
+                    ),
+                ));
+            }
+        },
+    };
+    rule.sync = parse_sync(obj, &rule, &at)?;
     rule.flush_ms = match obj.get("flush_ms") {
         None | Some(Value::Null) => None,
         Some(_) if rule.sync.is_exact() => {

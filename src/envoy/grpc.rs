@@ -242,21 +242,21 @@ fn takes(request: &http::Request<Incoming>) -> bool {
 }
 
 /// One `ShouldRateLimit` call the short way (its caller already authenticated): read whole
-/// within the header-read timeout, decided within the caller's `grpc-timeout`
-/// (`DEADLINE_EXCEEDED` past it, as gRPC says a server ends such a call), answered.
+/// within the header-read timeout, decided within the caller's `grpc-timeout` and this
+/// server's request timeout, whichever ends first (`DEADLINE_EXCEEDED` past it, as gRPC
+/// says a server ends such a call, and as tonic's path does), answered.
 async fn answer(
     state: AppState,
     request: http::Request<Incoming>,
     place: tokio::sync::OwnedSemaphorePermit,
 ) -> http::Response<Unary> {
-    let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
-    let path = request.uri().path().trim_start_matches('/');
+    let path = request.uri().path().trim_start_matches('/').to_owned();
     let span = crate::telemetry::traces::server_span(
-        || path.to_owned(),
+        || path.clone(),
         request.headers(),
         || {
             use opentelemetry::KeyValue;
-            let (service, name) = path.split_once('/').unwrap_or((path, ""));
+            let (service, name) = path.split_once('/').unwrap_or((&path, ""));
             vec![
                 KeyValue::new("rpc.system", "grpc"),
                 KeyValue::new("rpc.service", service.to_owned()),
@@ -265,86 +265,109 @@ async fn answer(
         },
     );
     let traced = span.clone();
-    let result = crate::telemetry::traces::within(span, async {
-        let started = std::time::Instant::now();
-        let deadline = request
-            .headers()
-            .get("grpc-timeout")
-            .map(deadline_of)
-            .transpose()?;
-        let read_within = state.header_read_timeout;
-        let call = async {
-            let message = tokio::time::timeout(read_within, read_message(request.into_body()))
-                .await
-                .map_err(|_| {
-                    Status::deadline_exceeded(format!(
-                        "the request message did not arrive within {} ms \
-                         (SPILLWAY_HEADER_READ_TIMEOUT_MS)",
-                        read_within.as_millis()
-                    ))
-                })??;
-            // Read: the place in the port's budget of pending calls is free again. The
-            // decision's future is boxed, so a call still waiting for its message holds only
-            // what reading needs (see `config::capacity::PER_PENDING_CALL`).
-            drop(place);
-            match method {
-                Method::ShouldRateLimit => {
-                    Box::pin(decide(&state, message, deadline.map(|d| started + d))).await
-                }
-                _ => Box::pin(kuadrant(&state, method, message)).await,
-            }
-        };
-        match deadline {
-            None => call.await,
-            Some(d) => tokio::time::timeout(d, call).await.unwrap_or_else(|_| {
-                Err(Status::deadline_exceeded(
-                    "the caller's grpc-timeout passed",
-                ))
-            }),
-        }
-    })
-    .await;
+    let result =
+        crate::telemetry::traces::within(span, within_deadline(&state, request, place)).await;
     if let Some(cx) = traced {
-        let code = result.as_ref().map_or_else(|s| s.code() as i64, |_| 0);
-        crate::telemetry::traces::record_on(
-            &cx,
-            vec![opentelemetry::KeyValue::new("rpc.grpc.status_code", code)],
-        );
-        // The server's faults only: a caller's bad request or missing key is an answer.
-        if let Err(status) = &result
-            && matches!(
-                status.code(),
-                tonic::Code::Internal
-                    | tonic::Code::Unavailable
-                    | tonic::Code::DeadlineExceeded
-                    | tonic::Code::Unknown
-                    | tonic::Code::DataLoss
-            )
-        {
-            crate::telemetry::traces::failed(&cx, status.message().to_owned());
-        }
+        record_status(&cx, &result);
     }
     match result {
-        Ok(response) => {
-            let mut body = BytesMut::with_capacity(PREFIX + response.encoded_len());
-            body.put_u8(0);
-            body.put_u32(response.encoded_len() as u32);
-            response
-                .encode(&mut body)
-                .expect("the buffer holds the encoded length");
-            let mut trailers = HeaderMap::with_capacity(1);
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            let mut answer = http::Response::new(Unary {
-                message: Some(body.freeze()),
-                trailers: Some(trailers),
-            });
-            answer
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            answer
-        }
+        Ok(response) => unary_response(&response),
         Err(status) => status.into_http(),
     }
+}
+
+/// The call read and decided before the caller's `grpc-timeout` or this server's request
+/// timeout ends, whichever comes first.
+async fn within_deadline(
+    state: &AppState,
+    request: http::Request<Incoming>,
+    place: tokio::sync::OwnedSemaphorePermit,
+) -> Result<RateLimitResponse, Status> {
+    let method = Method::of(request.uri().path()).unwrap_or(Method::ShouldRateLimit);
+    let started = std::time::Instant::now();
+    let callers = request
+        .headers()
+        .get("grpc-timeout")
+        .map(deadline_of)
+        .transpose()?;
+    let within = callers.map_or(state.request_timeout, |d| d.min(state.request_timeout));
+    let read_within = state.header_read_timeout;
+    let call = async {
+        let message = tokio::time::timeout(read_within, read_message(request.into_body()))
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "the request message did not arrive within {} ms \
+                     (SPILLWAY_HEADER_READ_TIMEOUT_MS)",
+                    read_within.as_millis()
+                ))
+            })??;
+        // Read: the place in the port's budget of pending calls is free again. The
+        // decision's future is boxed, so a call still waiting for its message holds only
+        // what reading needs (see `config::capacity::PER_PENDING_CALL`).
+        drop(place);
+        match method {
+            Method::ShouldRateLimit => {
+                Box::pin(decide(state, message, Some(started + within))).await
+            }
+            _ => Box::pin(kuadrant(state, method, message)).await,
+        }
+    };
+    tokio::time::timeout(within, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded(if callers == Some(within) {
+                "the caller's grpc-timeout passed".to_owned()
+            } else {
+                format!(
+                    "not answered within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
+                    within.as_millis()
+                )
+            }))
+        })
+}
+
+/// The call's status on its span; the server's faults only mark it failed (a caller's bad
+/// request or missing key is an answer).
+fn record_status(cx: &opentelemetry::Context, result: &Result<RateLimitResponse, Status>) {
+    let code = result.as_ref().map_or_else(|s| s.code() as i64, |_| 0);
+    crate::telemetry::traces::record_on(
+        cx,
+        vec![opentelemetry::KeyValue::new("rpc.grpc.status_code", code)],
+    );
+    if let Err(status) = result
+        && matches!(
+            status.code(),
+            tonic::Code::Internal
+                | tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unknown
+                | tonic::Code::DataLoss
+        )
+    {
+        crate::telemetry::traces::failed(cx, status.message().to_owned());
+    }
+}
+
+/// A unary call's successful answer: the length-prefixed message, `grpc-status: 0` in the
+/// trailers.
+fn unary_response(response: &RateLimitResponse) -> http::Response<Unary> {
+    let mut body = BytesMut::with_capacity(PREFIX + response.encoded_len());
+    body.put_u8(0);
+    body.put_u32(response.encoded_len() as u32);
+    response
+        .encode(&mut body)
+        .expect("the buffer holds the encoded length");
+    let mut trailers = HeaderMap::with_capacity(1);
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let mut answer = http::Response::new(Unary {
+        message: Some(body.freeze()),
+        trailers: Some(trailers),
+    });
+    answer
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    answer
 }
 
 /// The one request message of a unary call.

@@ -46,103 +46,146 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
+/// What a series is, for its `# TYPE` line.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+    /// A histogram of durations in seconds.
+    Seconds,
+}
+
+/// Every series this instance exports, with its `# HELP` line.
+const SERIES: &[(Kind, &str, &str)] = &[
+    (
+        Kind::Counter,
+        "spillway_checks_total",
+        "Checks answered, by policy and outcome (allowed, denied, shadow_denied, degraded, unavailable, unmatched)",
+    ),
+    (
+        Kind::Seconds,
+        "spillway_check_duration_seconds",
+        "Time to answer a check, by policy",
+    ),
+    (
+        Kind::Counter,
+        "spillway_rule_checks_total",
+        "Rule verdicts by policy, rule and decision (allowed, near_limit, denied); only with SPILLWAY_METRICS_RULE_LABEL=true",
+    ),
+    (
+        Kind::Counter,
+        "spillway_waits_total",
+        "Denied requests held by policies that wait (on_deny: wait), by policy and how the wait ended (passed; too_long: past max_wait_ms or the caller's deadline; full: SPILLWAY_MAX_WAITING; never: no wait admits it)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_near_limit_total",
+        "Allowed checks that left a rule more than 80% used, by policy",
+    ),
+    (
+        Kind::Counter,
+        "spillway_check_timeouts_total",
+        "Checks that timed out waiting for Redis, by stage (queued: never applied; sent: Redis may still apply it)",
+    ),
+    (
+        Kind::Seconds,
+        "spillway_redis_duration_seconds",
+        "Time of a Redis call on the check path",
+    ),
+    (
+        Kind::Histogram,
+        "spillway_redis_checks_per_call",
+        "Checks carried by one call of the check script (the coalescer's batches)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_redis_errors_total",
+        "Redis calls on the check path that failed",
+    ),
+    (
+        Kind::Gauge,
+        "spillway_redis_breaker_open",
+        "1 while the Redis circuit breaker is open (calls fail fast), 0 otherwise",
+    ),
+    (
+        Kind::Gauge,
+        "spillway_redis_up",
+        "1 while Redis answers (the last health probe or check reached it), 0 during an outage",
+    ),
+    (
+        Kind::Counter,
+        "spillway_trace_exports_failed_total",
+        "Batches of spans the OTLP collector did not take (their spans are lost)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_calls_refused_total",
+        "Calls refused at once because a port's budget was spent, by reason (pending: calls begun and not yet read, SPILLWAY_MAX_PENDING_CALLS)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_policy_cache_lookups_total",
+        "Policy lookups on the check path, by result (hit, miss)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_deny_cache_hits_total",
+        "Checks answered from the over-limit cache, without Redis",
+    ),
+    (
+        Kind::Gauge,
+        "spillway_deny_cache_entries",
+        "Entries in the over-limit cache",
+    ),
+    (
+        Kind::Gauge,
+        "spillway_local_counters",
+        "Counters of local rules (sync: local) this instance holds",
+    ),
+    (
+        Kind::Counter,
+        "spillway_local_checks_total",
+        "Checks of policies with local rules answered by this instance's counters",
+    ),
+    (
+        Kind::Counter,
+        "spillway_envoy_hits_total",
+        "Hits of Envoy descriptors that found a limit, by metric key and status (within_limit, over_limit, shadow_mode)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_leases_released_total",
+        "Leases of concurrency rules released before they ran out",
+    ),
+    (
+        Kind::Counter,
+        "spillway_reports_total",
+        "Usage reports, by policy and direction (added, given_back)",
+    ),
+    (
+        Kind::Counter,
+        "spillway_reported_cost_total",
+        "Cost added or given back by usage reports, by policy and direction",
+    ),
+    (
+        Kind::Gauge,
+        "spillway_build_info",
+        "1, labelled with this instance's version: count() of it is the instances up",
+    ),
+];
+
 /// The `# HELP` line of every series, and the series every instance shows from its start.
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        "spillway_checks_total",
-        "Checks answered, by policy and outcome (allowed, denied, shadow_denied, degraded, unavailable, unmatched)"
-    );
-    describe_histogram!(
-        "spillway_check_duration_seconds",
-        Unit::Seconds,
-        "Time to answer a check, by policy"
-    );
-    describe_counter!(
-        "spillway_rule_checks_total",
-        "Rule verdicts by policy, rule and decision (allowed, near_limit, denied); only with SPILLWAY_METRICS_RULE_LABEL=true"
-    );
-    describe_counter!(
-        "spillway_waits_total",
-        "Denied requests held by policies that wait (on_deny: wait), by policy and how the wait ended (passed; too_long: past max_wait_ms or the caller's deadline; full: SPILLWAY_MAX_WAITING; never: no wait admits it)"
-    );
-    describe_counter!(
-        "spillway_near_limit_total",
-        "Allowed checks that left a rule more than 80% used, by policy"
-    );
-    describe_counter!(
-        "spillway_check_timeouts_total",
-        "Checks that timed out waiting for Redis, by stage (queued: never applied; sent: Redis may still apply it)"
-    );
-    describe_histogram!(
-        "spillway_redis_duration_seconds",
-        Unit::Seconds,
-        "Time of a Redis call on the check path"
-    );
-    describe_histogram!(
-        "spillway_redis_checks_per_call",
-        "Checks carried by one call of the check script (the coalescer's batches)"
-    );
-    describe_counter!(
-        "spillway_redis_errors_total",
-        "Redis calls on the check path that failed"
-    );
-    describe_gauge!(
-        "spillway_redis_breaker_open",
-        "1 while the Redis circuit breaker is open (calls fail fast), 0 otherwise"
-    );
-    describe_gauge!(
-        "spillway_redis_up",
-        "1 while Redis answers (the last health probe or check reached it), 0 during an outage"
-    );
-    describe_counter!(
-        "spillway_trace_exports_failed_total",
-        "Batches of spans the OTLP collector did not take (their spans are lost)"
-    );
-    describe_counter!(
-        "spillway_calls_refused_total",
-        "Calls refused at once because a port's budget was spent, by reason (pending: calls begun and not yet read, SPILLWAY_MAX_PENDING_CALLS)"
-    );
-    describe_counter!(
-        "spillway_policy_cache_lookups_total",
-        "Policy lookups on the check path, by result (hit, miss)"
-    );
-    describe_counter!(
-        "spillway_deny_cache_hits_total",
-        "Checks answered from the over-limit cache, without Redis"
-    );
-    describe_gauge!(
-        "spillway_deny_cache_entries",
-        "Entries in the over-limit cache"
-    );
-    describe_gauge!(
-        "spillway_local_counters",
-        "Counters of local rules (sync: local) this instance holds"
-    );
-    describe_counter!(
-        "spillway_local_checks_total",
-        "Checks of policies with local rules answered by this instance's counters"
-    );
-    describe_counter!(
-        "spillway_envoy_hits_total",
-        "Hits of Envoy descriptors that found a limit, by metric key and status (within_limit, over_limit, shadow_mode)"
-    );
-    describe_counter!(
-        "spillway_leases_released_total",
-        "Leases of concurrency rules released before they ran out"
-    );
-    describe_counter!(
-        "spillway_reports_total",
-        "Usage reports, by policy and direction (added, given_back)"
-    );
-    describe_counter!(
-        "spillway_reported_cost_total",
-        "Cost added or given back by usage reports, by policy and direction"
-    );
-    describe_gauge!(
-        "spillway_build_info",
-        "1, labelled with this instance's version: count() of it is the instances up"
-    );
+    for &(kind, name, help) in SERIES {
+        match kind {
+            Kind::Counter => describe_counter!(name, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::Histogram => describe_histogram!(name, help),
+            Kind::Seconds => describe_histogram!(name, Unit::Seconds, help),
+        }
+    }
     metrics::gauge!("spillway_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     metrics::gauge!("spillway_redis_breaker_open").set(0.0);
     metrics::counter!("spillway_calls_refused_total", "reason" => "pending").increment(0);

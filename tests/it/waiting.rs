@@ -248,6 +248,62 @@ async fn envoy_requests_wait_for_the_window_within_their_grpc_timeout() {
     );
 }
 
+/// A gRPC call that names no `grpc-timeout` is still bounded by the server's request
+/// timeout (`SPILLWAY_REQUEST_TIMEOUT_MS`), on the short path as on tonic's: a domain that
+/// may wait a minute for its window answers within the timeout, not at the window's end.
+#[tokio::test]
+async fn a_grpc_call_without_a_deadline_ends_within_the_request_timeout() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::{
+        rate_limit_response::Code, rate_limit_service_client::RateLimitServiceClient,
+    };
+    let redis = RedisServer::start();
+    let app =
+        crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_REQUEST_TIMEOUT_MS", "500")]).await;
+    let domain = json!({"on_deny": "wait", "max_wait_ms": 60_000, "envoy": {"domain": "slow",
+        "descriptors": [{"key": "k", "rate_limit": {"unit": "minute", "requests_per_unit": 1}}]}});
+    let r = app
+        .as_admin(Method::PUT, "/api/v1/policies/slow", Some(&domain))
+        .await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let grpc = tonic::transport::Channel::from_shared(format!("http://{}", app.grpc.unwrap()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = RateLimitServiceClient::new(grpc);
+    let ask = || {
+        let mut c = client.clone();
+        async move {
+            let mut request = tonic::Request::new(crate::envoy::request(
+                "slow",
+                vec![crate::envoy::descriptor(&[("k", "v")])],
+            ));
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {SERVICE_KEY}").parse().unwrap(),
+            );
+            c.should_rate_limit(request).await
+        }
+    };
+    // At least 10 s before the minute turns: a wait for the window would last that long.
+    crate::helpers::clear_of_window_turn(std::time::Duration::from_secs(60)).await;
+    assert_eq!(
+        ask().await.unwrap().into_inner().overall_code,
+        Code::Ok as i32
+    );
+    let started = std::time::Instant::now();
+    let second = ask().await;
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(5),
+        "answered after {took:?}: the request timeout is 500 ms, the window's end 10 s or more away"
+    );
+    match second {
+        Ok(answer) => assert_eq!(answer.into_inner().overall_code, Code::OverLimit as i32),
+        Err(status) => assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}"),
+    }
+}
+
 /// Waiting has a budget of its own, well under the connection cap: with 300 connections,
 /// 320 forward-auth requests that would all wait (a window of 10 a 2 s window, waits of up
 /// to 8 s) hold at most a quarter of the connections, the rest are answered at once, and
