@@ -113,7 +113,7 @@ async fn within_request_timeout(
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         // With the API's headers: the session middleware that adds them is inside this one.
-        Err(_) => auth::session::secure_api_response(api::ApiError::Timeout(limit).into_response()),
+        Err(_) => auth::headers::secure_api_response(api::ApiError::Timeout(limit).into_response()),
     }
 }
 
@@ -226,7 +226,7 @@ async fn check_answer(
         }
     })
     .await;
-    let mut response = auth::session::secure_api_response(response);
+    let mut response = auth::headers::secure_api_response(response);
     closing_if_draining(&state.shutdown, &mut response);
     Ok(response)
 }
@@ -426,7 +426,7 @@ fn requests_of(
                     Some(place) => Some(place),
                     None => {
                         use axum::response::IntoResponse;
-                        let busy = auth::session::secure_api_response(
+                        let busy = auth::headers::secure_api_response(
                             api::ApiError::Busy("requests in flight on this port").into_response(),
                         );
                         return futures_util::future::Either::Left(std::future::ready(Ok(busy)));

@@ -331,7 +331,7 @@ pub async fn require_admin(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         if !session.csrf_matches(token)
-            || !crate::auth::session::from_this_site(state, peer.ip(), headers)
+            || !crate::auth::origin::from_this_site(state, peer.ip(), headers)
         {
             return Err(ApiError::Forbidden(
                 "X-CSRF-Token: a signed-in browser's change needs its session's CSRF token, sent from this site",

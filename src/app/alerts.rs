@@ -173,6 +173,54 @@ pub async fn alerts_firing() -> Result<usize, AppError> {
         .map_err(|e| AppError::unavailable("alerts", e))
 }
 
+/// The alert's condition from the form's fields, each error naming its field.
+#[cfg(feature = "ssr")]
+fn alert_condition(
+    kind: &str,
+    policy: &str,
+    [per_second, for_seconds, minutes, seconds]: [&str; 4],
+) -> Result<crate::domain::alerts::Condition, AppError> {
+    use crate::domain::alerts::Condition;
+    let number = |field: &str, raw: &str| -> Result<f64, AppError> {
+        raw.trim()
+            .parse::<f64>()
+            .map_err(|_| AppError::bad_input(field, format!("must be a number, got {raw:?}")))
+    };
+    let whole = |field: &str, raw: &str| -> Result<u32, AppError> {
+        raw.trim()
+            .parse::<u32>()
+            .map_err(|_| AppError::bad_input(field, format!("must be a whole number, got {raw:?}")))
+    };
+    Ok(match kind {
+        "policy_denials" => Condition::PolicyDenials {
+            policy: policy.trim().to_owned(),
+            per_second: number("condition.per_second", per_second)?,
+            for_seconds: whole("condition.for_seconds", for_seconds)?,
+        },
+        "degraded" => Condition::Degraded {
+            // Its own field; an older form sent it as for_seconds.
+            seconds: whole(
+                "condition.seconds",
+                if seconds.trim().is_empty() {
+                    for_seconds
+                } else {
+                    seconds
+                },
+            )?,
+        },
+        "identifier_throttled" => Condition::IdentifierThrottled {
+            policy: Some(policy.trim().to_owned()).filter(|p| !p.is_empty()),
+            minutes: whole("condition.minutes", minutes)?,
+        },
+        other => {
+            return Err(AppError::bad_input(
+                "condition.kind",
+                format!("expected policy_denials, identifier_throttled or degraded, got {other:?}"),
+            ));
+        }
+    })
+}
+
 /// Adds or replaces a rule from the page's form.
 #[server(prefix = "/fn", endpoint = "alert_save")]
 pub async fn save_alert_rule(
@@ -189,10 +237,7 @@ pub async fn save_alert_rule(
 ) -> Result<(), AppError> {
     use crate::{
         app::guard,
-        domain::{
-            alerts::{AlertRule, Condition},
-            people::Action,
-        },
+        domain::{alerts::AlertRule, people::Action},
         service::alerts::AlertError,
     };
     let typed = [
@@ -206,46 +251,11 @@ pub async fn save_alert_rule(
     ];
     let saved = async {
         let caller = guard::require_change(Action::EditPolicies, &csrf)?;
-        let number = |field: &str, raw: &str| -> Result<f64, AppError> {
-            raw.trim()
-                .parse::<f64>()
-                .map_err(|_| AppError::bad_input(field, format!("must be a number, got {raw:?}")))
-        };
-        let whole = |field: &str, raw: &str| -> Result<u32, AppError> {
-            raw.trim().parse::<u32>().map_err(|_| {
-                AppError::bad_input(field, format!("must be a whole number, got {raw:?}"))
-            })
-        };
-        let condition = match kind.as_str() {
-            "policy_denials" => Condition::PolicyDenials {
-                policy: policy.trim().to_owned(),
-                per_second: number("condition.per_second", &per_second)?,
-                for_seconds: whole("condition.for_seconds", &for_seconds)?,
-            },
-            "degraded" => Condition::Degraded {
-                // Its own field; an older form sent it as for_seconds.
-                seconds: whole(
-                    "condition.seconds",
-                    if seconds.trim().is_empty() {
-                        &for_seconds
-                    } else {
-                        &seconds
-                    },
-                )?,
-            },
-            "identifier_throttled" => Condition::IdentifierThrottled {
-                policy: Some(policy.trim().to_owned()).filter(|p| !p.is_empty()),
-                minutes: whole("condition.minutes", &minutes)?,
-            },
-            other => {
-                return Err(AppError::bad_input(
-                    "condition.kind",
-                    format!(
-                        "expected policy_denials, identifier_throttled or degraded, got {other:?}"
-                    ),
-                ));
-            }
-        };
+        let condition = alert_condition(
+            &kind,
+            &policy,
+            [&per_second, &for_seconds, &minutes, &seconds],
+        )?;
         let rule = AlertRule {
             name: name.trim().to_owned(),
             condition,
@@ -293,6 +303,7 @@ pub async fn delete_alert_rule(
 }
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn AlertsPage() -> impl IntoView {
     let save = ServerAction::<SaveAlertRule>::new();
     let delete = ServerAction::<DeleteAlertRule>::new();

@@ -53,6 +53,7 @@ pub async fn audit_log(
 }
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn AuditPage() -> impl IntoView {
     let query = use_query_map();
     let get = move |k: &'static str| query.with(|q| q.get(k).unwrap_or_default());

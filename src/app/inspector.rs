@@ -263,6 +263,7 @@ const OVERRIDE_ADDED: &str =
     "Override added. It is listed on the policy's page, where it can be removed.";
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn InspectorPage() -> impl IntoView {
     let location = leptos_router::hooks::use_location();
     let id = move || location.search.with(|search| id_of(search));

@@ -397,6 +397,7 @@ fn view_of(query: &leptos_router::params::ParamsMap) -> View {
 }
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn OverviewPage() -> impl IntoView {
     let query = leptos_router::hooks::use_query_map();
     let range = move || query.with(|q| q.get("range").unwrap_or_default());

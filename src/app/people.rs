@@ -76,7 +76,7 @@ pub async fn list_people() -> Result<PeopleView, AppError> {
         .await
         .map_err(store_failed)?
         .and_then(|masked| {
-            let pad = crate::auth::session::cookie_value(
+            let pad = crate::auth::cookies::cookie_value(
                 &use_context::<axum::http::request::Parts>()?.headers,
                 NEW_KEY_COOKIE,
             )?;
@@ -210,7 +210,7 @@ pub async fn create_key(
         .is_some_and(|s| s.0);
     expect_context::<leptos_axum::ResponseOptions>().append_header(
         axum::http::header::SET_COOKIE,
-        crate::auth::session::private_cookie(NEW_KEY_COOKIE, &pad, secure),
+        crate::auth::cookies::private_cookie(NEW_KEY_COOKIE, &pad, secure),
     );
     Ok(())
 }
@@ -234,6 +234,7 @@ pub async fn revoke_key(
 }
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn PeoplePage() -> impl IntoView {
     let add = ServerAction::<AddUser>::new();
     let set_role = ServerAction::<SetUserRole>::new();

@@ -19,7 +19,7 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::session::{self, ClientIp, CurrentSession, OverHttps, encode_component, safe_next};
+use super::session::{ClientIp, CurrentSession, OverHttps, safe_next};
 use crate::{
     service::sessions::{SignIn, SignInRefused},
     state::AppState,
@@ -46,7 +46,7 @@ pub struct LoginForm {
 fn back_to_login(error: &str, next: &str, extra: &str) -> Response {
     Redirect::to(&format!(
         "/login?error={error}{extra}&next={}",
-        encode_component(safe_next(next))
+        crate::domain::percent_encode_path(safe_next(next))
     ))
     .into_response()
 }
@@ -71,7 +71,7 @@ async fn login(
 ) -> Response {
     // The sign-in form's token: a visitor's login cookie (nothing is stored for a visitor),
     // or the session's own for someone signed in already.
-    let from_this_site = session::login_token_matches(&headers, &form.csrf)
+    let from_this_site = super::cookies::login_token_matches(&headers, &form.csrf)
         || current
             .0
             .as_ref()
@@ -104,8 +104,11 @@ async fn login(
     };
     let mut response = Redirect::to(safe_next(&form.next)).into_response();
     let h = response.headers_mut();
-    h.append(header::SET_COOKIE, session::cookie(&id, secure));
-    h.append(header::SET_COOKIE, session::login_token_removal(secure));
+    h.append(header::SET_COOKIE, super::cookies::cookie(&id, secure));
+    h.append(
+        header::SET_COOKIE,
+        super::cookies::login_token_removal(secure),
+    );
     response
 }
 
@@ -124,7 +127,7 @@ async fn logout(
 ) -> Response {
     let Some(s) = current.0 else {
         return (
-            [(header::SET_COOKIE, session::removal_cookie(secure))],
+            [(header::SET_COOKIE, super::cookies::removal_cookie(secure))],
             Redirect::to("/login"),
         )
             .into_response();
@@ -141,7 +144,7 @@ async fn logout(
             .into_response();
     }
     (
-        [(header::SET_COOKIE, session::removal_cookie(secure))],
+        [(header::SET_COOKIE, super::cookies::removal_cookie(secure))],
         Redirect::to("/login"),
     )
         .into_response()

@@ -124,17 +124,25 @@ impl PolicyError {
     }
 }
 
+/// What a query value leaves as it is: the unreserved characters (RFC 3986).
+const UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// What a path given as a query value leaves as it is: the unreserved characters and `/`.
+const PATH_IN_QUERY: &percent_encoding::AsciiSet = &UNRESERVED.remove(b'/');
+
 /// Percent-encodes a URL query value (everything but unreserved characters).
 pub fn percent_encode(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    for b in raw.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(raw, UNRESERVED).to_string()
+}
+
+/// Percent-encodes a path of this site given as a query value (`/login?next=/people`): its
+/// slashes stay readable.
+pub fn percent_encode_path(raw: &str) -> String {
+    percent_encoding::utf8_percent_encode(raw, PATH_IN_QUERY).to_string()
 }
 
 /// The value of `key` in a query string (with or without its `?`), decoded once.

@@ -429,70 +429,14 @@ impl Service {
     ) -> Option<Result<Decision, StoreError>> {
         let (here, there): (Vec<CheckEntry<'_>>, Vec<CheckEntry<'_>>) =
             entries.iter().partition(|e| is_local(e));
-        let mut woken = false;
-        let mut taken = loop {
-            match self
-                .local
-                .take(policy.name.as_str(), &here, cost, now_ms(), woken)
-            {
-                Ok(taken) => break taken,
-                Err(NotHere::Full) => return None,
-                Err(NotHere::Stale(grace_ms)) => {
-                    return Some(Err(StoreError::NotReached(grace_ms)));
-                }
-                Err(NotHere::Unseeded(missing)) => {
-                    let missing: Vec<CheckEntry<'_>> = missing.iter().map(|&i| here[i]).collect();
-                    match self
-                        .store
-                        .report(&policy.name, &missing, 0, Now::Redis)
-                        .await
-                    {
-                        Ok(peek) => {
-                            self.outage.answered();
-                            let seeds: Vec<_> = missing
-                                .iter()
-                                .zip(peek.results.iter().map(|r| &r.outcome))
-                                .collect();
-                            self.local.seed(&policy.name, &seeds, now_ms(), peek.at_us);
-                        }
-                        // Redis is down, but the counters heard from it within their grace:
-                        // they answer, within what they were last told was left.
-                        Err(_)
-                            if !woken
-                                && self.local.all_fresh(
-                                    policy.name.as_str(),
-                                    &missing,
-                                    now_ms(),
-                                ) =>
-                        {
-                            woken = true;
-                        }
-                        Err(error) => {
-                            self.outage.failed(now_ms(), &error);
-                            return Some(Err(error));
-                        }
-                    }
-                }
-            }
+        let mut taken = match self.take_local(policy, &here, cost).await {
+            Ok(Some(taken)) => taken,
+            Ok(None) => return None,
+            Err(error) => return Some(Err(error)),
         };
-        // The exact entries: counted in Redis when the local ones allowed; else told of the
-        // denial (rules that count denials count it) and read (the check is denied already,
-        // and stays denied if Redis cannot be asked).
-        let exact = if there.is_empty() {
-            None
-        } else if taken.allowed {
-            match self.store.check_and_count(&policy.name, &there, cost).await {
-                Ok(decision) => Some(decision),
-                Err(error) => {
-                    self.outage.failed(now_ms(), &error);
-                    return Some(Err(error)); // the share is let go of as `taken` drops
-                }
-            }
-        } else {
-            self.store
-                .denied_elsewhere(&policy.name, &there, cost)
-                .await
-                .ok()
+        let exact = match self.decide_exact(policy, &there, cost, taken.allowed).await {
+            Ok(exact) => exact,
+            Err(error) => return Some(Err(error)), // the share is let go of as `taken` drops
         };
         if exact.is_some() {
             self.outage.answered();
@@ -535,5 +479,90 @@ impl Service {
             );
         }
         Some(Ok(decision))
+    }
+
+    /// This instance's share of the local entries, seeded from Redis first where a counter
+    /// has not heard from it. `None` when they cannot be decided here (too many counters).
+    async fn take_local<'a>(
+        &'a self,
+        policy: &Policy,
+        here: &[CheckEntry<'_>],
+        cost: u64,
+    ) -> Result<Option<Taken<'a>>, StoreError> {
+        let mut woken = false;
+        loop {
+            match self
+                .local
+                .take(policy.name.as_str(), here, cost, now_ms(), woken)
+            {
+                Ok(taken) => return Ok(Some(taken)),
+                Err(NotHere::Full) => return Ok(None),
+                Err(NotHere::Stale(grace_ms)) => {
+                    return Err(StoreError::NotReached(grace_ms));
+                }
+                Err(NotHere::Unseeded(missing)) => {
+                    let missing: Vec<CheckEntry<'_>> = missing.iter().map(|&i| here[i]).collect();
+                    match self
+                        .store
+                        .report(&policy.name, &missing, 0, Now::Redis)
+                        .await
+                    {
+                        Ok(peek) => {
+                            self.outage.answered();
+                            let seeds: Vec<_> = missing
+                                .iter()
+                                .zip(peek.results.iter().map(|r| &r.outcome))
+                                .collect();
+                            self.local.seed(&policy.name, &seeds, now_ms(), peek.at_us);
+                        }
+                        // Redis is down, but the counters heard from it within their grace:
+                        // they answer, within what they were last told was left.
+                        Err(_)
+                            if !woken
+                                && self.local.all_fresh(
+                                    policy.name.as_str(),
+                                    &missing,
+                                    now_ms(),
+                                ) =>
+                        {
+                            woken = true;
+                        }
+                        Err(error) => {
+                            self.outage.failed(now_ms(), &error);
+                            return Err(error);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The exact entries: counted in Redis when the local ones allowed; else told of the
+    /// denial (rules that count denials count it) and read (the check is denied already,
+    /// and stays denied if Redis cannot be asked: `None`).
+    async fn decide_exact(
+        &self,
+        policy: &Policy,
+        there: &[CheckEntry<'_>],
+        cost: u64,
+        allowed_here: bool,
+    ) -> Result<Option<Decision>, StoreError> {
+        if there.is_empty() {
+            Ok(None)
+        } else if allowed_here {
+            match self.store.check_and_count(&policy.name, there, cost).await {
+                Ok(decision) => Ok(Some(decision)),
+                Err(error) => {
+                    self.outage.failed(now_ms(), &error);
+                    Err(error)
+                }
+            }
+        } else {
+            Ok(self
+                .store
+                .denied_elsewhere(&policy.name, there, cost)
+                .await
+                .ok())
+        }
     }
 }

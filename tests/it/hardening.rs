@@ -226,7 +226,7 @@ async fn oversized_forms_are_refused_with_413() {
     let mut v = Visitor::signed_in(&app, "root").await;
     let csrf = v.csrf().await;
     let origin = v.origin();
-    let big = "x".repeat(spillway::auth::session::MAX_FORM_BODY + 1);
+    let big = "x".repeat(spillway::auth::forms::MAX_FORM_BODY + 1);
     for path in ["/fn/user_add", "/auth/login"] {
         let r = v
             .post_form(

@@ -128,6 +128,39 @@ pub async fn domains_folder_problem() -> Result<Option<(String, String)>, AppErr
         .and_then(|f| f.problem.map(|p| (f.dir, p))))
 }
 
+/// The policy's overrides as its page lists them.
+#[cfg(feature = "ssr")]
+fn override_rows(policy: &crate::domain::Policy) -> Vec<OverrideRow> {
+    policy
+        .overrides
+        .iter()
+        .map(|o| {
+            let v = serde_json::to_value(o).unwrap_or_default();
+            OverrideRow {
+                matcher: v["match"].as_str().unwrap_or_default().to_owned(),
+                action: override_action_words(&v),
+                expires_at_ms: o.expires_at_ms,
+                reason: o.reason.clone(),
+            }
+        })
+        .collect()
+}
+
+/// An Envoy domain's counting: as set, as it counts, and the server's default.
+#[cfg(feature = "ssr")]
+fn envoy_counting(
+    service: &crate::service::Service,
+    policy: &crate::domain::Policy,
+) -> Option<EnvoyCountingView> {
+    policy.envoy.as_ref().map(|t| EnvoyCountingView {
+        set: t.counting.map(|c| c.as_str().to_owned()),
+        counts: service
+            .envoy_counting(policy)
+            .map_or_else(String::new, |c| c.as_str().to_owned()),
+        server_default: service.envoy_counting_default().as_str().to_owned(),
+    })
+}
+
 #[server(prefix = "/fn", endpoint = "policy")]
 pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView, AppError> {
     use crate::domain::Name;
@@ -177,19 +210,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             .as_array()
             .map(|r| r.iter().map(rule_form).collect())
             .unwrap_or_default(),
-        overrides: policy
-            .overrides
-            .iter()
-            .map(|o| {
-                let v = serde_json::to_value(o).unwrap_or_default();
-                OverrideRow {
-                    matcher: v["match"].as_str().unwrap_or_default().to_owned(),
-                    action: override_action_words(&v),
-                    expires_at_ms: o.expires_at_ms,
-                    reason: o.reason.clone(),
-                }
-            })
-            .collect(),
+        overrides: override_rows(&policy),
         history: rows,
         last_minute: last_minute.ok(),
         last_hour,
@@ -199,13 +220,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             .envoy
             .as_ref()
             .map(|t| serde_yaml::to_string(&t.doc).unwrap_or_default()),
-        envoy_counting: policy.envoy.as_ref().map(|t| EnvoyCountingView {
-            set: t.counting.map(|c| c.as_str().to_owned()),
-            counts: service
-                .envoy_counting(&policy)
-                .map_or_else(String::new, |c| c.as_str().to_owned()),
-            server_default: service.envoy_counting_default().as_str().to_owned(),
-        }),
+        envoy_counting: envoy_counting(&service, &policy),
         envoy_wiring: policy.envoy.as_ref().map_or_else(Vec::new, |t| {
             let envoy = &state().envoy;
             crate::domain::envoy::wiring(

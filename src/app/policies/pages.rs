@@ -22,6 +22,7 @@ use crate::{
 };
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn PoliciesPage() -> impl IntoView {
     let import = ServerAction::<ImportEnvoyFiles>::new();
     let restore = ServerAction::<RestorePolicy>::new();
@@ -282,7 +283,19 @@ fn rule_summary(r: &RuleForm) -> String {
     } else {
         format!("each {}", r.dimensions.trim())
     };
-    let what = match r.algorithm.as_str() {
+    let what = rule_amounts(r, &per);
+    let removed = if r.remove == "on" {
+        " (removed when saved)"
+    } else {
+        ""
+    };
+    let (penalty, callers, local) = rule_extras(r, &per);
+    format!("{what}, for {who}{penalty}{callers}{local}{removed}.")
+}
+
+/// What a rule lets through, in words, from its amounts as typed.
+fn rule_amounts(r: &RuleForm, per: &impl Fn(&str, &str) -> String) -> String {
+    match r.algorithm.as_str() {
         "fixed_window" | "sliding_window" | "sliding_log" => {
             format!(
                 "{} requests per {}",
@@ -317,12 +330,11 @@ fn rule_summary(r: &RuleForm) -> String {
         "concurrency" => format!("{} at a time", r.limit.trim()),
         "quota" => format!("{} per {}", r.limit.trim(), r.period.trim()),
         other => other.to_owned(),
-    };
-    let removed = if r.remove == "on" {
-        " (removed when saved)"
-    } else {
-        ""
-    };
+    }
+}
+
+/// A rule's penalty, caller-set numbers and local counting, each a clause or empty.
+fn rule_extras(r: &RuleForm, per: &impl Fn(&str, &str) -> String) -> (String, String, String) {
     let penalty = if r.block_ms.trim().is_empty() {
         String::new()
     } else {
@@ -350,7 +362,7 @@ fn rule_summary(r: &RuleForm) -> String {
     } else {
         String::new()
     };
-    format!("{what}, for {who}{penalty}{callers}{local}{removed}.")
+    (penalty, callers, local)
 }
 
 /// The field a failed save names (empty for none) and its message, to sit beside the field.
@@ -359,6 +371,7 @@ fn field_error(e: &AppError) -> (String, String) {
 }
 
 #[component]
+#[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
 pub fn PolicyPage() -> impl IntoView {
     let query = use_query_map();
     let _ = use_params_map();
