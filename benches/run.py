@@ -45,7 +45,7 @@ ENVOY_BIN = os.path.join(ROOT, ".tools", "bin", "envoy")
 ENVOY_ALONE = "Envoy alone: no rate limit filter (route to its own direct_response)"
 ENVOY_SPILLWAY = "Envoy with Spillway: its rate limit filter, 1 limit per user"
 ENVOY_LIMITADOR = "Envoy with Limitador: its rate limit filter, 1 limit per user, Redis storage"
-# Limitador's server is not on crates.io: build it from its public source (README, "Benchmarks")
+# Limitador's server is not on crates.io: build it from its public source (docs/architecture.md, "Benchmarks")
 # and point LIMITADOR_BIN at the binary; without it the row is left out.
 LIMITADOR_BIN = os.environ.get("LIMITADOR_BIN")
 # gRPC callers share few HTTP/2 connections, as Envoy's workers do.

@@ -3,7 +3,7 @@
 # validates the result against Kubernetes' schemas (PyPI's kubernetes-validate, strict: an
 # unknown field fails). Custom resources (ServiceMonitor, EnvoyFilter) have no schema there
 # and are only rendered. Also holds the manifests to the product: every setting they give
-# Spillway is one it reads (README's Configuration table or upstream's, see README), and the
+# Spillway is one it reads (a row of docs/settings.md), and the
 # base's image tag is this version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,7 @@ done
 
 "$py/python" - "$out" <<'PY'
 import glob, re, sys, yaml
-readme = open("README.md").read()
+readme = open("docs/settings.md").read()
 known = set(re.findall(r"^\| `([A-Z_]+)` \|", readme, re.M))
 version = re.search(r'^version = "([^"]+)"', open("Cargo.toml").read(), re.M).group(1)
 for path in glob.glob(sys.argv[1] + "/*.yaml"):

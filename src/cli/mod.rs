@@ -81,7 +81,7 @@ pub enum Format {
     about = "A rate limiter service backed by Redis, with an admin dashboard.",
     long_about = "A rate limiter service backed by Redis, with an admin dashboard.\n\n\
         Without a command it serves the API and the dashboard. Configuration comes from the \
-        environment (REDIS_URL, SPILLWAY_*; see the README) and Leptos.toml; every command \
+        environment (REDIS_URL, SPILLWAY_*; see docs/settings.md) and Leptos.toml; every command \
         uses the same Redis."
 )]
 struct Args {

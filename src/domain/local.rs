@@ -315,7 +315,7 @@ mod tests {
         /// Redis (a window of `limit`): no count is lost or counted twice, no instance alone
         /// admits more than the limit, and together they pass it by at most what the other
         /// instances had admitted and Redis had not heard of when it answered the flush the
-        /// last admitting instance acted on (README's bound: at most (N − 1) × what one
+        /// last admitting instance acted on (docs/architecture.md's bound: at most (N − 1) × what one
         /// instance admits in two flush periods and their round trips).
         #[test]
         fn instances_stay_within_the_stated_bound_and_lose_no_count(

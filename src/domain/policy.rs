@@ -1,5 +1,5 @@
 //! Policies: a named, versioned list of rules with a mode, a failure mode and overrides,
-//! parsed from the policy document's JSON (README, "The API"). Every error names the
+//! parsed from the policy document's JSON (docs/services.md, "The API"). Every error names the
 //! offending field.
 
 use serde::{Deserialize, Serialize};

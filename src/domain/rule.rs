@@ -1,4 +1,4 @@
-//! Rules and their algorithms, parsed from the policy document's JSON (README, "The API").
+//! Rules and their algorithms, parsed from the policy document's JSON (docs/services.md, "The API").
 //! Once a `Rule` exists its parameters are valid: every check below names the field.
 
 use serde::{Deserialize, Serialize};

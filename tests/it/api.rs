@@ -1,5 +1,5 @@
 //! The HTTP API for services and automation, against a real redis-server: every status
-//! code, header and error shape of the check API (README).
+//! code, header and error shape of the check API (docs/services.md).
 
 use std::time::{Duration, Instant};
 

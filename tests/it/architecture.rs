@@ -1,4 +1,4 @@
-//! The arrows between the top-level modules point down only (STYLE.md):
+//! The arrows between the top-level modules point down only (docs/architecture.md, "Layout"):
 //! domain ← config ← store ← service ← state ← auth ← {api, envoy, app, cli, sources} ←
 //! server ← main, with the leaves (`net`, `support`, `telemetry`) anyone may use. `state` is what
 //! every front door is handed (the service and the doors' settings); `auth` is who is
@@ -159,7 +159,7 @@ fn module_arrows_point_down() {
     }
     assert!(
         up.is_empty(),
-        "arrows that point up (STYLE.md: domain ← store ← service ← state ← auth ← front doors ← server): {up:?}"
+        "arrows that point up (docs/architecture.md: domain ← store ← service ← state ← auth ← front doors ← server): {up:?}"
     );
 }
 

@@ -1,6 +1,6 @@
 //! Local counting (issue 37): a rule with `sync: local` is answered from each instance's own
 //! counter and flushed to Redis every `flush_ms`. Two instances against one Redis: what they
-//! admit together overshoots the limit by no more than the bound README states; Redis keeps
+//! admit together overshoots the limit by no more than the bound docs/architecture.md states; Redis keeps
 //! the truth for the inspector and the overview; a reset reaches every instance; a Redis
 //! outage is ridden out from memory for the stated grace, then the failure mode decides.
 
@@ -129,7 +129,7 @@ async fn two_instances_overshoot_by_no_more_than_the_stated_bound() {
     clear_of_window_turn(Duration::from_secs(3600)).await;
     // The load: each instance gets `m` checks per round, and rounds are a flush apart (the
     // next starts once both instances have learned the other's count). So one instance
-    // admits at most m between learning the others' counts: README's bound is
+    // admits at most m between learning the others' counts: docs/architecture.md's bound is
     // (instances − 1) × m over the limit.
     let m = 30;
     for (policy, algorithm) in algorithms() {

@@ -14,6 +14,7 @@ mod clients;
 mod cluster;
 mod cost;
 mod dashboard;
+mod docs;
 mod engine;
 mod envoy;
 mod faults;

@@ -22,7 +22,7 @@ pub struct CheckAnswer {
     pub body: CheckBody,
 }
 
-/// The check's answer body (README, "The API"), the same for 200 and 429. Typed rather
+/// The check's answer body (docs/services.md, "The API"), the same for 200 and 429. Typed rather
 /// than a `serde_json::Value`: the check path is hot, and a struct serializes without
 /// building maps.
 #[derive(Debug, Serialize)]
