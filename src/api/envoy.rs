@@ -2,25 +2,22 @@
 //! `Content-Type: application/yaml`, or the same document as JSON) to load it as its
 //! policy's next version, `GET` it back. Admin keys, or a signed-in session.
 
-use std::net::SocketAddr;
-
 use axum::{
     Router,
     body::Bytes,
-    extract::{ConnectInfo, Path, Query, State},
-    http::{HeaderMap, Method, StatusCode, header},
+    extract::{Path, Query, State},
+    http::{HeaderMap, StatusCode, header},
     response::IntoResponse,
     routing::get,
 };
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ApiError, require_admin};
+use super::{Admin, ApiError, may};
 use crate::{
     domain::{
         FailureMode,
         envoy::{Counting, EnvoyDomain},
-        people::Action,
     },
     state::AppState,
 };
@@ -113,14 +110,12 @@ impl PutQuery {
     (status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
+    Admin(actor, _): Admin<may::EditPolicies>,
     headers: HeaderMap,
     Path(domain): Path<String>,
     Query(query): Query<PutQuery>,
     body: Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
     let format = format_of(
         headers
             .get(header::CONTENT_TYPE)
@@ -189,12 +184,10 @@ pub(super) async fn put(
     (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
+    Admin(..): Admin<may::View>,
     headers: HeaderMap,
     Path(domain): Path<String>,
 ) -> Result<axum::response::Response, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let missing = || ApiError::NotFound(format!("domain: no Envoy domain named {domain:?}"));
     let name = crate::domain::envoy::policy_name(&domain).map_err(|_| missing())?;
     let policy = state

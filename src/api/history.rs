@@ -2,21 +2,18 @@
 //! minute, hour or day, and the identifiers denied and checked most; as JSON, or as CSV
 //! with `format=csv` (or `Accept: text/csv`). Admin keys, or a signed-in session.
 
-use std::net::SocketAddr;
-
 use axum::{
-    extract::{ConnectInfo, Query, State},
-    http::{HeaderMap, Method, header},
+    extract::{Query, State},
+    http::{HeaderMap, header},
     response::{IntoResponse, Response},
 };
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, require_admin};
+use super::{Admin, ApiError, may};
 use crate::{
     domain::{
         history::{self, Range, Step},
-        people::Action,
         time::utc_minutes,
     },
     service::history::{History, HistoryError},
@@ -53,12 +50,10 @@ pub(super) struct HistoryQuery {
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
+    Admin(..): Admin<may::View>,
     headers: HeaderMap,
     Query(query): Query<HistoryQuery>,
 ) -> Result<Response, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let asked = Asked::parse(&query, &headers)?;
     answer(&state, &query, asked).await
 }
@@ -72,12 +67,10 @@ pub(super) async fn read(
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read_csv(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
+    Admin(..): Admin<may::View>,
     headers: HeaderMap,
     Query(query): Query<HistoryQuery>,
 ) -> Result<Response, ApiError> {
-    require_admin(&state, &headers, &method, addr, Action::View).await?;
     let mut asked = Asked::parse(&query, &headers)?;
     if asked.csv == Csv::No {
         asked.csv = Csv::Series;

@@ -304,7 +304,7 @@ pub const CSRF_HEADER: &str = "x-csrf-token";
 /// everything), or a signed-in dashboard session whose role may do `action`. A session's
 /// changes need its CSRF token in `X-CSRF-Token` and must come from this site, as the
 /// dashboard's forms do.
-pub async fn require_admin(
+async fn require_admin(
     state: &AppState,
     headers: &HeaderMap,
     method: &axum::http::Method,

@@ -1,20 +1,18 @@
 //! The admin JSON API for policies: list, read, create or replace (versioned), delete,
 //! history, and overrides. Admin API keys only.
 
-use std::net::SocketAddr;
-
 use axum::{
     Json, Router,
-    extract::{ConnectInfo, Path, State},
-    http::{HeaderMap, Method, StatusCode, header},
+    extract::{Path, State},
+    http::{HeaderMap, StatusCode, header},
     response::IntoResponse,
     routing::get,
 };
 use serde_json::{Value, json};
 
-use super::{Admin, ApiError, JsonBody, may, require_admin};
+use super::{Admin, ApiError, JsonBody, may};
 use crate::{
-    domain::{Name, Policy, overrides::Override, people::Action},
+    domain::{Name, Policy, overrides::Override},
     service::policies::view,
     state::AppState,
 };
@@ -91,13 +89,11 @@ fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 #[utoipa::path(put, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "put_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn put(
     State(state): State<AppState>,
-    ConnectInfo(addr): ConnectInfo<SocketAddr>,
-    method: Method,
+    Admin(actor, _): Admin<may::EditPolicies>,
     headers: HeaderMap,
     Path(raw): Path<String>,
     body: JsonBody,
 ) -> Result<impl IntoResponse, ApiError> {
-    let actor = require_admin(&state, &headers, &method, addr, Action::EditPolicies).await?;
     let policy = Policy::from_document(&raw, &body.0)?;
     crate::domain::policy::refuse_reserved(&policy.name)?;
     let saved = state

@@ -566,7 +566,7 @@ impl Plan {
     }
 
     /// The identifiers of the descriptors that found a limit (the others consume nothing).
-    pub fn limited(&self) -> impl Iterator<Item = &Identifier> {
+    pub fn limited(&self) -> impl Iterator<Item = &Identifier> + Clone {
         self.targets
             .iter()
             .zip(&self.identifiers)

@@ -188,28 +188,19 @@ impl Service {
         let binding = (!checked.decision.allowed)
             .then(|| checked.decision.binding())
             .flatten();
-        if !checked.degraded {
-            let now_ms = super::now_ms();
-            self.live.checked_together(&request.identifiers, now_ms);
-            if let Some(b) = binding {
-                self.live.denied(
-                    checked.policy.name.as_str(),
-                    Denial {
-                        identifier: &b.identifier,
-                        rule: b.rule.as_str(),
-                        retry_after_ms: b.outcome.retry_after_ms,
-                    },
-                    &request.identifiers,
-                    now_ms,
-                );
-            }
-        }
-        let denied_by = binding.map(|b| &b.identifier);
-        self.answered(
-            &checked.policy,
-            checked.outcome(),
+        self.settle(
+            Settled {
+                policy: &checked.policy,
+                outcome: checked.outcome(),
+                degraded: checked.degraded,
+                together: &request.identifiers,
+                denial: binding.map(|b| Denial {
+                    identifier: &b.identifier,
+                    rule: b.rule.as_str(),
+                    retry_after_ms: b.outcome.retry_after_ms,
+                }),
+            },
             &request.identifiers,
-            denied_by,
             started,
         );
         Ok(checked)
@@ -450,6 +441,37 @@ impl Service {
         }
     }
 
+    /// The ending every answered check shares, JSON or Envoy's: the live view hears who
+    /// was checked together and who was denied under which rule (not when Redis was not
+    /// asked), and history, metrics and the trace hear the outcome. `limited`: the
+    /// identifiers a rule limited.
+    pub(super) fn settle<'a>(
+        &self,
+        settled: Settled<'_>,
+        limited: impl IntoIterator<Item = &'a Identifier> + Clone,
+        started: std::time::Instant,
+    ) {
+        if !settled.degraded {
+            let now_ms = super::now_ms();
+            self.live.checked_together(settled.together, now_ms);
+            if let Some(denial) = settled.denial {
+                self.live.denied(
+                    settled.policy.name.as_str(),
+                    denial,
+                    limited.clone(),
+                    now_ms,
+                );
+            }
+        }
+        self.answered(
+            settled.policy,
+            settled.outcome,
+            limited,
+            settled.denial.map(|d| d.identifier),
+            started,
+        );
+    }
+
     /// Records an answered check of `identifiers` under `policy`: the history (with the
     /// identifier that denied it, if one did) and the metrics.
     pub(super) fn answered<'a>(
@@ -576,6 +598,18 @@ impl Service {
         }
         futures_util::future::join_all(requests.into_iter().map(|r| self.check(r))).await
     }
+}
+
+/// What an answered check settles: see [`Service::settle`].
+pub(super) struct Settled<'a> {
+    pub policy: &'a Policy,
+    pub outcome: history::Outcome,
+    /// Redis was not asked (the failure mode answered): nothing to tell the live view.
+    pub degraded: bool,
+    /// Every identifier the check carried.
+    pub together: &'a [Identifier],
+    /// The denial that bound, if one did.
+    pub denial: Option<Denial<'a>>,
 }
 
 fn blocked_result(identifier: Identifier) -> RuleResult {

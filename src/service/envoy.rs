@@ -185,29 +185,22 @@ impl Service {
             .iter()
             .position(|s| !s.ok || s.shadow_denied)
             .filter(|_| !answer.degraded);
-        if !answer.degraded {
-            let now_ms = super::now_ms();
-            self.live.checked_together(&plan.identifiers, now_ms);
-            if let Some(i) = denied_by_index {
-                let rule = plan.rule_of(i);
-                self.live.denied(
-                    policy.name.as_str(),
-                    super::live::Denial {
+        let rule = denied_by_index.map(|i| plan.rule_of(i));
+        self.settle(
+            super::check::Settled {
+                policy: &policy,
+                outcome: answer.outcome(),
+                degraded: answer.degraded,
+                together: &plan.identifiers,
+                denial: denied_by_index
+                    .zip(rule.as_deref())
+                    .map(|(i, rule)| super::live::Denial {
                         identifier: &plan.identifiers[i],
-                        rule: &rule,
+                        rule,
                         retry_after_ms: answer.statuses[i].reset_ms,
-                    },
-                    plan.limited(),
-                    now_ms,
-                );
-            }
-        }
-        let denied_by = denied_by_index.map(|i| &plan.identifiers[i]);
-        self.answered(
-            &policy,
-            answer.outcome(),
+                    }),
+            },
             plan.limited(),
-            denied_by,
             started,
         );
         if !answer.degraded {

@@ -197,11 +197,6 @@ impl Service {
         self.policies.is_loaded()
     }
 
-    /// The policies as this instance holds them (refreshed from Redis in the background).
-    pub fn known_policies(&self) -> Vec<std::sync::Arc<crate::domain::Policy>> {
-        self.policies.all()
-    }
-
     /// The policy `name` as this instance holds it.
     pub fn known_policy(&self, name: &str) -> Option<std::sync::Arc<crate::domain::Policy>> {
         self.policies.get(name)

@@ -293,10 +293,9 @@ impl Store {
         }
         // A single Redis: the check and its counters in one script call, shared with the
         // checks that arrive meanwhile (see coalesce.rs).
-        let coalescer = self
-            .coalescer
-            .as_ref()
-            .ok_or_else(|| StoreError::Reply("this store has no check queue".into()))?;
+        let coalescer = self.coalescer.as_ref().ok_or_else(|| {
+            StoreError::Unsupported("a check queue (a cluster checks key by key)")
+        })?;
         let Prepared { keys, rules } = self.prepare(policy, entries);
         let context = CheckContext::new(&rules, Now::Redis);
         let labels = entries

@@ -156,7 +156,7 @@ impl Coalescer {
 }
 
 fn stopped() -> StoreError {
-    StoreError::Reply("the check queue has stopped".into())
+    StoreError::Stopped
 }
 
 /// One batch call as it came back: its checks (whose keys it held) and Redis's answer.

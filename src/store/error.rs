@@ -1,5 +1,5 @@
-//! The store's one error type: Redis failing, not answering in time, or answering
-//! something the scripts' contracts do not allow.
+//! The store's one error type: Redis failing, not answering in time, answering something
+//! the scripts' contracts do not allow, or asked what it cannot do.
 
 use std::time::Duration;
 
@@ -14,6 +14,19 @@ pub enum StoreError {
     CircuitOpen,
     #[error("unexpected reply from redis: {0}")]
     Reply(String),
+    /// Set up wrong: a file the connection needs cannot be read.
+    #[error("{0}")]
+    Setup(String),
+    /// What this kind of Redis cannot do (pub/sub on a cluster, a check queue without
+    /// one).
+    #[error("not available with this Redis: {0}")]
+    Unsupported(&'static str),
+    /// The server is shutting down: the check queue no longer takes checks.
+    #[error("the check queue has stopped")]
+    Stopped,
+    /// A value could not be written as the store keeps it.
+    #[error("encoding for redis: {0}")]
+    Encode(String),
     /// A local rule's counter has not reached Redis for longer than its grace (ms): its
     /// flushes fail, so the policy's failure mode decides.
     #[error("redis has not been reached for {0} ms, longer than a local rule's grace")]
@@ -52,7 +65,12 @@ impl StoreError {
                     )
             }
             StoreError::Timeout(_) | StoreError::CircuitOpen | StoreError::NotReached(_) => true,
-            StoreError::Reply(_) | StoreError::Script(_) => false,
+            StoreError::Reply(_)
+            | StoreError::Script(_)
+            | StoreError::Setup(_)
+            | StoreError::Unsupported(_)
+            | StoreError::Stopped
+            | StoreError::Encode(_) => false,
         }
     }
 }

@@ -28,7 +28,7 @@ impl Store {
     pub async fn subscribe(&self) -> Result<mpsc::Receiver<Event>, StoreError> {
         let client = self
             .pubsub_client()
-            .ok_or_else(|| StoreError::Reply("pub/sub needs a single Redis".into()))?;
+            .ok_or_else(|| StoreError::Unsupported("pub/sub needs a single Redis"))?;
         let mut pubsub = client.get_async_pubsub().await?;
         let (policies, resets) = (self.keys.policy_channel(), self.keys.reset_channel());
         pubsub

@@ -180,7 +180,7 @@ impl Store {
         }
         let ca = match &config.redis_ca_cert {
             Some(path) => Some(std::fs::read(path).map_err(|e| {
-                StoreError::Reply(format!("REDIS_CA_CERT {}: {e}", path.display()))
+                StoreError::Setup(format!("REDIS_CA_CERT {}: {e}", path.display()))
             })?),
             None => None,
         };

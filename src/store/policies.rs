@@ -94,7 +94,7 @@ impl Store {
         expected: Option<u64>,
     ) -> Result<Saved, StoreError> {
         let doc = serde_json::to_string(&policy.document())
-            .map_err(|e| StoreError::Reply(e.to_string()))?;
+            .map_err(|e| StoreError::Encode(e.to_string()))?;
         let reply: i64 = self
             .run_policy_script(&policy.name, "put", &doc, expected)
             .await?;
@@ -119,7 +119,7 @@ impl Store {
         invocation.arg(self.keys.policy_channel());
         for policy in policies {
             let doc = serde_json::to_string(&policy.document())
-                .map_err(|e| StoreError::Reply(e.to_string()))?;
+                .map_err(|e| StoreError::Encode(e.to_string()))?;
             invocation
                 .key(self.keys.policy_history(&policy.name))
                 .arg(policy.name.as_str())
