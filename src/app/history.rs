@@ -315,27 +315,14 @@ fn top_table(
     testid: &'static str,
     empty: &'static str,
 ) -> AnyView {
-    if rows.is_empty() {
-        return view! { <p class="empty" data-testid=testid>{empty}</p> }.into_any();
-    }
-    view! {
-        <table data-testid=testid>
-            <thead><tr><th>"Identifier"</th><th>"Policy"</th><th class="num">{what}</th></tr></thead>
-            <tbody>
-                {rows.into_iter().map(|(policy, id, n)| {
-                    let href = format!("/identifiers?id={}", encode(&id));
-                    view! {
-                        <tr>
-                            <td><a href=href>{crate::domain::envoy::readable(&id).to_owned()}</a></td>
-                            <td>{policy}</td>
-                            <td class="num">{n}</td>
-                        </tr>
-                    }
-                }).collect_view()}
-            </tbody>
-        </table>
-    }
-    .into_any()
+    let rows = rows
+        .into_iter()
+        .map(|(policy, identifier, n)| super::widgets::IdentifierRow {
+            policy,
+            identifier,
+            value: n.to_string(),
+        });
+    super::widgets::identifier_table(rows.collect(), what, testid, empty)
 }
 
 /// `10:00`, with the date (`11-24 10:00`) where a new day starts or at the first tick;

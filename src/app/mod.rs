@@ -17,6 +17,7 @@ pub mod overview;
 pub mod people;
 pub mod policies;
 pub mod session;
+pub mod widgets;
 
 use leptos::prelude::*;
 use leptos_meta::{HashedStylesheet, MetaTags, Title, provide_meta_context};

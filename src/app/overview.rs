@@ -803,29 +803,17 @@ fn ranked_table(
     testid: &'static str,
     empty: &'static str,
 ) -> AnyView {
-    if rows.is_empty() {
-        return view! { <p class="empty" data-testid=testid>{empty}</p> }.into_any();
-    }
     let percent = what == "of limit";
-    view! {
-        <table data-testid=testid>
-            <thead><tr><th>"Identifier"</th><th>"Policy"</th><th class="num">{what}</th></tr></thead>
-            <tbody>
-                {rows.into_iter().map(|r| {
-                    let href = format!("/identifiers?id={}", encode(&r.identifier));
-                    let value = if percent { format!("{} %", r.value) } else { r.value.to_string() };
-                    view! {
-                        <tr>
-                            <td><a href=href>{crate::domain::envoy::readable(&r.identifier).to_owned()}</a></td>
-                            <td>{r.policy}</td>
-                            <td class="num">{value}</td>
-                        </tr>
-                    }
-                }).collect_view()}
-            </tbody>
-        </table>
-    }
-    .into_any()
+    let rows = rows.into_iter().map(|r| super::widgets::IdentifierRow {
+        value: if percent {
+            format!("{} %", r.value)
+        } else {
+            r.value.to_string()
+        },
+        policy: r.policy,
+        identifier: r.identifier,
+    });
+    super::widgets::identifier_table(rows.collect(), what, testid, empty)
 }
 
 /// Percent-encodes a query value.
@@ -855,19 +843,12 @@ fn RateChart(rate: PolicyRate) -> impl IntoView {
         rate.policy
     );
     // Only seconds that saw checks are drawn.
-    let bars = rate
-        .busy
-        .iter()
-        .map(|(i, a, d)| {
-            let x = f64::from(*i) * bar;
-            let ha = *a as f64 / peak as f64 * H;
-            let hd = *d as f64 / peak as f64 * H;
-            view! {
-                <rect class="allowed" x=format!("{x:.1}") y=format!("{:.1}", H - ha) width=format!("{:.1}", bar * 0.85) height=format!("{ha:.1}")/>
-                <rect class="denied" x=format!("{x:.1}") y=format!("{:.1}", H - ha - hd) width=format!("{:.1}", bar * 0.85) height=format!("{hd:.1}")/>
-            }
-        })
-        .collect_view();
+    let bars = super::widgets::stacked_bars(
+        rate.busy.iter().map(|(i, a, d)| (usize::from(*i), *a, *d)),
+        bar,
+        peak,
+        H,
+    );
     let policy = rate.policy.clone();
     let label = summary.clone();
     view! {

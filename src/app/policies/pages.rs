@@ -896,19 +896,12 @@ fn BurstTimeline(timeline: Vec<(u64, u64)>, over_ms: u64) -> impl IntoView {
         .unwrap_or(0)
         .max(1);
     let bar = W / timeline.len().max(1) as f64;
-    let bars = timeline
-        .iter()
-        .enumerate()
-        .map(|(i, (a, d))| {
-            let x = i as f64 * bar;
-            let ha = *a as f64 / peak as f64 * H;
-            let hd = *d as f64 / peak as f64 * H;
-            view! {
-                <rect class="allowed" x=format!("{x:.1}") y=format!("{:.1}", H - ha) width=format!("{:.1}", bar * 0.85) height=format!("{ha:.1}")/>
-                <rect class="denied" x=format!("{x:.1}") y=format!("{:.1}", H - ha - hd) width=format!("{:.1}", bar * 0.85) height=format!("{hd:.1}")/>
-            }
-        })
-        .collect_view();
+    let bars = crate::app::widgets::stacked_bars(
+        timeline.iter().enumerate().map(|(i, (a, d))| (i, *a, *d)),
+        bar,
+        peak,
+        H,
+    );
     let end = if over_ms == 0 {
         "all at once".to_owned()
     } else {

@@ -1,0 +1,64 @@
+//! Pieces several dashboard pages draw alike: a table of identifiers with their policy and
+//! a number, and the stacked bars of a chart (allowed below, denied above).
+
+use leptos::prelude::*;
+
+/// One row of [`identifier_table`]: the number already written as the page shows it.
+pub struct IdentifierRow {
+    pub policy: String,
+    pub identifier: String,
+    pub value: String,
+}
+
+/// Identifiers, each linked to the inspector, with their policy and a number headed `what`;
+/// `empty` when there are none.
+pub fn identifier_table(
+    rows: Vec<IdentifierRow>,
+    what: &'static str,
+    testid: &'static str,
+    empty: &'static str,
+) -> AnyView {
+    if rows.is_empty() {
+        return view! { <p class="empty" data-testid=testid>{empty}</p> }.into_any();
+    }
+    view! {
+        <table data-testid=testid>
+            <thead><tr><th>"Identifier"</th><th>"Policy"</th><th class="num">{what}</th></tr></thead>
+            <tbody>
+                {rows.into_iter().map(|r| {
+                    let href = format!("/identifiers?id={}", crate::domain::percent_encode(&r.identifier));
+                    view! {
+                        <tr>
+                            <td><a href=href>{crate::domain::envoy::readable(&r.identifier).to_owned()}</a></td>
+                            <td>{r.policy}</td>
+                            <td class="num">{r.value}</td>
+                        </tr>
+                    }
+                }).collect_view()}
+            </tbody>
+        </table>
+    }
+    .into_any()
+}
+
+/// The bars of a chart `height` high: for each `(slot, allowed, denied)`, allowed below and
+/// denied above, `bar` wide a slot, scaled so that `peak` fills the height. SVG attributes,
+/// no inline styles (the CSP allows none).
+pub fn stacked_bars(
+    slots: impl Iterator<Item = (usize, u64, u64)>,
+    bar: f64,
+    peak: u64,
+    height: f64,
+) -> impl IntoView {
+    slots
+        .map(|(i, a, d)| {
+            let x = i as f64 * bar;
+            let ha = a as f64 / peak as f64 * height;
+            let hd = d as f64 / peak as f64 * height;
+            view! {
+                <rect class="allowed" x=format!("{x:.1}") y=format!("{:.1}", height - ha) width=format!("{:.1}", bar * 0.85) height=format!("{ha:.1}")/>
+                <rect class="denied" x=format!("{x:.1}") y=format!("{:.1}", height - ha - hd) width=format!("{:.1}", bar * 0.85) height=format!("{hd:.1}")/>
+            }
+        })
+        .collect_view()
+}
