@@ -30,7 +30,7 @@ deps-test:
 # The directories are inputs too: a deleted file changes its directory's time. The stamp
 # takes the time the build started, so a file saved during the build is built next time.
 BUILD_INPUTS := $(shell find src style public lua 2>/dev/null) Cargo.toml Cargo.lock build.rs \
-  Leptos.toml .cargo/config.toml scripts/build.sh scripts/deps.sh scripts/site.mjs \
+  Leptos.toml .cargo/config.toml scripts/build.sh scripts/leptos-env.sh scripts/deps.sh scripts/site.mjs \
   tools/site/package.json tools/site/package-lock.json \
   $(shell find tools/bundle/src 2>/dev/null) tools/bundle/Cargo.toml tools/bundle/Cargo.lock
 BUILT := target/release/.built

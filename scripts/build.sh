@@ -30,11 +30,12 @@ if [ "${1:-}" = "--check" ]; then
 fi
 
 mkdir -p target
-# What cargo-leptos gives both builds (Leptos reads some of it when compiling). The site's
-# settings when the server runs come from Leptos.toml.
-export LEPTOS_OUTPUT_NAME=spillway LEPTOS_SITE_ROOT=target/site LEPTOS_SITE_PKG_DIR=pkg \
-  LEPTOS_SITE_ADDR=127.0.0.1:3000 LEPTOS_RELOAD_PORT=3001 LEPTOS_LIB_DIR=. LEPTOS_BIN_DIR=. \
-  LEPTOS_JS_MINIFY=true LEPTOS_HASH_FILES=true LEPTOS_HASH_FILE_NAME=hash.txt
+# What cargo-leptos gives both builds (Leptos reads some of it when compiling), and
+# scripts/site.mjs where to write: the site's settings as Leptos.toml says them (each key as
+# its LEPTOS_ variable), and how cargo-leptos lays out a release build.
+eval "$(scripts/leptos-env.sh Leptos.toml)"
+unset LEPTOS_ENV # a setting of the running server, which neither build reads
+export LEPTOS_LIB_DIR=. LEPTOS_BIN_DIR=. LEPTOS_JS_MINIFY=true LEPTOS_HASH_FILE_NAME=hash.txt
 # The bundle: the wasm linked with its relocations (the splitter needs them), in the
 # size-optimised profile, then scripts/site.mjs makes the site from it.
 # Its tools are installed first when missing (scripts/deps.sh build: tools/bundle, the npm

@@ -23,9 +23,9 @@ ln -s /app/spillway "$stage/bin/ratelimit"
 strip --strip-unneeded "$stage/app/spillway"
 cp target/release/hash.txt "$stage/app/"
 cp -r target/site "$stage/app/site"
-# Only what the server reads: where the site is (the environment overrides the rest).
-printf '[package.metadata.leptos]\noutput-name = "spillway"\nsite-root = "/app/site"\nsite-pkg-dir = "pkg"\nenv = "PROD"\nhash-files = true\n' \
-  > "$stage/app/Leptos.toml"
+# The site's settings as the repository has them; the image's own site root and address
+# are set in the Containerfile's environment, which overrides them.
+cp Leptos.toml "$stage/app/Leptos.toml"
 # The C libraries the binary links (glibc resolves names itself since 2.34: no NSS modules).
 for lib in $(ldd "$binary" | awk '$2 == "=>" { print $3 } $1 ~ /^\/.*ld-linux/ { print $1 }'); do
   cp --parents -L "$lib" "$stage/"

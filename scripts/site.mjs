@@ -33,9 +33,18 @@ import { fileURLToPath } from "node:url";
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const tools = path.join(root, ".tools");
 const npm = path.join(root, "tools/site/node_modules");
-const site = path.join(root, "target/site");
-const pkg = path.join(site, "pkg");
-const name = "spillway";
+// Where and under which name, as Leptos.toml says (scripts/build.sh exports it).
+const setting = (variable) => {
+  const value = process.env[variable];
+  if (!value) {
+    console.error(`site: ${variable} is not set (scripts/build.sh exports Leptos.toml's settings)`);
+    process.exit(2);
+  }
+  return value;
+};
+const site = path.join(root, setting("LEPTOS_SITE_ROOT"));
+const pkg = path.join(site, setting("LEPTOS_SITE_PKG_DIR"));
+const name = setting("LEPTOS_OUTPUT_NAME");
 const PLACEHOLDER = "______________________";
 const LOADER = `__wasm_split.${PLACEHOLDER}.js`;
 const MANIFEST = "__wasm_split_manifest.json";

@@ -60,6 +60,16 @@ pub use identifier::Identifier;
 pub use policy::{FailureMode, Mode, Policy, RulesFor};
 pub use rule::{Algorithm, Rule};
 
+/// The shape of names: 1 to 64 bytes, lowercase letters and digits, and past the first
+/// byte the punctuation in `also`.
+pub(crate) fn is_slug(raw: &str, also: &[u8]) -> bool {
+    let bytes = raw.as_bytes();
+    let plain = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    (1..=64).contains(&bytes.len())
+        && bytes.first().is_some_and(plain)
+        && bytes.iter().all(|b| plain(b) || also.contains(b))
+}
+
 /// A policy, rule or dimension name: `[a-z0-9][a-z0-9_-]{0,63}`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -68,14 +78,7 @@ pub struct Name(String);
 impl Name {
     /// Parses a name; the error says what is wrong with it.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let bytes = raw.as_bytes();
-        let ok_first = bytes
-            .first()
-            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        let ok_rest = bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_' || *b == b'-');
-        if raw.is_empty() || raw.len() > 64 || !ok_first || !ok_rest {
+        if !is_slug(raw, b"_-") {
             return Err(format!(
                 "must match [a-z0-9][a-z0-9_-]{{0,63}} (lowercase letters, digits, '_' and '-', at most 64), got {raw:?}"
             ));

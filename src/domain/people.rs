@@ -101,14 +101,7 @@ pub struct Username(String);
 
 impl Username {
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let b = raw.as_bytes();
-        let first = b
-            .first()
-            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-        let rest = b.iter().all(|c| {
-            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'.' | b'_' | b'-')
-        });
-        if raw.is_empty() || raw.len() > 64 || !first || !rest {
+        if !super::is_slug(raw, b"._-") {
             return Err(
                 "must be 1 to 64 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
                     .into(),

@@ -48,7 +48,12 @@ fn the_layout_map_names_every_source_file() {
     files_under(&root().join("src"), "rs", &mut sources);
     let missing: Vec<String> = sources
         .iter()
-        .map(|p| p.strip_prefix(root()).unwrap().to_string_lossy().into_owned())
+        .map(|p| {
+            p.strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|p| !map.contains(&format!("`{p}`")))
         .collect();
     assert!(
@@ -63,7 +68,10 @@ fn the_layout_map_names_every_source_file() {
         .filter(|s| s.starts_with("src/") && s.ends_with(".rs"))
         .collect();
     let gone: Vec<&&str> = named.iter().filter(|p| !root().join(p).exists()).collect();
-    assert!(gone.is_empty(), "docs/architecture.md names files that do not exist: {gone:?}");
+    assert!(
+        gone.is_empty(),
+        "docs/architecture.md names files that do not exist: {gone:?}"
+    );
 }
 
 /// The names of settings the code reads: every quoted `SPILLWAY_…`, `REDIS_…`, `OTEL_…` and
@@ -186,7 +194,10 @@ fn every_link_of_readme_and_docs_resolves() {
         let text = read(&page);
         let dir = Path::new(&page).parent().unwrap().to_path_buf();
         for link in links(&text) {
-            if link.starts_with("http://") || link.starts_with("https://") || link.starts_with("mailto:") {
+            if link.starts_with("http://")
+                || link.starts_with("https://")
+                || link.starts_with("mailto:")
+            {
                 continue;
             }
             checked += 1;
@@ -209,7 +220,10 @@ fn every_link_of_readme_and_docs_resolves() {
             }
         }
     }
-    assert!(checked > 20, "only {checked} links found: is the reader broken?");
+    assert!(
+        checked > 20,
+        "only {checked} links found: is the reader broken?"
+    );
     assert!(broken.is_empty(), "broken links: {broken:#?}");
 }
 
@@ -217,9 +231,15 @@ fn every_link_of_readme_and_docs_resolves() {
 fn readme_is_a_door() {
     let readme = read("README.md");
     let lines = readme.lines().count();
-    assert!(lines <= 200, "README.md has {lines} lines: what it grew by belongs in docs/");
+    assert!(
+        lines <= 200,
+        "README.md has {lines} lines: what it grew by belongs in docs/"
+    );
     for page in pages().iter().filter(|p| p.starts_with("docs/")) {
-        assert!(readme.contains(&format!("({page})")), "README.md does not link {page}");
+        assert!(
+            readme.contains(&format!("({page})")),
+            "README.md does not link {page}"
+        );
     }
 }
 
@@ -245,5 +265,76 @@ fn nothing_cites_a_document_outside_the_repository() {
         })
         .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
         .collect();
-    assert!(citing.is_empty(), "these cite a document outside the repository: {citing:?}");
+    assert!(
+        citing.is_empty(),
+        "these cite a document outside the repository: {citing:?}"
+    );
+}
+
+/// The keys and values of a TOML file's `[package.metadata.leptos]` table, as written.
+fn leptos_table(relative: &str) -> Vec<(String, String)> {
+    let text = read(relative);
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('[') {
+            inside = line.trim() == "[package.metadata.leptos]";
+        } else if inside && let Some((key, value)) = line.split_once('=') {
+            if !line.starts_with('#') {
+                out.push((
+                    key.trim().to_owned(),
+                    value.trim().trim_matches('"').to_owned(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The site's settings have one source, Leptos.toml: Cargo.toml's table (read by
+/// cargo-leptos) says only how cargo-leptos builds, and what cargo-leptos takes by default
+/// for the settings Leptos.toml holds is Leptos.toml's value, so `cargo leptos watch` and
+/// the release build serve the same site at the same address.
+#[test]
+fn the_sites_settings_have_one_source() {
+    let site = leptos_table("Leptos.toml");
+    let cargo = leptos_table("Cargo.toml");
+    assert!(site.len() >= 5, "Leptos.toml's table is not read: {site:?}");
+    let restated: Vec<&String> = cargo
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| site.iter().any(|(s, _)| s == *k))
+        .collect();
+    assert!(
+        restated.is_empty(),
+        "Cargo.toml restates Leptos.toml's {restated:?}: keep the site's settings in Leptos.toml"
+    );
+    // cargo-leptos's defaults (its config: the package's name, target/site, pkg,
+    // 127.0.0.1:3000, 3001).
+    let defaults = [
+        ("output-name", env!("CARGO_PKG_NAME")),
+        ("site-root", "target/site"),
+        ("site-pkg-dir", "pkg"),
+        ("site-addr", "127.0.0.1:3000"),
+        ("reload-port", "3001"),
+    ];
+    for (key, default) in defaults {
+        let value = site.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+        assert_eq!(
+            value,
+            Some(default),
+            "Leptos.toml's {key} differs from cargo-leptos's default: `cargo leptos watch` would serve another site"
+        );
+    }
+    // And the release pipeline's scripts restate none of them.
+    for script in ["scripts/build.sh", "scripts/site.mjs", "scripts/image.sh"] {
+        let text = read(script);
+        for (key, value) in &site {
+            let variable = format!("LEPTOS_{}=", key.to_uppercase().replace('-', "_"));
+            assert!(
+                !text.contains(&variable),
+                "{script} sets {variable}{value} itself: it comes from Leptos.toml"
+            );
+        }
+    }
 }
