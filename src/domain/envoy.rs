@@ -409,7 +409,7 @@ pub fn readable(identifier: &str) -> &str {
 /// Free text as a name's characters: lower case, other characters than `a-z0-9_-` as `-`,
 /// at most 64 (what comes first is the caller's to mend).
 fn name_chars(raw: &str) -> String {
-    raw        .chars()
+    raw.chars()
         .map(|c| c.to_ascii_lowercase())
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {

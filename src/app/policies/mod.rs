@@ -7,11 +7,15 @@
 
 mod actions;
 mod form;
+mod list;
 mod pages;
+mod preview;
+mod words;
 
 pub use actions::*;
 pub use form::{UNITS, document_of, field_in_form, rule_form, rule_forms_from_pairs};
-pub use pages::{OwnLimitFields, PoliciesPage, PolicyPage};
+pub use list::PoliciesPage;
+pub use pages::{OwnLimitFields, PolicyPage};
 
 use serde::{Deserialize, Serialize};
 
