@@ -9,9 +9,9 @@ mod calls;
 mod report;
 mod script;
 
+use calls::{Prepared, placed, with_leases};
 pub(super) use calls::{entry_args, parse_reply, penalty_keys, penalty_offsets};
 pub(super) use script::CheckScripts;
-use calls::{Prepared, placed, with_leases};
 
 use super::{Store, StoreError};
 use crate::domain::{Algorithm, Decision, Identifier, Name, Outcome, Rule, RuleResult};
@@ -405,7 +405,6 @@ impl Store {
             .collect();
         Decision::new(results)
     }
-
 }
 
 #[cfg(test)]

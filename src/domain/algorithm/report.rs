@@ -111,7 +111,11 @@ pub(super) fn give_back_to_window(
 
 /// A sliding log's `entries` with `cost` units taken off the newest ones still in the
 /// window (after `horizon`), off the tail; an entry left with nothing is dropped.
-pub(super) fn take_from_newest_entries(entries: &[(i64, i64)], horizon: i64, cost: i64) -> Vec<(i64, i64)> {
+pub(super) fn take_from_newest_entries(
+    entries: &[(i64, i64)],
+    horizon: i64,
+    cost: i64,
+) -> Vec<(i64, i64)> {
     let mut entries = entries.to_vec();
     let mut left = cost;
     while left > 0 {
@@ -133,7 +137,13 @@ pub(super) fn take_from_newest_entries(entries: &[(i64, i64)], horizon: i64, cos
 /// A bucketed window's `slots` (`n` of them, the newest written bucket `last`) with `cost`
 /// taken off its newest counted buckets, from bucket `cur` (now) or `last` back, never
 /// further back than the window.
-pub(super) fn take_from_newest_buckets(slots: &[i64], last: i64, cur: i64, n: i64, cost: i64) -> Vec<i64> {
+pub(super) fn take_from_newest_buckets(
+    slots: &[i64],
+    last: i64,
+    cur: i64,
+    n: i64,
+    cost: i64,
+) -> Vec<i64> {
     let mut slots = slots.to_vec();
     let mut left = cost;
     let mut a = cur.min(last);

@@ -2,7 +2,6 @@
 //! them, its calendar, the most it admits at once, and its validation (each parameter
 //! checked, the field named in every error).
 
-
 use super::*;
 
 impl Algorithm {
@@ -228,7 +227,11 @@ pub(super) fn check_period(rule: usize, name: &str, v: u64) -> Result<(), Policy
 
 /// Checks a bucketed window's periods: both in range, and the window a whole number of
 /// buckets, at most [`MAX_BUCKETS`].
-pub(super) fn check_buckets(rule: usize, window_ms: u64, bucket_ms: u64) -> Result<(), PolicyError> {
+pub(super) fn check_buckets(
+    rule: usize,
+    window_ms: u64,
+    bucket_ms: u64,
+) -> Result<(), PolicyError> {
     check_period(rule, "window_ms", window_ms)?;
     check_period(rule, "bucket_ms", bucket_ms)?;
     if !window_ms.is_multiple_of(bucket_ms) {

@@ -198,7 +198,10 @@ pub(super) fn placed(outcomes: Vec<Option<Outcome>>) -> Vec<Outcome> {
 
 /// The penalty keys of a check's entries whose rules have a penalty box, in entry order:
 /// they follow the check's state keys (`keys`) in the script's KEYS.
-pub(in crate::store) fn penalty_keys(keys: &[String], rules: &[(Algorithm, Counting)]) -> Vec<String> {
+pub(in crate::store) fn penalty_keys(
+    keys: &[String],
+    rules: &[(Algorithm, Counting)],
+) -> Vec<String> {
     keys.iter()
         .zip(rules)
         .filter(|(_, (_, counting))| counting.block_ms > 0)
@@ -209,7 +212,9 @@ pub(in crate::store) fn penalty_keys(keys: &[String], rules: &[(Algorithm, Count
 /// Where each entry's penalty key is among a check's `n` state keys and its penalty keys
 /// (the offset from its first key, as [`entry_args`] tells the script); `None` for an
 /// entry without a penalty box. Called once per entry, in order.
-pub(in crate::store) fn penalty_offsets(n: usize) -> impl FnMut(&(Algorithm, Counting)) -> Option<usize> {
+pub(in crate::store) fn penalty_offsets(
+    n: usize,
+) -> impl FnMut(&(Algorithm, Counting)) -> Option<usize> {
     let mut next = n;
     move |(_, counting)| {
         (counting.block_ms > 0).then(|| {
@@ -262,7 +267,10 @@ pub(in crate::store) fn entry_args(
     }
 }
 
-pub(in crate::store) fn parse_reply(raw: &[i64], entries: usize) -> Result<ScriptReply, StoreError> {
+pub(in crate::store) fn parse_reply(
+    raw: &[i64],
+    entries: usize,
+) -> Result<ScriptReply, StoreError> {
     if raw.len() != 2 + 6 * entries {
         return Err(StoreError::Reply(format!(
             "check.lua answered {} integers for {entries} entries",

@@ -112,5 +112,4 @@ impl Store {
         self.run_script(keys, rules, cost.unsigned_abs(), now, mode, &context)
             .await
     }
-
 }
