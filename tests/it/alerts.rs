@@ -1,6 +1,8 @@
 //! Alerts: rules through the API (audited, fields named), evaluated once across instances,
 //! delivered to a local HTTP sink that checks every signature, once per firing and once
-//! per resolution, through a sink that fails at first.
+//! per resolution, through a sink that fails at first; a test delivery on demand; webhooks
+//! kept outside (and their URLs shown to admins only); a deleted rule's deliveries
+//! cancelled.
 
 use std::{
     net::SocketAddr,
@@ -10,10 +12,15 @@ use std::{
 
 use axum::{body::Bytes, extract::State, http::HeaderMap, routing::post};
 use hmac::{Hmac, Mac};
+use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::Sha256;
+use spillway::domain::people::Role;
 
-use crate::helpers::{ADMIN_KEY, RedisServer, TestApp, spawn_app_with};
+use crate::{
+    auth::{Visitor, add_user, admin, store},
+    helpers::{ADMIN_KEY, PATIENCE, RedisServer, TestApp, eventually, spawn_app, spawn_app_with},
+};
 
 pub(crate) const SECRET: &str = "a shared secret of the sink";
 /// Evaluated often, delivering to the sink on this machine (loopback is refused unless
@@ -117,12 +124,14 @@ pub(crate) async fn put_alert(app: &TestApp, name: &str, doc: Value) -> (u16, Va
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// What the sink has received so far.
+fn received(sink: &Sink) -> Vec<Received> {
+    sink.seen.lock().unwrap().clone()
+}
+
+/// How many of `seen` are of `event`.
+fn count(seen: &[Received], event: &str) -> usize {
+    seen.iter().filter(|s| s.1 == event).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,21 +184,22 @@ async fn a_flood_fires_once_and_resolves_once_across_two_instances_through_a_fai
     tokio::join!(flood, watch);
     assert_eq!(holders.len(), 1, "one holder: {holders:?}");
     // Fired, refused twice by the sink, delivered on the third attempt (after 1 s and 2 s).
-    wait_for("the firing delivered", Duration::from_secs(10), || {
-        sink.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|s| s.1 == "firing")
-            .count()
-            >= 3
-    })
+    eventually(
+        "the firing delivered",
+        PATIENCE,
+        async || received(&sink),
+        |seen| count(seen, "firing") >= 3,
+    )
     .await;
     // The flood is over: within the 2-second window and an evaluation, it resolves.
-    wait_for("the resolution delivered", Duration::from_secs(10), || {
-        sink.seen.lock().unwrap().iter().any(|s| s.1 == "resolved")
-    })
+    eventually(
+        "the resolution delivered",
+        PATIENCE,
+        async || received(&sink),
+        |seen| count(seen, "resolved") >= 1,
+    )
     .await;
+    // A negative check: nothing more (no second firing or resolution) comes in 1.5 s.
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     let seen = sink.seen.lock().unwrap().clone();
@@ -267,18 +277,20 @@ async fn a_throttled_identifier_fires_for_that_identifier() {
     assert_eq!(status, 200, "{body}");
     // Denied again and again until both fire (so a minute that turns over between the
     // checks and an evaluation still sees them denied in the current minute).
-    let started = Instant::now();
-    while sink.seen.lock().unwrap().len() < 2 {
-        assert!(
-            started.elapsed() < Duration::from_secs(8),
-            "the firings: not within 8 s"
-        );
-        app.check(json!({"policy": "login", "identifiers": {"user": "mallory"}}))
-            .await;
-        app.check(json!({"policy": "login", "identifiers": {"user": "alice"}}))
-            .await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "both firings",
+        PATIENCE,
+        async || {
+            app.check(json!({"policy": "login", "identifiers": {"user": "mallory"}}))
+                .await;
+            app.check(json!({"policy": "login", "identifiers": {"user": "alice"}}))
+                .await;
+            received(&sink)
+        },
+        |seen| seen.len() >= 2,
+    )
+    .await;
+    // A negative check: no third firing comes in 600 ms.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let seen = sink.seen.lock().unwrap().clone();
     let subjects: Vec<&str> = seen
@@ -443,7 +455,9 @@ async fn an_outage_fires_once_from_memory_and_resolves_when_redis_is_back() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    tokio::time::sleep(Duration::from_millis(500)).await; // the rule is read
+    // The rule is read (every 200 ms, into the instance's memory: nothing outside the
+    // process shows it, so this waits 2.5 evaluation periods).
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(3000)
@@ -458,11 +472,20 @@ async fn an_outage_fires_once_from_memory_and_resolves_when_redis_is_back() {
         assert_eq!(r.status(), 200, "failing open");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wait_for("the outage's firing", Duration::from_secs(5), || {
-        sink.seen.lock().unwrap().iter().any(|s| s.1 == "firing")
-    })
+    eventually(
+        "the outage's firing",
+        PATIENCE,
+        async || received(&sink),
+        |seen| count(seen, "firing") >= 1,
+    )
     .await;
-    tokio::time::sleep(Duration::from_millis(800)).await; // the pause ends
+    eventually(
+        "the pause's end",
+        PATIENCE,
+        async || redis.answers(),
+        |up| *up,
+    )
+    .await;
     // Checks that Redis answers again end the outage.
     let started = Instant::now();
     while started.elapsed() < Duration::from_millis(1500) {
@@ -470,10 +493,14 @@ async fn an_outage_fires_once_from_memory_and_resolves_when_redis_is_back() {
             .await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wait_for("the resolution", Duration::from_secs(5), || {
-        sink.seen.lock().unwrap().iter().any(|s| s.1 == "resolved")
-    })
+    eventually(
+        "the resolution",
+        PATIENCE,
+        async || received(&sink),
+        |seen| count(seen, "resolved") >= 1,
+    )
     .await;
+    // A negative check: nothing more comes in 600 ms.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let seen = sink.seen.lock().unwrap().clone();
     assert!(seen.iter().all(|s| s.2), "signed: {seen:?}");
@@ -486,4 +513,200 @@ async fn an_outage_fires_once_from_memory_and_resolves_when_redis_is_back() {
             >= 1
     );
     assert_eq!(seen[0].3["rule"], "redis-down");
+}
+
+#[tokio::test]
+async fn an_alert_rule_sends_a_signed_test_delivery_on_demand() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "127.0.0.1")]).await;
+    let (sink, addr) = start_sink(0).await;
+    let (status, _) = put_alert(
+        &app,
+        "pager",
+        json!({"condition": {"kind": "degraded", "seconds": 30},
+            "webhook_url": format!("http://{addr}/hook"), "secret": SECRET}),
+    )
+    .await;
+    assert!(status < 300);
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form(
+            "/fn/alert_test",
+            &[("csrf", &csrf), ("name", "pager")],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let said: String = r.json().await.unwrap();
+    assert_eq!(said, "delivered: the receiver answered 200");
+    let seen = sink.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    let (_, event, signed, body) = &seen[0];
+    assert_eq!(event, "test");
+    assert!(signed, "signed with the rule's secret");
+    assert_eq!(body["rule"], "pager");
+    // It is listed with the deliveries.
+    let page = v.get("/alerts").await.text().await.unwrap();
+    assert!(page.contains("test") && page.contains("delivered"));
+}
+
+/// Saves alert rule `name`: an identifier throttled for a minute, delivered to `url`.
+async fn put_throttled_alert(app: &TestApp, name: &str, url: &str) -> (u16, Value) {
+    let r = app
+        .as_admin(
+            Method::PUT,
+            &format!("/api/v1/alerts/{name}"),
+            Some(
+                &json!({"condition": {"kind": "identifier_throttled", "minutes": 1},
+                "webhook_url": url, "secret": "0123456789abcdef0123"}),
+            ),
+        )
+        .await;
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+/// Webhooks could target loopback, `[::1]`, `localhost`, decimal IPs and the
+/// Redis port; viewers saw whole webhook URLs (often credentials) and delivery details.
+#[tokio::test]
+async fn webhooks_stay_outside_and_their_urls_are_for_admins() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let redis_port = redis.url().rsplit(':').next().unwrap().to_owned();
+    for url in [
+        format!("http://127.0.0.1:{redis_port}/"),
+        "http://[::1]/x".into(),
+        "http://localhost/x".into(),
+        "http://2130706433/".into(),
+        "http://169.254.169.254/latest/meta-data/".into(),
+        "http://10.0.0.8/hook".into(),
+    ] {
+        let (status, body) = put_throttled_alert(&app, "inside", &url).await;
+        assert_eq!(status, 400, "{url}: {body}");
+        assert_eq!(body["field"], "webhook_url", "{url}: {body}");
+    }
+    let (status, _) = put_throttled_alert(
+        &app,
+        "slack",
+        "https://hooks.slack.com/services/T000/B000/SECRETTOKEN",
+    )
+    .await;
+    assert_eq!(status, 200);
+    // An admin allows a target inside by setting.
+    let allowing = spawn_app_with(
+        &redis,
+        &[("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "10.0.0.0/8")],
+    )
+    .await;
+    assert_eq!(
+        put_throttled_alert(&allowing, "inside", "http://10.0.0.8/hook")
+            .await
+            .0,
+        200
+    );
+
+    // The admin key sees the whole URL; a viewer's session sees its host.
+    let admin: Value = app
+        .as_admin(Method::GET, "/api/v1/alerts", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let url_of = |v: &Value| {
+        v["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "slack")
+            .map(|r| r["webhook_url"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert!(url_of(&admin).ends_with("SECRETTOKEN"));
+    add_user(&store(&redis).await, "vic", Role::Viewer).await;
+    let mut viewer = Visitor::signed_in(&app, "vic").await;
+    let seen: Value = viewer.get("/api/v1/alerts").await.json().await.unwrap();
+    assert_eq!(url_of(&seen), "https://hooks.slack.com/…");
+    let page = viewer.get("/alerts").await.text().await.unwrap();
+    assert!(!page.contains("SECRETTOKEN"));
+    assert!(page.contains("hooks.slack.com"));
+    // Nor through the audit log, which every role reads.
+    let audit = viewer
+        .get("/api/v1/audit?action=alert.")
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(audit.contains("hooks.slack.com"), "{audit}");
+    assert!(!audit.contains("SECRETTOKEN"), "{audit}");
+    let page = viewer.get("/audit").await.text().await.unwrap();
+    assert!(!page.contains("SECRETTOKEN"));
+}
+
+/// A deleted rule's queued deliveries kept going out, signed with its old secret, for
+/// up to an hour. Now the next round cancels them and logs why.
+#[tokio::test]
+async fn deleting_an_alert_rule_cancels_its_deliveries() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_ALERT_EVAL_MS", "200"),
+            ("SPILLWAY_WEBHOOK_ALLOWED_TARGETS", "127.0.0.1"),
+        ],
+    )
+    .await;
+    // A receiver that always fails: each delivery is retried (backoff from 1 s).
+    let (sink, sink_addr) = start_sink(usize::MAX).await;
+    let hits = || sink.seen.lock().unwrap().len();
+    app.put_policy(
+        "alerted",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000}]}),
+    )
+    .await;
+    let (status, body) =
+        put_throttled_alert(&app, "noisy", &format!("http://{sink_addr}/hook")).await;
+    assert_eq!(status, 200, "{body}");
+    eventually(
+        "a first delivery (deliveries so far)",
+        PATIENCE,
+        async || {
+            app.check(json!({"policy": "alerted", "identifiers": {"user": "x"}}))
+                .await;
+            hits()
+        },
+        |hits| *hits > 0,
+    )
+    .await;
+    let deleted = app
+        .as_admin(Method::DELETE, "/api/v1/alerts/noisy", None)
+        .await;
+    assert!(deleted.status().is_success());
+    // The delivery is cancelled, with its reason in the log.
+    eventually(
+        "the delivery cancelled (the deliveries listed)",
+        PATIENCE,
+        async || {
+            let view: Value = app
+                .as_admin(Method::GET, "/api/v1/alerts", None)
+                .await
+                .json()
+                .await
+                .unwrap();
+            view["deliveries"].clone()
+        },
+        |deliveries| {
+            deliveries
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["outcome"] == "cancelled" && d["detail"] == "the rule was deleted")
+        },
+    )
+    .await;
+    let after = hits();
+    // A negative check: past the retry the delivery had been given (2 s after its first
+    // attempt), nothing more went out.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(hits(), after, "a delivery went out after the delete");
 }

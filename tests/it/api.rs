@@ -1,13 +1,16 @@
 //! The HTTP API for services and automation, against a real redis-server: every status
-//! code, header and error shape of the check API (docs/services.md).
+//! code, header and error shape of the check API (docs/services.md), the headers of every
+//! answer of the check endpoints, their body limit to the byte, and costs a sliding log
+//! counts exactly in one element.
 
 use std::time::{Duration, Instant};
 
-use reqwest::Method;
+use reqwest::{Method, header};
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with,
+    ADMIN_KEY, AppProcess, PATIENCE, RedisServer, SERVICE_KEY, TestApp, eventually, spawn_app,
+    spawn_app_with,
 };
 
 fn one_rule(limit: u64) -> Value {
@@ -299,17 +302,17 @@ async fn redis_down_follows_the_policys_failure_mode() {
 
     // Back without a restart of Spillway.
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let r = app
-            .check(json!({"policy": "strict", "identifiers": {"user": "1"}}))
-            .await;
-        if r.status() == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "did not recover: {}", r.status());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the strict policy allowing again",
+        PATIENCE,
+        async || {
+            app.check(json!({"policy": "strict", "identifiers": {"user": "1"}}))
+                .await
+                .status()
+        },
+        |status| *status == 200,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -726,7 +729,7 @@ async fn two_instances_share_limits_and_policies() {
     let process = AppProcess::start_with(&redis, &[("SPILLWAY_MAX_CONNECTIONS", "2000")]);
     let b = TestApp::remote(process.addr);
     a.put_policy("shared", one_rule(100)).await;
-    wait_for_policy(&b, "shared", 1).await;
+    when_policy_reaches(&b, "shared", 1).await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..2_000 {
         let (client, url) = if i % 2 == 0 {
@@ -758,7 +761,7 @@ async fn two_instances_share_limits_and_policies() {
 
     let changed_at = Instant::now();
     a.put_policy("shared", one_rule(5000)).await;
-    let seen = wait_for_policy(&b, "shared", 2).await;
+    let seen = when_policy_reaches(&b, "shared", 2).await;
     assert!(
         seen - changed_at < Duration::from_secs(1),
         "B enforced the change after {:?}",
@@ -767,21 +770,22 @@ async fn two_instances_share_limits_and_policies() {
 }
 
 /// Polls `app` until a check of `policy` reports `version`; returns when.
-async fn wait_for_policy(app: &TestApp, policy: &str, version: u64) -> Instant {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let r = app
-            .check(json!({"policy": policy, "identifiers": {"user": "probe"}, "cost": 0}))
-            .await;
-        if r.status() == 200 && r.json::<Value>().await.unwrap()["policy_version"] == version {
-            return Instant::now();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{policy} v{version} never reached this instance"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn when_policy_reaches(app: &TestApp, policy: &str, version: u64) -> Instant {
+    let (_, _, seen) = eventually(
+        &format!("{policy} v{version} reaching this instance"),
+        PATIENCE,
+        async || {
+            let r = app
+                .check(json!({"policy": policy, "identifiers": {"user": "probe"}, "cost": 0}))
+                .await;
+            let status = r.status().as_u16();
+            let answer: Value = r.json().await.unwrap_or_default();
+            (status, answer["policy_version"].clone(), Instant::now())
+        },
+        |(status, seen, _)| *status == 200 && *seen == version,
+    )
+    .await;
+    seen
 }
 
 #[tokio::test]
@@ -900,4 +904,185 @@ async fn checks_multiplex_over_http2_cleartext() {
     remaining.sort_unstable();
     assert_eq!(remaining, (0..30).collect::<Vec<u64>>());
     assert_eq!(denied, 20);
+}
+
+/// A sliding log's check of cost 100,000 wrote 100,000 list elements (12-27 ms of
+/// Redis). Now it is one element, whatever the cost; the count is still exact.
+#[tokio::test]
+async fn a_costly_sliding_log_check_is_one_element() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "tokens",
+        json!({"rules": [{"name": "daily", "algorithm": "sliding_log",
+               "limit": 100_000, "window_ms": 86_400_000}]}),
+    )
+    .await;
+    for (cost, remaining) in [(99_000, 1000), (1000, 0)] {
+        let r = app
+            .check(json!({"policy": "tokens", "identifiers": {"user": "big"}, "cost": cost}))
+            .await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<Value>().await.unwrap()["remaining"], remaining);
+    }
+    let mut conn = redis.connection();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*tokens|user|big*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let len: usize = redis::cmd("LLEN").arg(&keys[0]).query(&mut conn).unwrap();
+    assert_eq!(len, 2, "one element per counted check, not per unit");
+    let denied = app
+        .check(json!({"policy": "tokens", "identifiers": {"user": "big"}}))
+        .await;
+    assert_eq!(denied.status(), 429);
+}
+
+/// The check endpoints are answered before the router (`api::check_endpoint`), so their
+/// answers get the API's headers there: every status they answer with carries the API's CSP,
+/// no framing, no sniffing, no storing; a body over 64 KiB is still a 413; another method on
+/// their paths still reaches the router (405); and while the server drains they ask the
+/// client to close the connection, as every other answer does.
+#[tokio::test]
+async fn the_check_endpoints_answer_with_the_apis_headers() {
+    use crate::helpers::{SERVICE_KEY, app_state, serve};
+    let redis = RedisServer::start();
+    let state = app_state(&redis, &[]).await;
+    let app = serve(state.clone()).await;
+    app.put_policy(
+        "headers",
+        serde_json::json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 60000}]}),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let check = |body: String, key: &'static str, content_type: &'static str| {
+        client
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(key)
+            .header(header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send()
+    };
+    crate::helpers::clear_of_window_turn(std::time::Duration::from_secs(60)).await;
+    let good = r#"{"policy":"headers","identifiers":{"user":"h"}}"#.to_owned();
+    let mut answers = vec![
+        (200, check(good.clone(), SERVICE_KEY, "application/json").await.unwrap()),
+        (429, check(good.clone(), SERVICE_KEY, "application/json").await.unwrap()),
+        (401, check(good.clone(), "nope", "application/json").await.unwrap()),
+        (415, check(good.clone(), SERVICE_KEY, "text/plain").await.unwrap()),
+        (400, check("{".into(), SERVICE_KEY, "application/json").await.unwrap()),
+        (
+            404,
+            check(
+                r#"{"policy":"nope","identifiers":{"user":"h"}}"#.into(),
+                SERVICE_KEY,
+                "application/json",
+            )
+            .await
+            .unwrap(),
+        ),
+        (
+            // A client of its own: the server closes a connection whose body it did not read.
+            413,
+            reqwest::Client::new()
+                .post(app.url("/api/v1/check"))
+                .bearer_auth(SERVICE_KEY)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(format!(r#"{{"policy":"{}"}}"#, "x".repeat(70_000)))
+                .send()
+                .await
+                .unwrap(),
+        ),
+        (
+            200,
+            client
+                .post(app.url("/api/v1/check/batch"))
+                .bearer_auth(SERVICE_KEY)
+                .json(&serde_json::json!({"checks": [{"policy": "headers", "identifiers": {"user": "b"}}]}))
+                .send()
+                .await
+                .unwrap(),
+        ),
+        (
+            200,
+            client
+                .get(app.url("/api/v1/forward-auth?policy=headers"))
+                .bearer_auth(SERVICE_KEY)
+                .header("x-forwarded-for", "192.0.2.1")
+                .send()
+                .await
+                .unwrap(),
+        ),
+        (
+            405,
+            client
+                .get(app.url("/api/v1/check"))
+                .bearer_auth(SERVICE_KEY)
+                .send()
+                .await
+                .unwrap(),
+        ),
+    ];
+    for (i, (status, r)) in answers.drain(..).enumerate() {
+        assert_eq!(r.status().as_u16(), status, "answer {i}");
+        let h = r.headers();
+        assert_eq!(
+            h[header::CONTENT_SECURITY_POLICY],
+            "default-src 'none'; frame-ancestors 'none'",
+            "answer {i}"
+        );
+        assert_eq!(h[header::X_FRAME_OPTIONS], "DENY", "answer {i}");
+        assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "answer {i}");
+        assert_eq!(h[header::REFERRER_POLICY], "same-origin", "answer {i}");
+        assert_eq!(h[header::CACHE_CONTROL], "no-store", "answer {i}");
+        assert!(!h.contains_key(header::CONNECTION), "answer {i}");
+    }
+    state.shutdown.start_draining();
+    let r = check(good, SERVICE_KEY, "application/json").await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()[header::CONNECTION], "close");
+}
+
+/// The check endpoint reads its body itself (it is served before the router's body limit):
+/// a body of exactly 64 KiB is read and answered (here 404: the policy does not exist), one
+/// byte more is a 413, as the router's limit answered before.
+#[tokio::test]
+async fn the_check_body_limit_is_64_kib_to_the_byte() {
+    use crate::helpers::SERVICE_KEY;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let json = r#"{"policy":"absent","identifiers":{"user":"edge"}}"#;
+    for (size, status) in [(64 * 1024, 404), (64 * 1024 + 1, 413)] {
+        let body = format!("{json}{}", " ".repeat(size - json.len()));
+        assert_eq!(body.len(), size);
+        let r = reqwest::Client::new()
+            .post(app.url("/api/v1/check"))
+            .bearer_auth(SERVICE_KEY)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{size} bytes");
+    }
+}
+
+/// The Bearer scheme is read in any case.
+#[tokio::test]
+async fn the_bearer_scheme_is_read_in_any_case() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let r = app
+        .client
+        .post(app.url("/api/v1/check"))
+        .header(
+            reqwest::header::AUTHORIZATION,
+            format!("bearer {SERVICE_KEY}"),
+        )
+        .json(&json!({"policy": "demo", "identifiers": {"user": "lower"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }

@@ -1,10 +1,13 @@
-//! People and keys: sign-in, sessions, CSRF, roles on every server function and admin
-//! route, API key revocation, and the audit trail. Against a real Redis and the real app.
+//! People and keys: sign-in (its budgets per account and per IPv6 network, and where it
+//! sends one after), sessions (secure cookies behind a proxy; a session that cannot be read
+//! is not a sign-out), CSRF, roles on every server function and admin route (a catch-all
+//! loosening override is an admin's), API key revocation, and the audit trail and its
+//! API's bounds. Against a real Redis and the real app.
 
 use std::time::{Duration, Instant};
 
-use reqwest::{StatusCode, header};
-use serde_json::json;
+use reqwest::{Method, StatusCode, header};
+use serde_json::{Value, json};
 use spillway::{
     domain::people::{AuditFilter, KeyRole, Role},
     service::Service,
@@ -12,7 +15,9 @@ use spillway::{
     store::{Keys, Store},
 };
 
-use crate::helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with};
+use crate::helpers::{
+    ADMIN_KEY, PATIENCE, RedisServer, SERVICE_KEY, TestApp, eventually, spawn_app, spawn_app_with,
+};
 
 pub(crate) const PASSWORD: &str = "correct horse battery staple";
 
@@ -571,25 +576,22 @@ async fn a_new_key_is_shown_once_and_never_stored_in_the_clear() {
     let again: serde_json::Value = people(Some(&pad)).await.unwrap().json().await.unwrap();
     assert_eq!(again["new_key"], serde_json::Value::Null, "shown only once");
     // It is a working key (once the instance has reloaded its keys).
-    let started = Instant::now();
-    loop {
-        let check = reqwest::Client::new()
-            .post(app.url("/api/v1/check"))
-            .bearer_auth(&key)
-            .json(&json!({"policy": "demo", "identifiers": {"user": "1"}}))
-            .send()
-            .await
-            .unwrap();
-        if check.status() == 200 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "{}",
-            check.status()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the new key working",
+        PATIENCE,
+        async || {
+            reqwest::Client::new()
+                .post(app.url("/api/v1/check"))
+                .bearer_auth(&key)
+                .json(&json!({"policy": "demo", "identifiers": {"user": "1"}}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        },
+        |status| *status == 200,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -663,33 +665,39 @@ async fn a_revoked_key_fails_within_a_second_on_every_instance() {
             .bearer_auth(&secret)
             .send()
     };
-    // New keys are picked up within the poll interval too.
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while call(&a).await.unwrap().status() != 200 || call(&b).await.unwrap().status() != 200 {
-        assert!(Instant::now() < deadline, "the new key never worked");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let on_both = async || {
+        (
+            call(&a).await.unwrap().status(),
+            call(&b).await.unwrap().status(),
+        )
+    };
+    // New keys are picked up within the poll interval too (the second this test promises).
+    eventually(
+        "the new key working on both instances",
+        Duration::from_secs(1),
+        on_both,
+        |statuses| *statuses == (StatusCode::OK, StatusCode::OK),
+    )
+    .await;
     Service::for_command(s.clone())
         .revoke_key(&test_actor(), &record.id)
         .await
         .unwrap();
-    let revoked_at = Instant::now();
-    for app in [&a, &b] {
-        loop {
-            let status = call(app).await.unwrap().status();
-            if status == StatusCode::UNAUTHORIZED {
-                break;
-            }
-            assert!(
-                revoked_at.elapsed() < Duration::from_secs(1),
-                "still {status} after a second"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
+    eventually(
+        "the revoked key refused on both instances",
+        Duration::from_secs(1),
+        on_both,
+        |statuses| *statuses == (StatusCode::UNAUTHORIZED, StatusCode::UNAUTHORIZED),
+    )
+    .await;
     // Last-used time was recorded (written every 5 s).
-    tokio::time::sleep(Duration::from_millis(5500)).await;
-    let keys = s.list_api_keys().await.unwrap();
+    let keys = eventually(
+        "the key's last use recorded",
+        PATIENCE,
+        async || s.list_api_keys().await.unwrap(),
+        |keys| keys[0].last_used_ms.is_some(),
+    )
+    .await;
     assert!(keys[0].last_used_ms.is_some());
     assert!(keys[0].revoked_at_ms.is_some());
 }
@@ -1359,4 +1367,286 @@ fn the_server_function_role_table_matches_the_functions() {
     table.sort();
     assert!(found.len() >= 30, "{found:?}");
     assert_eq!(table, found);
+}
+
+/// A visitor signed in as `ada`, an admin (added to `redis` first).
+pub(crate) async fn admin(app: &TestApp, redis: &RedisServer) -> Visitor {
+    add_user(&store(redis).await, "ada", Role::Admin).await;
+    Visitor::signed_in(app, "ada").await
+}
+
+#[tokio::test]
+async fn a_signed_in_visitor_to_the_sign_in_page_is_sent_on() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let v = admin(&app, &redis).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for (path, to) in [
+        ("/login", "/"),
+        ("/login?next=%2Fpolicies", "/policies"),
+        ("/login?next=https%3A%2F%2Fevil.example", "/"),
+    ] {
+        let r = client
+            .get(app.url(path))
+            .header(header::COOKIE, v.cookie_header().unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_redirection(), "{path}: {}", r.status());
+        assert_eq!(r.headers()[header::LOCATION], to, "{path}");
+    }
+}
+
+/// After signing in, `next` goes only to a path of this site: a tab or a newline that the
+/// browser would drop, or that cannot be a header, goes to `/` (it answered 500 after the
+/// session was made).
+#[tokio::test]
+async fn sign_in_redirects_only_to_a_path_of_this_site() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    for (next, to) in [
+        ("/people", "/people"),
+        ("/\t/evil.example/x", "/"),
+        ("/\r\nSet-Cookie: x=1", "/"),
+        ("/\u{b}/evil.example", "/"),
+        ("/\u{c}/evil.example", "/"),
+        ("//evil.example", "/"),
+        ("/\\evil.example", "/"),
+        ("https://evil.example/", "/"),
+    ] {
+        let mut v = Visitor::new(&app);
+        v.get("/login").await;
+        let csrf = v.csrf().await;
+        let origin = v.origin();
+        let form = [
+            ("username", "ann"),
+            ("password", PASSWORD),
+            ("csrf", csrf.as_str()),
+            ("next", next),
+        ];
+        let r = v.post_form("/auth/login", &form, Some(&origin)).await;
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{next:?}");
+        assert_eq!(r.headers()[header::LOCATION], to, "{next:?}");
+    }
+}
+
+/// With SPILLWAY_SECURE_COOKIES the cookies stay Secure even when a trusted proxy says the
+/// last hop was plain http (TLS ended further out).
+#[tokio::test]
+async fn secure_cookies_stay_secure_behind_a_proxy_that_says_http() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_SECURE_COOKIES", "1"),
+            ("SPILLWAY_TRUSTED_PROXIES", "127.0.0.1"),
+        ],
+    )
+    .await;
+    let r = reqwest::Client::new()
+        .get(app.url("/login"))
+        .header("x-forwarded-proto", "http")
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()[header::SET_COOKIE].to_str().unwrap();
+    assert!(cookie.contains("Secure"), "{cookie}");
+}
+
+/// Support could add `user=*` unlimited (or `ip=0.0.0.0/0`, or `ip=*.*`, or two /1
+/// blocks), which turns a policy off for everyone. Now a loosening override of a wildcard or
+/// of a network wider than a v4 /16 or a v6 /48 is an admin's; support lifts named users
+/// and networks, and may block any pattern.
+#[tokio::test]
+async fn catch_all_unlimited_overrides_are_an_admins() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "guarded",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 60000}]}),
+    )
+    .await;
+    add_user(&store(&redis).await, "sue", Role::Support).await;
+    let mut support = Visitor::signed_in(&app, "sue").await;
+    let csrf = support.csrf().await;
+    let origin = support.origin();
+    let add = |m: &'static str, action: &'static str| json!({"match": m, "action": action, "reason": "test"});
+    for (doc, expected) in [
+        (add("user=*", "unlimited"), 403),
+        (add("ip=0.0.0.0/0", "unlimited"), 403),
+        (add("ip=::/0", "unlimited"), 403),
+        (add("user=**", "unlimited"), 403),
+        // Ways around the first rule: wildcards that still match
+        // everything, and blocks that cover every address together.
+        (add("ip=*.*", "unlimited"), 403),
+        (add("ip=*:*", "unlimited"), 403),
+        (add("envoy=*=*", "unlimited"), 403),
+        (add("user=0*", "unlimited"), 403),
+        (add("ip=0.0.0.0/1", "unlimited"), 403),
+        (add("ip=2001:db8::/32", "unlimited"), 403),
+        // IPv4 clients written as IPv6: as wide as the IPv4 they hold.
+        (add("ip=::ffff:0:0/96", "unlimited"), 403),
+        (add("ip=64:ff9b::/96", "unlimited"), 403),
+        (add("ip=::ffff:203.0.113.0/120", "unlimited"), 201),
+        (add("user=bob", "unlimited"), 201),
+        (add("ip=203.0.113.0/24", "unlimited"), 201),
+        (add("ip=2001:db8:1::/48", "unlimited"), 201),
+        (add("user=*", "block"), 201),
+    ] {
+        let r = reqwest::Client::new()
+            .post(app.url("/api/v1/policies/guarded/overrides"))
+            .header(header::COOKIE, support.cookie_header().unwrap())
+            .header("x-csrf-token", &csrf)
+            .header(header::ORIGIN, &origin)
+            .json(&doc)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert_eq!(status, expected, "{doc}: {body}");
+        if expected == 403 {
+            assert!(body.contains("only an admin"), "{body}");
+        }
+    }
+    let r = app
+        .as_admin(
+            Method::POST,
+            "/api/v1/policies/guarded/overrides",
+            Some(&add("ip=0.0.0.0/0", "unlimited")),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+}
+
+/// Guesses at one account spread over addresses were never limited, and an IPv6
+/// client had a fresh budget at every address of its /64.
+#[tokio::test]
+async fn sign_in_budgets_hold_per_account_and_per_ipv6_network() {
+    let redis = RedisServer::start();
+    add_user(&store(&redis).await, "ann", Role::Viewer).await;
+    let app = spawn_app_with(&redis, &[("SPILLWAY_TRUSTED_PROXIES", "127.0.0.0/8")]).await;
+    let location = |r: &reqwest::Response| {
+        r.headers()
+            .get(header::LOCATION)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    // Six addresses of one /64: the pair budget (5) holds across them.
+    for i in 0..6 {
+        let mut v = Visitor::new(&app);
+        v.forwarded_for = Some(format!("2001:db8:7:7::{:x}", i + 1));
+        let l = location(&v.login("ann", "wrong password!").await);
+        let expected = if i < 5 {
+            "error=invalid"
+        } else {
+            "error=limited"
+        };
+        assert!(l.contains(expected), "{i}: {l}");
+    }
+    // Twenty guesses at one account from twenty addresses, then the 21st is limited even
+    // from a new address, and so is the right password.
+    add_user(&store(&redis).await, "bo", Role::Viewer).await;
+    for i in 0..21 {
+        let mut v = Visitor::new(&app);
+        v.forwarded_for = Some(format!("198.51.100.{}", i + 1));
+        let l = location(&v.login("bo", "wrong password!").await);
+        let expected = if i < 20 {
+            "error=invalid"
+        } else {
+            "error=limited"
+        };
+        assert!(l.contains(expected), "{i}: {l}");
+    }
+    let mut fresh = Visitor::new(&app);
+    fresh.forwarded_for = Some("203.0.113.99".into());
+    assert!(location(&fresh.login("bo", PASSWORD).await).contains("error=limited"));
+    // Support may not reset sign-in limits (it could then guess an admin's password
+    // without end); an admin lifts the lock-out by resetting the account's identifier.
+    add_user(&store(&redis).await, "sam", Role::Support).await;
+    let mut support = Visitor::new(&app);
+    support.forwarded_for = Some("203.0.113.200".into());
+    assert_eq!(location(&support.login("sam", PASSWORD).await), "/people");
+    let csrf = support.csrf().await;
+    let refused = reqwest::Client::new()
+        .delete(app.url("/api/v1/identifiers/login-user/bo"))
+        .header(header::COOKIE, support.cookie_header().unwrap())
+        .header("x-csrf-token", &csrf)
+        .header(header::ORIGIN, support.origin())
+        .header("x-forwarded-for", "203.0.113.200")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    let reset = app
+        .as_admin(Method::DELETE, "/api/v1/identifiers/login-user/bo", None)
+        .await;
+    assert_eq!(reset.status(), 200);
+    let done: Value = reset.json().await.unwrap();
+    assert!(done["deleted_keys"].as_u64().unwrap() >= 1, "{done}");
+    let mut again = Visitor::new(&app);
+    again.forwarded_for = Some("203.0.113.100".into());
+    assert_eq!(location(&again.login("bo", PASSWORD).await), "/people");
+    // Another account from those addresses is not held back.
+    let mut other = Visitor::new(&app);
+    other.forwarded_for = Some("198.51.100.1".into());
+    assert_eq!(location(&other.login("ann", PASSWORD).await), "/people");
+}
+
+/// A session read that times out sent a signed-in user to /login. Now it is read again,
+/// and if Redis still does not answer the page says so with a 503; the user stays signed
+/// in.
+#[tokio::test]
+async fn a_session_that_cannot_be_read_is_not_a_sign_out() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "100")]).await;
+    add_user(&store(&redis).await, "ida", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "ida").await;
+    redis.pause(1500);
+    let r = v.get("/audit").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().get(header::LOCATION).is_none());
+    assert!(r.text().await.unwrap().contains("still signed in"));
+    // Once Redis answers again (each look meanwhile says the same: 503, still signed in),
+    // the page is served.
+    let status = eventually(
+        "the page once the pause is over",
+        PATIENCE,
+        async || v.get("/audit").await.status(),
+        |status| *status != StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+/// The audit API's bounds: the first id there can be pages to nothing, a year past 9999
+/// is named.
+#[tokio::test]
+async fn the_audit_apis_bounds_are_answered_or_named() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/audit?before=0-0", None)
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["entries"],
+        json!([])
+    );
+    let r = app
+        .as_admin(
+            reqwest::Method::GET,
+            "/api/v1/audit?since=1000000000000000-01-01",
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["field"],
+        "since"
+    );
 }

@@ -4,7 +4,7 @@ use std::process::Command;
 
 use serde_json::json;
 
-use crate::helpers::{RedisServer, spawn_app};
+use crate::helpers::{PATIENCE, RedisServer, eventually, spawn_app};
 
 fn spillway(redis: &RedisServer, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_spillway"))
@@ -186,30 +186,19 @@ async fn users_and_keys_are_managed_from_the_command_line() {
         .next()
         .unwrap()
         .to_owned();
-    let check = || {
+    let check = async || {
         app.client
             .post(app.url("/api/v1/check"))
             .bearer_auth(&key)
             .json(&json!({"policy": "demo", "identifiers": {"user": "1"}}))
             .send()
+            .await
+            .unwrap()
+            .status()
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    while check().await.unwrap().status() != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new key never worked"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    eventually("the new key working", PATIENCE, check, |s| *s == 200).await;
     assert!(spillway(&redis, &["key", "revoke", &id]).status.success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-    while check().await.unwrap().status() != 401 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the revoked key still works"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    eventually("the revoked key refused", PATIENCE, check, |s| *s == 401).await;
     let keys = String::from_utf8_lossy(&spillway(&redis, &["key", "list"]).stdout).to_string();
     assert!(
         keys.contains("billing") && keys.contains("revoked"),

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use spillway_client::{Client, Decision, FailMode, Failure, Identifiers, Outcome, SpillwayLayer};
 
-use crate::helpers::{RedisServer, SERVICE_KEY, TestApp, free_port, spawn_app};
+use crate::helpers::{
+    PATIENCE, RedisServer, SERVICE_KEY, TestApp, eventually, free_port, spawn_app,
+};
 
 const OPEN: Failure = Failure {
     unavailable: FailMode::Open,
@@ -182,18 +184,13 @@ async fn a_concurrency_denial_is_never_cached_and_a_lease_is_held_renewed_and_re
             .await
     });
     assert!(task.await.unwrap_err().is_panic());
-    let freed = async {
-        loop {
-            let d = spillway.check("rc-lease-long", &user("ada"), 1).await;
-            if d.allowed() {
-                return d;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    let d = tokio::time::timeout(Duration::from_secs(10), freed)
-        .await
-        .expect("the panicked work's lease was not released");
+    let d = eventually(
+        "the panicked work's lease released",
+        PATIENCE,
+        async || spillway.check("rc-lease-long", &user("ada"), 1).await,
+        Decision::allowed,
+    )
+    .await;
     spillway.release(&d.leases()).await.unwrap();
 }
 
@@ -466,15 +463,15 @@ async fn the_tower_layer_limits_an_axum_app() {
     );
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
     // The leases of allowed requests were released (in the background, after each
-    // response): 5 in flight are free again, long before the leases' own 30 s end.
-    let started = Instant::now();
-    while remaining(&app, "rc-axum", "ada", "in-flight").await != 5 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "a lease was not released"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // response): 5 in flight are free again, long before the leases' own 30 s end (the
+    // wait gives up at 20 s).
+    eventually(
+        "every lease of the allowed requests released",
+        Duration::from_secs(20),
+        async || remaining(&app, "rc-axum", "ada", "in-flight").await,
+        |free| *free == 5,
+    )
+    .await;
 }
 
 /// The layer's gRPC refusal in front of a service answering tonic bodies: a trailers-only

@@ -10,7 +10,7 @@ use crate::{
         admits_exactly_the_limit, denied_checks_consume_nothing,
         one_denial_consumes_nothing_elsewhere,
     },
-    helpers::RedisCluster,
+    helpers::{PATIENCE, RedisCluster, eventually},
 };
 
 async fn cluster_store(cluster: &RedisCluster, ns: &str) -> Store {
@@ -123,26 +123,38 @@ async fn the_dashboard_works_on_a_cluster() {
         app.check(json!({"policy": "clu", "identifiers": {"user": "9"}}))
             .await;
     }
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    let overview: serde_json::Value = v
-        .post_form("/fn/overview", &[], None)
-        .await
-        .json()
-        .await
-        .unwrap();
-    let demo = overview["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["policy"] == "clu")
-        .unwrap();
-    let (allowed, denied) = demo["busy"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .fold((0, 0), |(a, d), s| {
-            (a + s[1].as_u64().unwrap(), d + s[2].as_u64().unwrap())
-        });
+    // The counters are flushed to the overview every second: all 15 checks, and the
+    // throttled list.
+    let busy = |overview: &serde_json::Value| {
+        overview["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["policy"] == "clu")
+            .and_then(|p| p["busy"].as_array())
+            .into_iter()
+            .flatten()
+            .fold((0, 0), |(a, d), s| {
+                (a + s[1].as_u64().unwrap(), d + s[2].as_u64().unwrap())
+            })
+    };
+    let overview: serde_json::Value = eventually(
+        "the 15 checks in the overview",
+        PATIENCE,
+        async || {
+            v.post_form("/fn/overview", &[], None)
+                .await
+                .json()
+                .await
+                .unwrap()
+        },
+        |overview| {
+            let (allowed, denied) = busy(overview);
+            allowed + denied >= 15 && overview["throttled"][0].is_object()
+        },
+    )
+    .await;
+    let (allowed, denied) = busy(&overview);
     assert_eq!((allowed, denied), (10, 5), "{overview}");
     assert_eq!(
         overview["throttled"][0]["identifier"], "user=9",

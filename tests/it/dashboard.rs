@@ -1,16 +1,21 @@
-//! The dashboard's server functions against a real Redis: validation beside the field,
-//! resets that need a reason, the editor's round trip, and (on demand) the overview's
-//! server time with a million tracked identifiers.
+//! The dashboard's pages and server functions against a real Redis: the overview (who is
+//! throttled, by which rule, since and until when; filtered; 200 policies kept light; and on
+//! demand its server time with a million tracked identifiers), validation beside the field,
+//! resets that need a reason, the editor's round trip (a failed save without JavaScript
+//! keeps what was typed; a delete takes the policy's name typed), Envoy domains pasted all
+//! or none, and the dashboard's files compressed and cached by their hashed names.
 
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
-use serde_json::json;
+use reqwest::{StatusCode, header};
+use serde_json::{Value, json};
 use spillway::domain::people::{AuditFilter, Role};
 
 use crate::{
-    auth::{Visitor, add_user, store},
-    helpers::{RedisServer, app_state, serve, spawn_app},
+    auth::{Visitor, add_user, admin, store},
+    helpers::{
+        PATIENCE, RedisServer, app_state, clear_of_window_turn, eventually, serve, spawn_app,
+    },
 };
 
 /// Building a router renders the app once with resource loading suppressed process-wide
@@ -337,9 +342,32 @@ async fn every_key_but_policies_people_and_audit_expires() {
         .await
         .unwrap();
     assert_eq!(rule.status(), 200);
-    tokio::time::sleep(Duration::from_millis(5500)).await; // cached denials and key use flushed
+    // Every kind of key written: the cached denials flushed to the live counters (every
+    // second), the history's flush (every 5 s) and the alert's keys.
     let mut conn = redis.connection();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let alert_keys = [
+        "spw:{alerts}:firing",
+        "spw:{alerts}:outbox",
+        "spw:{alerts}:deliveries",
+        "spw:{alerts}:lease",
+    ];
+    let (keys, _): (Vec<String>, u64) = eventually(
+        "the 30 checks counted, the history's and the alert's keys",
+        PATIENCE,
+        async || {
+            let (_, rates) = s.policy_rates(&["demo".into()], 60).await.unwrap();
+            let counted = rates[0].iter().map(|r| r.allowed + r.denied).sum::<u64>();
+            let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+            keys.sort();
+            (keys, counted)
+        },
+        |(keys, counted)| {
+            *counted >= 30
+                && keys.iter().any(|k| k.starts_with("spw:hist:"))
+                && alert_keys.iter().all(|a| keys.iter().any(|k| k == a))
+        },
+    )
+    .await;
     let kept = [
         "spw:{policies}:",
         "spw:{people}:",
@@ -355,12 +383,7 @@ async fn every_key_but_policies_people_and_audit_expires() {
     }
     assert!(keys.len() > 15, "{keys:?}");
     assert!(without_ttl.is_empty(), "no TTL: {without_ttl:?}");
-    for alert_key in [
-        "spw:{alerts}:firing",
-        "spw:{alerts}:outbox",
-        "spw:{alerts}:deliveries",
-        "spw:{alerts}:lease",
-    ] {
+    for alert_key in alert_keys {
         assert!(
             keys.iter().any(|k| k == alert_key),
             "{alert_key} was written: {keys:?}"
@@ -441,7 +464,33 @@ async fn the_overview_of_200_policies_is_light_ordered_and_filtered() {
     traffic.await;
     add_user(&store(&redis).await, "ann", Role::Viewer).await;
     let mut v = Visitor::signed_in(&app, "ann").await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The pages once the live counters (flushed every second) and the history (every
+    // 200 ms) hold all 756 checks.
+    let store = store(&redis).await;
+    let busy: Vec<String> = (0..20).map(|i| format!("policy-{i:03}")).collect();
+    eventually(
+        "the 756 checks in the live counters and the history",
+        PATIENCE,
+        async || {
+            let (_, rates) = store.policy_rates(&busy, 60).await.unwrap();
+            let live: u64 = rates.iter().flatten().map(|r| r.allowed + r.denied).sum();
+            let day: serde_json::Value = app
+                .as_admin(reqwest::Method::GET, "/api/v1/history?range=24h", None)
+                .await
+                .json()
+                .await
+                .unwrap();
+            let history: u64 = day["points"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| p["allowed"].as_u64().unwrap_or(0) + p["denied"].as_u64().unwrap_or(0))
+                .sum();
+            (live, history)
+        },
+        |counted| *counted == (756, 756),
+    )
+    .await;
 
     let started = Instant::now();
     let page = v.get("/").await;
@@ -559,7 +608,26 @@ async fn the_inspector_shows_where_an_identifier_binds_and_when_it_was_throttled
         app.check(json!({"policy": "p07", "identifiers": {"user": "scraper"}}))
             .await;
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The denials in the history's top lists (flushed every 200 ms).
+    eventually(
+        "scraper's 8 denials in the history",
+        PATIENCE,
+        async || {
+            let day: serde_json::Value = app
+                .as_admin(
+                    reqwest::Method::GET,
+                    "/api/v1/history?policy=p07&range=24h",
+                    None,
+                )
+                .await
+                .json()
+                .await
+                .unwrap();
+            day["top_denied"].clone()
+        },
+        |top| top[0]["identifier"] == "user=scraper" && top[0]["count"] == 8,
+    )
+    .await;
     add_user(&store(&redis).await, "ann", Role::Viewer).await;
     let mut v = Visitor::signed_in(&app, "ann").await;
     let page = v
@@ -591,5 +659,417 @@ async fn the_inspector_shows_where_an_identifier_binds_and_when_it_was_throttled
     assert!(
         table.contains("<td>p07</td><td class=\"num\">1</td><td class=\"num\">8</td>"),
         "{table}"
+    );
+}
+
+async fn overview(v: &mut Visitor, form: &[(&str, &str)]) -> Value {
+    let r = v.post_form("/fn/overview", form, None).await;
+    assert_eq!(r.status(), 200);
+    r.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn throttled_now_names_the_rule_since_and_until_when_and_every_identifier() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "scrape",
+        json!({"rules": [
+            {"name": "per-minute", "algorithm": "fixed_window", "limit": 2, "window_ms": 60000, "dimensions": ["ip"]},
+            {"name": "per-hour", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3600000, "dimensions": ["user"]}
+        ]}),
+    )
+    .await;
+    clear_of_window_turn(Duration::from_secs(60)).await;
+    for _ in 0..5 {
+        app.check(
+            json!({"policy": "scrape", "identifiers": {"user": "scraper", "ip": "192.0.2.66"}}),
+        )
+        .await;
+    }
+    let mut v = admin(&app, &redis).await;
+    let row = eventually(
+        "the denial's details",
+        PATIENCE,
+        async || overview(&mut v, &[]).await["throttled"][0].clone(),
+        |row| row["rule"].is_string() && row["denials"] == 3,
+    )
+    .await;
+    assert_eq!(row["policy"], "scrape");
+    assert_eq!(row["identifier"], "ip=192.0.2.66", "{row}");
+    assert_eq!(row["rule"], "per-minute");
+    let ids: Vec<&str> = row["identifiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"user=scraper") && ids.contains(&"ip=192.0.2.66"),
+        "{ids:?}"
+    );
+    let (first, last, until) = (
+        row["first_ms"].as_i64().unwrap(),
+        row["last_ms"].as_i64().unwrap(),
+        row["until_ms"].as_i64().unwrap(),
+    );
+    assert!(first <= last && until > last, "{row}");
+    assert!(
+        until - last <= 60_000,
+        "blocked until the window ends: {row}"
+    );
+    // The page shows the same, rendered on the server.
+    let page = v.get("/").await.text().await.unwrap();
+    for text in [
+        "user=scraper",
+        "scrape › per-minute",
+        "blocked",
+        "data-testid=\"status-strip\"",
+    ] {
+        assert!(page.contains(text), "the overview shows {text:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_filtered_overview_lists_its_policy_however_many_others_are_busier() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000}]});
+    app.put_policy("quiet", rule.clone()).await;
+    for i in 0..12 {
+        app.put_policy(&format!("noisy-{i}"), rule.clone()).await;
+    }
+    clear_of_window_turn(Duration::from_secs(3600)).await;
+    app.check(json!({"policy": "quiet", "identifiers": {"user": "bob"}}))
+        .await;
+    app.check(json!({"policy": "quiet", "identifiers": {"user": "bob"}}))
+        .await;
+    for i in 0..12 {
+        for _ in 0..4 {
+            app.check(json!({"policy": format!("noisy-{i}"), "identifiers": {"user": "x"}}))
+                .await;
+        }
+    }
+    let mut v = admin(&app, &redis).await;
+    let listed = |o: &Value, policy: &str| {
+        o["throttled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["policy"] == policy)
+    };
+    let everything = eventually(
+        "every noisy policy's denials",
+        PATIENCE,
+        async || overview(&mut v, &[]).await,
+        |o| {
+            let rows = o["throttled"].as_array().unwrap();
+            rows.len() == 10 && rows.iter().all(|r| r["denials"] == 3)
+        },
+    )
+    .await;
+    assert!(!listed(&everything, "quiet"), "crowded out of the top 10");
+    let filtered = eventually(
+        "quiet's own list",
+        PATIENCE,
+        async || overview(&mut v, &[("filter", "quiet")]).await,
+        |o| listed(o, "quiet"),
+    )
+    .await;
+    assert_eq!(filtered["throttled"].as_array().unwrap().len(), 1);
+    assert_eq!(filtered["throttled"][0]["identifier"], "user=bob");
+    // "Show all" lists past the top 10.
+    let all = overview(&mut v, &[("all", "true")]).await;
+    assert_eq!(all["throttled"].as_array().unwrap().len(), 13);
+}
+
+#[tokio::test]
+async fn a_failed_save_without_javascript_comes_back_with_what_was_typed() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    // A form post as a browser without JavaScript sends it (and not following redirects).
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(app.url("/fn/policy_save"))
+        .header(header::COOKIE, v.cookie_header().unwrap())
+        .header(header::ORIGIN, v.origin())
+        .header(header::ACCEPT, "text/html,application/xhtml+xml")
+        .header(header::REFERER, app.url("/policy?name=typed"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("name", "typed"),
+            ("version", "0"),
+            ("description", "typed by hand"),
+            ("rules[0][name]", ""),
+            ("rules[0][algorithm]", "fixed_window"),
+            ("rules[1][name]", "burst"),
+            ("rules[1][algorithm]", "token_bucket"),
+            ("rules[1][capacity]", "10"),
+            ("rules[1][tokens]", "5"),
+            ("rules[1][period_ms]", ""),
+            ("rules[1][period_unit]", "s"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FOUND);
+    let location = r.headers()[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(
+        location.starts_with("/policy?name=typed&draft="),
+        "{location}"
+    );
+    let page = v.get(&location).await.text().await.unwrap();
+    for text in [
+        "Not saved.",
+        "Rule 2 (burst) › Period",
+        r#"value="typed by hand""#,
+        r#"<option value="token_bucket" selected"#,
+        r#"value="10""#,
+    ] {
+        assert!(page.contains(text), "the page keeps {text:?}");
+    }
+    // Nothing was stored.
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/typed", None)
+        .await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn a_delete_takes_the_policys_name_typed() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "keep-me",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]}),
+    )
+    .await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    for confirm in ["", "keep", "KEEP-ME"] {
+        let r = v
+            .post_form(
+                "/fn/policy_delete",
+                &[("csrf", &csrf), ("name", "keep-me"), ("confirm", confirm)],
+                Some(&origin),
+            )
+            .await;
+        assert_eq!(r.status(), 400, "{confirm:?}");
+        assert!(r.text().await.unwrap().contains("type the policy's name"));
+    }
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
+        .await;
+    assert_eq!(r.status(), 200);
+    let r = v
+        .post_form(
+            "/fn/policy_delete",
+            &[("csrf", &csrf), ("name", "keep-me"), ("confirm", "keep-me")],
+            Some(&origin),
+        )
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let r = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
+        .await;
+    assert_eq!(r.status(), 404);
+    // Undo: it comes back as it was.
+    let r = v
+        .post_form(
+            "/fn/policy_restore",
+            &[("csrf", &csrf), ("name", "keep-me")],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let back: Value = app
+        .as_admin(reqwest::Method::GET, "/api/v1/policies/keep-me", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(back["rules"][0]["limit"], 1);
+    // Once there again, it cannot be restored over.
+    let r = v
+        .post_form(
+            "/fn/policy_restore",
+            &[("csrf", &csrf), ("name", "keep-me")],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn assets_go_out_compressed_and_cached_by_their_hashed_names() {
+    let redis = RedisServer::start();
+    let root = std::env::temp_dir().join(format!("spillway-site-{}", std::process::id()));
+    let pkg = root.join("pkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    let wasm = "spillway.Xq3bW9zyjtv1VB1gxHiTeQ.wasm";
+    std::fs::write(pkg.join(wasm), vec![0u8; 4096]).unwrap();
+    std::fs::write(pkg.join(format!("{wasm}.br")), b"brotli bytes").unwrap();
+    std::fs::write(pkg.join(format!("{wasm}.gz")), b"gzip bytes").unwrap();
+    std::fs::write(pkg.join("spillway.css"), b"body{}").unwrap();
+    let toml = root.join("Leptos.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[package.metadata.leptos]\noutput-name = \"spillway\"\nsite-root = {:?}\nsite-pkg-dir = \"pkg\"\n",
+            root.to_string_lossy()
+        ),
+    )
+    .unwrap();
+    let state = app_state(&redis, &[("SPILLWAY_LEPTOS_TOML", &toml.to_string_lossy())]).await;
+    let app = serve(state).await;
+    let get = |path: String, encoding: &'static str| {
+        let client = reqwest::Client::builder().no_gzip().build().unwrap();
+        async move {
+            client
+                .get(path)
+                .header(header::ACCEPT_ENCODING, encoding)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let r = get(app.url(&format!("/pkg/{wasm}")), "br, gzip").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[header::CONTENT_ENCODING], "br");
+    assert_eq!(
+        r.headers()[header::CACHE_CONTROL],
+        "public, max-age=31536000, immutable"
+    );
+    assert_eq!(r.bytes().await.unwrap().as_ref(), b"brotli bytes");
+    let r = get(app.url(&format!("/pkg/{wasm}")), "gzip").await;
+    assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+    let r = get(app.url(&format!("/pkg/{wasm}")), "identity").await;
+    assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
+    assert_eq!(r.bytes().await.unwrap().len(), 4096);
+    // A name without a hash is asked for again each time.
+    let r = get(app.url("/pkg/spillway.css"), "br").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[header::CACHE_CONTROL], "no-cache");
+    let r = get(app.url("/pkg/missing.js"), "br").await;
+    assert_eq!(r.status(), 404);
+    std::fs::remove_dir_all(&root).ok();
+}
+
+/// An engineer pastes two domain files at once: both load, or, when one is wrong, neither,
+/// with the document named; the list tells domains from policies, with traffic.
+#[tokio::test]
+async fn envoy_domains_are_loaded_from_the_dashboard_all_or_none() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let two = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}\n---\ndomain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let broken = format!(
+        "{two}---\ndomain: third\ndescriptors:\n  - key: user\n    rate_limit: {{unit: fortnight, requests_per_unit: 5}}\n"
+    );
+    let r = v
+        .post_form(
+            "/fn/envoy_import",
+            &[("csrf", &csrf), ("file", &broken)],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("document 3"), "{text}");
+    for name in ["edge", "api", "third"] {
+        let r = app
+            .as_admin(
+                reqwest::Method::GET,
+                &format!("/api/v1/policies/{name}"),
+                None,
+            )
+            .await;
+        assert_eq!(r.status(), 404, "{name}: all or none");
+    }
+    let r = v
+        .post_form(
+            "/fn/envoy_import",
+            &[("csrf", &csrf), ("file", two)],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let names: Vec<String> = r.json().await.unwrap();
+    assert_eq!(names, ["edge", "api"]);
+    let list: Value = v
+        .post_form("/fn/policies", &[], None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let row = |name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(row("edge")["envoy_domain"], "edge");
+    assert!(row("demo")["envoy_domain"].is_null());
+    assert!(
+        row("edge")["changed_ms"].as_i64().is_some(),
+        "the import is in the audit log"
+    );
+    // The domain's page says how to wire Envoy to it.
+    let page = v.get("/policy?name=edge").await.text().await.unwrap();
+    assert!(page.contains("Wire Envoy to this domain"));
+    assert!(page.contains("envoy.filters.http.ratelimit"));
+    assert!(page.contains("remote_address: {}"));
+}
+
+/// An override's expiry that would overflow is refused with its field named, not stored
+/// already expired.
+#[tokio::test]
+async fn an_override_expiry_that_overflows_is_refused() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "root", Role::Admin).await;
+    let mut v = Visitor::signed_in(&app, "root").await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    for (minutes, status) in [
+        ("18446744073709551615", 400),
+        ("9223372036854775807", 400),
+        ("5270401", 400),
+        ("60", 200),
+    ] {
+        let form = [
+            ("csrf", csrf.as_str()),
+            ("name", "demo"),
+            ("matcher", "user=vip"),
+            ("action", "unlimited"),
+            ("expires_minutes", minutes),
+        ];
+        let r = v.post_form("/fn/override_add", &form, Some(&origin)).await;
+        assert_eq!(r.status().as_u16(), status, "{minutes}");
+        if status == 400 {
+            assert!(
+                r.text().await.unwrap().contains("expires_minutes"),
+                "{minutes}"
+            );
+        }
+    }
+    let policy = app.get_policy("demo").await;
+    let overrides = policy["overrides"].as_array().unwrap();
+    assert_eq!(overrides.len(), 1, "{policy}");
+    let expires = overrides[0]["expires_at_ms"].as_i64().unwrap();
+    let now = spillway::support::clock::now_ms();
+    assert!(
+        expires > now + 59 * 60_000 && expires <= now + 60 * 60_000,
+        "{expires}"
     );
 }

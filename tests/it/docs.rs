@@ -279,13 +279,14 @@ fn leptos_table(relative: &str) -> Vec<(String, String)> {
     for line in text.lines() {
         if line.starts_with('[') {
             inside = line.trim() == "[package.metadata.leptos]";
-        } else if inside && let Some((key, value)) = line.split_once('=') {
-            if !line.starts_with('#') {
-                out.push((
-                    key.trim().to_owned(),
-                    value.trim().trim_matches('"').to_owned(),
-                ));
-            }
+        } else if inside
+            && !line.starts_with('#')
+            && let Some((key, value)) = line.split_once('=')
+        {
+            out.push((
+                key.trim().to_owned(),
+                value.trim().trim_matches('"').to_owned(),
+            ));
         }
     }
     out

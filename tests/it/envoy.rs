@@ -1,6 +1,7 @@
-//! Envoy's rate limit protocol: domains loaded in envoyproxy/ratelimit's file format, and
-//! `ShouldRateLimit` over gRPC (a tonic client with the official messages) against real
-//! Redis, on the same engine as the JSON check.
+//! Envoy's rate limit protocol: domains loaded in envoyproxy/ratelimit's file format (a
+//! duplicate key refused saying where), and `ShouldRateLimit` over gRPC (a tonic client
+//! with the official messages) and upstream's `/json` against real Redis, on the same
+//! engine as the JSON check.
 
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ use serde_json::{Value, json};
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, clear_of_window_turn, spawn_app, spawn_app_with,
+    ADMIN_KEY, PATIENCE, RedisServer, SERVICE_KEY, TestApp, clear_of_window_turn, eventually,
+    spawn_app, spawn_app_with,
 };
 
 pub(crate) const OK: i32 = Code::Ok as i32;
@@ -988,13 +990,13 @@ async fn two_instances_allow_exactly_the_limit_under_concurrency() {
     .await;
     // b learns of the new domain by pub/sub.
     let mut cb = client(&b).await;
-    for _ in 0..100 {
-        let s = one(&mut cb, "burst", &[("user", "warmup")]).await;
-        if s.current_limit.is_some() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    eventually(
+        "b knowing the domain",
+        PATIENCE,
+        async || one(&mut cb, "burst", &[("user", "warmup")]).await,
+        |s| s.current_limit.is_some(),
+    )
+    .await;
     let mut tasks = Vec::new();
     for i in 0..200 {
         let app = if i % 2 == 0 { &a } else { &b };
@@ -1269,16 +1271,13 @@ async fn a_cluster_keeps_the_same_guarantees() {
     )
     .await;
     let mut cb = client(&b).await;
-    for _ in 0..100 {
-        if one(&mut cb, "two", &[("b", "warmup")])
-            .await
-            .current_limit
-            .is_some()
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    eventually(
+        "b knowing the domain",
+        PATIENCE,
+        async || one(&mut cb, "two", &[("b", "warmup")]).await,
+        |s| s.current_limit.is_some(),
+    )
+    .await;
     let mut tasks = Vec::new();
     for i in 0..90 {
         let app = if i % 2 == 0 { &a } else { &b };
@@ -1945,4 +1944,57 @@ async fn a_json_check_of_a_descriptor_applies_the_one_limit_it_finds() {
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.unwrap();
     assert!(body["results"].as_array().unwrap().is_empty(), "{body}");
+}
+
+/// Duplicate keys in a domain's YAML are refused, saying where they are.
+#[tokio::test]
+async fn a_domain_with_a_duplicate_key_is_refused_saying_where() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let r = app
+        .client
+        .put(app.url("/api/v1/envoy/domains/dup"))
+        .bearer_auth(ADMIN_KEY)
+        .header(reqwest::header::CONTENT_TYPE, "application/yaml")
+        .body("domain: dup\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      requests_per_unit: 2\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("duplicate entry with key \"requests_per_unit\"")
+            && detail.contains("line"),
+        "{detail}"
+    );
+}
+
+/// `/json` takes integers written with an exponent, and its 401 is typed as one.
+#[tokio::test]
+async fn json_takes_integers_with_an_exponent_and_types_its_401() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let r = app
+        .client
+        .post(app.url("/json"))
+        .bearer_auth(SERVICE_KEY)
+        .json(&json!({"domain": "none", "hitsAddend": 1e0,
+            "descriptors": [{"entries": [{"key": "k", "value": "v"}], "hits_addend": "2e0"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = app
+        .client
+        .post(app.url("/json"))
+        .json(&json!({"domain": "none"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["type"],
+        "https://spillway.dev/problems/unauthorized"
+    );
 }

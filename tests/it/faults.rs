@@ -1,16 +1,19 @@
-//! Redis faults under load, the over-limit cache, and graceful shutdown. Each test owns its
-//! redis-server and breaks it on purpose; the figures are printed (`--nocapture`).
+//! Redis faults under load, the over-limit cache, and graceful shutdown; checks and policy
+//! writes that time out (counted, answered, audited). Each test owns its redis-server and
+//! breaks it on purpose; the figures are printed (`--nocapture`).
 
 use std::{
     sync::Arc,
     time::{Duration, Instant},
 };
 
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::helpers::{
-    ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, spawn_app, spawn_app_with,
+    ADMIN_KEY, AppProcess, PATIENCE, RedisServer, SERVICE_KEY, TestApp, eventually, spawn_app,
+    spawn_app_with,
 };
 
 /// One answer seen by the load generator.
@@ -236,11 +239,13 @@ async fn over_limit_identifiers_are_answered_from_memory_until_reset() {
     assert_eq!(check(&a).await, 200);
     assert_eq!(check(&a).await, 429);
     // B learns the policy and denies once through Redis too.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while check(&b).await != 429 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "B denying",
+        PATIENCE,
+        async || check(&b).await,
+        |s| *s == 429,
+    )
+    .await;
     let mut conn = redis.connection();
     let calls = |conn: &mut redis::Connection| -> u64 {
         let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
@@ -279,13 +284,14 @@ async fn over_limit_identifiers_are_answered_from_memory_until_reset() {
     assert_eq!(reset.json::<Value>().await.unwrap()["deleted_keys"], 1);
     assert_eq!(check(&a).await, 200);
     let reset_at = Instant::now();
-    while check(&b).await != 200 {
-        assert!(
-            reset_at.elapsed() < Duration::from_millis(500),
-            "B still denies from its cache"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // At once: within the 500 ms this test promises.
+    eventually(
+        "B allowing after the reset (not from its cache)",
+        Duration::from_millis(500),
+        async || check(&b).await,
+        |s| *s == 200,
+    )
+    .await;
     println!(
         "B allowed again {:?} after the reset through A",
         reset_at.elapsed()
@@ -399,24 +405,22 @@ async fn sigterm_ends_open_event_streams() {
         ended.is_ok(),
         "the event stream was still open 3 s after SIGTERM"
     );
-    // ... and the process is gone soon after.
-    loop {
-        let alive = std::process::Command::new("kill")
-            .args(["-0", &pid.to_string()])
-            .status()
-            .is_ok_and(|s| s.success());
-        if !alive
-            || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| s.contains(") Z "))
-        {
-            break;
-        }
-        assert!(
-            signalled.elapsed() < Duration::from_secs(4),
-            "still running"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // ... and the process is gone soon after (dead, or a zombie nobody reaped yet).
+    eventually(
+        "the process gone",
+        PATIENCE,
+        async || {
+            let alive = std::process::Command::new("kill")
+                .args(["-0", &pid.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            alive
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z "))
+        },
+        |running| !running,
+    )
+    .await;
     println!(
         "exited {:?} after SIGTERM with a stream open",
         signalled.elapsed()
@@ -475,36 +479,35 @@ async fn a_write_that_timed_out_is_audited_once_it_lands() {
         .as_admin(reqwest::Method::PUT, "/api/v1/policies/late", Some(&doc))
         .await;
     assert_eq!(put.status(), 503, "the answer timed out");
-    let started = Instant::now();
-    loop {
-        let audit: serde_json::Value = app
-            .as_admin(
-                reqwest::Method::GET,
-                "/api/v1/audit?action=policy.save",
-                None,
-            )
-            .await
-            .json()
-            .await
-            .unwrap_or_default();
-        let entry = audit["entries"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["target"] == "late");
-        if let Some(entry) = entry {
-            assert!(
-                entry["reason"].as_str().unwrap().contains("timed out"),
-                "{entry}"
-            );
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the landed write was never audited"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let entry = eventually(
+        "the landed write audited",
+        PATIENCE,
+        async || {
+            let audit: serde_json::Value = app
+                .as_admin(
+                    reqwest::Method::GET,
+                    "/api/v1/audit?action=policy.save",
+                    None,
+                )
+                .await
+                .json()
+                .await
+                .unwrap_or_default();
+            audit["entries"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["target"] == "late")
+                .cloned()
+        },
+        Option::is_some,
+    )
+    .await
+    .unwrap();
+    assert!(
+        entry["reason"].as_str().unwrap().contains("timed out"),
+        "{entry}"
+    );
     assert_eq!(app.get_policy("late").await["rules"][0]["limit"], 7);
 }
 
@@ -605,4 +608,79 @@ async fn costly_checks_leave_their_neighbours_counted() {
         "every neighbour check counted, none failed open"
     );
     assert!(costly >= 40, "the costly callers ran: {costly}");
+}
+
+/// A check that timed out after its call went out (Redis may still apply it) is
+/// counted as such, apart from one that timed out in the queue.
+#[tokio::test]
+async fn checks_that_time_out_in_flight_are_counted() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "100")]).await;
+    app.put_policy(
+        "slow",
+        json!({"failure_mode": "open", "rules": [{"name": "r", "algorithm": "fixed_window",
+               "limit": 10, "window_ms": 60000}]}),
+    )
+    .await;
+    redis.pause(400);
+    let r = app
+        .check(json!({"policy": "slow", "identifiers": {"user": "a"}}))
+        .await;
+    assert_eq!(r.json::<Value>().await.unwrap()["degraded"], true);
+    let metrics = app.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("spillway_check_timeouts_total{stage=\"sent\"}")),
+        "{metrics}"
+    );
+}
+
+/// A policy write that outlasted the Redis timeout (50 ms) was applied, answered 503
+/// and never audited. Writes now have 5 s: one held up 400 ms is answered and audited.
+#[tokio::test]
+async fn a_slow_policy_write_is_answered_and_audited() {
+    let redis = RedisServer::start();
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "50")]).await;
+    let mut conn = redis.connection();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg("400")
+        .arg("WRITE")
+        .query(&mut conn)
+        .unwrap();
+    let started = Instant::now();
+    let r = app
+        .as_admin(
+            Method::PUT,
+            "/api/v1/policies/slowly",
+            Some(&json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 60000}]})),
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    assert!(
+        took >= Duration::from_millis(300),
+        "Redis was paused: {took:?}"
+    );
+    // The stall opened the circuit breaker (the stats flush timed out in it): the audit is
+    // read once the breaker lets calls through again.
+    let (_, audit) = eventually(
+        "the audit read (not 503) once the breaker lets calls through",
+        PATIENCE,
+        async || {
+            let r = app
+                .as_admin(Method::GET, "/api/v1/audit?action=policy.", None)
+                .await;
+            (r.status(), r.json::<Value>().await.unwrap())
+        },
+        |(status, _)| *status != StatusCode::SERVICE_UNAVAILABLE,
+    )
+    .await;
+    assert!(
+        audit["entries"]
+            .as_array()
+            .is_some_and(|entries| entries.iter().any(|e| e["target"] == "slowly")),
+        "{audit}"
+    );
 }

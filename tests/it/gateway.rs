@@ -5,7 +5,7 @@
 use std::{
     net::SocketAddr,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use envoy_types::pb::google::protobuf::UInt64Value;
@@ -13,7 +13,10 @@ use reqwest::StatusCode;
 
 use crate::{
     envoy::{OK, OVER, ask, client, descriptor, load, request},
-    helpers::{ADMIN_KEY, RedisServer, SERVICE_KEY, TestApp, clear_of_window_turn, spawn_app},
+    helpers::{
+        ADMIN_KEY, PATIENCE, RedisServer, SERVICE_KEY, TestApp, clear_of_window_turn, eventually,
+        spawn_app,
+    },
 };
 
 /// The Envoy binary `scripts/deps.sh test` installs.
@@ -193,17 +196,17 @@ static_resources:
 
     /// Waits until the listener accepts (Envoy takes a moment to start).
     async fn wait_ready(&self) {
-        let started = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "Envoy did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let _listening = eventually(
+            "Envoy accepting connections",
+            Duration::from_secs(30),
+            async || {
+                tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .map_err(|e| e.to_string())
+            },
+            Result::is_ok,
+        )
+        .await;
     }
 }
 
@@ -362,20 +365,17 @@ async fn a_token_budget_reported_after_the_response_is_enforced() {
         if status == StatusCode::OK {
             // The report travels after the response: wait until Spillway has counted it.
             used += 60;
-            let started = Instant::now();
-            loop {
-                let mut peek = descriptor(&[("user", "alice")]);
-                peek.hits_addend = Some(UInt64Value { value: 0 });
-                let s = ask(&mut c, request("gw", vec![peek])).await.statuses[0].clone();
-                if s.limit_remaining == 100u32.saturating_sub(used) {
-                    break;
-                }
-                assert!(
-                    started.elapsed() < Duration::from_secs(10),
-                    "the report of {used} tokens never arrived: {s:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            eventually(
+                &format!("the report of {used} tokens counted"),
+                PATIENCE,
+                async || {
+                    let mut peek = descriptor(&[("user", "alice")]);
+                    peek.hits_addend = Some(UInt64Value { value: 0 });
+                    ask(&mut c, request("gw", vec![peek])).await.statuses[0].clone()
+                },
+                |s| s.limit_remaining == 100u32.saturating_sub(used),
+            )
+            .await;
         }
     }
     // As envoyproxy/ratelimit answers: the second response overspends, the rest is denied.

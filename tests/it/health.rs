@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::helpers::{AppProcess, RedisServer, TestApp, spawn_app};
+use crate::helpers::{AppProcess, PATIENCE, RedisServer, TestApp, eventually, spawn_app};
 
 #[tokio::test]
 async fn healthz_answers_without_redis() {
@@ -59,17 +59,10 @@ fn log_lines(log: &str) -> usize {
         .count()
 }
 
-/// Waits until `probe` gives true, asking every 100 ms for at most `within`.
-async fn eventually<F: std::future::Future<Output = bool>>(
-    within: Duration,
-    what: &str,
-    mut probe: impl FnMut() -> F,
-) {
-    let deadline = Instant::now() + within;
-    while !probe().await {
-        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// `/readyz`: the status and the answer.
+async fn readyz(app: &TestApp) -> (u16, Value) {
+    let r = app.client.get(app.url("/readyz")).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or_default())
 }
 
 /// A Redis outage keeps the instance ready (readiness means "able to answer"): /readyz and
@@ -123,25 +116,18 @@ async fn a_redis_outage_keeps_the_instance_ready_and_serving_failure_modes() {
 
     redis.restart();
     eventually(
-        Duration::from_secs(10),
-        "readyz says Redis is up",
-        || async {
-            let ready: Value = app
-                .client
-                .get(app.url("/readyz"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            ready["redis"]["status"] == "up"
-        },
+        "readyz saying Redis is up",
+        PATIENCE,
+        async || readyz(&app).await,
+        |(_, ready)| ready["redis"]["status"] == "up",
     )
     .await;
-    eventually(Duration::from_secs(10), "checks count again", || async {
-        check("closes").await.status() == 200
-    })
+    eventually(
+        "checks counting again",
+        PATIENCE,
+        async || check("closes").await.status(),
+        |status| *status == 200,
+    )
     .await;
     let log = process.log();
     let lines = log_lines(&log);
@@ -173,9 +159,10 @@ async fn a_start_without_redis_waits_for_it() {
     );
     // It says once that it waits (and goes on answering as above meanwhile).
     eventually(
-        Duration::from_secs(10),
-        "the log says it waits for Redis",
-        || async { process.log().contains("Redis cannot be reached") },
+        "the log saying it waits for Redis",
+        PATIENCE,
+        async || process.log(),
+        |log| log.contains("Redis cannot be reached"),
     )
     .await;
     assert_eq!(
@@ -190,17 +177,10 @@ async fn a_start_without_redis_waits_for_it() {
 
     redis.restart();
     eventually(
-        Duration::from_secs(15),
         "ready once Redis answers",
-        || async {
-            app.client
-                .get(app.url("/readyz"))
-                .send()
-                .await
-                .unwrap()
-                .status()
-                == 200
-        },
+        PATIENCE,
+        async || readyz(&app).await,
+        |(status, _)| *status == 200,
     )
     .await;
     app.put_policy(

@@ -1,15 +1,17 @@
 //! History: counts per minute, hour and day and the top lists, written by each instance's
-//! flush (never on the check path), read through `GET /api/v1/history`; every key expires.
+//! flush (never on the check path), read through `GET /api/v1/history` (the top lists as
+//! CSV too); every key expires.
 
 use std::time::Duration;
 
+use reqwest::header;
 use serde_json::{Value, json};
 use spillway::{
     domain::history::{Counts, Step},
     store::{Keys, Store, history::HistoryBatch},
 };
 
-use crate::helpers::{ADMIN_KEY, RedisServer, TestApp, spawn_app_with};
+use crate::helpers::{ADMIN_KEY, PATIENCE, RedisServer, TestApp, eventually, spawn_app_with};
 
 const FAST_FLUSH: &[(&str, &str)] = &[("SPILLWAY_HISTORY_FLUSH_MS", "150")];
 
@@ -34,6 +36,21 @@ fn sums(body: &Value) -> (u64, u64, u64, u64) {
         sum("shadow_denied"),
         sum("degraded"),
     )
+}
+
+/// Waits until the sums of `query`'s points on `app` are `want`: every flush has reached
+/// Redis.
+async fn flushed(app: &TestApp, query: &str, want: (u64, u64, u64, u64)) {
+    eventually(
+        &format!("{query} summing to {want:?}"),
+        PATIENCE,
+        async || {
+            let (status, body) = history(app, query).await;
+            (status, (status == 200).then(|| sums(&body)), body)
+        },
+        |(_, seen, _)| *seen == Some(want),
+    )
+    .await;
 }
 
 /// Runs `n` checks of `policy` for `user` on `app`, 16 at a time.
@@ -67,7 +84,8 @@ async fn a_load_of_known_size_over_two_instances_is_counted_exactly() {
         checks(&a, "hist", "2", 10),
         checks(&b, "quiet", "9", 12),
     );
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Both instances' flushes (each one atomic, every scope at once) reached Redis.
+    flushed(&a, "range=24h", (65, 30, 7, 0)).await;
 
     let (status, minutes) = history(&a, "policy=hist&range=1h").await;
     assert_eq!(status, 200, "{minutes}");
@@ -157,7 +175,17 @@ async fn top_lists_match_the_ground_truth_of_a_skewed_load() {
         )
         .await;
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually(
+        "every check of the load flushed",
+        PATIENCE,
+        async || {
+            let (_, body) = history(&app, "policy=skew&range=24h").await;
+            let (allowed, denied, _, _) = sums(&body);
+            allowed + denied
+        },
+        |counted| *counted == load.len() as u64,
+    )
+    .await;
 
     let (status, body) = history(&app, "policy=skew&range=24h&top=5").await;
     assert_eq!(status, 200, "{body}");
@@ -198,7 +226,7 @@ async fn every_history_key_expires_and_old_data_is_gone() {
     )
     .await;
     checks(&app, "ttl", "1", 3).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    flushed(&app, "policy=ttl&range=1h", (1, 2, 0, 0)).await;
     let mut conn = redis.connection();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("spw:hist:*")
@@ -281,18 +309,16 @@ async fn counts_made_while_redis_is_down_reach_the_history_when_it_is_back() {
     )
     .await;
     checks(&app, "down", "1", 4).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    flushed(&app, "policy=down&range=1h", (4, 0, 0, 0)).await;
     redis.kill();
-    // Answered by the failure mode; the flushes fail and keep what they hold.
+    // Answered by the failure mode; the flushes fail and keep what they hold (the flushes
+    // of these 500 ms, every 150 ms, are the ones that fail).
     checks(&app, "down", "1", 6).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     redis.restart();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (status, body) = history(&app, "policy=down&range=1h").await;
-    assert_eq!(status, 200, "{body}");
     // The 4 allowed checks were written before Redis went down, and the kill lost them
     // (tests run Redis without persistence): what the history shows is what was held.
-    assert_eq!(sums(&body), (0, 0, 0, 6), "{body}");
+    flushed(&app, "policy=down&range=1h", (0, 0, 0, 6)).await;
 }
 
 #[tokio::test]
@@ -326,4 +352,42 @@ async fn bad_history_queries_name_the_field() {
         .await
         .unwrap();
     assert_eq!(anonymous.status(), 401);
+}
+
+#[tokio::test]
+async fn the_top_identifiers_download_as_csv() {
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_HISTORY_FLUSH_MS", "100")]).await;
+    app.put_policy(
+        "csv",
+        json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000}]}),
+    )
+    .await;
+    for user in ["a,b", "=cmd", "a,b"] {
+        app.check(json!({"policy": "csv", "identifiers": {"user": user}}))
+            .await;
+    }
+    let body = eventually(
+        "the history's top lists",
+        PATIENCE,
+        async || {
+            let r = app
+                .as_admin(
+                    reqwest::Method::GET,
+                    "/api/v1/history?policy=csv&range=1h&format=csv-top",
+                    None,
+                )
+                .await;
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.headers()[header::CONTENT_TYPE], "text/csv; charset=utf-8");
+            r.text().await.unwrap()
+        },
+        |body| body.contains("denied,"),
+    )
+    .await;
+    let lines: Vec<&str> = body.lines().collect();
+    assert_eq!(lines[0], "list,policy,identifier,count");
+    assert!(lines.contains(&"denied,csv,\"user=a,b\",1"), "{body}");
+    assert!(lines.contains(&"checked,csv,\"user=a,b\",2"), "{body}");
+    assert!(lines.contains(&"checked,csv,user==cmd,1"), "{body}");
 }

@@ -12,7 +12,7 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::helpers::{AppProcess, RedisServer, TestApp, spawn_app};
+use crate::helpers::{AppProcess, PATIENCE, RedisServer, TestApp, eventually, spawn_app};
 
 fn concurrency(limit: u64, lease_ms: u64) -> Value {
     json!({"rules": [{"name": "running", "algorithm": "concurrency", "limit": limit, "lease_ms": lease_ms}]})
@@ -56,11 +56,13 @@ async fn ten_thousand_acquisitions_over_two_instances_hold_at_most_the_limit() {
     let b = TestApp::remote(process.addr);
     a.put_policy("exports", concurrency(25, 60_000)).await;
     // The second instance knows the policy once it answers for it.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while acquire(&b, "exports", "warmup").await.0 != 200 {
-        assert!(Instant::now() < deadline, "B never loaded the policy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        "B answering for the policy",
+        PATIENCE,
+        async || acquire(&b, "exports", "warmup").await,
+        |(status, _, _)| *status == 200,
+    )
+    .await;
 
     let holding = Arc::new(AtomicI64::new(0));
     let most = Arc::new(AtomicI64::new(0));

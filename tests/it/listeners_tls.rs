@@ -7,7 +7,7 @@ use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -19,7 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
 use crate::{
     envoy::{OK, OVER, descriptor, load, request},
-    helpers::{RedisServer, SERVICE_KEY, TestApp, spawn_app_with},
+    helpers::{RedisServer, SERVICE_KEY, TestApp, eventually, spawn_app_with},
 };
 
 /// A CA of the test's own, and what it signs.
@@ -172,23 +172,6 @@ async fn should_rate_limit(
     Ok(RateLimitResponse::decode(&bytes[5..]).unwrap())
 }
 
-/// Waits up to `within` for `ready` to hold.
-async fn eventually<F: std::future::Future<Output = bool>>(
-    within: Duration,
-    mut ready: impl FnMut() -> F,
-) -> bool {
-    let started = Instant::now();
-    loop {
-        if ready().await {
-            return true;
-        }
-        if started.elapsed() > within {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 async fn status_of(client: &reqwest::Client, app: &TestApp, path: &str) -> Option<u16> {
     client
         .get(format!("https://127.0.0.1:{}{path}", app.addr.port()))
@@ -306,6 +289,8 @@ async fn a_renewed_certificate_is_used_for_new_connections_and_drops_no_open_one
     let new_ca = Ca::new("new CA");
     let new = new_ca.server();
     std::fs::write(&key, &new.key).unwrap();
+    // A negative check: two reloads pass (nothing outside the process shows one) and the
+    // old certificate is still served.
     tokio::time::sleep(spillway::net::tls::RELOAD_EVERY * 2 + Duration::from_millis(500)).await;
     assert_eq!(
         status_of(&https(&old_ca.pem), &app, "/healthz").await,
@@ -315,11 +300,13 @@ async fn a_renewed_certificate_is_used_for_new_connections_and_drops_no_open_one
 
     // The certificate follows: new connections get it within two seconds or so.
     std::fs::write(&cert, &new.cert).unwrap();
-    let renewed = eventually(Duration::from_secs(5), || async {
-        status_of(&https(&new_ca.pem), &app, "/healthz").await == Some(200)
-    })
+    eventually(
+        "the renewed certificate served",
+        Duration::from_secs(5),
+        async || status_of(&https(&new_ca.pem), &app, "/healthz").await,
+        |status| *status == Some(200),
+    )
     .await;
-    assert!(renewed, "the renewed certificate was not served");
     assert_eq!(
         status_of(&https(&old_ca.pem), &app, "/healthz").await,
         None,

@@ -1,12 +1,20 @@
 //! The overview's live counters: kept by the check path (and the over-limit cache's flush),
-//! read from a few keys, all with TTLs.
+//! read from a few keys, all with TTLs; and its live streams, capped per user and sharing
+//! one read a second.
 
 use std::time::Duration;
 
-use serde_json::json;
-use spillway::store::{Keys, Store};
+use reqwest::{StatusCode, header};
+use serde_json::{Value, json};
+use spillway::{
+    domain::people::Role,
+    store::{Keys, Store},
+};
 
-use crate::helpers::{RedisServer, spawn_app};
+use crate::{
+    auth::{Visitor, add_user, store},
+    helpers::{PATIENCE, RedisServer, eventually, spawn_app},
+};
 
 #[tokio::test]
 async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
@@ -24,12 +32,17 @@ async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
     }
     app.check(json!({"policy": "live", "identifiers": {"user": "2"}}))
         .await;
-    // Cached denials reach the counters within a second.
-    tokio::time::sleep(Duration::from_millis(1300)).await;
     let store = Store::connect_with_keys(&redis.url(), Duration::from_secs(2), Keys::default())
         .await
         .unwrap();
-    let (_, rates) = store.policy_rates(&["live".into()], 10).await.unwrap();
+    // Cached denials reach the counters (flushed every second): all nine checks counted.
+    let rates = eventually(
+        "the nine checks counted",
+        PATIENCE,
+        async || store.policy_rates(&["live".into()], 10).await.unwrap().1,
+        |rates| rates[0].iter().map(|s| s.allowed + s.denied).sum::<u64>() >= 9,
+    )
+    .await;
     let allowed: u64 = rates[0].iter().map(|s| s.allowed).sum();
     let denied: u64 = rates[0].iter().map(|s| s.denied).sum();
     assert_eq!((allowed, denied), (6, 3), "{:?}", rates[0]);
@@ -200,4 +213,50 @@ async fn live_streams_are_capped_and_share_one_read_a_second() {
         "{problem}"
     );
     drop(eight);
+}
+
+/// One viewer held 400 live overview streams. Now a user holds 8 at most on an
+/// instance, over all their sessions: the 9th is a 429 problem, another user is not held
+/// back, and a closed one frees its place.
+#[tokio::test]
+async fn live_streams_are_capped_per_user() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    add_user(&store(&redis).await, "vera", Role::Viewer).await;
+    let mut v = Visitor::signed_in(&app, "vera").await;
+    let mut open = Vec::new();
+    for i in 0..8 {
+        let path = if i % 2 == 0 {
+            "/events/overview"
+        } else {
+            "/events/identifier?id=user%3D1"
+        };
+        let r = v.get(path).await;
+        assert_eq!(r.status(), 200, "stream {i}");
+        open.push(r);
+    }
+    let refused = v.get("/events/overview").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        refused.headers()[header::CONTENT_TYPE],
+        "application/problem+json"
+    );
+    let body: Value = refused.json().await.unwrap();
+    assert!(body["detail"].as_str().unwrap().contains("close a tab"));
+    // Another session of hers counts with this one (30 sessions of one viewer held 240
+    // streams); another user is not held back.
+    let mut again = Visitor::signed_in(&app, "vera").await;
+    assert_eq!(again.get("/events/overview").await.status(), 429);
+    add_user(&store(&redis).await, "walt", Role::Viewer).await;
+    let mut other = Visitor::signed_in(&app, "walt").await;
+    assert_eq!(other.get("/events/overview").await.status(), 200);
+    // One stream closed: its place comes back once the server notices (its next event).
+    drop(open.pop());
+    let _stream = eventually(
+        "the closed stream's place back",
+        PATIENCE,
+        async || v.get("/events/overview").await,
+        |r| r.status() == 200,
+    )
+    .await;
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::{RedisServer, TestApp, clear_of_window_turn, spawn_app};
+use crate::helpers::{PATIENCE, RedisServer, TestApp, clear_of_window_turn, eventually, spawn_app};
 
 const LIMIT: u64 = 100;
 
@@ -89,22 +89,19 @@ async fn redis_remaining(app: &TestApp, policy: &str, user: &str) -> Option<u64>
 /// Waits until Redis and both instances agree that `expected` is left: every count has
 /// been flushed and learned. Nothing here depends on how fast the machine is.
 async fn settle(apps: [&TestApp; 2], policy: &str, user: &str, expected: u64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let seen = (
-            redis_remaining(apps[0], policy, user).await,
-            known_remaining(apps[0], policy, user).await,
-            known_remaining(apps[1], policy, user).await,
-        );
-        if seen == (Some(expected), Some(expected), Some(expected)) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{policy}: Redis, a and b never agreed on {expected} left: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(
+        &format!("{policy}: Redis, a and b agreeing on {expected} left"),
+        PATIENCE,
+        async || {
+            (
+                redis_remaining(apps[0], policy, user).await,
+                known_remaining(apps[0], policy, user).await,
+                known_remaining(apps[1], policy, user).await,
+            )
+        },
+        |seen| *seen == (Some(expected), Some(expected), Some(expected)),
+    )
+    .await;
 }
 
 /// `n` checks of cost 1 from `app`, all at once; how many were allowed.
@@ -261,30 +258,31 @@ async fn redis_keeps_the_truth_and_a_reset_reaches_every_instance() {
     )
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, rates) = store.policy_rates(&["truth".into()], 60).await.unwrap();
-        let allowed: u64 = rates[0].iter().map(|s| s.allowed).sum();
-        let denied: u64 = rates[0].iter().map(|s| s.denied).sum();
+    eventually(
+        "the overview counting them (allowed, denied)",
+        PATIENCE,
+        async || {
+            let (_, rates) = store.policy_rates(&["truth".into()], 60).await.unwrap();
+            let allowed: u64 = rates[0].iter().map(|s| s.allowed).sum();
+            let denied: u64 = rates[0].iter().map(|s| s.denied).sum();
+            (allowed, denied)
+        },
         // The settles' peeks count as allowed checks too.
-        if allowed >= 10 && denied == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the overview never counted them: {allowed} allowed, {denied} denied"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        |(allowed, denied)| *allowed >= 10 && *denied == 1,
+    )
+    .await;
 
     // A reset on a reaches b at once, and b counts from the start again.
     settle([&a, &b], "truth", "bob", 0).await;
     a.reset("user=bob", "policy=truth&reason=test").await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while check(&b, "truth", "bob", 0).await.1["results"][0]["remaining"] != 10 {
-        assert!(Instant::now() < deadline, "b never heard of the reset");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // At once: within the 5 s this test has always given it.
+    eventually(
+        "b hearing of the reset",
+        Duration::from_secs(5),
+        async || check(&b, "truth", "bob", 0).await.1,
+        |answer| answer["results"][0]["remaining"] == 10,
+    )
+    .await;
     assert_eq!(check(&b, "truth", "bob", 1).await.0, 200);
     settle([&a, &b], "truth", "bob", 9).await;
 }
@@ -322,16 +320,14 @@ async fn an_outage_is_ridden_out_from_memory_for_the_grace_then_the_failure_mode
     assert_eq!((allowed, denied), (15, 5), "{statuses:?}");
     // Past the grace, the policy fails closed; not before it (well after the kill: the
     // last flush that reached Redis was at most a flush period and a stall before it).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, answer) = check(&app, "ride", "eve", 1).await;
-        if status == 503 {
-            break;
-        }
-        assert_eq!(status, 429, "{answer}");
-        assert!(Instant::now() < deadline, "never followed the failure mode");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (status, answer) = eventually(
+        "the failure mode deciding (denied from memory until then)",
+        Duration::from_secs(60),
+        async || check(&app, "ride", "eve", 1).await,
+        |(status, _)| *status != 429,
+    )
+    .await;
+    assert_eq!(status, 503, "{answer}");
     assert!(
         killed.elapsed() >= Duration::from_secs(5),
         "failed closed {:?} after the kill, before the grace",
@@ -340,18 +336,16 @@ async fn an_outage_is_ridden_out_from_memory_for_the_grace_then_the_failure_mode
     // Redis back (empty: it kept nothing): what this instance admitted and could not
     // flush reaches it, and the counter answers again.
     redis.restart();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let in_redis = redis_remaining(&app, "ride", "eve").await;
-        if check(&app, "ride", "eve", 0).await.0 == 200 && in_redis.is_some_and(|r| r <= 5) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never recovered: Redis has {in_redis:?} left"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the recovery: what Redis has left, and a peek's status",
+        Duration::from_secs(30),
+        async || {
+            let in_redis = redis_remaining(&app, "ride", "eve").await;
+            (in_redis, check(&app, "ride", "eve", 0).await.0)
+        },
+        |(in_redis, status)| *status == 200 && in_redis.is_some_and(|r| r <= 5),
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -4,7 +4,6 @@
 mod helpers;
 
 mod alerts;
-mod answers;
 mod api;
 mod architecture;
 mod auth;
@@ -22,9 +21,10 @@ mod fuzz;
 mod gateway;
 mod grafana;
 mod grpc_port;
-mod hardening;
 mod health;
 mod history;
+mod http_server;
+mod inspector;
 mod leases;
 mod listeners_tls;
 mod live;
@@ -33,7 +33,6 @@ mod memory;
 mod memory_bound;
 mod openapi;
 mod penalty;
-mod probe2;
 mod report;
 mod sentinel;
 mod service;

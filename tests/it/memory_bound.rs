@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use spillway::config::capacity::{PER_CONNECTION, PER_PENDING_CALL};
 
-use crate::helpers::{AppProcess, RedisServer};
+use crate::helpers::{AppProcess, RedisServer, eventually};
 
 const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -147,31 +147,36 @@ async fn peak_rss(app: &AppProcess, over: Duration) -> u64 {
 /// again: the attack's calls end when their message does not come within a second.
 async fn health_answers(addr: std::net::SocketAddr, within: Duration) {
     let deadline = Instant::now() + within;
-    let mut last = None;
-    while Instant::now() < deadline {
-        let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
-        let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-        let asked = health.check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        });
-        match tokio::time::timeout_at(deadline.into(), asked).await {
-            Ok(Ok(answer)) => {
-                assert_eq!(answer.into_inner().status, 1, "SERVING");
-                return;
+    // The status answered, or the call's error (`None`: no answer before the deadline).
+    let answer = eventually(
+        "an honest health check answered (refused while an attack holds the budget)",
+        within,
+        async || {
+            let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+            let asked = health.check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            });
+            match tokio::time::timeout_at(deadline.into(), asked).await {
+                Ok(Ok(answer)) => Ok(answer.into_inner().status),
+                Ok(Err(status)) => Err(Some(status)),
+                Err(_) => Err(None),
             }
-            Ok(Err(status)) if status.code() == tonic::Code::ResourceExhausted => {
-                last = Some(status);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Ok(Err(status)) => panic!("health failed: {status:?}"),
-            Err(_) => break,
-        }
+        },
+        |answer| {
+            !matches!(answer, Err(Some(status)) if status.code() == tonic::Code::ResourceExhausted)
+        },
+    )
+    .await;
+    match answer {
+        Ok(status) => assert_eq!(status, 1, "SERVING"),
+        Err(Some(status)) => panic!("health failed: {status:?}"),
+        Err(None) => panic!("no honest health check answered within {within:?}"),
     }
-    panic!("no honest health check answered within {within:?}; last: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

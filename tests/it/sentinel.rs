@@ -15,7 +15,9 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::helpers::{RedisServer, TestApp, free_port, spawn_app_with};
+use crate::helpers::{
+    PATIENCE, RedisServer, TestApp, eventually, eventually_sync, free_port, spawn_app_with,
+};
 
 /// A replica of `master` and three sentinels watching it, torn down on drop.
 struct Sentinels {
@@ -28,15 +30,6 @@ struct Sentinels {
 fn redis(port: u16) -> redis::RedisResult<redis::Connection> {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))?
         .get_connection_with_timeout(Duration::from_secs(2))
-}
-
-/// Polls `ok` every 100 ms for up to `within`.
-fn wait_until(within: Duration, what: &str, mut ok: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ok() {
-        assert!(started.elapsed() < within, "{what} within {within:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 impl Sentinels {
@@ -71,15 +64,20 @@ impl Sentinels {
             "127.0.0.1".into(),
             master.port.to_string(),
         ])];
-        wait_until(Duration::from_secs(20), "the replica in sync", || {
-            redis(replica)
-                .and_then(|mut c| {
-                    redis::cmd("INFO")
-                        .arg("replication")
-                        .query::<String>(&mut c)
-                })
-                .is_ok_and(|i| i.contains("master_link_status:up"))
-        });
+        eventually_sync(
+            "the replica in sync",
+            PATIENCE,
+            || {
+                redis(replica)
+                    .and_then(|mut c| {
+                        redis::cmd("INFO")
+                            .arg("replication")
+                            .query::<String>(&mut c)
+                    })
+                    .is_ok_and(|i| i.contains("master_link_status:up"))
+            },
+            |up| *up,
+        );
         let mut ports = Vec::new();
         for i in 0..3 {
             let port = free_port();
@@ -101,9 +99,9 @@ impl Sentinels {
             ports.push(port);
         }
         for &port in &ports {
-            wait_until(
-                Duration::from_secs(20),
-                "each sentinel to see the replica",
+            eventually_sync(
+                &format!("sentinel {port} seeing the replica"),
+                PATIENCE,
                 || {
                     let Ok(mut c) = redis(port) else {
                         return false;
@@ -114,6 +112,7 @@ impl Sentinels {
                         .query::<Vec<Value2>>(&mut c)
                         .is_ok_and(|r| r.len() == 1)
                 },
+                |sees| *sees,
             );
         }
         Self {
@@ -216,27 +215,39 @@ async fn a_failover_is_followed_under_load_within_the_failure_mode_and_counts_st
             }
         });
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = answered.load(Ordering::Relaxed);
-    assert!(before > 0);
+    // The load is under way.
+    eventually(
+        "the load's first answers",
+        PATIENCE,
+        async || answered.load(Ordering::Relaxed),
+        |answered| *answered > 0,
+    )
+    .await;
 
     let killed = Instant::now();
     master.kill();
     // Until the sentinels promote the replica, answers are degraded; then they are not.
-    let mut recovered = None;
-    while killed.elapsed() < Duration::from_secs(30) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if sentinels.master_port() == Some(sentinels.replica) {
-            let (status, body) = check(&app, "load", "probe").await;
-            if status == 200 && body["degraded"] == false {
-                recovered = Some(killed.elapsed());
-                break;
-            }
-        }
-    }
+    let (_, _, recovered) = eventually(
+        "checks answered by the new master (the master named, a probe's answer)",
+        Duration::from_secs(30),
+        async || {
+            let named = sentinels.master_port();
+            let answer = if named == Some(sentinels.replica) {
+                Some(check(&app, "load", "probe").await)
+            } else {
+                None
+            };
+            (named, answer, killed.elapsed())
+        },
+        |(_, answer, _)| {
+            answer
+                .as_ref()
+                .is_some_and(|(status, body)| *status == 200 && body["degraded"] == false)
+        },
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     load.join_all().await;
-    let recovered = recovered.expect("checks answered by the new master within 30 s");
     eprintln!(
         "sentinel failover: master killed, checks exact again after {recovered:?}; {} answers, {} degraded",
         answered.load(Ordering::Relaxed),

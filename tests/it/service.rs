@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::{ADMIN_KEY, RedisServer, spawn_app};
+use crate::helpers::{ADMIN_KEY, PATIENCE, RedisServer, eventually, spawn_app};
 
 /// A 3-rule policy checked for 2 identifiers answers with 6 results and lists the 3 rules,
 /// whether the denial came from Redis or from the over-limit cache (which it did: no script
@@ -238,14 +238,13 @@ async fn each_server_shuts_down_on_its_own_and_stops_its_tasks() {
     .expect("every background task of the stopped server ended");
     // The other server's tasks run on: it learns of a new policy.
     app_put(&a, "later").await;
-    let started = std::time::Instant::now();
-    while b_state.service().known_policy("later").is_none() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(3),
-            "b stopped following policies"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually(
+        "b following policies (knowing the new one)",
+        PATIENCE,
+        async || b_state.service().known_policy("later").is_some(),
+        |known| *known,
+    )
+    .await;
 }
 
 async fn app_put(app: &crate::helpers::TestApp, name: &str) {

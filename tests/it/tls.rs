@@ -3,12 +3,12 @@
 use std::{
     path::Path,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::json;
 
-use crate::helpers::{RedisServer, free_port, spawn_app_with};
+use crate::helpers::{PATIENCE, RedisServer, eventually_sync, free_port, spawn_app_with};
 
 fn openssl(dir: &Path, args: &[&str]) {
     let status = Command::new("openssl")
@@ -125,11 +125,12 @@ async fn checks_work_over_tls_with_a_private_ca() {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "TLS redis did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let _listening = eventually_sync(
+        "the TLS redis-server listening",
+        PATIENCE,
+        || std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string()),
+        Result::is_ok,
+    );
     let url = format!("rediss://127.0.0.1:{port}");
     let ca = dir.join("ca.crt");
     let app = spawn_app_with(

@@ -5,10 +5,7 @@
 //! every check it carried; an admin action's span names the action. A setting that cannot
 //! be used stops the start with a line naming it.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::sync::{Arc, Mutex};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use opentelemetry_proto::tonic::{
@@ -21,7 +18,9 @@ use serde_json::json;
 
 use crate::{
     envoy::{descriptor, load, request},
-    helpers::{ADMIN_KEY, AppProcess, RedisServer, SERVICE_KEY, TestApp, free_port},
+    helpers::{
+        ADMIN_KEY, AppProcess, PATIENCE, RedisServer, SERVICE_KEY, TestApp, eventually, free_port,
+    },
 };
 
 /// Every span received, from every export.
@@ -82,6 +81,20 @@ fn traceparent(n: u32) -> (String, String, String) {
     (format!("00-{trace}-{span}-01"), trace, span)
 }
 
+/// The spans received so far, shown by name, id and parent when a wait for them fails.
+struct Spans(Vec<Span>);
+
+impl std::fmt::Debug for Spans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown: Vec<_> = self
+            .0
+            .iter()
+            .map(|s| (&s.name, hex(&s.span_id), hex(&s.parent_span_id)))
+            .collect();
+        write!(f, "{} spans: {shown:#?}", self.0.len())
+    }
+}
+
 /// Waits until `found` holds for the spans received (the batch processor sends every
 /// 100 ms here), and returns them.
 async fn spans_until(
@@ -89,23 +102,14 @@ async fn spans_until(
     what: &str,
     found: impl Fn(&[Span]) -> bool,
 ) -> Vec<Span> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let spans = received.lock().unwrap().clone();
-        if found(&spans) {
-            return spans;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {what} among {} spans received: {:#?}",
-            spans.len(),
-            spans
-                .iter()
-                .map(|s| (&s.name, hex(&s.span_id), hex(&s.parent_span_id)))
-                .collect::<Vec<_>>()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("a {what}"),
+        PATIENCE,
+        async || Spans(received.lock().unwrap().clone()),
+        |spans| found(&spans.0),
+    )
+    .await
+    .0
 }
 
 /// The one span named `name` whose parent is `parent` (hex), in trace `trace`.
@@ -414,23 +418,24 @@ async fn failed_exports_are_counted_and_said_once() {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    let started = std::time::Instant::now();
     // Each request is a span; each batch of them fails to export.
-    while failed().await < 3.0 {
-        let (header, _, _) = traceparent(7);
-        let _ = app
-            .client
-            .get(app.url("/api/v1/policies"))
-            .header("traceparent", header)
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "no failed export counted"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
-    }
+    eventually(
+        "three failed exports counted",
+        PATIENCE,
+        async || {
+            let (header, _, _) = traceparent(7);
+            let _ = app
+                .client
+                .get(app.url("/api/v1/policies"))
+                .header("traceparent", header)
+                .send()
+                .await
+                .unwrap();
+            failed().await
+        },
+        |failed| *failed >= 3.0,
+    )
+    .await;
     let log = server.log();
     assert_eq!(
         log.matches("exporting spans failed").count(),

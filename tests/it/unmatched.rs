@@ -3,15 +3,13 @@
 //! dimensions its rules count, new policies are strict, and a policy stored before there
 //! was the choice keeps answering as it did.
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use spillway::domain::{Policy, people::Role};
 
 use crate::{
     auth::{Visitor, add_user, store},
-    helpers::{RedisServer, TestApp, spawn_app, spawn_app_with},
+    helpers::{PATIENCE, RedisServer, TestApp, eventually, spawn_app, spawn_app_with},
 };
 
 fn per_user_and_ip(strict: Option<bool>) -> Value {
@@ -159,30 +157,30 @@ async fn a_policy_stored_before_the_choice_keeps_answering_and_counts_its_unmatc
     let saved = app.put_policy("older", per_user_and_ip(None)).await;
     assert_eq!(saved["strict"], false, "{saved}");
     // The history counts them, and the metrics label them.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let history: Value = app
-            .as_admin(
-                reqwest::Method::GET,
-                "/api/v1/history?policy=older&range=1h",
-                None,
-            )
-            .await
-            .json()
-            .await
-            .unwrap();
-        let unmatched: u64 = history["points"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p["unmatched"].as_u64().unwrap_or(0))
-            .sum();
-        if unmatched == 3 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{history}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the history counting the 3 unmatched",
+        PATIENCE,
+        async || {
+            let history: Value = app
+                .as_admin(
+                    reqwest::Method::GET,
+                    "/api/v1/history?policy=older&range=1h",
+                    None,
+                )
+                .await
+                .json()
+                .await
+                .unwrap();
+            history["points"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["unmatched"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        },
+        |unmatched| *unmatched == 3,
+    )
+    .await;
     let metrics = app.metrics().await;
     assert!(
         metrics.lines().any(|l| l.contains("policy=\"older\"")
@@ -242,27 +240,26 @@ async fn the_dashboard_edits_strictness_and_shows_the_unmatched() {
             "{body}"
         );
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let list: Value = v
-            .post_form("/fn/policies", &[], None)
-            .await
-            .json()
-            .await
-            .unwrap();
-        let row = list
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == "edited")
-            .cloned()
-            .unwrap();
-        if row["last_hour"][2] == 2 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{row}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the policy list's row counting 2 unmatched in the last hour",
+        PATIENCE,
+        async || {
+            let list: Value = v
+                .post_form("/fn/policies", &[], None)
+                .await
+                .json()
+                .await
+                .unwrap();
+            list.as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == "edited")
+                .cloned()
+                .unwrap()
+        },
+        |row| row["last_hour"][2] == 2,
+    )
+    .await;
     let page = v.get("/policies").await.text().await.unwrap();
     assert!(page.contains("2 matched no rule"), "the list shows them");
     let page = v.get("/policy?name=edited").await.text().await.unwrap();

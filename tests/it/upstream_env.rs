@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::{
     envoy::{OK, OVER, ask, client, descriptor, request},
-    helpers::{ADMIN_KEY, RedisServer, TestApp, free_port, spawn_app_with},
+    helpers::{ADMIN_KEY, PATIENCE, RedisServer, TestApp, eventually, free_port, spawn_app_with},
     listeners_tls::Folder,
 };
 
@@ -57,17 +57,15 @@ pub(crate) async fn limit_of(app: &TestApp, domain: &str) -> Option<u64> {
     doc["descriptors"][0]["rate_limit"]["requests_per_unit"].as_u64()
 }
 
-/// Waits up to `within` for `domain`'s stored limit to read `want`.
-async fn until_stored(app: &TestApp, domain: &str, want: u64, within: Duration) {
-    let started = Instant::now();
-    while limit_of(app, domain).await != Some(want) {
-        assert!(
-            started.elapsed() < within,
-            "{domain} was not stored with limit {want} within {within:?}: {:?}",
-            limit_of(app, domain).await
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits until `domain`'s stored limit reads `want`.
+async fn until_stored(app: &TestApp, domain: &str, want: u64) {
+    eventually(
+        &format!("{domain} stored with limit {want}"),
+        PATIENCE,
+        async || limit_of(app, domain).await,
+        |limit| *limit == Some(want),
+    )
+    .await;
 }
 
 /// Whether `app` lets `hits` hits of a user never seen before through `domain`: whether the
@@ -88,20 +86,37 @@ pub(crate) async fn allows(app: &TestApp, domain: &str, hits: u32) -> bool {
     ask(&mut c, message).await.overall_code == OK
 }
 
-/// Waits up to `within` until every app enforces a limit of at least `hits` (or, with
-/// `allowed` false, below it); how long it took.
-async fn until_enforced(apps: &[&TestApp], domain: &str, hits: u32, within: Duration) -> Duration {
+/// Waits until every app enforces a limit of at least `hits`; how long it took.
+async fn until_enforced(apps: &[&TestApp], domain: &str, hits: u32) -> Duration {
     let started = Instant::now();
-    for app in apps {
-        while !allows(app, domain, hits).await {
-            assert!(
-                started.elapsed() < within,
-                "{hits} hits of {domain} still refused after {within:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    eventually(
+        &format!("{hits} hits of {domain} allowed by each instance"),
+        PATIENCE,
+        async || {
+            let mut allowed = Vec::new();
+            for app in apps {
+                allowed.push(allows(app, domain, hits).await);
+            }
+            allowed
+        },
+        |allowed| allowed.iter().all(|a| *a),
+    )
+    .await;
     started.elapsed()
+}
+
+/// The domains folder's problem as /readyz shows it, once there is one.
+async fn problem_shown(app: &TestApp) -> String {
+    eventually(
+        "a domains folder problem on /readyz",
+        PATIENCE,
+        async || readyz(app).await["domains_folder"]["problem"].clone(),
+        Value::is_string,
+    )
+    .await
+    .as_str()
+    .unwrap()
+    .to_owned()
 }
 
 async fn readyz(app: &TestApp) -> Value {
@@ -123,7 +138,7 @@ async fn a_domains_folder_follows_a_configmap_swap_on_every_instance_and_keeps_a
     let dir = folder.0.to_str().unwrap();
     let one = spawn_app_with(&redis, &[("SPILLWAY_DOMAINS_DIR", dir)]).await;
     let two = spawn_app_with(&redis, &[("SPILLWAY_DOMAINS_DIR", dir)]).await;
-    until_stored(&one, "folder", 2, Duration::from_secs(10)).await;
+    until_stored(&one, "folder", 2).await;
     // Loaded, it limits.
     let mut grpc = client(&one).await;
     let ask_bob = || request("folder", vec![descriptor(&[("user", "bob")])]);
@@ -151,7 +166,7 @@ async fn a_domains_folder_follows_a_configmap_swap_on_every_instance_and_keeps_a
 
     // The ConfigMap is updated: both instances enforce the new limit within 2 s.
     configmap(&folder.0, 2, &[("folder.yaml", &domain("folder", 5))]);
-    let took = until_enforced(&[&one, &two], "folder", 5, Duration::from_secs(10)).await;
+    let took = until_enforced(&[&one, &two], "folder", 5).await;
     // The folder and the stream are read every second or at once: about a second on an
     // idle machine (printed); the bound is loose so a busy machine does not decide.
     println!("in force on both instances after {took:?}");
@@ -170,17 +185,7 @@ async fn a_domains_folder_follows_a_configmap_swap_on_every_instance_and_keeps_a
             ),
         ],
     );
-    let started = Instant::now();
-    let problem = loop {
-        if let Some(p) = readyz(&two).await["domains_folder"]["problem"].as_str() {
-            break p.to_owned();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(3),
-            "no problem shown"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let problem = problem_shown(&two).await;
     assert!(
         problem.contains("broken.yaml") && problem.contains("unit"),
         "{problem}"
@@ -198,21 +203,20 @@ async fn a_domains_folder_follows_a_configmap_swap_on_every_instance_and_keeps_a
             ("broken.yaml", &domain("broken", 1)),
         ],
     );
-    until_enforced(&[&one, &two], "folder", 9, Duration::from_secs(10)).await;
-    until_stored(&one, "broken", 1, Duration::from_secs(10)).await;
+    until_enforced(&[&one, &two], "folder", 9).await;
+    until_stored(&one, "broken", 1).await;
     assert_eq!(readyz(&one).await["domains_folder"]["problem"], Value::Null);
 
     // A file removed takes its domain with it: the folder is the whole set.
     std::fs::remove_file(folder.0.join("broken.yaml")).unwrap();
     configmap(&folder.0, 5, &[("folder.yaml", &domain("folder", 9))]);
-    let started = Instant::now();
-    while limit_of(&one, "broken").await.is_some() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "broken was not deleted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "broken deleted",
+        PATIENCE,
+        async || limit_of(&one, "broken").await,
+        Option::is_none,
+    )
+    .await;
     assert_eq!(limit_of(&two, "folder").await, Some(9));
 }
 
@@ -271,28 +275,22 @@ async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
     let http_client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{}", server.http);
     // upstream's probe: GET /healthcheck answers OK once started (500 while it connects).
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = http_client.get(format!("{base}/healthcheck")).send().await
-            && r.status() != 500
-        {
-            assert_eq!(r.status(), 200);
-            assert_eq!(r.text().await.unwrap(), "OK");
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "did not start on PORT"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let answer = eventually(
+        "the start on PORT (/healthcheck's status and text)",
+        PATIENCE,
+        async || match http_client.get(format!("{base}/healthcheck")).send().await {
+            Ok(r) => Some((r.status().as_u16(), r.text().await.unwrap_or_default())),
+            Err(_) => None,
+        },
+        |answer| answer.as_ref().is_some_and(|(status, _)| *status != 500),
+    )
+    .await;
+    assert_eq!(answer, Some((200, "OK".to_owned())));
     // /json on PORT, without a key, from the runtime folder's domain: three in one hour's
     // window.
     crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
     let body = json!({"domain": "ratelimit", "descriptors": [{"entries": [{"key": "user", "value": "carol"}]}]});
-    let mut codes = Vec::new();
-    let started = Instant::now();
-    while codes.len() < 3 {
+    let json = async || {
         let r = http_client
             .post(format!("{base}/json"))
             .json(&body)
@@ -300,17 +298,19 @@ async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
             .await
             .unwrap();
         let status = r.status().as_u16();
-        let answer: Value = r.json().await.unwrap_or(Value::Null);
-        // Until the folder's domain is loaded, a descriptor meets no limit (OK, without a
-        // currentLimit): the folder is read within a second of the start.
-        if codes.is_empty() && answer["statuses"][0]["currentLimit"].is_null() {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "{status}: {answer}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        }
+        (status, r.json::<Value>().await.unwrap_or(Value::Null))
+    };
+    // Until the folder's domain is loaded, a descriptor meets no limit (OK, without a
+    // currentLimit): the folder is read within a second of the start (5 s allowed).
+    let first = eventually(
+        "the folder's domain limiting /json",
+        Duration::from_secs(5),
+        json,
+        |(_, answer)| !answer["statuses"][0]["currentLimit"].is_null(),
+    )
+    .await;
+    let mut codes = Vec::new();
+    for (status, answer) in [first, json().await, json().await] {
         codes.push((
             status,
             answer["overallCode"].as_str().unwrap_or("").to_owned(),
@@ -409,7 +409,7 @@ async fn the_dashboard_shows_a_folders_domains_as_managed_and_its_problem() {
         &[("SPILLWAY_DOMAINS_DIR", folder.0.to_str().unwrap())],
     )
     .await;
-    until_stored(&app, "kept", 3, Duration::from_secs(10)).await;
+    until_stored(&app, "kept", 3).await;
     add_user(
         &store(&redis).await,
         "root",
@@ -446,18 +446,16 @@ async fn the_dashboard_shows_a_folders_domains_as_managed_and_its_problem() {
     assert_eq!(limit_of(&app, "kept").await, Some(3));
 
     folder.write("broken.yaml", "domain: [\n");
-    let started = Instant::now();
-    loop {
-        let page = v.get("/policies").await.text().await.unwrap();
-        if page.contains("does not load") && page.contains("broken.yaml") {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no folder problem on the dashboard"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the folder's problem on the dashboard (does not load, broken.yaml)",
+        PATIENCE,
+        async || {
+            let page = v.get("/policies").await.text().await.unwrap();
+            (page.contains("does not load"), page.contains("broken.yaml"))
+        },
+        |shown| *shown == (true, true),
+    )
+    .await;
 }
 
 /// A folder keeps only what it created: a domain made through the API is not taken (the
@@ -485,7 +483,7 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
         .unwrap();
     assert!(put.status().is_success(), "{}", put.status());
     configmap(&folder.0, 1, &[("owned.yaml", &domain("owned", 50))]);
-    let problem = eventually_problem(&app).await;
+    let problem = problem_shown(&app).await;
     assert!(problem.contains("does not load"), "{problem}");
     assert_eq!(
         limit_of(&app, "owned").await,
@@ -495,14 +493,13 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
     // Removing the file deletes nothing the folder did not create.
     std::fs::remove_file(folder.0.join("owned.yaml")).unwrap();
     configmap(&folder.0, 2, &[]);
-    let started = Instant::now();
-    while !readyz(&app).await["domains_folder"]["problem"].is_null() {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the empty set never loaded"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the empty set loaded (no problem on /readyz)",
+        PATIENCE,
+        async || readyz(&app).await["domains_folder"]["problem"].clone(),
+        Value::is_null,
+    )
+    .await;
     assert_eq!(limit_of(&app, "owned").await, Some(3));
 
     // Handed over: deleted through the API, then the folder creates it.
@@ -515,7 +512,7 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
         .unwrap();
     assert!(deleted.status().is_success(), "{}", deleted.status());
     configmap(&folder.0, 3, &[("owned.yaml", &domain("owned", 50))]);
-    until_stored(&app, "owned", 50, Duration::from_secs(10)).await;
+    until_stored(&app, "owned", 50).await;
 
     // A secret-looking value in a broken file is not on /readyz; a huge file is refused.
     configmap(
@@ -529,7 +526,7 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
             ),
         ],
     );
-    let problem = eventually_problem(&app).await;
+    let problem = problem_shown(&app).await;
     assert!(problem.contains("leak.yaml"), "{problem}");
     assert!(!problem.contains("s3cr3t"), "{problem}");
     let huge = "#".repeat(1024 * 1024 + 1);
@@ -539,33 +536,16 @@ async fn a_folder_never_takes_a_domain_it_did_not_create() {
         5,
         &[("owned.yaml", &domain("owned", 50)), ("huge.yaml", &huge)],
     );
-    let started = Instant::now();
-    loop {
-        let problem = readyz(&app).await["domains_folder"]["problem"].clone();
-        if problem.as_str().is_some_and(|p| p.contains("huge.yaml")) {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "{problem}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "huge.yaml named on /readyz",
+        PATIENCE,
+        async || readyz(&app).await["domains_folder"]["problem"].clone(),
+        |problem| problem.as_str().is_some_and(|p| p.contains("huge.yaml")),
+    )
+    .await;
     assert_eq!(
         limit_of(&app, "owned").await,
         Some(50),
         "the good set stays"
     );
-}
-
-/// The folder's problem as /readyz shows it, once there is one.
-async fn eventually_problem(app: &TestApp) -> String {
-    let started = Instant::now();
-    loop {
-        if let Some(p) = readyz(app).await["domains_folder"]["problem"].as_str() {
-            return p.to_owned();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no problem shown"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

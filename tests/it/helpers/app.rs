@@ -1,138 +1,16 @@
-//! Test fixtures: a `redis-server` each test owns, and the app served on a free port.
+//! The app under test: served in this process on a free port (`spawn_app`, `TestApp`), or
+//! the real `spillway` binary as a process of its own (`AppProcess`), with the keys every
+//! test app accepts.
 
 use std::{
-    net::{SocketAddr, TcpListener},
+    net::SocketAddr,
     path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    process::{Child, Command},
 };
 
 use spillway::{config::Config, server, state::AppState};
 
-/// Returns a TCP port nobody is listening on right now.
-pub fn free_port() -> u16 {
-    free_ports(1)[0]
-}
-
-/// Returns `n` distinct TCP ports nobody is listening on right now (each is held until all are
-/// chosen, so none is handed out twice).
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
-/// Waits until a redis-server answers PING on `port`.
-fn wait_for_redis(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-    while Instant::now() < deadline {
-        if let Ok(mut conn) = client.get_connection()
-            && redis::cmd("PING").query::<String>(&mut conn).is_ok()
-        {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("redis-server on port {port} did not come up");
-}
-
-/// A `redis-server` owned by one test: its own port and directory, killed on drop.
-pub struct RedisServer {
-    pub port: u16,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl RedisServer {
-    /// Starts a fresh server and waits until it answers.
-    pub fn start() -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("spillway-it-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut server = Self {
-            port,
-            dir,
-            child: None,
-        };
-        server.restart();
-        server
-    }
-
-    /// `redis://` URL of this server.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Kills the server at once (SIGKILL), as a crash would.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts the server again on the same port (empty: no persistence).
-    pub fn restart(&mut self) {
-        self.kill();
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (make test installs it)");
-        self.child = Some(child);
-        self.wait_until_up();
-    }
-
-    fn wait_until_up(&self) {
-        wait_for_redis(self.port);
-    }
-
-    /// A plain synchronous connection for inspecting what the app wrote.
-    /// Pauses every client of this Redis for `ms` (`CLIENT PAUSE`): calls wait, none fail.
-    pub fn pause(&self, ms: u64) {
-        let _: () = redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(ms)
-            .query(&mut self.connection())
-            .unwrap();
-    }
-
-    pub fn connection(&self) -> redis::Connection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_connection()
-            .unwrap()
-    }
-
-    /// How many script calls (EVAL and EVALSHA) this Redis has run since its statistics
-    /// were last reset (`CONFIG RESETSTAT`).
-    pub fn script_calls(&self) -> u64 {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut self.connection())
-            .unwrap();
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| l.split([':', ',']).find_map(|kv| kv.strip_prefix("calls=")))
-            .map(|n| n.parse::<u64>().unwrap())
-            .sum()
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use super::{PATIENCE, RedisServer, eventually_sync, free_port};
 
 /// The app serving on a free port against `redis`, stopped when dropped.
 pub struct TestApp {
@@ -346,109 +224,6 @@ pub async fn serve(state: AppState) -> TestApp {
     }
 }
 
-/// A local Redis Cluster of three masters on free ports, torn down on drop.
-pub struct RedisCluster {
-    pub ports: Vec<u16>,
-    dir: PathBuf,
-    children: Vec<Child>,
-}
-
-impl RedisCluster {
-    /// Starts three cluster-enabled servers, joins them and waits for `cluster_state:ok`.
-    ///
-    /// Each node's cluster bus gets a free port of its own (`--cluster-port`): by default it
-    /// is the node's port plus 10000, which nobody checked was free (another process may
-    /// hold it) and which does not exist for a port above 55535.
-    pub fn start() -> Self {
-        let mut chosen = free_ports(6);
-        let buses = chosen.split_off(3);
-        let ports = chosen;
-        let dir = std::env::temp_dir().join(format!(
-            "spillway-cluster-{}-{}",
-            std::process::id(),
-            ports[0]
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let children = ports
-            .iter()
-            .zip(&buses)
-            .map(|(port, bus)| {
-                Command::new("redis-server")
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args([
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-port",
-                        &bus.to_string(),
-                        "--cluster-config-file",
-                        &format!("nodes-{port}.conf"),
-                    ])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .arg("--dir")
-                    .arg(&dir)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("redis-server must be installed")
-            })
-            .collect();
-        let cluster = Self {
-            ports,
-            dir,
-            children,
-        };
-        for port in &cluster.ports {
-            wait_for_redis(*port);
-        }
-        let nodes: Vec<String> = cluster
-            .ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        let status = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdout(Stdio::null())
-            .status()
-            .expect("redis-cli must be installed");
-        assert!(status.success(), "redis-cli --cluster create failed");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        'wait: while Instant::now() < deadline {
-            for port in &cluster.ports {
-                let mut conn = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut conn).unwrap();
-                if !info.contains("cluster_state:ok") {
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue 'wait;
-                }
-            }
-            return cluster;
-        }
-        panic!("the cluster did not reach cluster_state:ok");
-    }
-
-    pub fn urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
-            .collect()
-    }
-}
-
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The real `spillway` binary as a separate process on a free port, killed on drop.
 pub struct AppProcess {
     pub addr: SocketAddr,
@@ -499,21 +274,22 @@ impl AppProcess {
             .spawn()
             .expect("the spillway binary is built for the tests");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
         // The HTTP port answers while the server starts (health only); the gRPC port is
         // bound once it has: both listening means started.
         let grpc_off = extra
             .iter()
             .any(|(name, value)| *name == "SPILLWAY_GRPC_ADDR" && value.is_empty());
-        while std::net::TcpStream::connect(addr).is_err()
-            || (!grpc_off && std::net::TcpStream::connect(grpc).is_err())
-        {
-            assert!(
-                Instant::now() < deadline,
-                "spillway did not start on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        eventually_sync(
+            &format!("spillway listening on {addr} (HTTP) and {grpc} (gRPC)"),
+            PATIENCE,
+            || {
+                (
+                    std::net::TcpStream::connect(addr).is_ok(),
+                    grpc_off || std::net::TcpStream::connect(grpc).is_ok(),
+                )
+            },
+            |listening| *listening == (true, true),
+        );
         Self {
             addr,
             grpc,
@@ -550,47 +326,5 @@ impl Drop for AppProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
-    }
-}
-
-/// Waits, when the next turn of a clock-aligned window of `window` (fixed windows, Envoy's
-/// units) is near, until it has passed: a test that counts in such a window then has at
-/// least half the window, or 10 s, before the count starts again. Without it a test that
-/// expects its second request to be denied fails whenever the two straddle a turn.
-pub async fn clear_of_window_turn(window: Duration) {
-    at_least_before_window_turn(window, (window / 2).min(Duration::from_secs(10))).await;
-}
-
-/// Waits, when fewer than `margin` are left before the next turn of a clock-aligned
-/// window of `window`, until that turn has passed.
-pub async fn at_least_before_window_turn(window: Duration, margin: Duration) {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("the clock is past 1970");
-    let into = Duration::from_nanos((since_epoch.as_nanos() % window.as_nanos()) as u64);
-    let left = window - into;
-    if left < margin {
-        // Past the turn by a little: Redis's clock is this machine's.
-        tokio::time::sleep(left + Duration::from_millis(20)).await;
-    }
-}
-
-/// The helper leaves at least its margin before the next turn, wherever in the window it
-/// is called (10 calls spread over 2.3 windows of 200 ms: some land near a turn), give or
-/// take 20 ms for a busy machine.
-#[tokio::test]
-async fn clear_of_window_turn_leaves_the_margin() {
-    let window = Duration::from_millis(200);
-    for _ in 0..10 {
-        clear_of_window_turn(window).await;
-        let since_epoch = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        let left = window.as_nanos() - since_epoch.as_nanos() % window.as_nanos();
-        assert!(
-            left >= (window / 2).as_nanos() - 20_000_000,
-            "{left} ns left"
-        );
-        tokio::time::sleep(Duration::from_millis(45)).await;
     }
 }
