@@ -513,9 +513,13 @@ async fn a_write_that_timed_out_is_audited_once_it_lands() {
 
 /// Costly checks never make another policy's checks fail open uncounted: 40 callers
 /// checking 16 identifiers whose bucketed windows each hold 3,600 buckets (an hour of
-/// seconds; read whole, 35-102 ms of Redis a check, they made 25 of 25 checks of a
-/// fail-open neighbour pass uncounted) while the neighbour checks 25 times: every one of
-/// its checks is counted, none degraded.
+/// seconds; read whole, 35-102 ms of Redis a check, they made a fail-open neighbour's
+/// checks pass uncounted) while the neighbour checks 25 times: every one of its checks is
+/// counted, none degraded. What makes that hold on any machine is measured in Redis
+/// itself: the script calls' mean time (INFO commandstats, CPU inside Redis, not the
+/// wait of a busy machine) stays under 500 µs: 34 µs here, where the hashes read whole
+/// took 1,491 µs. The Redis timeout is a second, so the neighbour's count does not
+/// hang on how busy the machine is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costly_checks_leave_their_neighbours_counted() {
     use spillway::{
@@ -523,7 +527,7 @@ async fn costly_checks_leave_their_neighbours_counted() {
         store::Keys,
     };
     let redis = RedisServer::start();
-    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "50")]).await;
+    let app = spawn_app_with(&redis, &[("SPILLWAY_REDIS_TIMEOUT_MS", "1000")]).await;
     let window = json!({"algorithm": "bucketed_window", "limit": 1_000_000,
                         "window_ms": 3_600_000, "bucket_ms": 1000});
     let mut rule = json!({"name": "hourly"});
@@ -572,6 +576,10 @@ async fn costly_checks_leave_their_neighbours_counted() {
             .query(&mut conn)
             .unwrap();
     }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut callers = Vec::new();
     for c in 0..40 {
@@ -602,7 +610,23 @@ async fn costly_checks_leave_their_neighbours_counted() {
     for caller in callers {
         costly += caller.await.unwrap();
     }
-    println!("{costly} costly checks meanwhile; the neighbour's counted: {counted} of 25");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    let per_call = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("usec_per_call=").nth(1))
+        .filter_map(|v| v.split(',').next()?.parse::<f64>().ok())
+        .fold(0.0, f64::max);
+    println!(
+        "{costly} costly checks meanwhile, {per_call:.0} µs of Redis a script call; the neighbour's counted: {counted} of 25"
+    );
+    assert!(
+        per_call < 500.0,
+        "a script call took {per_call:.0} µs of Redis on average: costly windows are read whole ({stats})"
+    );
     assert_eq!(
         counted, 25,
         "every neighbour check counted, none failed open"
