@@ -241,30 +241,7 @@ pub(super) fn parse_rule(value: &Value, index: usize, path: &str) -> Result<Rule
         },
     };
     rule.sync = parse_sync(obj, &rule, &at)?;
-    rule.flush_ms = match obj.get("flush_ms") {
-        None | Some(Value::Null) => None,
-        Some(_) if rule.sync.is_exact() => {
-            return Err(PolicyError::field(
-                at("flush_ms"),
-                "only a local rule flushes: add \"sync\": \"local\", or leave flush_ms out",
-            ));
-        }
-        Some(v) => match v.as_u64() {
-            Some(ms @ crate::domain::rule::MIN_FLUSH_MS..=crate::domain::rule::MAX_FLUSH_MS) => {
-                Some(ms)
-            }
-            _ => {
-                return Err(PolicyError::field(
-                    at("flush_ms"),
-                    format!(
-                        "must be a whole number of ms from {} to {}",
-                        crate::domain::rule::MIN_FLUSH_MS,
-                        crate::domain::rule::MAX_FLUSH_MS
-                    ),
-                ));
-            }
-        },
-    };
+    rule.flush_ms = parse_flush(obj, &rule, &at)?;
     Ok(rule)
 }
 
@@ -464,4 +441,34 @@ pub(super) fn parse_overrides(obj: &Map<String, Value>) -> Result<Vec<Override>,
             .collect(),
         Some(_) => Err(PolicyError::field("overrides", "must be an array")),
     }
+}
+
+/// A local rule's `flush_ms`: only with `"sync": "local"`, within the bounds.
+fn parse_flush(
+    obj: &Map<String, Value>,
+    rule: &Rule,
+    at: &impl Fn(&str) -> String,
+) -> Result<Option<u64>, PolicyError> {
+    use crate::domain::rule::{MAX_FLUSH_MS, MIN_FLUSH_MS};
+    Ok(match obj.get("flush_ms") {
+        None | Some(Value::Null) => None,
+        Some(_) if rule.sync.is_exact() => {
+            return Err(PolicyError::field(
+                at("flush_ms"),
+                "only a local rule flushes: add \"sync\": \"local\", or leave flush_ms out",
+            ));
+        }
+        Some(v) => match v.as_u64() {
+            Some(ms @ MIN_FLUSH_MS..=MAX_FLUSH_MS) => Some(ms),
+            _ => {
+                return Err(PolicyError::field(
+                    at("flush_ms"),
+                    format!(
+                        "must be a whole number of ms from {} to {}",
+                        MIN_FLUSH_MS, MAX_FLUSH_MS
+                    ),
+                ));
+            }
+        },
+    })
 }
