@@ -5,7 +5,7 @@
 //! cluster's `initial_metadata`, or `x-spillway-key`) unless `SPILLWAY_GRPC_AUTH=none`.
 //!
 //! `ShouldRateLimit` itself, every check Envoy makes, is answered straight from hyper
-//! ([`answer`]): the message read whole, decoded and encoded once. tonic's server stack
+//! (`grpc/unary.rs`): the message read whole, decoded and encoded once. tonic's server stack
 //! around a unary call (its connection-info, error-recovery and timeout layers, a router,
 //! a streaming codec and body adapters, each boxing or moving the call's future) cost a
 //! check about as much CPU as deciding it. Health, reflection, and any `ShouldRateLimit`
