@@ -220,3 +220,21 @@ fn only_dashboard_pages_are_exempt_from_the_function_length() {
         exempt.len()
     );
 }
+
+/// A source file holds one concern a reader can take in: at most 600 lines, past which it
+/// is split by concern (a page's server functions, panels and forms; a store's script,
+/// calls and reports; long test tables beside the code they test).
+#[test]
+fn no_source_file_is_over_600_lines() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).unwrap().lines().count();
+            (lines > 600).then(|| format!("{}: {lines}", f.strip_prefix(&src).unwrap().display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these by concern: {long:?}");
+}
