@@ -7,6 +7,8 @@
 #![allow(clippy::too_many_arguments)]
 
 use leptos::prelude::*;
+
+use crate::app::widgets::ConfirmStep;
 use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
 
@@ -436,15 +438,13 @@ pub fn AlertsPage() -> impl IntoView {
                                                             <input type="hidden" name="name" value=test_name/>
                                                             <button type="submit" class="small quiet" aria-label=test_label>"Send a test"</button>
                                                         </ActionForm>
-                                                        <details class="confirm-step">
-                                                            <summary>"Remove…"</summary>
-                                                            <p class="small">"It stops watching at once; a firing it sent stays in the deliveries below."</p>
+                                                        <ConfirmStep summary="Remove…" warning="It stops watching at once; a firing it sent stays in the deliveries below.">
                                                             <ActionForm action=delete attr:class="inline">
                                                                 <CsrfField csrf=csrf/>
                                                                 <input type="hidden" name="name" value=name/>
                                                                 <button type="submit" class="small danger" aria-label=label>"Yes, remove it"</button>
                                                             </ActionForm>
-                                                        </details>
+                                                        </ConfirmStep>
                                                     })}</td>
                                                 </tr>
                                             }

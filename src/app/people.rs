@@ -3,6 +3,8 @@
 
 use leptos::prelude::*;
 
+use crate::app::widgets::ConfirmStep;
+
 use crate::app::error::AppError;
 use leptos_meta::Title;
 use serde::{Deserialize, Serialize};
@@ -350,8 +352,7 @@ pub fn PeoplePage() -> impl IntoView {
                                     <td>{name}{is_me.then_some(" (you)")}</td>
                                     <td>
                                         {role.as_str()}
-                                        <details class="confirm-step">
-                                            <summary>"Change…"</summary>
+                                        <ConfirmStep summary="Change…">
                                             <ActionForm action=set_role attr:class="inline">
                                                 <CsrfField csrf=c1/>
                                                 <input type="hidden" name="username" value=n1/>
@@ -363,19 +364,17 @@ pub fn PeoplePage() -> impl IntoView {
                                                 <button type="submit" class="small">"Set role"</button>
                                             </ActionForm>
                                             <p class="muted small">"Takes effect on their next request; their sessions stay signed in."</p>
-                                        </details>
+                                        </ConfirmStep>
                                     </td>
                                     <td>{utc_minutes(Some(u.created_at_ms))}</td>
                                     <td>
-                                        <details class="confirm-step">
-                                            <summary>"Remove…"</summary>
-                                            <p class="small">{format!("{n2} is signed out everywhere and can no longer sign in. Their audit records stay.")}</p>
+                                        <ConfirmStep summary="Remove…" warning={format!("{n2} is signed out everywhere and can no longer sign in. Their audit records stay.")}>
                                             <ActionForm action=remove attr:class="inline">
                                                 <CsrfField csrf=c2/>
                                                 <input type="hidden" name="username" value=n2.clone()/>
                                                 <button type="submit" class="small danger" aria-label=remove_label>{format!("Yes, remove {n2}")}</button>
                                             </ActionForm>
-                                        </details>
+                                        </ConfirmStep>
                                     </td>
                                 </tr>
                             }
@@ -397,15 +396,13 @@ pub fn PeoplePage() -> impl IntoView {
                                         None => view! { <span class="badge ok">"active"</span> }.into_any(),
                                     }}</td>
                                     <td>{revoked.is_none().then(|| view! {
-                                        <details class="confirm-step">
-                                            <summary>"Revoke…"</summary>
-                                            <p class="small">"Every service using this key is refused (401) from its next call. A revoked key cannot be restored: make a new one."</p>
+                                        <ConfirmStep summary="Revoke…" warning="Every service using this key is refused (401) from its next call. A revoked key cannot be restored: make a new one.">
                                             <ActionForm action=revoke attr:class="inline">
                                                 <CsrfField csrf=c/>
                                                 <input type="hidden" name="id" value=id/>
                                                 <button type="submit" class="small danger" aria-label=label>"Yes, revoke it"</button>
                                             </ActionForm>
-                                        </details>
+                                        </ConfirmStep>
                                     })}</td>
                                 </tr>
                             }

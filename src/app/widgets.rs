@@ -1,5 +1,6 @@
 //! Pieces several dashboard pages draw alike: a table of identifiers with their policy and
-//! a number, and the stacked bars of a chart (allowed below, denied above).
+//! a number, the stacked bars of a chart (allowed below, denied above), and the step that
+//! asks before a change that cannot be taken back.
 
 use leptos::prelude::*;
 
@@ -61,4 +62,21 @@ pub fn stacked_bars(
             }
         })
         .collect_view()
+}
+
+/// A change asked for twice: `summary` opens it (`Remove…`), `warning` says what it will do,
+/// and the form inside (`children`) makes it. Works without JavaScript.
+#[component]
+pub fn ConfirmStep(
+    #[prop(into)] summary: String,
+    #[prop(optional, into)] warning: Option<String>,
+    children: Children,
+) -> impl IntoView {
+    view! {
+        <details class="confirm-step">
+            <summary>{summary}</summary>
+            {warning.map(|w| view! { <p class="small">{w}</p> })}
+            {children()}
+        </details>
+    }
 }

@@ -2,6 +2,8 @@
 
 use leptos::prelude::*;
 
+use crate::app::widgets::ConfirmStep;
+
 use crate::app::error::AppError;
 use leptos_meta::Title;
 use leptos_router::{
@@ -252,15 +254,14 @@ pub fn PolicyPage() -> impl IntoView {
                                     <td data-label="Expires">{o.expires_at_ms.map_or("never".to_owned(), |t| utc_minutes(Some(t)))}</td>
                                     <td data-label="Reason">{o.reason.clone()}</td>
                                     <td>{can_override.then(|| view! {
-                                        <details class="confirm-step">
-                                            <summary>"Remove…"</summary>
+                                        <ConfirmStep summary="Remove…">
                                             <ActionForm action=remove_ov attr:class="inline">
                                                 <CsrfField csrf=c/>
                                                 <input type="hidden" name="name" value=n/>
                                                 <input type="hidden" name="index" value=i.to_string()/>
                                                 <button type="submit" class="small danger">"Yes, remove it"</button>
                                             </ActionForm>
-                                        </details>
+                                        </ConfirmStep>
                                     })}</td>
                                 </tr>
                             }.into_any()
@@ -280,16 +281,14 @@ pub fn PolicyPage() -> impl IntoView {
                                         <pre class="diff">{lines}</pre>
                                     </details>
                                     {can_edit.then(|| view! {
-                                        <details class="confirm-step">
-                                            <summary>{format!("Roll back to version {version}…")}</summary>
-                                            <p class="muted">{format!("Saves version {version}'s rules as a new version; the current rules stay in this history, so you can roll forward again.")}</p>
+                                        <ConfirmStep summary={format!("Roll back to version {version}…")} warning={format!("Saves version {version}'s rules as a new version; the current rules stay in this history, so you can roll forward again.")}>
                                             <ActionForm action=rollback attr:class="inline">
                                                 <CsrfField csrf=c/>
                                                 <input type="hidden" name="name" value=n/>
                                                 <input type="hidden" name="to_version" value=version.to_string()/>
                                                 <button type="submit" class="small">{format!("Yes, roll back to version {version}")}</button>
                                             </ActionForm>
-                                        </details>
+                                        </ConfirmStep>
                                     })}
                                 </li>
                             }.into_any()
