@@ -254,7 +254,19 @@ impl Store {
         timeout: Duration,
         keys: Keys,
     ) -> Self {
-        let mut store = Self {
+        let mut store = Self::over(backend, pubsub_client, timeout, keys);
+        store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
+        store
+    }
+
+    /// A store over `backend`, without a coalescer yet.
+    fn over(
+        backend: Backend,
+        pubsub_client: Option<redis::Client>,
+        timeout: Duration,
+        keys: Keys,
+    ) -> Self {
+        Self {
             backend,
             client: pubsub_client,
             scripts: Arc::new(Scripts::load()),
@@ -263,9 +275,7 @@ impl Store {
             write_timeout: write_timeout(timeout),
             breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
             coalescer: None,
-        };
-        store.coalescer = Some(Arc::new(coalesce::Coalescer::start(store.clone())));
-        store
+        }
     }
 
     /// Connects to a Redis Cluster through any of `urls`.
@@ -281,16 +291,7 @@ impl Store {
             .retries(2)
             .build()?;
         let conn = client.get_async_connection().await?;
-        Ok(Self {
-            backend: Backend::Cluster(conn),
-            client: None,
-            scripts: Arc::new(Scripts::load()),
-            keys,
-            timeout,
-            write_timeout: write_timeout(timeout),
-            breaker: Arc::new(breaker::Breaker::new(Duration::from_millis(500))),
-            coalescer: None,
-        })
+        Ok(Self::over(Backend::Cluster(conn), None, timeout, keys))
     }
 
     /// Whether the circuit breaker is refusing calls (Redis failed repeatedly just now).
