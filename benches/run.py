@@ -67,7 +67,7 @@ CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "32"))
 USERS = 10000
 SERVICE_KEY = "spw_svc_bench_" + "0123456789abcdef" * 2
 ADMIN_KEY = "spw_adm_bench_" + "0123456789abcdef" * 2
-# The check script the server sends for a fixed_window-only policy (src/store/mod.rs,
+# The check script the server sends for a fixed_window-only policy (src/store/check/script.rs,
 # check_source: the prelude, the files of the algorithms in use, live counters, the driver).
 LUA_ORDER = ["prelude", "fixed_window", "stats", "check"]
 

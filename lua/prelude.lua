@@ -16,7 +16,7 @@
 -- A usage report with a negative cost gives back what a check consumed earlier:
 -- GIVEBACKS[code] where the algorithm has one (the newest entries of a log, the newest
 -- buckets), otherwise its REFUNDS at the time of the report; never below nothing.
--- Numbers are doubles; src/domain/algorithm.rs mirrors every operation in the same order.
+-- Numbers are doubles; src/domain/algorithm.rs (and algorithm/) mirrors every operation in the same order.
 
 -- The library functions a check calls most, as locals: an upvalue is read without the two
 -- table lookups of `math.floor` (a global, then its field): a few percent of a check in

@@ -16,24 +16,26 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The site's settings as Leptos.toml says them, each key as its LEPTOS_ variable.
+eval "$(scripts/leptos-env.sh Leptos.toml)"
+pkg="$LEPTOS_SITE_ROOT/$LEPTOS_SITE_PKG_DIR"
 if [ "${1:-}" = "--check" ]; then
   [ -x target/release/spillway ] && [ -f target/release/hash.txt ] || exit 1
   while read -r kind hash; do
     kind=${kind%:}
     case "$kind" in
-      js | wasm | css) [ -f "target/site/pkg/spillway.$hash.$kind" ] || exit 1 ;;
-      manifest) [ -f "target/site/pkg/__wasm_split_manifest.$hash.json" ] || exit 1 ;;
-      split) [ -f "target/site/pkg/__wasm_split.$hash.js" ] || exit 1 ;;
+      js | wasm | css) [ -f "$pkg/$LEPTOS_OUTPUT_NAME.$hash.$kind" ] || exit 1 ;;
+      manifest) [ -f "$pkg/__wasm_split_manifest.$hash.json" ] || exit 1 ;;
+      split) [ -f "$pkg/__wasm_split.$hash.js" ] || exit 1 ;;
     esac
   done < target/release/hash.txt
   exit 0
 fi
 
 mkdir -p target
-# What cargo-leptos gives both builds (Leptos reads some of it when compiling), and
-# scripts/site.mjs where to write: the site's settings as Leptos.toml says them (each key as
-# its LEPTOS_ variable), and how cargo-leptos lays out a release build.
-eval "$(scripts/leptos-env.sh Leptos.toml)"
+# What cargo-leptos gives both builds (Leptos reads some of it when compiling), and what
+# tells scripts/site.mjs where to write: the site's settings exported above from Leptos.toml
+# (each key as its LEPTOS_ variable), and how cargo-leptos lays out a release build.
 unset LEPTOS_ENV # a setting of the running server, which neither build reads
 export LEPTOS_LIB_DIR=. LEPTOS_BIN_DIR=. LEPTOS_JS_MINIFY=true LEPTOS_HASH_FILE_NAME=hash.txt
 # The bundle: the wasm linked with its relocations (the splitter needs them), in the

@@ -10,7 +10,9 @@ version=$(awk -F'"' '/^version = / { print $2; exit }' Cargo.toml)
 tag=${1:-localhost/spillway:$version}
 stage=target/image
 binary=target/release/spillway
-[ -x "$binary" ] && [ -f target/release/hash.txt ] && [ -d target/site/pkg ] \
+eval "$(scripts/leptos-env.sh Leptos.toml)"
+site=$LEPTOS_SITE_ROOT
+[ -x "$binary" ] && [ -f target/release/hash.txt ] && [ -d "$site/$LEPTOS_SITE_PKG_DIR" ] \
   || { echo "image: no release build; run make build first" >&2; exit 1; }
 
 rm -rf "$stage"
@@ -22,7 +24,7 @@ mkdir -p "$stage/bin"
 ln -s /app/spillway "$stage/bin/ratelimit"
 strip --strip-unneeded "$stage/app/spillway"
 cp target/release/hash.txt "$stage/app/"
-cp -r target/site "$stage/app/site"
+cp -r "$site" "$stage/app/site"
 # The site's settings as the repository has them; the image's own site root and address
 # are set in the Containerfile's environment, which overrides them.
 cp Leptos.toml "$stage/app/Leptos.toml"

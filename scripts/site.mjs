@@ -42,7 +42,7 @@ const setting = (variable) => {
   }
   return value;
 };
-const site = path.join(root, setting("LEPTOS_SITE_ROOT"));
+const site = path.resolve(root, setting("LEPTOS_SITE_ROOT"));
 const pkg = path.join(site, setting("LEPTOS_SITE_PKG_DIR"));
 const name = setting("LEPTOS_OUTPUT_NAME");
 const PLACEHOLDER = "______________________";

@@ -14,8 +14,8 @@
 pub mod app;
 pub mod domain;
 
-// The layers, top to bottom: the composition root (`server`, `state`), the front doors,
-// `auth`, `service`, `store`, `domain`; `config` is read by the root and handed down.
+// The layers, the arrows pointing down only (tests/it/architecture.rs): domain ← config ←
+// store ← service ← state ← auth ← front doors (api, envoy, app, cli, sources) ← server.
 #[cfg(feature = "ssr")]
 pub mod api;
 #[cfg(feature = "ssr")]

@@ -271,7 +271,7 @@ pub mod may {
     );
 }
 
-/// The caller of an admin API handler, allowed to do `A` ([`require_admin`]: an admin key,
+/// The caller of an admin API handler, allowed to do `A` (`require_admin`: an admin key,
 /// or a signed-in session whose role allows it, with the CSRF token for a change): one
 /// extractor instead of the same four in every handler.
 pub struct Admin<A: may::Needs>(

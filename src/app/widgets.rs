@@ -1,6 +1,6 @@
 //! Pieces several dashboard pages draw alike: a table of identifiers with their policy and
 //! a number, the stacked bars of a chart (allowed below, denied above), and the step that
-//! asks before a change that cannot be taken back.
+//! asks before a change (`ConfirmStep`).
 
 use leptos::prelude::*;
 

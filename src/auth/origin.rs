@@ -1,6 +1,6 @@
-//! Whether a request comes from this site and over https: the dashboard's own origin (its
-//! public URL, or the host it was asked for behind a trusted proxy), compared with a
-//! state change's `Origin` or `Sec-Fetch-Site`.
+//! Whether a request comes from this site and over https: the dashboard's own origin (the
+//! host it was asked for, `X-Forwarded-Host` behind a trusted proxy), compared with a state
+//! change's `Origin` or `Sec-Fetch-Site`.
 
 use std::net::IpAddr;
 

@@ -261,7 +261,9 @@ impl Config {
             redis_sentinel: sentinel_settings(&lookup, &redis_cluster_urls)?,
             redis_url,
             redis_cluster_urls,
-            redis_ca_cert: path(&lookup, "REDIS_CA_CERT"),
+            redis_ca_cert: lookup("REDIS_CA_CERT")
+                .filter(|p| !p.is_empty())
+                .map(std::path::PathBuf::from),
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,

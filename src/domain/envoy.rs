@@ -1,9 +1,8 @@
-//! envoyproxy/ratelimit's configuration, as a Spillway policy: a domain's tree of descriptors
-//! (`key`, optional `value`, `rate_limit`, `shadow_mode`, `replaces`, `detailed_metric`,
-//! nested `descriptors`), validated with the offending field named; the fixed-window rules
-//! its limits are counted under; and how one request descriptor finds its limit in the tree,
-//! as envoyproxy/ratelimit matches it (key and value beat a value with `*` wildcards, which
-//! beats the key alone; a limit applies only where the descriptor's last entry lands).
+//! envoyproxy/ratelimit's configuration, as a Spillway policy: a domain's file (`key`,
+//! optional `value`, `rate_limit`, `shadow_mode`, `replaces`, `detailed_metric`, nested
+//! `descriptors`), its tree of limits, a request's descriptors and how they are named as
+//! identifiers. Reading a file into the tree is `envoy/parse.rs`, finding a descriptor's limit
+//! `envoy/lookup.rs`, the Envoy snippets that wire a domain `envoy/wiring.rs`.
 
 mod lookup;
 mod parse;

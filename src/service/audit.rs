@@ -33,7 +33,7 @@ pub struct Change<'a> {
 impl Actor {
     /// Appends the record. A failure is logged and returned: the change itself already
     /// happened, and the caller decides whether to report it.
-    pub async fn record(
+    pub(in crate::service) async fn record(
         &self,
         store: &crate::store::Store,
         change: Change<'_>,

@@ -1,9 +1,8 @@
-//! A check's way through Redis: the check script assembled for the algorithms a check uses,
-//! its arguments built from the rules, the call (one round trip on a single Redis, one per
-//! identifier's slot on a cluster, with refunds when a later slot denies), the probe that
-//! reads without consuming, usage reported afterwards, and the reply read back into domain
-//! outcomes. The coalescer (`coalesce.rs`) sends counted checks together; together these two
-//! files are a check's whole path through the store.
+//! A check's way through Redis: a check's entries and context, and the calls that count,
+//! consume or probe (one round trip on a single Redis, one per identifier's slot on a
+//! cluster, with refunds when a later slot denies). The script's assembly is `check/script.rs`,
+//! the calls' arguments and replies `check/calls.rs`, usage reported afterwards
+//! `check/report.rs`; the coalescer (`coalesce.rs`) sends counted checks together.
 
 mod calls;
 mod report;

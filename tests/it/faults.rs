@@ -518,8 +518,9 @@ async fn a_write_that_timed_out_is_audited_once_it_lands() {
 /// counted, none degraded. What makes that hold on any machine is measured in Redis
 /// itself: the script calls' mean time (INFO commandstats, CPU inside Redis, not the
 /// wait of a busy machine) stays under 500 µs: 34 µs here, where the hashes read whole
-/// took 1,491 µs. The Redis timeout is a second, so the neighbour's count does not
-/// hang on how busy the machine is.
+/// took 1,491 µs. That assertion carries the test: with a Redis timeout of a second (so
+/// the neighbour's count does not hang on how busy the machine is) the neighbour's checks
+/// were counted with the windows read whole too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costly_checks_leave_their_neighbours_counted() {
     use spillway::{

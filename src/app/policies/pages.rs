@@ -1,4 +1,4 @@
-//! The policy list and one policy's editor page.
+//! One policy's page: the editor, its overrides, its versions with diffs and rollback.
 
 use leptos::prelude::*;
 

@@ -1,4 +1,5 @@
-//! `ShouldRateLimit` the short way, straight from hyper: the message read whole within the
+//! `ShouldRateLimit` (and Kuadrant's `CheckRateLimit` and `Report`) the short way, straight
+//! from hyper: the message read whole within the
 //! header-read timeout, decoded once, decided within the caller's `grpc-timeout` and the
 //! server's request timeout, and encoded once into a unary answer with its trailers.
 
@@ -144,7 +145,7 @@ pub(super) async fn within_deadline(
                 "the caller's grpc-timeout passed".to_owned()
             } else {
                 format!(
-                    "not answered within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
+                    "the call did not end within {} ms (SPILLWAY_REQUEST_TIMEOUT_MS)",
                     within.as_millis()
                 )
             }))
