@@ -28,6 +28,7 @@ pub const MAX_FILE: usize = 1024 * 1024;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/envoy/domains/{domain}", get(read).put(put))
+        .route("/api/v1/envoy/domains/{domain}/wiring", get(wiring))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE))
 }
 
@@ -188,21 +189,9 @@ pub(super) async fn read(
     headers: HeaderMap,
     Path(domain): Path<String>,
 ) -> Result<axum::response::Response, ApiError> {
-    let missing = || ApiError::NotFound(format!("domain: no Envoy domain named {domain:?}"));
-    let name = crate::domain::envoy::policy_name(&domain).map_err(|_| missing())?;
-    let policy = state
-        .service()
-        .stored_policy(&name)
-        .await
-        .map_err(ApiError::RedisUnavailable)?
-        .ok_or_else(missing)?;
-    let doc = policy
-        .envoy
-        .as_ref()
-        .filter(|t| t.doc.domain == domain)
-        .map(|t| &t.doc)
-        .ok_or_else(missing)?;
-    let etag = [(header::ETAG, format!("\"{}\"", policy.version))];
+    let (version, doc) = stored_domain(&state, &domain).await?;
+    let doc = &doc;
+    let etag = [(header::ETAG, format!("\"{version}\""))];
     let wants_yaml = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -213,4 +202,51 @@ pub(super) async fn read(
     } else {
         (etag, axum::Json(doc)).into_response()
     })
+}
+
+/// The stored domain `domain`: its policy's version and its file (404 when there is none).
+async fn stored_domain(
+    state: &AppState,
+    domain: &str,
+) -> Result<(u64, crate::domain::envoy::DomainDoc), ApiError> {
+    let missing = || ApiError::NotFound(format!("domain: no Envoy domain named {domain:?}"));
+    let name = crate::domain::envoy::policy_name(domain).map_err(|_| missing())?;
+    let policy = state
+        .service()
+        .stored_policy(&name)
+        .await
+        .map_err(ApiError::RedisUnavailable)?
+        .ok_or_else(missing)?;
+    let version = policy.version;
+    policy
+        .envoy
+        .filter(|t| t.doc.domain == domain)
+        .map(|t| (version, t.doc))
+        .ok_or_else(missing)
+}
+
+/// What to add to Envoy's configuration so it asks this server about the domain: the
+/// filter, the route's `rate_limits` (one entry per descriptor path) and the cluster, each a
+/// YAML document, as the domain's dashboard page shows them.
+#[utoipa::path(get, path = "/api/v1/envoy/domains/{domain}/wiring", tag = "envoy", operation_id = "get_envoy_domain_wiring",
+    params(("domain" = String, Path, description = "The domain")),
+    responses((status = 200, description = "The snippets, in the order they are shown", body = [crate::api::openapi::WiringPart]),
+    (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn wiring(
+    State(state): State<AppState>,
+    Admin(..): Admin<may::View>,
+    Path(domain): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let (_, doc) = stored_domain(&state, &domain).await?;
+    let parts = crate::domain::envoy::wiring(
+        &doc,
+        state.envoy.grpc_addr.map(|a| a.port()),
+        state.envoy.require_key,
+    );
+    Ok(axum::Json(Value::Array(
+        parts
+            .into_iter()
+            .map(|(place, yaml)| serde_json::json!({"where": place, "yaml": yaml}))
+            .collect(),
+    )))
 }

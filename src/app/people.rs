@@ -3,7 +3,7 @@
 
 use leptos::prelude::*;
 
-use crate::app::widgets::ConfirmStep;
+use crate::app::widgets::{ConfirmStep, CopyButton};
 
 use crate::app::error::AppError;
 use leptos_meta::Title;
@@ -464,23 +464,5 @@ pub fn PeoplePage() -> impl IntoView {
                 }
             })}
         </Suspense>
-    }
-}
-
-/// Copies `text` to the clipboard (needs JavaScript; without it the text is there to select).
-#[component]
-fn CopyButton(text: String) -> impl IntoView {
-    let copied = RwSignal::new(false);
-    let copy = move |_| {
-        #[cfg(feature = "hydrate")]
-        if let Some(window) = web_sys::window() {
-            let _ = window.navigator().clipboard().write_text(&text);
-            copied.set(true);
-        }
-        #[cfg(not(feature = "hydrate"))]
-        let _ = &text;
-    };
-    view! {
-        <button type="button" class="small" on:click=copy>{move || if copied.get() { "Copied" } else { "Copy" }}</button>
     }
 }

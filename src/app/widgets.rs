@@ -1,6 +1,6 @@
 //! Pieces several dashboard pages draw alike: a table of identifiers with their policy and
 //! a number, the stacked bars of a chart (allowed below, denied above), and the step that
-//! asks before a change (`ConfirmStep`).
+//! asks before a change (`ConfirmStep`), a Copy button (`CopyButton`).
 
 use leptos::prelude::*;
 
@@ -78,5 +78,23 @@ pub fn ConfirmStep(
             {warning.map(|w| view! { <p class="small">{w}</p> })}
             {children()}
         </details>
+    }
+}
+
+/// Copies `text` to the clipboard (needs JavaScript; without it the text is there to select).
+#[component]
+pub fn CopyButton(text: String) -> impl IntoView {
+    let copied = RwSignal::new(false);
+    let copy = move |_| {
+        #[cfg(feature = "hydrate")]
+        if let Some(window) = web_sys::window() {
+            let _ = window.navigator().clipboard().write_text(&text);
+            copied.set(true);
+        }
+        #[cfg(not(feature = "hydrate"))]
+        let _ = &text;
+    };
+    view! {
+        <button type="button" class="small" on:click=copy>{move || if copied.get() { "Copied" } else { "Copy" }}</button>
     }
 }

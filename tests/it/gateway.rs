@@ -39,7 +39,7 @@ fn free_port() -> u16 {
 }
 
 /// A backend that answers 200 with `x-tokens: 60` (what an LLM service reports it used).
-async fn backend() -> SocketAddr {
+pub(crate) async fn backend() -> SocketAddr {
     let app = axum::Router::new().fallback(|| async { ([("x-tokens", "60")], "hello") });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -48,7 +48,7 @@ async fn backend() -> SocketAddr {
 }
 
 /// A running Envoy, stopped when dropped.
-struct Envoy {
+pub(crate) struct Envoy {
     child: Child,
     port: u16,
     config: std::path::PathBuf,
@@ -93,6 +93,34 @@ impl Envoy {
         Self::launch(app, backend, SERVICE_KEY, rate_limits, "", tls).await
     }
 
+    /// Envoy on a free port in front of `backend`, its rate limit filter `filter` (the
+    /// http_filters entry, YAML at the list's indentation) and its route's rate limits
+    /// `route` (`rate_limits:` and its entries), both as the domain's page gives them.
+    pub(crate) async fn from_wiring(
+        app: &TestApp,
+        backend: SocketAddr,
+        filter: &str,
+        route: &str,
+    ) -> Self {
+        let indent = |text: &str, by: usize| -> String {
+            text.lines()
+                .map(|l| format!("{}{l}\n", " ".repeat(by)))
+                .collect()
+        };
+        Self::launch_as(app, backend, |config: String| {
+            let start = config.find("          - name: envoy.filters.http.ratelimit").unwrap();
+            let end = config.find("          - name: envoy.filters.http.router").unwrap();
+            let route_at = config.find("{route}").unwrap();
+            let mut out = config[..route_at].to_owned();
+            out.push_str(&indent(route, 18));
+            out.push_str(&config[route_at + "{route}".len()..start]);
+            out.push_str(&indent(filter, 10));
+            out.push_str(&config[end..]);
+            out
+        })
+        .await
+    }
+
     async fn launch(
         app: &TestApp,
         backend: SocketAddr,
@@ -101,9 +129,32 @@ impl Envoy {
         filter_limits: &str,
         cluster_tls: &str,
     ) -> Self {
+        Self::launch_with_config(app, backend, key, rate_limits, filter_limits, cluster_tls, |c| c)
+            .await
+    }
+
+    /// Envoy with the configuration `edit` makes of the usual one (whose route's rate limits
+    /// are the placeholder `{route}`).
+    async fn launch_as(
+        app: &TestApp,
+        backend: SocketAddr,
+        edit: impl FnOnce(String) -> String,
+    ) -> Self {
+        Self::launch_with_config(app, backend, SERVICE_KEY, "{route}", "", "", edit).await
+    }
+
+    async fn launch_with_config(
+        app: &TestApp,
+        backend: SocketAddr,
+        key: &str,
+        rate_limits: &str,
+        filter_limits: &str,
+        cluster_tls: &str,
+        edit: impl FnOnce(String) -> String,
+    ) -> Self {
         let port = free_port();
-        let rate_limits = if rate_limits.is_empty() {
-            String::new()
+        let rate_limits = if rate_limits.is_empty() || rate_limits == "{route}" {
+            rate_limits.to_owned()
         } else {
             format!("                  rate_limits:\n{rate_limits}")
         };
@@ -172,6 +223,7 @@ static_resources:
             bport = backend.port(),
             gport = grpc.port(),
         );
+        let config = edit(config);
         let file = std::env::temp_dir().join(format!("spillway-envoy-{port}.yaml"));
         std::fs::write(&file, config).unwrap();
         let child = Command::new(envoy_binary())
@@ -190,7 +242,7 @@ static_resources:
         envoy
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 

@@ -41,4 +41,5 @@ mod traces;
 mod unmatched;
 mod upstream_env;
 mod waiting;
+mod wiring;
 mod xds;

@@ -268,6 +268,16 @@ pub struct EnvoyDomainFile {
     descriptors: Option<Vec<EnvoyDescriptor>>,
 }
 
+/// One snippet of Envoy's configuration that asks this server about a domain.
+#[derive(Serialize, ToSchema)]
+pub struct WiringPart {
+    /// Where it goes in Envoy's configuration.
+    #[serde(rename = "where")]
+    place: String,
+    /// The YAML to add there.
+    yaml: String,
+}
+
 /// A descriptor of the tree: a key, an optional value (ending in `*`: a prefix), a limit,
 /// and nested descriptors.
 #[derive(Serialize, ToSchema)]

@@ -2,7 +2,7 @@
 
 use leptos::prelude::*;
 
-use crate::app::widgets::ConfirmStep;
+use crate::app::widgets::{ConfirmStep, CopyButton};
 
 use crate::app::error::AppError;
 use leptos_meta::Title;
@@ -302,6 +302,7 @@ pub fn PolicyPage() -> impl IntoView {
                         let preview_name = p.name.clone();
                         let counting = p.envoy_counting.clone().unwrap_or_default();
                         let wiring = p.envoy_wiring.clone();
+                        let require_key = p.envoy_wiring.first().is_some_and(|(_, filter)| filter.contains("initial_metadata"));
                         let managed = p.managed_by.clone();
                         let can_edit = can_edit && managed.is_none();
                         let envoy_editor = p.envoy_file.clone().map(|file| {
@@ -340,9 +341,12 @@ pub fn PolicyPage() -> impl IntoView {
                                 </section>
                                 <section class="card" aria-labelledby="wire-heading" data-testid="wire-envoy">
                                     <h2 id="wire-heading">"Wire Envoy to this domain"</h2>
-                                    <p class="muted">"Add these to Envoy's configuration. Each action of rate_limits makes one descriptor entry; adjust the header names to your requests."</p>
+                                    <p class="muted">"Add these to Envoy's configuration. Each entry of rate_limits is one descriptor, made of its actions in order: one entry per path of the file's tree with a limit. Adjust the header names to your requests."</p>
+                                    {require_key.then(|| view! {
+                                        <p class="muted">"Envoy needs a service key to call this server: "<a href="/people">"create one under Users & keys"</a>" and put it in the filter's initial_metadata."</p>
+                                    })}
                                     {wiring.into_iter().map(|(title, yaml)| view! {
-                                        <h3 class="small">{title}</h3>
+                                        <h3 class="small">{title}" "<CopyButton text=yaml.clone()/></h3>
                                         <pre class="code">{yaml}</pre>
                                     }).collect_view()}
                                 </section>
