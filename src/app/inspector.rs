@@ -309,7 +309,24 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
             .into_any()
         }
     };
-    view! { {resolved} {verdict} }.into_any()
+    let steady = steady_line(&inspection);
+    view! { {resolved} {verdict} {steady} }.into_any()
+}
+
+/// The verdict over time, beside the instant one: a full window lets a request through now
+/// and then, and the instant flips; the streak does not.
+fn steady_line(inspection: &Inspection) -> impl IntoView + use<> {
+    use crate::domain::throttle::StreakState;
+    let now = inspection.at_ms;
+    let (class, text) = match inspection.steady() {
+        Some((policy, s)) => match s.state_at(now) {
+            StreakState::Blocked => ("verdict bad", format!("Over time: blocked in {policy} — {}; the last denial {} ago.", s.words(now), crate::domain::time::spoken_duration(now - s.last_ms))),
+            StreakState::AtTimes => ("verdict warn", format!("Over time: denied at times in {policy} — {}; the last denial {} ago.", s.words(now), crate::domain::time::spoken_duration(now - s.last_ms))),
+            StreakState::Over => ("verdict ok", format!("Over time: not denied for {}; before that, in {policy}, {}.", crate::domain::time::spoken_duration(now - s.last_ms), s.words(now))),
+        },
+        None => ("verdict ok", "Over time: no denial in the last hour.".to_owned()),
+    };
+    view! { <p class=class data-testid="steady">{text}</p> }
 }
 
 /// The identifiers it was checked together with in the last hour, each with its own state.

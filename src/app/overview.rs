@@ -384,22 +384,34 @@ fn StatusStrip(data: Signal<OverviewData>) -> impl IntoView {
 
 /// `then` as "12 s ago" from `now_ms`.
 fn ago(now_ms: i64, then: i64) -> String {
-    let s = ((now_ms - then).max(0) + 500) / 1000;
-    if s < 90 {
-        format!("{s} s ago")
-    } else {
-        format!("{} min ago", (s + 30) / 60)
+    format!(
+        "{} ago",
+        crate::domain::time::spoken_duration(now_ms - then)
+    )
+}
+
+/// When the next request passes, read at `now_ms`: the instant.
+fn next_request_text(t: &Throttle, now_ms: i64) -> String {
+    match (t.until_ms, t.blocked_at(now_ms)) {
+        (Some(until), true) => format!("passes in {} s", (until - now_ms + 999) / 1000),
+        (None, true) => "no end known".to_owned(),
+        _ => "passes now".to_owned(),
     }
 }
 
-/// Whether and until when a throttled identifier is blocked, read at `now_ms`.
-fn blocked_text(t: &Throttle, now_ms: i64) -> String {
-    match (t.until_ms, t.blocked_at(now_ms)) {
-        (Some(until), true) => {
-            format!("blocked {} s more", (until - now_ms + 999) / 1000)
-        }
-        (None, true) => "blocked (no end known)".to_owned(),
-        _ => "passes now".to_owned(),
+/// The state over time at `now_ms` (its badge's class, and in words): blocked while it is
+/// denied at least half its checks, whatever the instant says.
+fn state_text(t: &Throttle, now_ms: i64) -> (&'static str, String) {
+    use crate::domain::throttle::StreakState;
+    match t.streak {
+        Some(s) => match s.state_at(now_ms) {
+            StreakState::Blocked => ("badge bad", format!("blocked: {}", s.words(now_ms))),
+            StreakState::AtTimes => ("badge warn", format!("at times: {}", s.words(now_ms))),
+            StreakState::Over => ("badge ok", format!("cleared: {}", s.words(now_ms))),
+        },
+        // Its streak not written yet (within a second of the first denial), or unreadable.
+        None if t.blocked_at(now_ms) => ("badge bad", "blocked".to_owned()),
+        None => ("badge ok", "passes now".to_owned()),
     }
 }
 
@@ -418,23 +430,26 @@ fn throttled_table(d: &OverviewData) -> AnyView {
         <table data-testid="throttled" class="cards-on-phone">
             <thead><tr>
                 <th>"Denied through"</th><th>"Checked with"</th><th>"Policy › rule"</th>
-                <th class="num">"denials"</th><th>"since"</th><th>"last"</th><th>"blocked"</th>
+                <th class="num">"denials, 5 min"</th><th>"state"</th><th>"since"</th><th>"last"</th><th>"next request"</th>
             </tr></thead>
             <tbody>
                 {d.throttled.iter().map(|t| {
                     let others: Vec<_> = t.others().map(|o| view! { {link(o)}" " }).collect();
                     let rule = t.rule.clone().map_or(t.policy.clone(), |r| format!("{} › {r}", t.policy));
-                    let blocked = blocked_text(t, now_ms);
-                    let is_blocked = t.blocked_at(now_ms);
+                    let (class, state) = state_text(t, now_ms);
+                    let next = next_request_text(t, now_ms);
+                    // As far back as the data goes: the streak's start, else this list's.
+                    let since = t.streak.map(|s| s.since_ms).or(t.first_ms);
                     view! {
                         <tr>
                             <td data-label="Denied through">{link(&t.identifier)}</td>
                             <td data-label="Checked with">{if others.is_empty() { view! { <span class="muted">"—"</span> }.into_any() } else { others.collect_view().into_any() }}</td>
                             <td data-label="Policy › rule">{rule}</td>
-                            <td data-label="denials" class="num">{t.denials}</td>
-                            <td data-label="since">{t.first_ms.map_or("—".to_owned(), |f| ago(now_ms, f))}</td>
+                            <td data-label="denials, 5 min" class="num">{t.denials}</td>
+                            <td data-label="state"><span class=class data-testid="state">{state}</span></td>
+                            <td data-label="since">{since.map_or("—".to_owned(), |f| ago(now_ms, f))}</td>
                             <td data-label="last">{t.last_ms.map_or("—".to_owned(), |l| ago(now_ms, l))}</td>
-                            <td data-label="blocked"><span class=if is_blocked { "badge bad" } else { "badge ok" }>{blocked}</span></td>
+                            <td data-label="next request">{next}</td>
                         </tr>
                     }
                 }).collect_view()}

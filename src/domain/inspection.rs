@@ -76,6 +76,10 @@ pub struct Inspection {
     /// now (a check of bob is denied when his address is blocked).
     #[serde(default)]
     pub companions: Vec<Inspection>,
+    /// Its streaks of denials, per policy that denied a check of it in the last hour or two
+    /// (whichever identifier of the check bound).
+    #[serde(default)]
+    pub streaks: Vec<(String, crate::domain::throttle::Streak)>,
 }
 
 /// Whether the identifier's next request passes, and why not.
@@ -99,6 +103,16 @@ pub enum Verdict {
 }
 
 impl Inspection {
+    /// The verdict over time: the identifier's streak of denials (each denial of a check of
+    /// it credited, whichever identifier bound) under the policy that denied it last, with
+    /// that policy; `None` when it was not denied in the last hour or two.
+    pub fn steady(&self) -> Option<(&str, crate::domain::throttle::Streak)> {
+        self.streaks
+            .iter()
+            .map(|(p, s)| (p.as_str(), *s))
+            .max_by_key(|(_, s)| s.last_ms)
+    }
+
     /// The verdict over the identifier and those it is checked with: the block that lasts
     /// longest, or the rule closest to its limit.
     pub fn verdict(&self) -> Verdict {

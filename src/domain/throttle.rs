@@ -24,6 +24,103 @@ pub struct Throttle {
     pub until_ms: Option<i64>,
     /// Every identifier of the last denied check, the binding one among them.
     pub identifiers: Vec<String>,
+    /// Its denials as a state: since when, and what share of its checks.
+    #[serde(default)]
+    pub streak: Option<Streak>,
+}
+
+/// A streak of denials: from an identifier's first denial until a minute passes without one
+/// (`STREAK_GAP_MS`), its checks and denials under one policy, each identifier of a denied
+/// check credited. What "blocked" means over time, where `Throttle::blocked_at` is an
+/// instant that flips with every window.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Streak {
+    /// The streak's first denial and its last, ms since the epoch.
+    pub since_ms: i64,
+    pub last_ms: i64,
+    /// Checks counted since its first denial (by the instances that denied it), and how many
+    /// of them were denied.
+    pub checks: u64,
+    pub denials: u64,
+}
+
+/// A minute without a denial ends a streak.
+pub const STREAK_GAP_MS: i64 = 60_000;
+
+/// What a streak says at an instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreakState {
+    /// Denied at least half its checks, and denied within the last minute.
+    Blocked,
+    /// Denied within the last minute, but less than half its checks.
+    AtTimes,
+    /// No denial for a minute or more.
+    Over,
+}
+
+impl Streak {
+    /// The share of its checks denied, in percent (rounded down; 100 only when all were).
+    pub fn percent_denied(&self) -> u64 {
+        (self.denials.min(self.checks) * 100)
+            .checked_div(self.checks)
+            .unwrap_or(100)
+    }
+
+    /// Its state at `now_ms`.
+    pub fn state_at(&self, now_ms: i64) -> StreakState {
+        if now_ms - self.last_ms > STREAK_GAP_MS {
+            StreakState::Over
+        } else if self.denials * 2 >= self.checks {
+            StreakState::Blocked
+        } else {
+            StreakState::AtTimes
+        }
+    }
+
+    /// How long it has lasted at `now_ms` (until its last denial once it is over).
+    pub fn lasted_ms(&self, now_ms: i64) -> i64 {
+        let end = match self.state_at(now_ms) {
+            StreakState::Over => self.last_ms,
+            _ => now_ms,
+        };
+        (end - self.since_ms).max(0)
+    }
+
+    /// In words: "denied 97 % of 1,241 checks for 18 min".
+    pub fn words(&self, now_ms: i64) -> String {
+        format!(
+            "denied {} % of {} check{} for {}",
+            self.percent_denied(),
+            thousands(self.checks),
+            if self.checks == 1 { "" } else { "s" },
+            crate::domain::time::spoken_duration(self.lasted_ms(now_ms)),
+        )
+    }
+
+    /// The stored form: `since,last,checks,denials`.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let mut parts = raw.split(',');
+        let streak = Self {
+            since_ms: parts.next()?.parse().ok()?,
+            last_ms: parts.next()?.parse().ok()?,
+            checks: parts.next()?.parse().ok()?,
+            denials: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(streak)
+    }
+}
+
+/// `1241` as "1,241".
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 impl Throttle {
@@ -95,6 +192,23 @@ mod tests {
             ))
         );
         assert_eq!(parse_detail("garbage"), None);
+    }
+
+    #[test]
+    fn a_streak_is_a_state_that_holds_between_windows() {
+        let s = Streak::parse("1000,1081000,1241,1204").unwrap();
+        assert_eq!(s.percent_denied(), 97);
+        // Blocked whatever the instant: the next request may pass, the state holds.
+        assert_eq!(s.state_at(1_100_000), StreakState::Blocked);
+        assert_eq!(s.words(1_081_000), "denied 97 % of 1,241 checks for 18 min");
+        // A minute without a denial ends it; its length stops at the last denial.
+        assert_eq!(s.state_at(1_141_001), StreakState::Over);
+        assert_eq!(s.lasted_ms(5_000_000), 1_080_000);
+        let seldom = Streak { checks: 10, denials: 4, ..s };
+        assert_eq!(seldom.state_at(1_081_000), StreakState::AtTimes);
+        assert_eq!(Streak::parse("1,2,3"), None);
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
     }
 
     #[test]

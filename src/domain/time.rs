@@ -15,6 +15,23 @@ pub fn utc_seconds(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02} UTC")
 }
 
+/// A length of time as a person says it: "40 s", "18 min", "2 h 5 min", "3 days".
+pub fn spoken_duration(ms: i64) -> String {
+    let s = (ms.max(0) + 500) / 1000;
+    match s {
+        0..90 => format!("{s} s"),
+        90..5_400 => format!("{} min", (s + 30) / 60),
+        5_400..172_800 => {
+            let min = (s + 30) / 60;
+            match min % 60 {
+                0 => format!("{} h", min / 60),
+                m => format!("{} h {m} min", min / 60),
+            }
+        }
+        _ => format!("{} days", (s + 43_200) / 86_400),
+    }
+}
+
 /// Parses `YYYY-MM-DD`, `YYYY-MM-DD HH:MM` or `YYYY-MM-DDTHH:MM[:SS]` (UTC, as a
 /// `datetime-local` input sends it) to epoch milliseconds.
 pub fn parse_utc(raw: &str) -> Result<i64, String> {
@@ -84,6 +101,15 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_spoken() {
+        assert_eq!(spoken_duration(40_400), "40 s");
+        assert_eq!(spoken_duration(1_080_000), "18 min");
+        assert_eq!(spoken_duration(7_500_000), "2 h 5 min");
+        assert_eq!(spoken_duration(7_200_000), "2 h");
+        assert_eq!(spoken_duration(3 * 86_400_000), "3 days");
+    }
 
     #[test]
     fn dates_are_civil() {

@@ -158,8 +158,9 @@ pub struct HistoryCounts {
 }
 
 impl HistoryCounts {
-    /// Counts one answered check of `policy`: its outcome, each identifier it checked, and
-    /// the one that bound when it was denied.
+    /// Counts one answered check of `policy`: its outcome, and each identifier it checked,
+    /// each credited a denial when the check was denied (whichever bound; `denied_by` is the
+    /// one that did, counted even when it is not among `identifiers`).
     pub fn record<'a>(
         &self,
         policy: &str,
@@ -182,11 +183,13 @@ impl HistoryCounts {
         let tally = p.hour(hour);
         let mut added = 0;
         let mut denied_listed = false;
+        // A denied check is a denial of each of its identifiers (bob denied through his
+        // address was denied), not only of the one that bound.
+        let denied = u64::from(denied_by.is_some());
         for id in identifiers {
             label_into(&mut scratch, id);
-            let denied = denied_by == Some(id);
-            denied_listed |= denied;
-            added += usize::from(bump(tally, &scratch, 1, u64::from(denied), room));
+            denied_listed |= denied_by == Some(id);
+            added += usize::from(bump(tally, &scratch, 1, denied, room));
         }
         if let Some(id) = denied_by
             && !denied_listed

@@ -16,6 +16,9 @@ use crate::{
 mod reset;
 pub use reset::*;
 
+/// Policies whose streaks an inspection reads, at most (two keys each, in one pipeline).
+const MAX_STREAK_POLICIES: usize = 500;
+
 impl Service {
     /// The identifier's state in every policy that has rules for it: a peek at cost 0 per
     /// policy, and each rule's key's TTL. Redis failing is an error, not an empty answer.
@@ -95,7 +98,34 @@ impl Service {
             }
             out.policies.push(ps);
         }
+        self.fill_streaks(&mut out).await;
         Ok(out)
+    }
+
+    /// The inspected identifier's streaks of denials, in every policy (a check of it may be
+    /// denied by a policy none of whose rules counts it); left out when Redis cannot say.
+    async fn fill_streaks(&self, out: &mut Inspection) {
+        let names: Vec<String> = self
+            .policies
+            .all()
+            .iter()
+            .take(MAX_STREAK_POLICIES)
+            .map(|p| p.name.to_string())
+            .collect();
+        let of: Vec<(&str, &str)> = names
+            .iter()
+            .map(|p| (p.as_str(), out.identifier.as_str()))
+            .collect();
+        match self.store.streaks(&of).await {
+            Ok(streaks) => {
+                out.streaks = names
+                    .iter()
+                    .zip(streaks)
+                    .filter_map(|(p, s)| s.map(|s| (p.clone(), s)))
+                    .collect();
+            }
+            Err(error) => tracing::debug!(%error, "could not read the streaks of denials"),
+        }
     }
 
     /// The leases a concurrency entry holds now, with their ids.

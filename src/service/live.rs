@@ -4,13 +4,20 @@
 //!   overview would not count them;
 //! - what each denial was (the rule that bound, until when, every identifier of the
 //!   check), for "Throttled now";
+//! - each denied identifier's checks from its first denial on, so a streak of denials is a
+//!   state with a since and a share (`live/streaks.rs`, `lua/streaks.lua`);
 //! - which identifiers are checked together (user=bob with ip=203.0.113.11), so the
 //!   inspector can tell that bob was denied through his address. A pair is written once
 //!   per ten minutes per instance at most.
 
+mod streaks;
+
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -67,6 +74,9 @@ pub struct Denial<'a> {
 pub struct LiveCounts {
     pending: Arc<Mutex<HashMap<String, Pending>>>,
     together: Arc<Mutex<Together>>,
+    watch: Arc<Mutex<streaks::Watch>>,
+    /// How many identifiers `watch` holds: an allowed check takes its lock only when some are.
+    watching: Arc<AtomicUsize>,
 }
 
 impl LiveCounts {
@@ -145,6 +155,27 @@ impl LiveCounts {
         );
     }
 
+    /// Counts a check of `identifiers` under `policy` toward their streaks of denials: a
+    /// denial (every identifier of the check credited) starts watching them, an allowed check
+    /// counts for those watched. No lock while none is watched.
+    pub fn streak_check<'a>(
+        &self,
+        policy: &str,
+        identifiers: impl IntoIterator<Item = &'a Identifier>,
+        denied: bool,
+        now_ms: i64,
+    ) {
+        if !denied && self.watching.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut watch = self
+            .watch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        watch.checked(policy, identifiers, denied, now_ms);
+        self.watching.store(watch.len(), Ordering::Relaxed);
+    }
+
     /// Notes that `identifiers` were checked together (nothing for a single one).
     pub fn checked_together(&self, identifiers: &[Identifier], now_ms: i64) {
         if identifiers.len() < 2 {
@@ -186,7 +217,7 @@ impl LiveCounts {
         });
     }
 
-    /// Writes what waits: cached denials, denial details, companions.
+    /// Writes what waits: cached denials, denial details, streaks, companions.
     pub async fn flush(&self, store: &Store) {
         let drained: Vec<(String, Pending)> = self
             .pending
@@ -208,6 +239,20 @@ impl LiveCounts {
             let notes: Vec<DenialNote> = p.notes.into_values().collect();
             if let Err(error) = store.add_denial_details(&policy, &notes).await {
                 tracing::debug!(%error, "could not write what the denials were");
+            }
+        }
+        let streaks = {
+            let mut watch = self
+                .watch
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let drained = watch.drain(crate::service::now_ms());
+            self.watching.store(watch.len(), Ordering::Relaxed);
+            drained
+        };
+        for (policy, notes) in streaks {
+            if let Err(error) = store.add_streaks(&policy, &notes).await {
+                tracing::debug!(%error, "could not write the streaks of denials");
             }
         }
         let pairs: Vec<(String, Vec<String>)> = std::mem::take(

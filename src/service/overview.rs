@@ -94,6 +94,7 @@ impl Service {
         let mut throttled = throttled.unwrap_or_default();
         throttled.retain(|t| keep(&t.policy));
         throttled.truncate(top);
+        self.with_streaks(&mut throttled).await;
         let mut near = near.unwrap_or_default();
         near.retain(|r| keep(&r.policy));
         near.truncate(top);
@@ -117,6 +118,24 @@ impl Service {
 }
 
 impl Service {
+    /// Fills each row's streak of denials (left out when Redis cannot say).
+    async fn with_streaks(&self, throttled: &mut [crate::domain::throttle::Throttle]) {
+        let of: Vec<(&str, &str)> = throttled
+            .iter()
+            .map(|t| (t.policy.as_str(), t.identifier.as_str()))
+            .collect();
+        let streaks = match self.store.streaks(&of).await {
+            Ok(s) => s,
+            Err(error) => {
+                tracing::debug!(%error, "could not read the streaks of denials");
+                return;
+            }
+        };
+        for (t, streak) in throttled.iter_mut().zip(streaks) {
+            t.streak = streak;
+        }
+    }
+
     /// `policy`'s checks over the last minute, allowed and denied (every instance): what a
     /// change to it would touch.
     pub async fn policy_last_minute(&self, policy: &str) -> Result<(u64, u64), StoreError> {

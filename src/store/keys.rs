@@ -246,6 +246,15 @@ impl Keys {
         )
     }
 
+    /// `policy`'s streaks of denials of hour `hour` (see `lua/streaks.lua`).
+    pub fn stats_streaks(&self, policy: &str, hour: i64) -> String {
+        format!(
+            "{}:{{stats}}:streak:{}:{hour}",
+            self.namespace,
+            escape(policy)
+        )
+    }
+
     /// `policy`'s own most denied of minute `minute`.
     pub fn stats_policy_denied(&self, policy: &str, minute: i64) -> String {
         format!(

@@ -20,6 +20,7 @@ pub mod policies;
 mod sentinel;
 pub mod sessions;
 pub mod stats;
+pub mod streaks;
 
 pub(crate) use check::CheckContext;
 pub use check::{CheckEntry, Now, ScriptReply};
@@ -46,6 +47,7 @@ struct Scripts {
     session_touch: Script,
     stats_flush: Script,
     stats_detail: Script,
+    streaks: Script,
     companions: Script,
     alerts_lease: Script,
     leases: Script,
@@ -64,6 +66,7 @@ impl Scripts {
             alerts_lease: Script::new(include_str!("../../lua/alerts_lease.lua")),
             leases: leases::script(),
             stats_detail: Script::new(include_str!("../../lua/stats_detail.lua")),
+            streaks: Script::new(include_str!("../../lua/streaks.lua")),
             companions: Script::new(include_str!("../../lua/companions.lua")),
             reset: Script::new(include_str!("../../lua/reset.lua")),
             reset_undo: Script::new(include_str!("../../lua/reset_undo.lua")),

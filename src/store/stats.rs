@@ -316,6 +316,24 @@ impl Store {
         Ok(ranked)
     }
 
+    /// What is known of the denials of each (policy, identifier) of `of` over the last
+    /// `minutes` minutes (the identifier as the one that bound).
+    pub async fn denial_details(
+        &self,
+        of: &[(String, String)],
+        minutes: i64,
+    ) -> Result<Vec<Throttle>, StoreError> {
+        let ranked = of
+            .iter()
+            .map(|(policy, identifier)| Ranked {
+                policy: policy.clone(),
+                identifier: identifier.clone(),
+                value: 0,
+            })
+            .collect();
+        self.with_details(ranked, minutes).await
+    }
+
     /// `ranked` with the details of its denials over the last `minutes` minutes: the
     /// earliest first denial, and the rest from the latest.
     async fn with_details(

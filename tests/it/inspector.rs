@@ -69,9 +69,10 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
     let page = v.get("/identifiers?id=bob").await.text().await.unwrap();
     assert!(page.contains("Blocked now"), "the verdict comes first");
     assert!(page.contains("by shop › per-ip on ip=203.0.113.11 (checked together with user=bob)"));
-    // The reset's default is what blocks.
+    // The reset's default is what blocks when the button is pressed; the rule is offered too.
     assert!(
-        page.contains(r#"<option value="shop/per-ip ip=203.0.113.11" selected"#),
+        page.contains(r#"<option value="now" selected"#)
+            && page.contains(r#"<option value="shop/per-ip ip=203.0.113.11""#),
         "{}",
         &page[page.find("name=\"what\"").unwrap_or(0)..][..600.min(page.len())]
     );
@@ -107,11 +108,14 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
         .unwrap_or_default()
         .to_owned();
     assert!(
-        back.starts_with("/identifiers?id=bob&reset=2&undo="),
+        back.starts_with("/identifiers?id=bob&reset=2&what=") && back.contains("&undo="),
         "{back}"
     );
     let page = v.get(&back).await.text().await.unwrap();
-    assert!(page.contains("Reset done: 2 keys deleted."), "{page}");
+    assert!(
+        page.contains("Reset done (everything of user=bob, everything of ip=203.0.113.11): 2 keys deleted."),
+        "{page}"
+    );
     assert!(page.contains("Undo (for a minute)"));
     let r = v
         .post_form("/fn/inspect", &[("id", "user=bob")], None)

@@ -64,13 +64,21 @@ async fn checks_feed_the_rates_the_throttled_list_and_the_near_list() {
     assert_eq!(near[0].value, 100);
 
     // Every counter key expires.
+    // The rates, the denied and near sets, the denials' details with the policy's own list,
+    // and the streaks of denials (written by the same flush, a moment after the details).
+    let keys: Vec<String> = eventually(
+        "every counter key",
+        PATIENCE,
+        async || {
+            redis::cmd("KEYS")
+                .arg("spw:{stats}:*")
+                .query::<Vec<String>>(&mut redis.connection())
+                .unwrap()
+        },
+        |keys| keys.len() == 6,
+    )
+    .await;
     let mut conn = redis.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("spw:{stats}:*")
-        .query(&mut conn)
-        .unwrap();
-    // The rates, the denied and near sets, and the denials' details with the policy's own list.
-    assert_eq!(keys.len(), 5, "{keys:?}");
     for k in keys {
         let ttl: i64 = redis::cmd("PTTL").arg(&k).query(&mut conn).unwrap();
         assert!(ttl > 0, "{k} has no TTL");

@@ -79,6 +79,62 @@ pub async fn reset_identifier(
     use crate::service::identifiers::ResetTarget;
     let caller = crate::app::guard::require_change(Action::ResetIdentifier, &csrf)?;
     let reason = reason_given(&reason)?;
+    let targets = if what.trim() == NOW {
+        // Decided as the button is pressed: the page may have been read seconds ago.
+        vec![
+            state()
+                .service()
+                .what_denies(id.trim())
+                .await
+                .map_err(|e| AppError::unavailable("reset", e))?,
+        ]
+    } else {
+        targets_of(&scope, &id, &what)?
+    };
+    let done = state()
+        .service()
+        .reset_identifiers(&caller.actor(), &targets, reason)
+        .await
+        .map_err(reset_refused)?;
+    let page_id = if id.trim().is_empty() {
+        targets
+            .first()
+            .map(|t| t.identifier.clone())
+            .unwrap_or_default()
+    } else {
+        id.trim().to_owned()
+    };
+    let undo = done.undo.map(|u| u.token);
+    let what: Vec<String> = targets.iter().map(ResetTarget::words).collect();
+    let what = what.join(", ");
+    crate::app::guard::back_from_a_form(&format!(
+        "/identifiers?id={}&reset={}&what={}{}",
+        crate::domain::percent_encode(&page_id),
+        done.deleted_keys,
+        crate::domain::percent_encode(&what),
+        undo.as_ref()
+            .map(|t| format!("&undo={t}"))
+            .unwrap_or_default()
+    ));
+    Ok(ResetAnswer {
+        deleted: done.deleted_keys,
+        undo,
+        what,
+    })
+}
+
+/// The reset form's choice that is decided when the button is pressed.
+pub const NOW: &str = "now";
+
+/// The targets the reset form names: `what`, a line per target (`policy/rule identifier`,
+/// `policy identifier`, `* identifier`), or else `scope` and `id`.
+#[cfg(feature = "ssr")]
+fn targets_of(
+    scope: &str,
+    id: &str,
+    what: &str,
+) -> Result<Vec<crate::service::identifiers::ResetTarget>, AppError> {
+    use crate::service::identifiers::ResetTarget;
     let pairs: Vec<(&str, &str)> = if what.trim().is_empty() {
         vec![(scope.trim(), id.trim())]
     } else {
@@ -94,7 +150,7 @@ pub async fn reset_identifier(
             "names too many identifiers at once",
         ));
     }
-    let targets: Vec<ResetTarget> = pairs
+    Ok(pairs
         .iter()
         .map(|(scope, id)| {
             let (policy, rule) = match scope.split_once('/') {
@@ -108,33 +164,7 @@ pub async fn reset_identifier(
                 rule: rule.map(str::to_owned),
             }
         })
-        .collect();
-    let done = state()
-        .service()
-        .reset_identifiers(&caller.actor(), &targets, reason)
-        .await
-        .map_err(reset_refused)?;
-    let page_id = if id.trim().is_empty() {
-        targets
-            .first()
-            .map(|t| t.identifier.clone())
-            .unwrap_or_default()
-    } else {
-        id.trim().to_owned()
-    };
-    let undo = done.undo.map(|u| u.token);
-    crate::app::guard::back_from_a_form(&format!(
-        "/identifiers?id={}&reset={}{}",
-        crate::domain::percent_encode(&page_id),
-        done.deleted_keys,
-        undo.as_ref()
-            .map(|t| format!("&undo={t}"))
-            .unwrap_or_default()
-    ));
-    Ok(ResetAnswer {
-        deleted: done.deleted_keys,
-        undo,
-    })
+        .collect())
 }
 
 /// What a reset did, as the page says it: the keys deleted, and the token that undoes it
@@ -143,6 +173,9 @@ pub async fn reset_identifier(
 pub struct ResetAnswer {
     pub deleted: u64,
     pub undo: Option<String>,
+    /// What was reset, in words.
+    #[serde(default)]
+    pub what: String,
 }
 
 /// Puts back the counters of the reset `token` names (within a minute of it, once), and

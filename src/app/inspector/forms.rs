@@ -31,12 +31,24 @@ pub(super) fn ResetNotice(
             return view! { <p class="notice" role="status">{format!("Reset undone: {n} keys put back as they were.")}</p> }.into_any();
         }
         let answer = match reset.value().get() {
-            Some(Ok(a)) => Some((a.deleted.to_string(), a.undo)),
-            _ => q.get("reset").map(|n| (n, q.get("undo"))),
+            Some(Ok(a)) => Some((a.deleted.to_string(), a.undo, a.what)),
+            _ => q
+                .get("reset")
+                .map(|n| (n, q.get("undo"), q.get("what").unwrap_or_default())),
         };
-        let Some((n, token)) = answer else {
+        let Some((n, token, what)) = answer else {
             return ().into_any();
         };
+        if n == "0" {
+            return view! {
+                <p class="alert" role="status" data-testid="reset-nothing">
+                    {format!("Nothing was reset: no counters were held for {what}. If requests are still refused, look at what it is checked with and at its overrides below.")}
+                </p>
+            }
+            .into_any();
+        }
+        let keys = if n == "1" { "1 key" } else { "" };
+        let keys = if keys.is_empty() { format!("{n} keys") } else { keys.to_owned() };
         let undo_form = token.map(|token| view! {
             <Suspense fallback=|| ()>
                 {let (id, token) = (id.clone(), token.clone()); move || { let (id, token) = (id.clone(), token.clone()); Suspend::new(async move {
@@ -54,7 +66,7 @@ pub(super) fn ResetNotice(
         });
         view! {
             <div class="notice" role="status">
-                {format!("Reset done: {n} keys deleted. The counters start again from nothing. ")}
+                {format!("Reset done ({what}): {keys} deleted. The counters start again from nothing. ")}
                 {undo_form}
             </div>
         }
@@ -62,12 +74,14 @@ pub(super) fn ResetNotice(
     }
 }
 
-/// The reset's choices, what blocks first (and chosen): for the identifier and each one
+/// The reset's choices, "what refuses it when you press Reset" first (and chosen): for the identifier and each one
 /// it was checked together with, every policy, each policy with state and each rule of
 /// those; and all of them at once. Policies without state are left out.
 pub(super) fn reset_choices(i: &Inspection) -> (Vec<(String, String)>, String) {
-    use crate::domain::inspection::Verdict;
-    let mut opts: Vec<(String, String)> = Vec::new();
+    let mut opts: Vec<(String, String)> = vec![(
+        super::actions::NOW.to_owned(),
+        "What refuses it when you press Reset (decided then)".to_owned(),
+    )];
     let with_state = |p: &PolicyState| {
         p.status == "rules"
             && p.rules
@@ -106,15 +120,8 @@ pub(super) fn reset_choices(i: &Inspection) -> (Vec<(String, String)>, String) {
             ),
         ));
     }
-    let chosen = match i.verdict() {
-        Verdict::Blocked {
-            policy,
-            rule,
-            identifier,
-            ..
-        } if rule != "override" => format!("{policy}/{rule} {identifier}"),
-        _ => format!("* {}", i.identifier),
-    };
+    // Decided when pressed: what blocks may change between the page's read and the press.
+    let chosen = super::actions::NOW.to_owned();
     (opts, chosen)
 }
 
@@ -129,6 +136,13 @@ pub(super) fn ResetForm(
     // The choices as the page was read: a live sample must not change the selection
     // under the person's hand.
     let (opts, chosen) = reset_choices(&inspection);
+    // Only "now" and "everything" of each identifier: nothing is counted for any of them.
+    let holds_nothing = !opts.iter().any(|(v, _)| v != super::actions::NOW && !v.starts_with("* "));
+    let nothing = holds_nothing.then(|| view! {
+        <p class="notice" role="note" data-testid="reset-would-delete-nothing">
+            {format!("No counters are held for {} or what it is checked with now: a reset would delete nothing. If requests are refused, look at its overrides.", inspection.identifier)}
+        </p>
+    });
     let options = opts
         .into_iter()
         .map(|(v, l)| {
@@ -139,6 +153,7 @@ pub(super) fn ResetForm(
     view! {
         <section class="card" aria-labelledby="reset-heading">
             <h2 id="reset-heading">"Reset"</h2>
+            {nothing}
             <ActionForm action=action attr:class="row">
                 <CsrfField csrf=csrf/>
                 <input type="hidden" name="id" value=page_id/>

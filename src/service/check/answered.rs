@@ -52,6 +52,13 @@ impl Service {
         if !settled.degraded {
             let now_ms = crate::service::now_ms();
             self.live.checked_together(settled.together, now_ms);
+            self.live.streak_check(
+                settled.policy.name.as_str(),
+                settled.together,
+                // A shadow denial let the request through: no streak.
+                settled.outcome == history::Outcome::Denied,
+                now_ms,
+            );
             if let Some(denial) = settled.denial {
                 self.live.denied(
                     settled.policy.name.as_str(),
@@ -61,10 +68,12 @@ impl Service {
                 );
             }
         }
+        // The history counts every identifier the check carried: `user=scraper`, denied
+        // through the address a rule limits, was denied too.
         self.answered(
             settled.policy,
             settled.outcome,
-            limited,
+            settled.together,
             settled.denial.map(|d| d.identifier),
             started,
         );

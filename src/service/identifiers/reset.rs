@@ -59,6 +59,69 @@ pub struct ResetTarget {
     pub rule: Option<String>,
 }
 
+impl ResetTarget {
+    /// In words: "demo › per-minute on ip=203.0.113.11", "everything of user=bob".
+    pub fn words(&self) -> String {
+        match (&self.policy, &self.rule) {
+            (Some(p), Some(r)) => format!("{p} › {r} on {}", self.identifier),
+            (Some(p), None) => format!("{p} on {}", self.identifier),
+            _ => format!("everything of {}", self.identifier),
+        }
+    }
+}
+
+impl Service {
+    /// What to reset to let `typed` through, decided now (the inspector's first choice, taken
+    /// when the button is pressed, not when the page loaded): the rule that denies it or one
+    /// it is checked with right now; else the one that denied them last in the last five
+    /// minutes; else everything of the identifier.
+    pub async fn what_denies(&self, typed: &str) -> Result<ResetTarget, StoreError> {
+        use crate::domain::inspection::Verdict;
+        let inspection = self.inspect_typed(typed).await;
+        if let Verdict::Blocked {
+            policy,
+            rule,
+            identifier,
+            ..
+        } = inspection.verdict()
+            && rule != "override"
+        {
+            return Ok(ResetTarget {
+                identifier,
+                policy: Some(policy),
+                rule: Some(rule),
+            });
+        }
+        let of: Vec<(String, String)> = std::iter::once(&inspection)
+            .chain(&inspection.companions)
+            .flat_map(|x| {
+                x.policies
+                    .iter()
+                    .map(|p| (p.policy.clone(), x.identifier.clone()))
+            })
+            .collect();
+        let latest = self
+            .store
+            .denial_details(&of, 5)
+            .await?
+            .into_iter()
+            .filter(|t| t.rule.as_deref().is_some_and(|r| r != "override"))
+            .max_by_key(|t| t.last_ms);
+        Ok(match latest {
+            Some(t) => ResetTarget {
+                identifier: t.identifier,
+                policy: Some(t.policy),
+                rule: t.rule,
+            },
+            None => ResetTarget {
+                identifier: inspection.identifier,
+                policy: None,
+                rule: None,
+            },
+        })
+    }
+}
+
 /// What an undo needs of a reset, kept beside it for [`UNDO_FOR`].
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct ResetRecord {
