@@ -97,6 +97,8 @@ test("support: bob says he is blocked; he is, through his address; one reset fre
     await page.getByRole("button", { name: "Inspect" }).click();
     await expect(page.getByTestId("verdict")).toContainText("Blocked now", { timeout: 1000 });
     await expect(what.locator(`option[value="${policy}/per-ip ip=${ip}"]`)).toHaveCount(1, { timeout: 1000 });
+    // Over time too: his one check since the first denial was denied.
+    await expect(page.getByTestId("steady")).toContainText("Over time: blocked", { timeout: 1000 });
   }).toPass({ timeout: 10_000 });
   // The address is what was asked, as a browser writes it (no `&=` of a nameless button).
   expect(new URL(page.url()).search).toBe(`?id=${bob}`);
@@ -109,7 +111,6 @@ test("support: bob says he is blocked; he is, through his address; one reset fre
   // The reset's default is what refuses him when the button is pressed (decided then);
   // support resets bob and his address in one go.
   await expect(what).toHaveValue("now");
-  await expect(page.getByTestId("steady")).toContainText("Over time: blocked");
   await what.selectOption({ label: `user=${bob} and the 1 checked with it: everything` });
   await page.getByRole("region", { name: "Reset" }).getByLabel("Reason").fill("bob's ticket 4711");
   await page.getByRole("button", { name: "Reset counters" }).click();
