@@ -320,11 +320,35 @@ fn steady_line(inspection: &Inspection) -> impl IntoView + use<> {
     let now = inspection.at_ms;
     let (class, text) = match inspection.steady() {
         Some((policy, s)) => match s.state_at(now) {
-            StreakState::Blocked => ("verdict bad", format!("Over time: blocked in {policy} — {}; the last denial {} ago.", s.words(now), crate::domain::time::spoken_duration(now - s.last_ms))),
-            StreakState::AtTimes => ("verdict warn", format!("Over time: denied at times in {policy} — {}; the last denial {} ago.", s.words(now), crate::domain::time::spoken_duration(now - s.last_ms))),
-            StreakState::Over => ("verdict ok", format!("Over time: not denied for {}; before that, in {policy}, {}.", crate::domain::time::spoken_duration(now - s.last_ms), s.words(now))),
+            StreakState::Blocked => (
+                "verdict bad",
+                format!(
+                    "Over time: blocked in {policy} — {}; the last denial {} ago.",
+                    s.words(now),
+                    crate::domain::time::spoken_duration(now - s.last_ms)
+                ),
+            ),
+            StreakState::AtTimes => (
+                "verdict warn",
+                format!(
+                    "Over time: denied at times in {policy} — {}; the last denial {} ago.",
+                    s.words(now),
+                    crate::domain::time::spoken_duration(now - s.last_ms)
+                ),
+            ),
+            StreakState::Over => (
+                "verdict ok",
+                format!(
+                    "Over time: not denied for {}; before that, in {policy}, {}.",
+                    crate::domain::time::spoken_duration(now - s.last_ms),
+                    s.words(now)
+                ),
+            ),
         },
-        None => ("verdict ok", "Over time: no denial in the last hour.".to_owned()),
+        None => (
+            "verdict ok",
+            "Over time: no denial in the last hour.".to_owned(),
+        ),
     };
     view! { <p class=class data-testid="steady">{text}</p> }
 }

@@ -204,7 +204,11 @@ mod tests {
         // A minute without a denial ends it; its length stops at the last denial.
         assert_eq!(s.state_at(1_141_001), StreakState::Over);
         assert_eq!(s.lasted_ms(5_000_000), 1_080_000);
-        let seldom = Streak { checks: 10, denials: 4, ..s };
+        let seldom = Streak {
+            checks: 10,
+            denials: 4,
+            ..s
+        };
         assert_eq!(seldom.state_at(1_081_000), StreakState::AtTimes);
         assert_eq!(Streak::parse("1,2,3"), None);
         assert_eq!(thousands(1_234_567), "1,234,567");

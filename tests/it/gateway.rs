@@ -108,8 +108,12 @@ impl Envoy {
                 .collect()
         };
         Self::launch_as(app, backend, |config: String| {
-            let start = config.find("          - name: envoy.filters.http.ratelimit").unwrap();
-            let end = config.find("          - name: envoy.filters.http.router").unwrap();
+            let start = config
+                .find("          - name: envoy.filters.http.ratelimit")
+                .unwrap();
+            let end = config
+                .find("          - name: envoy.filters.http.router")
+                .unwrap();
             let route_at = config.find("{route}").unwrap();
             let mut out = config[..route_at].to_owned();
             out.push_str(&indent(route, 18));
@@ -129,8 +133,16 @@ impl Envoy {
         filter_limits: &str,
         cluster_tls: &str,
     ) -> Self {
-        Self::launch_with_config(app, backend, key, rate_limits, filter_limits, cluster_tls, |c| c)
-            .await
+        Self::launch_with_config(
+            app,
+            backend,
+            key,
+            rate_limits,
+            filter_limits,
+            cluster_tls,
+            |c| c,
+        )
+        .await
     }
 
     /// Envoy with the configuration `edit` makes of the usual one (whose route's rate limits

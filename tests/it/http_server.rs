@@ -364,3 +364,45 @@ async fn bodies_are_read_only_for_known_callers() {
         .await;
     assert_eq!(ok.status(), 200);
 }
+
+#[tokio::test]
+async fn pages_are_sent_compressed_and_checks_as_they_are() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 60000}]});
+    for i in 0..40 {
+        app.put_policy(&format!("policy-{i:02}"), rule.clone())
+            .await;
+    }
+    add_user(&store(&redis).await, "ada", Role::Admin).await;
+    let v = Visitor::signed_in(&app, "ada").await;
+    let cookie = v.cookie_header().unwrap();
+    let raw = reqwest::Client::builder().build().unwrap();
+    // The policies page, signed in: a page of some size.
+    let page = |encoding: &'static str| {
+        raw.get(app.url("/policies"))
+            .header(header::COOKIE, &cookie)
+            .header(header::ACCEPT_ENCODING, encoding)
+            .send()
+    };
+    let plain = page("identity").await.unwrap();
+    assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
+    let plain_len = plain.bytes().await.unwrap().len();
+    for (asked, sent) in [("br, gzip", "br"), ("gzip", "gzip")] {
+        let r = page(asked).await.unwrap();
+        assert_eq!(r.headers()[header::CONTENT_ENCODING], sent);
+        let len = r.bytes().await.unwrap().len();
+        assert!(len * 4 < plain_len, "{sent}: {len} bytes of {plain_len}");
+    }
+    // A check's answer is small: sent as it is, whatever the caller takes.
+    let r = raw
+        .post(app.url("/api/v1/check"))
+        .bearer_auth(helpers::SERVICE_KEY)
+        .header(header::ACCEPT_ENCODING, "br, gzip")
+        .json(&json!({"policy": "policy-00", "identifiers": {"user": "u"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers().get(header::CONTENT_ENCODING).is_none());
+}

@@ -113,7 +113,9 @@ async fn bob_is_blocked_through_his_address_and_one_reset_frees_both() {
     );
     let page = v.get(&back).await.text().await.unwrap();
     assert!(
-        page.contains("Reset done (everything of user=bob, everything of ip=203.0.113.11): 2 keys deleted."),
+        page.contains(
+            "Reset done (everything of user=bob, everything of ip=203.0.113.11): 2 keys deleted."
+        ),
         "{page}"
     );
     assert!(page.contains("Undo (for a minute)"));

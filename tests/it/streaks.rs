@@ -59,8 +59,10 @@ async fn a_client_denied_most_of_the_time_is_blocked_with_its_share_and_a_real_s
     clear_of_window_turn(Duration::from_secs(60)).await;
     // 100 checks: 3 pass, 97 are denied; from the first denial on, each is counted.
     for _ in 0..100 {
-        app.check(json!({"policy": "scrape", "identifiers": {"user": "scraper", "ip": "192.0.2.66"}}))
-            .await;
+        app.check(
+            json!({"policy": "scrape", "identifiers": {"user": "scraper", "ip": "192.0.2.66"}}),
+        )
+        .await;
     }
     let mut v = admin(&app, &redis).await;
     let row = eventually(
@@ -75,8 +77,14 @@ async fn a_client_denied_most_of_the_time_is_blocked_with_its_share_and_a_real_s
     assert_eq!(row["streak"]["since_ms"], now - 18 * 60_000, "{row}");
     let page = v.get("/").await.text().await.unwrap();
     let row_html = &page[page.find("data-testid=\"throttled\"").unwrap()..];
-    for text in ["blocked: denied 97 % of 997 checks for 18 min", "18 min ago"] {
-        assert!(row_html.contains(text), "the overview shows {text:?}: {row_html}");
+    for text in [
+        "blocked: denied 97 % of 997 checks for 18 min",
+        "18 min ago",
+    ] {
+        assert!(
+            row_html.contains(text),
+            "the overview shows {text:?}: {row_html}"
+        );
     }
     // The identifier it was checked with is credited every denial too.
     let inspection = inspect(&mut v, "user=scraper").await;
@@ -88,7 +96,12 @@ async fn a_client_denied_most_of_the_time_is_blocked_with_its_share_and_a_real_s
 /// page comes back to.
 async fn reset(app: &TestApp, v: &mut Visitor, id: &str, what: &str) -> String {
     let csrf = v.csrf().await;
-    let form = [("csrf", csrf.as_str()), ("id", id), ("what", what), ("reason", "ticket 12")];
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("id", id),
+        ("what", what),
+        ("reason", "ticket 12"),
+    ];
     let r = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -132,7 +145,10 @@ async fn a_reset_decided_when_pressed_frees_bob_and_one_that_deletes_nothing_say
     .await;
     // The form's default is decided on the server when pressed: the address's rule.
     let back = reset(&app, &mut v, "bob", "now").await;
-    assert!(back.starts_with("/identifiers?id=bob&reset=1&what="), "{back}");
+    assert!(
+        back.starts_with("/identifiers?id=bob&reset=1&what="),
+        "{back}"
+    );
     let page = v.get(&back).await.text().await.unwrap();
     assert!(
         page.contains("Reset done (shop › per-ip on ip=203.0.113.11): 1 key deleted."),
@@ -142,7 +158,12 @@ async fn a_reset_decided_when_pressed_frees_bob_and_one_that_deletes_nothing_say
     // Nothing counted for eve: the page says so before, and the reset says so after.
     app.check(json!({"policy": "shop", "identifiers": {"user": "eve"}}))
         .await;
-    let page = v.get("/identifiers?id=user%3Dmallory").await.text().await.unwrap();
+    let page = v
+        .get("/identifiers?id=user%3Dmallory")
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains("a reset would delete nothing"), "before");
     let back = reset(&app, &mut v, "user=mallory", "now").await;
     let page = v.get(&back).await.text().await.unwrap();

@@ -48,7 +48,11 @@ pub(super) fn ResetNotice(
             .into_any();
         }
         let keys = if n == "1" { "1 key" } else { "" };
-        let keys = if keys.is_empty() { format!("{n} keys") } else { keys.to_owned() };
+        let keys = if keys.is_empty() {
+            format!("{n} keys")
+        } else {
+            keys.to_owned()
+        };
         let undo_form = token.map(|token| view! {
             <Suspense fallback=|| ()>
                 {let (id, token) = (id.clone(), token.clone()); move || { let (id, token) = (id.clone(), token.clone()); Suspend::new(async move {
@@ -137,7 +141,9 @@ pub(super) fn ResetForm(
     // under the person's hand.
     let (opts, chosen) = reset_choices(&inspection);
     // Only "now" and "everything" of each identifier: nothing is counted for any of them.
-    let holds_nothing = !opts.iter().any(|(v, _)| v != super::actions::NOW && !v.starts_with("* "));
+    let holds_nothing = !opts
+        .iter()
+        .any(|(v, _)| v != super::actions::NOW && !v.starts_with("* "));
     let nothing = holds_nothing.then(|| view! {
         <p class="notice" role="note" data-testid="reset-would-delete-nothing">
             {format!("No counters are held for {} or what it is checked with now: a reset would delete nothing. If requests are refused, look at its overrides.", inspection.identifier)}

@@ -29,7 +29,10 @@ fn action(key: &str, value: Option<&str>) -> String {
             quoted(value.unwrap_or("..."))
         ),
         k if is_path(k, value) => {
-            format!("request_headers: {{header_name: \":path\", descriptor_key: {}}}", quoted(k))
+            format!(
+                "request_headers: {{header_name: \":path\", descriptor_key: {}}}",
+                quoted(k)
+            )
         }
         k => format!(
             "request_headers: {{header_name: {}, descriptor_key: {}}}",
@@ -55,7 +58,11 @@ fn needs_value(key: &str) -> bool {
 
 /// Every descriptor path of `descriptors` (below `above`) that has a `rate_limit`, merged
 /// where the actions are the same, in the file's order.
-fn entries(descriptors: &[DescriptorDoc], above: &[(String, Option<String>)], out: &mut Vec<Entry>) {
+fn entries(
+    descriptors: &[DescriptorDoc],
+    above: &[(String, Option<String>)],
+    out: &mut Vec<Entry>,
+) {
     for d in descriptors {
         let mut keys = above.to_vec();
         let value = needs_value(&d.key).then(|| d.value.clone()).flatten();
