@@ -60,8 +60,7 @@ fn id_of(search: &str) -> String {
 }
 
 /// The notice of an override added from the inspector.
-const OVERRIDE_ADDED: &str =
-    "Override added. It is listed on the policy's page, where it can be removed.";
+const OVERRIDE_ADDED: &str = "Override added. It is listed under “Overrides on it” below (and on the policy's page), where it can be extended or removed.";
 
 #[component]
 #[expect(clippy::too_many_lines, reason = "a page whose body is one view")]
@@ -72,6 +71,7 @@ pub fn InspectorPage() -> impl IntoView {
     let undo = ServerAction::<UndoReset>::new();
     let release = ServerAction::<ReleaseLease>::new();
     let exempt = ServerAction::<crate::app::policies::AddOverride>::new();
+    let change_ov = ServerAction::<crate::app::policies::ChangeOverride>::new();
     // Each press of Inspect reads anew: for the identifier the page already shows the
     // address does not change, so the router alone would not (and the reset's choices are
     // of the page's read). A new identifier changes both in one go: one read.
@@ -86,9 +86,10 @@ pub fn InspectorPage() -> impl IntoView {
                 release.version().get(),
                 exempt.version().get(),
                 undo.version().get(),
+                change_ov.version().get(),
             )
         },
-        |(id, _, _, _, _, _)| async move {
+        |(id, _, _, _, _, _, _)| async move {
             if id.trim().is_empty() {
                 Ok(None)
             } else {
@@ -115,10 +116,11 @@ pub fn InspectorPage() -> impl IntoView {
     );
     let session = use_session();
     // A form posted without JavaScript comes back with `done=<form>` for its notice.
-    let (released, gone, exempted) = (
+    let (released, gone, exempted, ov_changed) = (
         use_done("lease"),
         use_done("lease-gone"),
         use_done("override"),
+        use_done("override-changed"),
     );
     let live = RwSignal::new(None::<Inspection>);
     let history = RwSignal::new(Vec::<Inspection>::new());
@@ -138,6 +140,7 @@ pub fn InspectorPage() -> impl IntoView {
         undo.version().track();
         release.version().track();
         exempt.version().track();
+        change_ov.version().track();
         live.set(None);
     });
 
@@ -168,6 +171,12 @@ pub fn InspectorPage() -> impl IntoView {
             None if exempted.get() => Some(view! { <p class="notice" role="status">{OVERRIDE_ADDED}</p> }.into_any()),
             None => None,
         }}
+        {move || match change_ov.value().get() {
+            Some(Ok(())) => Some(view! { <p class="notice" role="status">"Override changed: the audit log has it."</p> }.into_any()),
+            Some(Err(e)) => Some(view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any()),
+            None if ov_changed.get() => Some(view! { <p class="notice" role="status">"Override changed: the audit log has it."</p> }.into_any()),
+            None => None,
+        }}
         <Suspense fallback=|| view! { <p>"Reading counters…"</p> }>
             {move || Suspend::new(async move {
                 let s = session.await.unwrap_or_default();
@@ -191,7 +200,7 @@ pub fn InspectorPage() -> impl IntoView {
                             let first = first.clone();
                             move || live.get().unwrap_or_else(|| first.clone())
                         };
-                        let (c1, c2, c3, c4) = (current.clone(), current.clone(), current.clone(), current.clone());
+                        let (c1, c2, c3, c4, c5) = (current.clone(), current.clone(), current.clone(), current.clone(), current.clone());
                         view! {
                             <datalist id="recent-identifiers">
                                 {recent.into_iter().map(|r| view! { <option value=r/> }).collect_view()}
@@ -202,6 +211,7 @@ pub fn InspectorPage() -> impl IntoView {
                             {move || view! { <Companions inspection=c3()/> }}
                             {move || view! { <Policies inspection=c4()/> }}
                             {leases}
+                            {let csrf = csrf.clone(); move || view! { <OverridesHere inspection=c5() action=change_ov csrf=csrf.clone() can_change=can_override/> }}
                             {can_override.then(|| view! { <OverrideForm action=exempt inspection=first.clone() csrf=csrf.clone()/> })}
                             <Suspense fallback=|| ()>
                                 {move || Suspend::new(async move {
@@ -266,6 +276,7 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
             passes_in_ms,
             penalty_ms,
         } => {
+            let through = through_another(&inspection, &identifier);
             let on = if identifier == inspection.identifier {
                 identifier
             } else {
@@ -291,6 +302,7 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
                 <p class="verdict bad" role="status" data-testid="verdict">
                     <strong>"Blocked now"</strong>{format!(" by {policy} › {rule} on {on} — {when}.")}
                 </p>
+                {through}
             }
             .into_any()
         }
@@ -311,6 +323,42 @@ fn VerdictBanner(inspection: Inspection) -> impl IntoView {
     };
     let steady = steady_line(&inspection);
     view! { {resolved} {verdict} {steady} }.into_any()
+}
+
+/// When what blocks is another identifier the inspected one is checked with: how many it is
+/// checked with (a shared address blocks hundreds), that acting on the inspected identifier
+/// alone leaves it blocking, and a link to act on it.
+fn through_another(inspection: &Inspection, blocking: &str) -> Option<impl IntoView + use<>> {
+    if blocking == inspection.identifier {
+        return None;
+    }
+    let seen = inspection
+        .companions
+        .iter()
+        .find(|c| c.identifier == blocking)
+        .map_or(0, |c| c.companions_seen);
+    let shared = if seen > 1 {
+        format!(
+            "{blocking} was checked with {seen} identifiers in the last hour{}. ",
+            if seen > 16 { ": a shared address?" } else { "" }
+        )
+    } else {
+        String::new()
+    };
+    let exempt = inspection
+        .overrides
+        .iter()
+        .find(|o| o.in_force && o.document["action"] == "unlimited")
+        .map(|o| format!("{} is exempt in {}, yet ", inspection.identifier, o.policy))
+        .unwrap_or_default();
+    let href = format!("/identifiers?id={}", super::overview::encode(blocking));
+    Some(view! {
+        <p class="notice" role="note" data-testid="through-another">
+            {format!("{shared}{exempt}Resetting, exempting or limiting {} alone leaves {blocking} blocking it: ", inspection.identifier)}
+            <a href=format!("{href}#override")>{format!("reset, exempt or limit {blocking}")}</a>
+            " (or reset both at once below)."
+        </p>
+    })
 }
 
 /// The verdict over time, beside the instant one: a full window lets a request through now
@@ -388,7 +436,12 @@ fn Companions(inspection: Inspection) -> impl IntoView {
                 Verdict::NotBlocked { closest: None } => "not blocked".to_owned(),
             };
             let href = format!("/identifiers?id={}", super::overview::encode(&c.identifier));
-            view! { <li><a href=href>{c.identifier.clone()}</a>" — "{state}</li> }
+            let seen = match c.companions_seen {
+                0 | 1 => String::new(),
+                n if n > 16 => format!(" · checked with {n} identifiers in the last hour: a shared address?"),
+                n => format!(" · checked with {n} identifiers in the last hour"),
+            };
+            view! { <li><a href=href>{c.identifier.clone()}</a>" — "{state}<span class="muted">{seen}</span></li> }
         })
         .collect_view();
     view! {

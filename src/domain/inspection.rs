@@ -43,6 +43,19 @@ pub struct LeaseView {
     pub expires_in_ms: u64,
 }
 
+/// An override that applies to the identifier, as the inspector lists it (to extend or
+/// remove it where it acts).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrideView {
+    pub policy: String,
+    /// Its place in the policy's list, from 0 (what removing it names).
+    pub index: usize,
+    /// The override as stored: `match`, `action`, `rules`, `expires_at_ms`, `reason`.
+    pub document: serde_json::Value,
+    /// Whether it is the one that applies (the most precise match wins).
+    pub in_force: bool,
+}
+
 /// One policy's view of the identifier.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyState {
@@ -76,6 +89,13 @@ pub struct Inspection {
     /// now (a check of bob is denied when his address is blocked).
     #[serde(default)]
     pub companions: Vec<Inspection>,
+    /// How many distinct identifiers it was checked together with in the last hour (a
+    /// shared address: hundreds of users).
+    #[serde(default)]
+    pub companions_seen: u64,
+    /// The overrides that apply to it now, in every policy.
+    #[serde(default)]
+    pub overrides: Vec<OverrideView>,
     /// Its streaks of denials, per policy that denied a check of it in the last hour or two
     /// (whichever identifier of the check bound).
     #[serde(default)]

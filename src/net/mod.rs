@@ -4,6 +4,7 @@
 //! on the way out, which addresses webhooks may reach and how they are signed and sent.
 
 pub mod batched_writes;
+pub mod compression;
 pub mod connection;
 pub mod forwarded;
 pub mod outbound;

@@ -16,6 +16,27 @@ use crate::{
 mod reset;
 pub use reset::*;
 
+/// The overrides of `policy` that apply to `id` at `now_ms`, the one in force marked.
+fn overrides_of(
+    policy: &crate::domain::Policy,
+    id: &Identifier,
+    now_ms: i64,
+) -> Vec<crate::domain::inspection::OverrideView> {
+    let best = crate::domain::overrides::best_match(&policy.overrides, id, now_ms);
+    policy
+        .overrides
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| o.applies(id, now_ms))
+        .map(|(index, o)| crate::domain::inspection::OverrideView {
+            policy: policy.name.to_string(),
+            index,
+            document: serde_json::to_value(o).unwrap_or_default(),
+            in_force: best.is_some_and(|b| std::ptr::eq(b, o)),
+        })
+        .collect()
+}
+
 /// Policies whose streaks an inspection reads, at most (two keys each, in one pipeline).
 const MAX_STREAK_POLICIES: usize = 500;
 
@@ -30,6 +51,7 @@ impl Service {
             ..Inspection::default()
         };
         for policy in self.policies.all() {
+            out.overrides.extend(overrides_of(&policy, id, now_ms));
             let mut ps = PolicyState {
                 policy: policy.name.to_string(),
                 version: policy.version,
@@ -232,8 +254,13 @@ impl Service {
         let mut inspection = self.inspect(&id).await?;
         inspection.typed = resolved_from;
         inspection.recent = lookup.recent;
-        for companion in self.companions(&id).await?.into_iter().take(MAX_COMPANIONS) {
-            inspection.companions.push(self.inspect(&companion).await?);
+        let companions = self.companions(&id).await?;
+        inspection.companions_seen = self.companions_seen(&id, companions.len()).await?;
+        for companion in companions.into_iter().take(MAX_COMPANIONS) {
+            let mut c = self.inspect(&companion).await?;
+            let listed = self.companions(&companion).await?.len();
+            c.companions_seen = self.companions_seen(&companion, listed).await?;
+            inspection.companions.push(c);
         }
         Ok(inspection)
     }
@@ -361,6 +388,16 @@ impl Service {
             }
         }
         Ok(out)
+    }
+
+    /// How many distinct identifiers `id` was checked together with in the last hour: the
+    /// count kept for a shared one, else the `listed` its companions list holds.
+    async fn companions_seen(&self, id: &Identifier, listed: usize) -> Result<u64, StoreError> {
+        Ok(self
+            .store
+            .companion_count(&id.to_string())
+            .await?
+            .map_or(listed as u64, |n| n.max(listed as u64)))
     }
 
     /// The identifiers `id` was checked together with in the last hour.

@@ -269,6 +269,16 @@ impl Keys {
         format!("{}:{{stats}}:together:{slot}", self.namespace)
     }
 
+    /// The distinct companions of a shared identifier (one with more than the companions
+    /// hash keeps) in ten minutes `slot`: a HyperLogLog.
+    pub fn stats_companion_count(&self, identifier: &str, slot: i64) -> String {
+        format!(
+            "{}:{{stats}}:together-n:{}:{slot}",
+            self.namespace,
+            escape(identifier)
+        )
+    }
+
     /// History (see `store/history.rs`): one block of `step` counts of `scope` (a policy,
     /// or `*` for every policy together), a hash with a TTL past its retention.
     pub fn history_counts(&self, scope: &str, step: Step, block: i64) -> String {

@@ -232,13 +232,49 @@ impl Store {
         if pairs.is_empty() {
             return Ok(());
         }
+        let slot = ten_minutes_of(now_ms());
         let mut invocation = self.scripts.companions.prepare_invoke();
-        invocation.key(self.keys.stats_companions(ten_minutes_of(now_ms())));
+        invocation.key(self.keys.stats_companions(slot));
         for (id, others) in pairs {
             invocation.arg(id).arg(others.join("\n"));
         }
-        let _: i64 = self.invoke(&invocation).await?;
+        let shared: Vec<String> = self.invoke(&invocation).await?;
+        if shared.is_empty() {
+            return Ok(());
+        }
+        // The shared ones: their companions counted in a HyperLogLog (12 KB at most each,
+        // for identifiers with more than 16 companions in ten minutes only).
+        let mut pipe = redis::pipe();
+        for pair in shared.chunks(2) {
+            let [id, all] = pair else { continue };
+            let key = self.keys.stats_companion_count(id, slot);
+            pipe.cmd("PFADD")
+                .arg(&key)
+                .arg(all.split('\n').collect::<Vec<_>>())
+                .ignore();
+            pipe.cmd("PEXPIRE").arg(&key).arg(4_200_000).ignore();
+        }
+        let () = self.query_pipe(&pipe).await?;
         Ok(())
+    }
+
+    /// How many distinct identifiers `identifier` was checked together with in the last
+    /// hour: counted for a shared one (`None` when it never had more companions than the
+    /// list keeps: then the list is the count).
+    pub async fn companion_count(&self, identifier: &str) -> Result<Option<u64>, StoreError> {
+        let current = ten_minutes_of(now_ms());
+        let keys: Vec<String> = (current - 6..=current)
+            .map(|slot| self.keys.stats_companion_count(identifier, slot))
+            .collect();
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(&keys);
+        let present: u64 = self.query(&exists).await?;
+        if present == 0 {
+            return Ok(None);
+        }
+        let mut count = redis::cmd("PFCOUNT");
+        count.arg(&keys);
+        Ok(Some(self.query(&count).await?))
     }
 
     /// The identifiers `identifier` was checked together with in the last hour, most recent

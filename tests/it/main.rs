@@ -36,6 +36,7 @@ mod penalty;
 mod report;
 mod sentinel;
 mod service;
+mod shared;
 mod streaks;
 mod tls;
 mod traces;

@@ -270,3 +270,60 @@ pub(super) fn Leases(
     }
     .into_any()
 }
+
+/// The overrides that apply to the identifier, where they act: each with its action, expiry
+/// and reason, and (for support and admins) Extend by a day and Remove.
+#[component]
+pub(super) fn OverridesHere(
+    inspection: Inspection,
+    action: ServerAction<crate::app::policies::ChangeOverride>,
+    csrf: String,
+    can_change: bool,
+) -> impl IntoView {
+    if inspection.overrides.is_empty() {
+        return ().into_any();
+    }
+    let rows = inspection.overrides.into_iter().map(|o| {
+        let matcher = o.document["match"].as_str().unwrap_or_default().to_owned();
+        let words = crate::app::policies::override_action_words(&o.document);
+        let expires = o.document["expires_at_ms"].as_i64();
+        let until = expires.map_or("until removed".to_owned(), |t| {
+            format!("until {}", crate::domain::time::utc_minutes(Some(t)))
+        });
+        let reason = o.document["reason"].as_str().unwrap_or_default().to_owned();
+        let force = if o.in_force { "" } else { " (a more precise one applies)" };
+        let (csrf, policy, shown) = (csrf.clone(), o.policy.clone(), matcher.clone());
+        let form = move |change: &'static str, label: &'static str| {
+            view! {
+                <ActionForm action=action attr:class="inline">
+                    <CsrfField csrf=csrf.clone()/>
+                    <input type="hidden" name="name" value=policy.clone()/>
+                    <input type="hidden" name="index" value=o.index.to_string()/>
+                    <input type="hidden" name="matcher" value=shown.clone()/>
+                    <input type="hidden" name="change" value=change/>
+                    <input type="hidden" name="minutes" value="1440"/>
+                    <button type="submit" class=if change == "remove" { "small danger" } else { "small" }>{label}</button>
+                </ActionForm>
+            }
+        };
+        let buttons = can_change.then(|| view! {
+            {expires.is_some().then(|| form.clone()("extend", "Extend by a day"))}
+            {form("remove", "Remove")}
+        });
+        view! {
+            <li data-testid="override-here">
+                <strong>{format!("{}: {words}", o.policy)}</strong>
+                {format!(" on {matcher}, {until}{force}")}
+                {(!reason.is_empty()).then(|| view! { <span class="muted">{format!(" — {reason}")}</span> })}
+                " "{buttons}
+            </li>
+        }
+    }).collect_view();
+    view! {
+        <section class="card" aria-labelledby="overrides-here-heading" data-testid="overrides-here">
+            <h2 id="overrides-here-heading">"Overrides on it"</h2>
+            <ul>{rows}</ul>
+        </section>
+    }
+    .into_any()
+}

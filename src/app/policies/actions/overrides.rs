@@ -118,8 +118,7 @@ mod override_add {
 
 /// An override's action as the page lists it: `limit` with its numbers ("limit: 1000 per
 /// 1 hour").
-#[cfg(feature = "ssr")]
-pub(super) fn override_action_words(o: &serde_json::Value) -> String {
+pub(crate) fn override_action_words(o: &serde_json::Value) -> String {
     let action = o["action"].as_str().unwrap_or_default();
     let Some(rules) = o["rules"].as_array().filter(|_| action == "limit") else {
         return action.to_owned();
@@ -206,5 +205,75 @@ pub async fn remove_override(
     })
     .await?;
     crate::app::guard::back_done("override-removed");
+    Ok(())
+}
+
+/// Extends (by `minutes` from its expiry, or from now when it has none left) or removes
+/// (`change` = `remove`) the override at `index` of policy `name`, from where it acts (the
+/// inspector). `matcher` is what the page showed there: a list changed meanwhile is refused
+/// rather than the wrong override changed.
+#[server(prefix = "/fn", endpoint = "override_change")]
+pub async fn change_override(
+    #[server(default)] csrf: String,
+    #[server(default)] name: String,
+    #[server(default)] index: usize,
+    #[server(default)] matcher: String,
+    #[server(default)] change: String,
+    #[server(default)] minutes: String,
+) -> Result<(), AppError> {
+    let caller = crate::app::guard::require_change(Action::ManageOverrides, &csrf)?;
+    let extend_ms = match change.as_str() {
+        "remove" => None,
+        "extend" => Some(
+            minutes
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|m| (1..=10_080).contains(m))
+                .ok_or_else(|| {
+                    AppError::bad_input("minutes", "must be a whole number of minutes, 1 to 10080")
+                })?
+                * 60_000,
+        ),
+        _ => return Err(AppError::bad_input("change", "must be extend or remove")),
+    };
+    let action = if extend_ms.is_some() {
+        "override.extend"
+    } else {
+        "override.remove"
+    };
+    change_policy(&caller, &name, action, "", |current| {
+        let shown = current.overrides.get(index).map(|o| {
+            serde_json::to_value(o).unwrap_or_default()["match"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        });
+        if shown.as_deref() != Some(matcher.trim()) {
+            return Err(AppError::bad_input(
+                "index",
+                "the policy's overrides changed since the page was read: read it again",
+            ));
+        }
+        let mut next = current.clone();
+        match extend_ms {
+            None => {
+                next.overrides.remove(index);
+            }
+            Some(ms) => {
+                let o = &mut next.overrides[index];
+                let Some(expires) = o.expires_at_ms else {
+                    return Err(AppError::bad_input(
+                        "change",
+                        "it does not expire: nothing to extend",
+                    ));
+                };
+                o.expires_at_ms = Some(expires.max(crate::support::clock::now_ms()) + ms);
+            }
+        }
+        Ok(next)
+    })
+    .await?;
+    crate::app::guard::back_done("override-changed");
     Ok(())
 }
