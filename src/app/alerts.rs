@@ -379,15 +379,23 @@ pub fn AlertsPage() -> impl IntoView {
                     .map(|e| error_message(&e))
             })
             .or_else(|| {
-                test.value()
-                    .get()
-                    .and_then(|r| r.err())
-                    .map(|e| error_message(&e))
+                test.value().get().and_then(|r| match r {
+                    Err(e) => Some(error_message(&e)),
+                    // Said once, as a failure: the receiver's error already says "not delivered".
+                    Ok(outcome) => outcome.strip_prefix("not delivered: ").map(|why| {
+                        format!(
+                            "Test delivery failed: {}",
+                            why.trim_start_matches("not delivered: ")
+                        )
+                    }),
+                })
             })
             .map(|e| view! { <p class="alert" role="alert">{e}</p> })
     };
     let done = move || {
-        if let Some(Ok(outcome)) = test.value().get() {
+        if let Some(Ok(outcome)) = test.value().get()
+            && !outcome.starts_with("not delivered")
+        {
             return Some(format!("Test delivery {outcome}."));
         }
         if let Some(Ok(())) = save.value().get() {

@@ -126,7 +126,7 @@ pub fn HistoryPage() -> impl IntoView {
     view! {
         <Title text="History"/>
         <h1>{move || if policy().is_empty() { "History · every policy".to_owned() } else { format!("History · {}", policy()) }}</h1>
-        <leptos_router::components::Form method="GET" action="" attr:class="row filter" attr:aria-label="Policy">
+        <leptos_router::components::Form method="GET" action="" on_form_data=super::without_nameless() attr:class="row filter" attr:aria-label="Policy">
             <input type="hidden" name="range" value=range/>
             <label>"Policy "
                 <select name="policy">

@@ -113,7 +113,7 @@ pub fn OverviewPage() -> impl IntoView {
                     view! { <a href=href aria-current=current data-testid=format!("range-{r}")>{r}</a> }
                 }).collect_view()}
             </nav>
-            <leptos_router::components::Form method="GET" action="/" attr:role="search" attr:class="filter">
+            <leptos_router::components::Form method="GET" action="/" on_form_data=super::without_nameless() attr:role="search" attr:class="filter">
                 {move || (!matches!(range().as_str(), "" | "live")).then(|| view! { <input type="hidden" name="range" value=range()/> })}
                 <label>"Policies " <input type="search" name="filter" placeholder="filter by name" value=filter/></label>
                 <button type="submit">"Filter"</button>

@@ -28,7 +28,7 @@ pub(super) fn ResetNotice(
             _ => q.get("undone"),
         };
         if let Some(n) = undone {
-            return view! { <p class="notice" role="status">{format!("Reset undone: {n} keys put back as they were.")}</p> }.into_any();
+            return view! { <p class="notice" role="status">{format!("Reset undone: {n} {} put back as they were.", if n == "1" { "key" } else { "keys" })}</p> }.into_any();
         }
         let answer = match reset.value().get() {
             Some(Ok(a)) => Some((a.deleted.to_string(), a.undo, a.what)),
@@ -196,6 +196,20 @@ pub(super) fn OverrideForm(
                 .iter()
                 .any(|r| r.ttl_ms.is_some() || r.remaining < r.limit))
     });
+    // What an own limit would replace, in each policy offered (from the rules' state).
+    let replaces: Vec<String> = policies
+        .iter()
+        .filter(|p| !p.rules.is_empty())
+        .map(|p| {
+            let rules: Vec<String> = p.rules.iter().map(|r| format!("{} (limit {})", r.rule, r.limit)).collect();
+            format!("in {} it replaces {}", p.policy, rules.join(", "))
+        })
+        .collect();
+    let last = i
+        .overrides
+        .iter()
+        .rev()
+        .find_map(|o| crate::app::policies::own_limit_fields(&o.document));
     let policies: Vec<String> = policies.into_iter().map(|p| p.policy.clone()).collect();
     // A `*` in the value would make the override a wildcard, not this identifier.
     if policies.is_empty() || value.contains('*') {
@@ -214,7 +228,7 @@ pub(super) fn OverrideForm(
                     <option value="block">"Block (deny every request)"</option>
                     <option value="limit">"A limit of its own"</option>
                 </select></label>
-                <OwnLimitFields/>
+                <OwnLimitFields last=last replaces=replaces/>
                 <label>"For"<select name="expires_minutes">
                     <option value="15">"15 minutes"</option>
                     <option value="60" selected>"1 hour"</option>

@@ -333,7 +333,17 @@ pub async fn gather(state: &crate::state::AppState, view: &View) -> OverviewData
         keys: facts.keys,
         gathered_us: started.elapsed().as_micros() as u64,
         degraded_last_hour: facts.degraded_last_hour,
-        alerts_firing: facts.alerts_firing,
+        // `rule|subject` (the subject `policy|identifier`, or a policy) as a person reads it.
+        alerts_firing: facts
+            .alerts_firing
+            .iter()
+            .map(|key| match key.split_once('|') {
+                Some((rule, subject)) if !subject.is_empty() => {
+                    format!("{rule} ({})", subject.replace('|', " › "))
+                }
+                _ => key.trim_end_matches('|').to_owned(),
+            })
+            .collect(),
     }
 }
 

@@ -15,7 +15,7 @@ mod words;
 pub use actions::*;
 pub use form::{UNITS, document_of, field_in_form, rule_form, rule_forms_from_pairs};
 pub use list::PoliciesPage;
-pub use pages::{OwnLimitFields, PolicyPage};
+pub use pages::{OwnLimitFields, PolicyPage, own_limit_fields, rules_replaced};
 
 use serde::{Deserialize, Serialize};
 
@@ -166,6 +166,9 @@ pub struct OverrideRow {
     pub action: String,
     pub expires_at_ms: Option<i64>,
     pub reason: String,
+    /// An own limit's fields as the form has them (limit, window, unit).
+    #[serde(default)]
+    pub limit_form: Option<(String, String, String)>,
 }
 
 /// One line of a diff: '+', '-' or ' ', and the text.

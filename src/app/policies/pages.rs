@@ -15,7 +15,7 @@ use super::preview::*;
 use super::words::*;
 use super::{
     AddOverride, DeletePolicy, Draft, RemoveOverride, RollbackPolicy, RuleForm, SaveEnvoyFile,
-    SavePolicy, UNITS, policy_detail,
+    SavePolicy, UNITS, policy_detail, rule_form,
 };
 use crate::{
     app::session::{CsrfField, error_message, use_session},
@@ -23,16 +23,55 @@ use crate::{
 };
 
 /// The fields of an override's own limit (`limit` requests per `window` `window_unit`),
-/// shown by the stylesheet only while that action is chosen in an `.override-form`.
+/// shown by the stylesheet only while that action is chosen in an `.override-form`: filled
+/// as the last own limit saved (`last`: limit, window, unit), and saying what it replaces.
 #[component]
-pub fn OwnLimitFields() -> impl IntoView {
+pub fn OwnLimitFields(
+    #[prop(optional_no_strip)] last: Option<(String, String, String)>,
+    /// The policy's rules it would replace, in words (none: not said).
+    #[prop(optional)]
+    replaces: Vec<String>,
+) -> impl IntoView {
+    let (limit, window, unit) = last.unwrap_or_else(|| (String::new(), "1".into(), "h".into()));
+    let replaces = (!replaces.is_empty()).then(|| view! {
+        <p class="muted small limit-only" data-testid="own-limit-replaces">
+            "A limit of its own is counted in place of the policy's rules, not beside them: "
+            {replaces.join("; ")}
+            ". To keep those and allow more, raise the policy's limits instead."
+        </p>
+    });
     view! {
-        <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000"/></label>
-        <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value="1"/></label>
+        <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000" value=limit/></label>
+        <label class="limit-only">"per"<input name="window" inputmode="numeric" size="4" value=window/></label>
         <label class="limit-only">"Unit"<select name="window_unit">
-            {UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == "h">{*l}</option> }).collect_view()}
+            {UNITS.iter().skip(1).map(|(u, l, _)| view! { <option value=*u selected=*u == unit>{*l}</option> }).collect_view()}
         </select></label>
+        {replaces}
     }
+}
+
+/// An override document's own limit as the form's fields (limit, window, unit), if it has one.
+pub fn own_limit_fields(document: &serde_json::Value) -> Option<(String, String, String)> {
+    let rule = document["rules"].as_array()?.first()?;
+    let f = rule_form(rule);
+    (!f.limit.is_empty()).then_some((f.limit, f.window_ms, f.window_unit))
+}
+
+/// A policy's rules in words, as an own limit would replace them: "per-second: 10 per 1
+/// seconds".
+pub fn rules_replaced(policy: &str, rules: &[RuleForm]) -> String {
+    let words: Vec<String> = rules
+        .iter()
+        .map(|f| {
+            let unit = UNITS.iter().find(|u| u.0 == f.window_unit).map_or("", |u| u.1);
+            if f.window_ms.is_empty() {
+                format!("{} ({})", f.name, f.algorithm)
+            } else {
+                format!("{} ({} per {} {unit})", f.name, f.limit, f.window_ms)
+            }
+        })
+        .collect();
+    format!("in {policy} it replaces {}", words.join(", "))
 }
 
 /// The field a failed save names (empty for none) and its message, to sit beside the field.
@@ -244,6 +283,9 @@ pub fn PolicyPage() -> impl IntoView {
                                 </fieldset>
                             }.into_any()
                         }).collect_view();
+                        // The form keeps the last own limit saved (its unit too).
+                        let last_limit = p.overrides.iter().rev().find_map(|o| o.limit_form.clone());
+                        let replaced = rules_replaced(&p.name, &p.rules);
                         let overrides = p.overrides.iter().enumerate().map(|(i, o)| {
                             let c = csrf.clone();
                             let n = p.name.clone();
@@ -363,8 +405,22 @@ pub fn PolicyPage() -> impl IntoView {
                                 "."
                             </p>
                         });
+                        // Why the editor is read-only, where it is.
+                        let read_only = (!s.may(Action::EditPolicies)).then(|| view! {
+                            <p class="notice" role="note" data-testid="read-only">
+                                {format!(
+                                    "You may read this policy; changing its rules takes the admin role (you are {}).{}",
+                                    s.role.map_or("signed out".to_owned(), |r| r.to_string()),
+                                    if can_override { " You may add and remove its overrides below." } else { "" }
+                                )}
+                            </p>
+                        });
+                        let shadow_badge = p.shadow.then(|| view! {
+                            " "<span class="badge warn" data-testid="shadow-badge" title="Its denials are counted and shown, but every request is let through.">"shadow mode"</span>
+                        });
                         view! {
-                            <h1>{title}</h1>
+                            <h1>{title}{shadow_badge}</h1>
+                            {read_only}
                             {traffic}
                             {envoy_editor}
                             <section class="card" aria-labelledby="edit-heading" hidden=is_envoy>
@@ -403,7 +459,7 @@ pub fn PolicyPage() -> impl IntoView {
                                                 <option value="block">"block"</option>
                                                 <option value="limit">"a limit of its own"</option>
                                             </select></label>
-                                            <OwnLimitFields/>
+                                            <OwnLimitFields last=last_limit.clone() replaces=vec![replaced.clone()]/>
                                             <label>"Expires in (minutes, 0 = never)"<input name="expires_minutes" inputmode="numeric" value="60"/></label>
                                             <label>"Reason"<input name="reason"/></label>
                                             <button type="submit">"Add override"</button>

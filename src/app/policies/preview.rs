@@ -99,7 +99,7 @@ pub(super) fn Preview(
                 Ok((rules, drafted)) => {
                     let ms = (secs().clamp(0.0, 86_400.0) * 1000.0) as u64;
                     let r = burst(&rules, n(), ms);
-                    let first = r.first_denied.map_or("none is denied".to_owned(), |(k, ms)| format!("the first denial is request {k}, at {ms} ms"));
+                    let first = r.first_denied.map_or("none is denied".to_owned(), |(k, ms)| format!("the first denial is request {k}, at {}", if ms < 1000 { format!("{ms} ms") } else { format!("{:.2} s", ms as f64 / 1000.0) }));
                     let by_rule = r.denials_by_rule.iter().zip(r.penalties_by_rule.iter().chain(std::iter::repeat(&0))).filter(|((_, d), _)| *d > 0).map(|((rule, d), p)| {
                         if *p > 0 { format!("{rule}: {d}, {p} of them while its penalty box held the identifier") } else { format!("{rule}: {d}") }
                     }).collect::<Vec<_>>().join("; ");

@@ -20,6 +20,7 @@ pub(super) fn override_rows(policy: &crate::domain::Policy) -> Vec<OverrideRow> 
                 action: override_action_words(&v),
                 expires_at_ms: o.expires_at_ms,
                 reason: o.reason.clone(),
+                limit_form: crate::app::policies::own_limit_fields(&v),
             }
         })
         .collect()
