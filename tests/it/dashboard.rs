@@ -1073,3 +1073,35 @@ async fn an_override_expiry_that_overflows_is_refused() {
         "{expires}"
     );
 }
+
+#[tokio::test]
+async fn a_domain_file_that_fails_to_load_comes_back_with_its_error_and_its_text() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let file = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: fortnight, requests_per_unit: 10}\n";
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(app.url("/fn/envoy_import"))
+        .header(header::COOKIE, v.cookie_header().unwrap())
+        .header(header::ORIGIN, v.origin())
+        .header(header::ACCEPT, "text/html")
+        .form(&[("csrf", csrf.as_str()), ("file", file)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FOUND);
+    let back = r.headers()[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(back.starts_with("/policies?kept="), "{back}");
+    assert!(!back.contains("__err"), "{back}");
+    let page = v.get(&back).await.text().await.unwrap();
+    let form = &page[page.find("id=\"envoy-new\"").expect("the form")..];
+    assert!(form.contains("data-testid=\"envoy-new-error\""), "{form}");
+    assert!(
+        form.contains("fortnight"),
+        "the pasted text is kept: {form}"
+    );
+}

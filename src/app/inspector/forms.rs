@@ -201,7 +201,11 @@ pub(super) fn OverrideForm(
         .iter()
         .filter(|p| !p.rules.is_empty())
         .map(|p| {
-            let rules: Vec<String> = p.rules.iter().map(|r| format!("{} (limit {})", r.rule, r.limit)).collect();
+            let rules: Vec<String> = p
+                .rules
+                .iter()
+                .map(|r| format!("{} (limit {})", r.rule, r.limit))
+                .collect();
             format!("in {} it replaces {}", p.policy, rules.join(", "))
         })
         .collect();

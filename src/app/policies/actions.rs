@@ -343,17 +343,33 @@ pub async fn import_envoy_files(
 ) -> Result<Vec<String>, AppError> {
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
     if file.trim().is_empty() {
-        return Err(AppError::bad_input(
+        let result = Err(AppError::bad_input(
             "file",
             "is empty: paste a domain file, or choose one",
         ));
+        crate::app::kept::answer_form("/policies", "envoy-new", &[], &result);
+        return result;
     }
-    state()
+    let result = state()
         .service()
         .load_envoy_files(&caller.actor(), &file)
         .await
-        .map_err(change_refused)
+        .map_err(change_refused);
+    // Without JavaScript the page comes back with the error and what was pasted (when it
+    // fits in an address), not the framework's `__err`.
+    let kept = if file.len() <= MAX_KEPT_FILE {
+        file.as_str()
+    } else {
+        ""
+    };
+    crate::app::kept::answer_form("/policies", "envoy-new", &[("file", kept)], &result);
+    result
 }
+
+/// A pasted domain file kept in the address after a failed load, at most (bytes): longer
+/// ones are asked for again.
+#[cfg(feature = "ssr")]
+const MAX_KEPT_FILE: usize = 6_000;
 
 /// Loads a new version of an Envoy domain's file (YAML, envoyproxy/ratelimit's format) for
 /// the policy `name`, which must still be at `version`.

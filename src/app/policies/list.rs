@@ -153,7 +153,14 @@ pub(super) fn NewEnvoyDomain(
     action: ServerAction<ImportEnvoyFiles>,
     csrf: String,
 ) -> impl IntoView {
-    let text = RwSignal::new(String::new());
+    // A load that failed without JavaScript comes back with the error and the text.
+    let kept = crate::app::kept::use_kept("envoy-new");
+    let done = crate::app::kept::use_done("envoy-new");
+    let text = RwSignal::new(
+        kept.get_untracked()
+            .map(|k| k.value("file"))
+            .unwrap_or_default(),
+    );
     #[cfg(feature = "hydrate")]
     let on_file = move |ev: leptos::ev::Event| {
         use wasm_bindgen::JsCast;
@@ -177,14 +184,16 @@ pub(super) fn NewEnvoyDomain(
     #[cfg(not(feature = "hydrate"))]
     let on_file = move |_: leptos::ev::Event| {};
     view! {
-        <section class="card" aria-labelledby="envoy-new-heading">
+        <section class="card" id="envoy-new" aria-labelledby="envoy-new-heading">
             <h2 id="envoy-new-heading">"New Envoy domain"</h2>
+            {move || kept.get().map(|k| view! { <p class="alert" role="alert" data-testid="envoy-new-error">{k.error_line()}</p> })}
+            {move || done.get().then(|| view! { <p class="notice" role="status">"Domain files loaded: they are listed below."</p> })}
             <ActionForm action=action attr:class="stack">
                 <CsrfField csrf=csrf/>
                 <label>"Domain file (YAML, envoyproxy/ratelimit's format; several separated by ---)"
                     <textarea name="file" rows="8" spellcheck="false" class="code" required
                         placeholder="domain: edge_proxy_per_ip\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 10}"
-                        prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))></textarea>
+                        prop:value=move || text.get() on:input=move |ev| text.set(event_target_value(&ev))>{text.get_untracked()}</textarea>
                 </label>
                 <label>"Or choose a file"<input type="file" accept=".yaml,.yml,text/yaml" on:change=on_file/></label>
                 <button type="submit">"Load domain"</button>

@@ -33,12 +33,14 @@ pub fn OwnLimitFields(
     replaces: Vec<String>,
 ) -> impl IntoView {
     let (limit, window, unit) = last.unwrap_or_else(|| (String::new(), "1".into(), "h".into()));
-    let replaces = (!replaces.is_empty()).then(|| view! {
-        <p class="muted small limit-only" data-testid="own-limit-replaces">
-            "A limit of its own is counted in place of the policy's rules, not beside them: "
-            {replaces.join("; ")}
-            ". To keep those and allow more, raise the policy's limits instead."
-        </p>
+    let replaces = (!replaces.is_empty()).then(|| {
+        view! {
+            <p class="muted small limit-only" data-testid="own-limit-replaces">
+                "A limit of its own is counted in place of the policy's rules, not beside them: "
+                {replaces.join("; ")}
+                ". To keep those and allow more, raise the policy's limits instead."
+            </p>
+        }
     });
     view! {
         <label class="limit-only">"Requests"<input name="limit" inputmode="numeric" size="6" placeholder="1000" value=limit/></label>
@@ -63,7 +65,10 @@ pub fn rules_replaced(policy: &str, rules: &[RuleForm]) -> String {
     let words: Vec<String> = rules
         .iter()
         .map(|f| {
-            let unit = UNITS.iter().find(|u| u.0 == f.window_unit).map_or("", |u| u.1);
+            let unit = UNITS
+                .iter()
+                .find(|u| u.0 == f.window_unit)
+                .map_or("", |u| u.1);
             if f.window_ms.is_empty() {
                 format!("{} ({})", f.name, f.algorithm)
             } else {
