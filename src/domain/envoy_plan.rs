@@ -496,6 +496,16 @@ impl Plan {
     }
 
     /// The identifiers of the descriptors that found a limit (the others consume nothing).
+    /// The descriptors that found no limit in the domain's file (answered OK, counted
+    /// nowhere), by place.
+    pub fn unmatched(&self) -> impl Iterator<Item = usize> + '_ {
+        self.targets
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| matches!(t, Target::Free))
+            .map(|(i, _)| i)
+    }
+
     pub fn limited(&self) -> impl Iterator<Item = &Identifier> + Clone {
         self.targets
             .iter()

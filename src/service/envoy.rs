@@ -159,6 +159,12 @@ impl Service {
             .expect("a domain's policy has its tree");
         let mut plan = envoy_plan::plan(&policy, tree, request, super::now_ms())
             .map_err(|e| invalid(e.field, e.message))?;
+        // Descriptors that found no limit: a wiring that sends what the file does not know
+        // limits nothing, silently; the domain's page names them.
+        for i in plan.unmatched() {
+            self.live
+                .unmatched(policy.name.as_str(), &request.descriptors[i].entries);
+        }
         if let Some(i) = plan.over_already {
             // Denied without Redis (a limit of 0, or blocked): the live view still hears of it.
             self.live
@@ -543,5 +549,16 @@ mod yaml_tests {
         assert!(error.contains("line 5"), "{error}");
         let good = super::domain_yaml(b"domain: d\ndescriptors: []\n").unwrap();
         assert_eq!(good["domain"], "d");
+    }
+}
+
+impl Service {
+    /// The Envoy descriptors of `policy`'s domain that found no limit over the last hour, by
+    /// their keys in order, most first (counted by every instance, once a second).
+    pub async fn unmatched_descriptors(
+        &self,
+        policy: &str,
+    ) -> Result<Vec<(String, u64)>, crate::store::StoreError> {
+        self.store.unmatched(policy).await
     }
 }

@@ -6,11 +6,14 @@
 //!   check), for "Throttled now";
 //! - each denied identifier's checks from its first denial on, so a streak of denials is a
 //!   state with a since and a share (`live/streaks.rs`, `lua/streaks.lua`);
+//! - the Envoy descriptors that found no limit in their domain's file, by their keys
+//!   (`live/unmatched.rs`);
 //! - which identifiers are checked together (user=bob with ip=203.0.113.11), so the
 //!   inspector can tell that bob was denied through his address. A pair is written once
 //!   per ten minutes per instance at most.
 
 mod streaks;
+mod unmatched;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -75,6 +78,7 @@ pub struct LiveCounts {
     pending: Arc<Mutex<HashMap<String, Pending>>>,
     together: Arc<Mutex<Together>>,
     watch: Arc<Mutex<streaks::Watch>>,
+    unmatched: Arc<Mutex<unmatched::Unmatched>>,
     /// How many identifiers `watch` holds: an allowed check takes its lock only when some are.
     watching: Arc<AtomicUsize>,
 }
@@ -176,6 +180,14 @@ impl LiveCounts {
         self.watching.store(watch.len(), Ordering::Relaxed);
     }
 
+    /// Counts an Envoy descriptor of `policy`'s domain that found no limit, by its keys.
+    pub fn unmatched(&self, policy: &str, entries: &[(String, String)]) {
+        self.unmatched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count(policy, entries);
+    }
+
     /// Notes that `identifiers` were checked together (nothing for a single one).
     pub fn checked_together(&self, identifiers: &[Identifier], now_ms: i64) {
         if identifiers.len() < 2 {
@@ -217,7 +229,8 @@ impl LiveCounts {
         });
     }
 
-    /// Writes what waits: cached denials, denial details, streaks, companions.
+    /// Writes what waits: cached denials, denial details, streaks, unmatched descriptors,
+    /// companions.
     pub async fn flush(&self, store: &Store) {
         let drained: Vec<(String, Pending)> = self
             .pending
@@ -253,6 +266,16 @@ impl LiveCounts {
         for (policy, notes) in streaks {
             if let Err(error) = store.add_streaks(&policy, &notes).await {
                 tracing::debug!(%error, "could not write the streaks of denials");
+            }
+        }
+        let unmatched = self
+            .unmatched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain();
+        for (policy, shapes) in unmatched {
+            if let Err(error) = store.add_unmatched(&policy, &shapes).await {
+                tracing::debug!(%error, "could not count the descriptors that matched no limit");
             }
         }
         let pairs: Vec<(String, Vec<String>)> = std::mem::take(

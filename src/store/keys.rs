@@ -246,6 +246,15 @@ impl Keys {
         )
     }
 
+    /// `policy`'s Envoy descriptors that found no limit in ten minutes `slot`, by key shape.
+    pub fn stats_unmatched(&self, policy: &str, slot: i64) -> String {
+        format!(
+            "{}:{{stats}}:unmatched:{}:{slot}",
+            self.namespace,
+            escape(policy)
+        )
+    }
+
     /// `policy`'s streaks of denials of hour `hour` (see `lua/streaks.lua`).
     pub fn stats_streaks(&self, policy: &str, hour: i64) -> String {
         format!(

@@ -258,6 +258,45 @@ impl Store {
         Ok(())
     }
 
+    /// Adds `policy`'s Envoy descriptors that found no limit, by key shape (a hash per ten
+    /// minutes, 70 minutes' TTL).
+    pub async fn add_unmatched(
+        &self,
+        policy: &str,
+        shapes: &[(String, u64)],
+    ) -> Result<(), StoreError> {
+        if shapes.is_empty() {
+            return Ok(());
+        }
+        let key = self.keys.stats_unmatched(policy, ten_minutes_of(now_ms()));
+        let mut pipe = redis::pipe();
+        for (shape, n) in shapes {
+            pipe.cmd("HINCRBY").arg(&key).arg(shape).arg(*n).ignore();
+        }
+        pipe.cmd("PEXPIRE").arg(&key).arg(4_200_000).ignore();
+        let () = self.query_pipe(&pipe).await?;
+        Ok(())
+    }
+
+    /// `policy`'s Envoy descriptors that found no limit over the last hour, by key shape,
+    /// most first.
+    pub async fn unmatched(&self, policy: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        let current = ten_minutes_of(now_ms());
+        let mut pipe = redis::pipe();
+        for slot in current - 5..=current {
+            pipe.cmd("HGETALL")
+                .arg(self.keys.stats_unmatched(policy, slot));
+        }
+        let found: Vec<HashMap<String, u64>> = self.query_pipe(&pipe).await?;
+        let mut sums: HashMap<String, u64> = HashMap::new();
+        for (shape, n) in found.into_iter().flatten() {
+            *sums.entry(shape).or_default() += n;
+        }
+        let mut out: Vec<(String, u64)> = sums.into_iter().collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+
     /// How many distinct identifiers `identifier` was checked together with in the last
     /// hour: counted for a shared one (`None` when it never had more companions than the
     /// list keeps: then the list is the count).

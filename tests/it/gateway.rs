@@ -66,7 +66,12 @@ impl Envoy {
     /// Envoy on a free port, in front of `backend`, its rate limit filter asking `app` for
     /// domain `gw` with the service key `key`; `rate_limits` is the route's list (YAML,
     /// indented for its place).
-    async fn start(app: &TestApp, backend: SocketAddr, key: &str, rate_limits: &str) -> Self {
+    pub(crate) async fn start(
+        app: &TestApp,
+        backend: SocketAddr,
+        key: &str,
+        rate_limits: &str,
+    ) -> Self {
         Self::start_with(app, backend, key, rate_limits, "").await
     }
 

@@ -109,3 +109,43 @@ async fn a_generic_key_and_a_header_key_trip_apart() {
     let left = passes_before_429(&envoy, "/", &[]).await;
     assert!((5..=6).contains(&left), "{left} passed; {route}");
 }
+
+#[tokio::test]
+async fn descriptors_that_match_no_limit_are_named_on_the_domains_page() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    load(
+        &app,
+        "gw",
+        "domain: gw\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 6}\n  - key: PATH\n    value: /login\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
+    )
+    .await;
+    // The old snippet: both keys in one entry, one descriptor no limit of the file meets.
+    let one_entry = "                  - actions: [{remote_address: {}}, {request_headers: {header_name: \":path\", descriptor_key: PATH}}]";
+    let envoy = Envoy::start(&app, backend().await, SERVICE_KEY, one_entry).await;
+    assert_eq!(
+        passes_before_429(&envoy, "/login", &[]).await,
+        10,
+        "limits nothing"
+    );
+    let mut v = crate::auth::admin(&app, &redis).await;
+    let policy = spillway::domain::envoy::policy_name("gw").unwrap();
+    let page = crate::helpers::eventually(
+        "the unmatched descriptors named",
+        crate::helpers::PATIENCE,
+        async || {
+            v.get(&format!("/policy?name={policy}"))
+                .await
+                .text()
+                .await
+                .unwrap()
+        },
+        |page| page.contains("data-testid=\"unmatched-descriptors\""),
+    )
+    .await;
+    assert!(
+        page.contains("10 descriptors in the last hour matched no limit of this file and limited nothing: remote_address › PATH (10)"),
+        "{}",
+        &page[page.find("unmatched-descriptors").unwrap()..][..400]
+    );
+}

@@ -206,6 +206,14 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             .as_ref()
             .map(|t| serde_yaml::to_string(&t.doc).unwrap_or_default()),
         envoy_counting: envoy_counting(&service, &policy),
+        envoy_unmatched: if policy.envoy.is_some() {
+            service
+                .unmatched_descriptors(policy.name.as_str())
+                .await
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        },
         envoy_wiring: policy.envoy.as_ref().map_or_else(Vec::new, |t| {
             let envoy = &state().envoy;
             crate::domain::envoy::wiring(

@@ -223,6 +223,9 @@ pub struct PolicyView {
     /// For an Envoy domain: what to add to Envoy's configuration, (where, YAML).
     #[serde(default)]
     pub envoy_wiring: Vec<(String, String)>,
+    /// An Envoy domain's descriptors that found no limit over the last hour, by their keys.
+    #[serde(default)]
+    pub envoy_unmatched: Vec<(String, u64)>,
 }
 
 /// How an Envoy domain counts a request over its limit, as its page shows it.

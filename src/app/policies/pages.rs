@@ -349,6 +349,7 @@ pub fn PolicyPage() -> impl IntoView {
                         let preview_name = p.name.clone();
                         let counting = p.envoy_counting.clone().unwrap_or_default();
                         let wiring = p.envoy_wiring.clone();
+                        let unmatched = p.envoy_unmatched.clone();
                         let require_key = p.envoy_wiring.first().is_some_and(|(_, filter)| filter.contains("initial_metadata"));
                         let managed = p.managed_by.clone();
                         let can_edit = can_edit && managed.is_none();
@@ -389,6 +390,15 @@ pub fn PolicyPage() -> impl IntoView {
                                 <section class="card" aria-labelledby="wire-heading" data-testid="wire-envoy">
                                     <h2 id="wire-heading">"Wire Envoy to this domain"</h2>
                                     <p class="muted">"Add these to Envoy's configuration. Each entry of rate_limits is one descriptor, made of its actions in order: one entry per path of the file's tree with a limit. Adjust the header names to your requests."</p>
+                                    {(!unmatched.is_empty()).then(|| {
+                                        let total: u64 = unmatched.iter().map(|(_, n)| n).sum();
+                                        let shapes: Vec<String> = unmatched.iter().take(5).map(|(k, n)| format!("{k} ({n})")).collect();
+                                        view! {
+                                            <p class="alert" role="note" data-testid="unmatched-descriptors">
+                                                {format!("{total} descriptor{} in the last hour matched no limit of this file and limited nothing: {}. Each entry of rate_limits below is one descriptor; its keys, in order, must meet a limit.", if total == 1 { "" } else { "s" }, shapes.join(", "))}
+                                            </p>
+                                        }
+                                    })}
                                     {require_key.then(|| view! {
                                         <p class="muted">"Envoy needs a service key to call this server: "<a href="/people">"create one under Users & keys"</a>" and put it in the filter's initial_metadata."</p>
                                     })}
