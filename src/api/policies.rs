@@ -67,23 +67,28 @@ pub(super) async fn read(
     Path(raw): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     let policy = load(&state, &name(&raw)?).await?;
-    Ok((
-        [(header::ETAG, format!("\"{}\"", policy.version))],
-        Json(view(&policy)),
-    ))
+    Ok(([(header::ETAG, policy.etag())], Json(view(&policy))))
 }
 
-/// `If-Match: "<version>"` makes the write conditional (optimistic concurrency).
-fn expected_version(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
-    match headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) {
-        None => Ok(None),
-        Some(raw) => raw
-            .trim()
-            .trim_matches('"')
-            .parse::<u64>()
-            .map(Some)
-            .map_err(|_| ApiError::bad("If-Match", "must be a policy version such as \"3\"")),
-    }
+/// `If-Match: "<version>"` makes the write conditional (optimistic concurrency); the
+/// entity tag a read gives (`"3.2"`: version 3, its overrides changed twice since) also
+/// refuses a write over overrides changed meanwhile.
+fn expected_version(headers: &HeaderMap) -> Result<Option<(u64, Option<u64>)>, ApiError> {
+    let Some(raw) = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ApiError::bad(
+            "If-Match",
+            "must be a policy's entity tag such as \"3\" or \"3.2\"",
+        )
+    };
+    let tag = raw.trim().trim_matches('"');
+    let (version, rev) = match tag.split_once('.') {
+        Some((v, r)) => (v, Some(r.parse::<u64>().map_err(|_| bad())?)),
+        None => (tag, None),
+    };
+    Ok(Some((version.parse::<u64>().map_err(|_| bad())?, rev)))
 }
 
 #[utoipa::path(put, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "put_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("If-Match" = Option<String>, Header, description = "Only if the current version is this one")), request_body = crate::api::openapi::PolicyDocument, responses((status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 201, body = crate::api::openapi::PolicyView), (status = 200, body = crate::api::openapi::PolicyView), (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
@@ -105,11 +110,7 @@ pub(super) async fn put(
     } else {
         StatusCode::OK
     };
-    Ok((
-        status,
-        [(header::ETAG, format!("\"{}\"", saved.version))],
-        Json(view(&saved)),
-    ))
+    Ok((status, [(header::ETAG, saved.etag())], Json(view(&saved))))
 }
 
 #[utoipa::path(delete, path = "/api/v1/policies/{name}", tag = "policies", operation_id = "delete_policy", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), responses((status = 204, description = "Deleted"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]

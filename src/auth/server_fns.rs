@@ -69,6 +69,7 @@ pub const SERVER_FN_ACTIONS: &[(&str, Action)] = &[
     ("/fn/policy_restore", Action::EditPolicies),
     ("/fn/override_add", Action::ManageOverrides),
     ("/fn/override_remove", Action::ManageOverrides),
+    ("/fn/override_change", Action::ManageOverrides),
 ];
 
 /// A signed-in caller's refusal by a server function's role check, made before its

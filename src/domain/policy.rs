@@ -67,8 +67,12 @@ pub const MAX_WAIT_MS: u64 = 60_000;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Policy {
     pub name: Name,
-    /// 1 for the first version; every change adds one.
+    /// 1 for the first version; every change of its rules or settings adds one.
     pub version: u64,
+    /// Changes of its overrides within this version (from 0): an override is not a new
+    /// version of the rules, and has its own audit record.
+    #[serde(skip)]
+    pub overrides_rev: u64,
     pub description: String,
     pub mode: Mode,
     pub failure_mode: FailureMode,
@@ -121,6 +125,20 @@ pub fn refuse_reserved(name: &Name) -> Result<(), PolicyError> {
 }
 
 impl Policy {
+    /// What changes with any change of it: its version, and its overrides' changes within.
+    pub fn revision(&self) -> (u64, u64) {
+        (self.version, self.overrides_rev)
+    }
+
+    /// The entity tag the API gives it: `"3"`, or `"3.2"` once its overrides changed twice
+    /// within version 3.
+    pub fn etag(&self) -> String {
+        match self.overrides_rev {
+            0 => format!("\"{}\"", self.version),
+            r => format!("\"{}.{r}\"", self.version),
+        }
+    }
+
     /// The document this policy is stored and exported as (the policy document's shape): everything but
     /// its name and version.
     pub fn document(&self) -> serde_json::Value {
@@ -215,6 +233,7 @@ impl Policy {
         Ok(Self {
             name,
             version: 1,
+            overrides_rev: 0,
             description,
             mode,
             failure_mode,
@@ -248,6 +267,7 @@ impl Policy {
         Ok(Self {
             name,
             version: 1,
+            overrides_rev: 0,
             description: format!("Envoy rate limit domain {}", domain.doc.domain),
             mode: Mode::Enforce,
             failure_mode,

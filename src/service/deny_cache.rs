@@ -1,7 +1,7 @@
 //! The over-limit cache (as Envoy's ratelimit has): once a check is denied by a rule until T,
 //! the same or a larger request is answered from memory until T, without Redis. A reset of
 //! the identifier, on any instance, clears it everywhere at once (pub/sub), and a new policy
-//! version makes old entries void.
+//! version or a change of its overrides makes old entries void.
 //!
 //! A cached answer has the shape Redis's would have: one result per rule × identifier of the
 //! check, in order. So a denied check leaves every one of its results here (the denials, and
@@ -27,7 +27,7 @@ const MAX_ENTRIES: usize = 100_000;
 struct Entry {
     /// The entry is good until then (the denial's end).
     until: Instant,
-    version: u64,
+    revision: (u64, u64),
     /// For a denial: the smallest cost known to be denied. `None`: a result that allowed
     /// (or would have), kept for the shape of the answer.
     denied_cost: Option<u64>,
@@ -81,7 +81,7 @@ impl DenyCache {
                 entry.identifier,
             ))?;
             if e.until <= now
-                || e.version != policy.version
+                || e.revision != policy.revision()
                 || e.result.algorithm != Some(entry.rule.algorithm)
             {
                 return None;
@@ -151,7 +151,7 @@ impl DenyCache {
                 .map(|ms| now + Duration::from_millis(ms));
             let entry = Entry {
                 until: denied_until.unwrap_or(until),
-                version: policy.version,
+                revision: policy.revision(),
                 denied_cost: denied_until.map(|_| cost),
                 result: RuleResult {
                     binding: false,

@@ -43,6 +43,15 @@ fn managed(name: &Name, source: &str) -> ChangeError {
     }
 }
 
+/// How a save writes: a new version (refused unless the stored one is still the expected
+/// version, and its overrides' count within it when given), or the overrides in place
+/// (refused unless the stored one is still at this version and overrides' count).
+#[derive(Clone, Copy)]
+enum Write {
+    Version(Option<(u64, Option<u64>)>),
+    Overrides((u64, u64)),
+}
+
 /// A policy as the API shows it and the audit log keeps it: its document with name and
 /// version.
 pub fn view(policy: &Policy) -> Value {
@@ -58,8 +67,22 @@ impl Service {
     pub async fn save_policy(
         &self,
         actor: &Actor,
-        mut policy: Policy,
+        policy: Policy,
         expected: Option<u64>,
+        action: &str,
+        reason: &str,
+    ) -> Result<Policy, ChangeError> {
+        let write = Write::Version(expected.map(|v| (v, None)));
+        self.write_policy(actor, policy, write, action, reason)
+            .await
+    }
+
+    /// Saves `policy` as `write` says: a new version, or its overrides in place.
+    async fn write_policy(
+        &self,
+        actor: &Actor,
+        mut policy: Policy,
+        write: Write,
         action: &str,
         reason: &str,
     ) -> Result<Policy, ChangeError> {
@@ -100,7 +123,11 @@ impl Service {
                 ),
             });
         }
-        let saved = match self.store.save_policy(&policy, expected).await {
+        let stored = match write {
+            Write::Version(expected) => self.store.save_policy_at(&policy, expected).await,
+            Write::Overrides(expected) => self.store.save_overrides(&policy, expected).await,
+        };
+        let saved = match stored {
             Err(error) if error.is_timeout() => {
                 // The write may still land (Redis ran it after the answer's time ran out):
                 // audited once it is known to have.
@@ -111,7 +138,15 @@ impl Service {
         };
         match saved {
             Saved::Version(version) => {
-                let saved = Policy { version, ..policy };
+                let overrides_rev = match write {
+                    Write::Overrides((_, rev)) => rev + 1,
+                    Write::Version(_) => 0,
+                };
+                let saved = Policy {
+                    version,
+                    overrides_rev,
+                    ..policy
+                };
                 self.refresh_policies().await;
                 let _ = actor
                     .record(
@@ -131,7 +166,10 @@ impl Service {
             }
             Saved::Conflict => Err(ChangeError::Conflict {
                 name: policy.name.to_string(),
-                expected: expected.unwrap_or_default(),
+                expected: match write {
+                    Write::Version(e) => e.map_or(0, |(v, _)| v),
+                    Write::Overrides((v, _)) => v,
+                },
             }),
         }
     }
@@ -151,7 +189,7 @@ impl Service {
         let before = before.cloned();
         let (action, reason) = (action.to_owned(), reason.to_owned());
         tokio::spawn(async move {
-            let was = before.as_ref().map_or(0, |p| p.version);
+            let was = before.as_ref().map_or((0, 0), Policy::revision);
             for _ in 0..60 {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 let Ok(stored) = service.store.get_policy(&policy.name).await else {
@@ -159,7 +197,7 @@ impl Service {
                 };
                 let landed = stored
                     .as_ref()
-                    .filter(|s| s.version > was && s.document() == policy.document());
+                    .filter(|s| s.revision() > was && s.document() == policy.document());
                 if let Some(saved) = landed {
                     service.refresh_policies().await;
                     let reason = format!(
@@ -182,7 +220,7 @@ impl Service {
                         .await;
                     return;
                 }
-                if stored.is_some_and(|s| s.version > was) {
+                if stored.is_some_and(|s| s.revision() > was) {
                     return; // another write came; this one did not land
                 }
             }
@@ -198,7 +236,7 @@ impl Service {
         &self,
         actor: &Actor,
         policy: Policy,
-        expected: Option<u64>,
+        expected: Option<(u64, Option<u64>)>,
     ) -> Result<Policy, ChangeError> {
         let before = self.store.get_policy_for_change(&policy.name).await?;
         policy
@@ -207,7 +245,7 @@ impl Service {
                 field: e.field,
                 message: e.message,
             })?;
-        self.save_policy(actor, policy, expected, "policy.save", "")
+        self.write_policy(actor, policy, Write::Version(expected), "policy.save", "")
             .await
     }
 
@@ -228,8 +266,14 @@ impl Service {
             .map_err(ChangeError::from)?
             .ok_or_else(|| ChangeError::UnknownPolicy(name.to_string()))?;
         let next = edit(&current)?;
+        // An override is not a new version of the rules: written in place, audited apart.
+        let write = if action.starts_with("override.") {
+            Write::Overrides(current.revision())
+        } else {
+            Write::Version(Some((current.version, None)))
+        };
         Ok(self
-            .save_policy(actor, next, Some(current.version), action, reason)
+            .write_policy(actor, next, write, action, reason)
             .await?)
     }
 

@@ -55,6 +55,7 @@ pub fn login_policy() -> crate::domain::Policy {
     crate::domain::Policy {
         name: limits.policy.clone(),
         version: 0,
+        overrides_rev: 0,
         description: "the sign-in limits".into(),
         mode: Default::default(),
         failure_mode: Default::default(),

@@ -93,10 +93,50 @@ impl Store {
         policy: &Policy,
         expected: Option<u64>,
     ) -> Result<Saved, StoreError> {
+        self.save_policy_at(policy, expected.map(|v| (v, None)))
+            .await
+    }
+
+    /// As [`Store::save_policy`], `expected` also naming how many times its overrides
+    /// changed within the version (`Some`: refused unless that many).
+    pub async fn save_policy_at(
+        &self,
+        policy: &Policy,
+        expected: Option<(u64, Option<u64>)>,
+    ) -> Result<Saved, StoreError> {
+        let doc = serde_json::to_string(&policy.document())
+            .map_err(|e| StoreError::Encode(e.to_string()))?;
+        let expected = expected.map(|(v, r)| match r {
+            Some(r) => format!("{v}.{r}"),
+            None => v.to_string(),
+        });
+        let reply: i64 = self
+            .run_policy_script(&policy.name, "put", &doc, expected)
+            .await?;
+        Ok(if reply < 0 {
+            Saved::Conflict
+        } else {
+            Saved::Version(reply as u64)
+        })
+    }
+
+    /// Stores `policy`'s overrides in place: the same version, its overrides' count within
+    /// it one more; refused (`Conflict`) unless the stored policy is still at `expected`
+    /// (version, overrides' count).
+    pub async fn save_overrides(
+        &self,
+        policy: &Policy,
+        expected: (u64, u64),
+    ) -> Result<Saved, StoreError> {
         let doc = serde_json::to_string(&policy.document())
             .map_err(|e| StoreError::Encode(e.to_string()))?;
         let reply: i64 = self
-            .run_policy_script(&policy.name, "put", &doc, expected)
+            .run_policy_script(
+                &policy.name,
+                "overrides",
+                &doc,
+                Some(format!("{}.{}", expected.0, expected.1)),
+            )
             .await?;
         Ok(if reply < 0 {
             Saved::Conflict
@@ -148,7 +188,7 @@ impl Store {
         name: &Name,
         op: &str,
         doc: &str,
-        expected: Option<u64>,
+        expected: Option<String>,
     ) -> Result<T, StoreError> {
         let mut invocation = self.scripts.policy_save.prepare_invoke();
         invocation
@@ -159,7 +199,7 @@ impl Store {
             .arg(name.as_str())
             .arg(op)
             .arg(doc)
-            .arg(expected.map(|v| v.to_string()).unwrap_or_default())
+            .arg(expected.unwrap_or_default())
             .arg(self.keys.policy_channel());
         self.invoke_write(&invocation).await
     }
@@ -168,8 +208,13 @@ impl Store {
 fn parse_stored(name: &str, json: &str) -> Option<Policy> {
     let parsed = serde_json::from_str::<Value>(json).ok().and_then(|v| {
         let version = v.get("version")?.as_u64()?;
+        let overrides_rev = v.get("overrides_rev").and_then(Value::as_u64).unwrap_or(0);
         let policy = Policy::from_stored(name, v.get("policy")?).ok()?;
-        Some(Policy { version, ..policy })
+        Some(Policy {
+            version,
+            overrides_rev,
+            ..policy
+        })
     });
     if parsed.is_none() {
         tracing::error!(

@@ -20,7 +20,7 @@ from spillway_client.api.checks import (
     renew_leases,
     report_usage,
 )
-from spillway_client.api.envoy import get_envoy_domain, put_envoy_domain
+from spillway_client.api.envoy import get_envoy_domain, get_envoy_domain_wiring, put_envoy_domain
 from spillway_client.api.alerts import delete_alert, list_alerts, put_alert
 from spillway_client.api.history import read_history, read_history_csv
 from spillway_client.api.health import healthcheck, healthz, metrics, openapi_document, readyz
@@ -356,4 +356,6 @@ loaded = called(
 assert loaded.descriptors[0].rate_limit.requests_per_unit == 10, loaded
 read = called("get_envoy_domain", get_envoy_domain.sync_detailed("edge", client=admin), 200, EnvoyDomainFile)
 assert read.domain == "edge" and read.descriptors[0].key == "remote_address", read
+wiring = called("get_envoy_domain_wiring", get_envoy_domain_wiring.sync_detailed("edge", client=admin), 200)
+assert "remote_address: {}" in wiring[1].yaml, wiring
 

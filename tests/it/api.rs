@@ -632,7 +632,11 @@ async fn overrides_block_unlimit_and_relimit_by_exact_wildcard_and_cidr() {
         .await
         .unwrap();
     assert_eq!(added.status(), 201);
-    assert_eq!(added.json::<Value>().await.unwrap()["version"], 2);
+    assert_eq!(
+        added.json::<Value>().await.unwrap()["version"],
+        1,
+        "an override is not a new version"
+    );
     assert_eq!(status(json!({"user": "bad"})).await, 429);
 }
 
@@ -686,7 +690,11 @@ async fn overrides_that_could_never_apply_are_refused_naming_the_field() {
     let added =
         add(json!({"match": "user=x", "action": "block", "expires_at_ms": now_ms + 60_000})).await;
     assert_eq!(added.status(), 201);
-    assert_eq!(added.json::<Value>().await.unwrap()["version"], 2);
+    assert_eq!(
+        added.json::<Value>().await.unwrap()["version"],
+        1,
+        "an override is not a new version"
+    );
     assert_eq!(
         app.check(json!({"policy": "ov", "identifiers": {"user": "x"}}))
             .await
@@ -1085,4 +1093,100 @@ async fn the_bearer_scheme_is_read_in_any_case() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+}
+
+/// Overrides are not versions of the rules: written in place (the version and the list of
+/// versions stay), yet every instance's over-limit cache and the entity tag follow them, a
+/// write over overrides changed meanwhile is refused by the tag, and a rollback keeps them.
+#[tokio::test]
+async fn overrides_change_in_place_and_a_rollback_keeps_them() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("ov", one_rule(1)).await;
+    let bob = json!({"policy": "ov", "identifiers": {"user": "bob"}});
+    app.check(bob.clone()).await;
+    // Denied, and the next denial answered from the over-limit cache.
+    for _ in 0..2 {
+        assert_eq!(app.check(bob.clone()).await.status(), 429);
+    }
+    let added = app
+        .client
+        .post(app.url("/api/v1/policies/ov/overrides"))
+        .bearer_auth(ADMIN_KEY)
+        .json(&json!({"match": "user=bob", "action": "unlimited", "reason": "ticket 5"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    assert_eq!(added.json::<Value>().await.unwrap()["version"], 1);
+    // The cached denial went with the change.
+    assert_eq!(app.check(bob.clone()).await.status(), 200);
+    let read = app
+        .client
+        .get(app.url("/api/v1/policies/ov"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read.headers()[header::ETAG], "\"1.1\"");
+    let versions: Value = app
+        .client
+        .get(app.url("/api/v1/policies/ov/versions"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        versions["previous_versions"].as_array().map(Vec::len),
+        Some(0),
+        "{versions}"
+    );
+    // A write whose tag predates the override is refused; one with the current tag lands.
+    let put = |tag: &'static str| {
+        app.client
+            .put(app.url("/api/v1/policies/ov"))
+            .bearer_auth(ADMIN_KEY)
+            .header(header::IF_MATCH, tag)
+            .json(&json!({"rules": one_rule(2)["rules"], "overrides": [{"match": "user=bob", "action": "unlimited"}]}))
+            .send()
+    };
+    problem(put("\"1.0\"").await.unwrap(), 409).await;
+    assert_eq!(put("\"1.1\"").await.unwrap().status(), 200);
+    // Version 1 was kept with bob's exemption; it is removed now, and a rollback to version
+    // 1 brings its rules back, not the exemption.
+    let removed = app
+        .client
+        .delete(app.url("/api/v1/policies/ov/overrides/0"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.json::<Value>().await.unwrap()["version"], 2);
+    let mut v = crate::auth::admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let origin = v.origin();
+    let r = v
+        .post_form(
+            "/fn/policy_rollback",
+            &[("csrf", csrf.as_str()), ("name", "ov"), ("to_version", "1")],
+            Some(&origin),
+        )
+        .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let now: Value = app
+        .client
+        .get(app.url("/api/v1/policies/ov"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(now["version"], 3);
+    assert_eq!(now["rules"][0]["limit"], 1, "{now}");
+    assert_eq!(now["overrides"].as_array().map_or(0, Vec::len), 0, "{now}");
 }

@@ -1086,9 +1086,34 @@ async fn every_role_gets_what_it_may_on_every_route() {
             [200, 200, 403, 401, 401, 401],
         ),
         (
+            "override_change",
+            vec![
+                ("name", "matrix2"),
+                ("index", "0"),
+                ("matcher", "user=vip"),
+                ("change", "extend"),
+                ("minutes", "5"),
+            ],
+            [200, 200, 403, 401, 401, 401],
+        ),
+        (
             "override_remove",
             vec![("name", "matrix2"), ("index", "0")],
             [200, 200, 403, 401, 401, 401],
+        ),
+        // A second version to roll back from (overrides are not versions).
+        (
+            "policy_save",
+            vec![
+                ("name", "matrix2"),
+                ("version", "1"),
+                ("description", "again"),
+                ("rules[0][name]", "r"),
+                ("rules[0][algorithm]", "fixed_window"),
+                ("rules[0][limit]", "6"),
+                ("rules[0][window_ms]", "1000"),
+            ],
+            [200, 403, 403, 401, 401, 401],
         ),
         (
             "policy_rollback",

@@ -38,6 +38,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("delete", "/api/v1/alerts/{name}"),
     ("get", "/api/v1/envoy/domains/{domain}"),
     ("put", "/api/v1/envoy/domains/{domain}"),
+    ("get", "/api/v1/envoy/domains/{domain}/wiring"),
 ];
 
 fn refs(value: &Value, out: &mut Vec<String>) {

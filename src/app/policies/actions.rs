@@ -471,7 +471,14 @@ pub async fn rollback_policy(
         })
         .ok_or_else(|| AppError::bad_input("to_version", "no such version"))?;
     let reason = format!("back to version {to_version}");
-    change_policy(&caller, &name, "policy.rollback", &reason, |_| Ok(old)).await
+    // The overrides stay as they are now: they are not part of the versions.
+    change_policy(&caller, &name, "policy.rollback", &reason, |current| {
+        Ok(crate::domain::Policy {
+            overrides: current.overrides.clone(),
+            ..old
+        })
+    })
+    .await
 }
 
 #[server(prefix = "/fn", endpoint = "policy_delete")]
