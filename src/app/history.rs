@@ -128,20 +128,21 @@ pub fn HistoryPage() -> impl IntoView {
         <h1>{move || if policy().is_empty() { "History · every policy".to_owned() } else { format!("History · {}", policy()) }}</h1>
         <leptos_router::components::Form method="GET" action="" on_form_data=super::without_nameless() attr:class="row filter" attr:aria-label="Policy">
             <input type="hidden" name="range" value=range/>
+            // Typed with suggestions, not a select: hundreds of policies (Envoy domains) are
+            // found by a few letters.
             <label>"Policy "
-                <select name="policy">
-                    <option value="">"every policy"</option>
-                    <Suspense fallback=|| ()>
-                        {move || Suspend::new(async move {
-                            let chosen = policy();
-                            names.await.unwrap_or_default().into_iter().map(|p| {
-                                let selected = p.name == chosen;
-                                view! { <option value=p.name.clone() selected=selected>{p.name.clone()}</option> }
-                            }).collect_view()
-                        })}
-                    </Suspense>
-                </select>
+                <input type="search" name="policy" list="policy-names" value=policy prop:value=policy
+                    placeholder="every policy" autocomplete="off"/>
             </label>
+            <datalist id="policy-names">
+                <Suspense fallback=|| ()>
+                    {move || Suspend::new(async move {
+                        names.await.unwrap_or_default().into_iter().map(|p| {
+                            view! { <option value=p.name.clone()/> }
+                        }).collect_view()
+                    })}
+                </Suspense>
+            </datalist>
             <label>"Identifiers containing " <input type="search" name="find" value=find placeholder="bob, 203.0.113."/></label>
             <input type="hidden" name="all" value=move || if all() { "1" } else { "0" }/>
             <button type="submit">"Show"</button>

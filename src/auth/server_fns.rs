@@ -59,6 +59,7 @@ pub const SERVER_FN_ACTIONS: &[(&str, Action)] = &[
     ("/fn/key_create", Action::ManagePeople),
     ("/fn/key_revoke", Action::ManagePeople),
     ("/fn/policies", Action::View),
+    ("/fn/policies_page", Action::View),
     ("/fn/domains_folder", Action::View),
     ("/fn/policy", Action::View),
     ("/fn/policy_save", Action::EditPolicies),

@@ -87,6 +87,47 @@ pub async fn list_policies() -> Result<Vec<PolicySummary>, AppError> {
         .collect())
 }
 
+/// A page of the policy list: those matching `q` (name, description or domain), busy ones
+/// first, `POLICIES_PER_PAGE` a page.
+#[server(prefix = "/fn", endpoint = "policies_page")]
+pub async fn policies_page(
+    #[server(default)] q: String,
+    #[server(default)] page: usize,
+) -> Result<super::PoliciesPageData, AppError> {
+    crate::app::guard::require(Action::View)?;
+    let all = list_policies().await?;
+    let total = all.len();
+    let needle = q.trim().to_lowercase();
+    let mut matching: Vec<PolicySummary> = all
+        .into_iter()
+        .filter(|p| {
+            needle.is_empty()
+                || p.name.to_lowercase().contains(&needle)
+                || p.description.to_lowercase().contains(&needle)
+                || p.envoy_domain
+                    .as_ref()
+                    .is_some_and(|d| d.to_lowercase().contains(&needle))
+        })
+        .collect();
+    // Busy first: what someone came to look at is more often what is being checked.
+    matching.sort_by_key(|p| p.last_hour.is_none_or(|(n, _, _)| n == 0));
+    let per = super::POLICIES_PER_PAGE;
+    let pages = matching.len().div_ceil(per).max(1);
+    let page = page.clamp(1, pages);
+    let count = matching.len();
+    Ok(super::PoliciesPageData {
+        policies: matching
+            .into_iter()
+            .skip((page - 1) * per)
+            .take(per)
+            .collect(),
+        total,
+        matching: count,
+        page,
+        pages,
+    })
+}
+
 /// Each previous version of `policy` (`history`, newest first) with the change the version
 /// after it made, as the lines its document lost and gained.
 #[cfg(feature = "ssr")]

@@ -9,7 +9,7 @@ use leptos_router::{
     hooks::use_query_map,
 };
 
-use super::{ImportEnvoyFiles, PolicySummary, RestorePolicy, list_policies};
+use super::{ImportEnvoyFiles, PolicySummary, RestorePolicy, policies_page};
 use crate::{
     app::session::{CsrfField, error_message, use_session},
     domain::{people::Action, time::utc_minutes},
@@ -20,7 +20,24 @@ use crate::{
 pub fn PoliciesPage() -> impl IntoView {
     let import = ServerAction::<ImportEnvoyFiles>::new();
     let restore = ServerAction::<RestorePolicy>::new();
-    let data = Resource::new(move || import.version().get(), |_| list_policies());
+    let query_map = use_query_map();
+    let page_asked = move || {
+        query_map.with(|q| {
+            q.get("page")
+                .and_then(|p| p.parse::<usize>().ok())
+                .unwrap_or(1)
+        })
+    };
+    let data = Resource::new(
+        move || {
+            (
+                import.version().get(),
+                query_map.with(|q| q.get("q").unwrap_or_default()),
+                page_asked(),
+            )
+        },
+        |(_, q, page)| policies_page(q, page),
+    );
     let folder = Resource::new(|| (), |_| super::actions::domains_folder_problem());
     let session = use_session();
     let query = use_query_map();
@@ -70,19 +87,11 @@ pub fn PoliciesPage() -> impl IntoView {
                 let s = session.await.unwrap_or_default();
                 match data.await {
                     Err(e) => view! { <p class="alert" role="alert">{error_message(&e)}</p> }.into_any(),
-                    Ok(list) => {
+                    Ok(found) => {
                         let csrf = s.csrf.clone();
-                        let needle = search().trim().to_lowercase();
-                        let total = list.len();
-                        let shown: Vec<PolicySummary> = list
-                            .into_iter()
-                            .filter(|p| {
-                                needle.is_empty()
-                                    || p.name.to_lowercase().contains(&needle)
-                                    || p.description.to_lowercase().contains(&needle)
-                                    || p.envoy_domain.as_ref().is_some_and(|d| d.to_lowercase().contains(&needle))
-                            })
-                            .collect();
+                        let total = found.total;
+                        let pager = pager(&found, &search());
+                        let shown = found.policies;
                         view! {
                             {s.may(Action::EditPolicies).then(|| view! {
                                 <div class="grid">
@@ -101,7 +110,22 @@ pub fn PoliciesPage() -> impl IntoView {
                             {if shown.is_empty() {
                                 view! { <p class="empty">{if total == 0 { "No policies yet.".to_owned() } else { format!("None of the {total} policies matches.") }}</p> }.into_any()
                             } else {
-                                view! { <PolicyTable list=shown/> }.into_any()
+                                // Idle ones (no check in the last hour) fold away.
+                                let (busy, idle): (Vec<PolicySummary>, Vec<PolicySummary>) = shown
+                                    .into_iter()
+                                    .partition(|p| p.last_hour.is_some_and(|(n, _, _)| n > 0));
+                                let idle_count = idle.len();
+                                let idle = (!idle.is_empty()).then(|| view! {
+                                    <details class="folded" data-testid="idle-policies" open=busy.is_empty()>
+                                        <summary>{format!("{idle_count} idle (no check in the last hour)")}</summary>
+                                        <PolicyTable list=idle/>
+                                    </details>
+                                });
+                                view! {
+                                    {(!busy.is_empty()).then(|| view! { <PolicyTable list=busy/> })}
+                                    {idle}
+                                    {pager}
+                                }.into_any()
                             }}
                         }.into_any()
                     }
@@ -109,6 +133,34 @@ pub fn PoliciesPage() -> impl IntoView {
             })}
         </Suspense>
     }
+}
+
+/// "Policies 51–100 of 230 · ‹ previous · next ›", the links keeping the search.
+fn pager(found: &super::PoliciesPageData, q: &str) -> Option<AnyView> {
+    if found.pages <= 1 {
+        return None;
+    }
+    let per = super::POLICIES_PER_PAGE;
+    let first = (found.page - 1) * per + 1;
+    let last = (first + found.policies.len()).saturating_sub(1);
+    let href = |page: usize| {
+        let q = crate::app::overview::encode(q);
+        if q.is_empty() {
+            format!("/policies?page={page}")
+        } else {
+            format!("/policies?q={q}&page={page}")
+        }
+    };
+    let prev = (found.page > 1)
+        .then(|| view! { <a href=href(found.page - 1) rel="prev">"‹ previous"</a>" " });
+    let next = (found.page < found.pages)
+        .then(|| view! { " "<a href=href(found.page + 1) rel="next">"next ›"</a> });
+    Some(view! {
+        <nav class="pager" aria-label="Pages" data-testid="pager">
+            {format!("Policies {first}–{last} of {} · page {} of {} ", found.matching, found.page, found.pages)}
+            {prev}{next}
+        </nav>
+    }.into_any())
 }
 
 #[component]

@@ -19,6 +19,22 @@ pub use pages::{OwnLimitFields, PolicyPage, own_limit_fields, rules_replaced};
 
 use serde::{Deserialize, Serialize};
 
+/// One page of the policy list: the policies that match the search, busy ones first (checks
+/// in the last hour), then by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoliciesPageData {
+    pub policies: Vec<PolicySummary>,
+    /// Policies stored, and how many match the search.
+    pub total: usize,
+    pub matching: usize,
+    /// This page (from 1) and how many there are.
+    pub page: usize,
+    pub pages: usize,
+}
+
+/// Policies a page of the list shows.
+pub const POLICIES_PER_PAGE: usize = 50;
+
 /// A row of the policy list.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicySummary {
