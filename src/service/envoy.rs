@@ -496,6 +496,17 @@ pub fn refuse_deep_yaml(text: &str) -> Result<(), String> {
     Ok(())
 }
 
+impl Service {
+    /// The Envoy descriptors of `policy`'s domain that found no limit over the last hour, by
+    /// their keys in order, most first (counted by every instance, once a second).
+    pub async fn unmatched_descriptors(
+        &self,
+        policy: &str,
+    ) -> Result<Vec<(String, u64)>, crate::store::StoreError> {
+        self.store.unmatched(policy).await
+    }
+}
+
 #[cfg(test)]
 mod yaml_tests {
     #[test]
@@ -549,16 +560,5 @@ mod yaml_tests {
         assert!(error.contains("line 5"), "{error}");
         let good = super::domain_yaml(b"domain: d\ndescriptors: []\n").unwrap();
         assert_eq!(good["domain"], "d");
-    }
-}
-
-impl Service {
-    /// The Envoy descriptors of `policy`'s domain that found no limit over the last hour, by
-    /// their keys in order, most first (counted by every instance, once a second).
-    pub async fn unmatched_descriptors(
-        &self,
-        policy: &str,
-    ) -> Result<Vec<(String, u64)>, crate::store::StoreError> {
-        self.store.unmatched(policy).await
     }
 }

@@ -43,6 +43,36 @@ fn managed(name: &Name, source: &str) -> ChangeError {
     }
 }
 
+/// An Envoy domain is changed through its file: a plain policy (or another domain's) saved
+/// over it would drop its descriptors, and Envoy's requests would pass unlimited. And a
+/// domain lives under the policy name it maps to, or no request finds it.
+fn refuse_domain_change(policy: &Policy, before: Option<&Policy>) -> Result<(), ChangeError> {
+    let domain_of = |p: &Policy| p.envoy.as_ref().map(|t| t.doc.domain.clone());
+    if let Some(domain) = before.and_then(domain_of)
+        && domain_of(policy).as_ref() != Some(&domain)
+    {
+        return Err(ChangeError::Taken {
+            field: "name".into(),
+            message: format!(
+                "{} is the Envoy domain {domain:?}; change it through /api/v1/envoy/domains/{domain}",
+                policy.name
+            ),
+        });
+    }
+    if let Some(domain) = domain_of(policy)
+        && crate::domain::envoy::policy_name(&domain).ok().as_ref() != Some(&policy.name)
+    {
+        return Err(ChangeError::Invalid {
+            field: "envoy.domain".into(),
+            message: format!(
+                "{domain:?} is not the domain of a policy named {}",
+                policy.name
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// How a save writes: a new version (refused unless the stored one is still the expected
 /// version, and its overrides' count within it when given), or the overrides in place
 /// (refused unless the stored one is still at this version and overrides' count).
@@ -96,33 +126,7 @@ impl Service {
             }
             policy.managed_by = Some(source);
         }
-        // An Envoy domain is changed through its file: a plain policy (or another domain's)
-        // saved over it would drop its descriptors, and Envoy's requests would pass
-        // unlimited. And a domain lives under the policy name it maps to, or no request
-        // finds it.
-        let domain_of = |p: &Policy| p.envoy.as_ref().map(|t| t.doc.domain.clone());
-        if let Some(domain) = before.as_ref().and_then(domain_of)
-            && domain_of(&policy).as_ref() != Some(&domain)
-        {
-            return Err(ChangeError::Taken {
-                field: "name".into(),
-                message: format!(
-                    "{} is the Envoy domain {domain:?}; change it through /api/v1/envoy/domains/{domain}",
-                    policy.name
-                ),
-            });
-        }
-        if let Some(domain) = domain_of(&policy)
-            && crate::domain::envoy::policy_name(&domain).ok().as_ref() != Some(&policy.name)
-        {
-            return Err(ChangeError::Invalid {
-                field: "envoy.domain".into(),
-                message: format!(
-                    "{domain:?} is not the domain of a policy named {}",
-                    policy.name
-                ),
-            });
-        }
+        refuse_domain_change(&policy, before.as_ref())?;
         let stored = match write {
             Write::Version(expected) => self.store.save_policy_at(&policy, expected).await,
             Write::Overrides(expected) => self.store.save_overrides(&policy, expected).await,
