@@ -127,7 +127,7 @@ pub(crate) fn override_action_words(o: &serde_json::Value) -> String {
     let words: Vec<String> = rules
         .iter()
         .map(|r| {
-            let f = rule_form(r);
+            let f = crate::app::policies::rule_form(r);
             match f.algorithm.as_str() {
                 "fixed_window" | "sliding_window" | "sliding_log" | "bucketed_window" => {
                     let unit = crate::app::policies::UNITS
