@@ -1105,3 +1105,46 @@ async fn a_domain_file_that_fails_to_load_comes_back_with_its_error_and_its_text
         "the pasted text is kept: {form}"
     );
 }
+
+#[tokio::test]
+async fn the_policy_list_is_paged_with_busy_ones_first_and_idle_ones_folded() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = json!({"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 60000}]});
+    for i in 0..60 {
+        app.put_policy(&format!("p{i:02}"), rule.clone()).await;
+    }
+    // One busy policy, last by name.
+    app.check(json!({"policy": "p59", "identifiers": {"user": "u"}}))
+        .await;
+    let mut v = admin(&app, &redis).await;
+    // 61 with the demo policy: two pages; the busy one first once the history has it.
+    let first = eventually(
+        "p59 first",
+        PATIENCE,
+        async || v.get("/policies").await.text().await.unwrap(),
+        |page| {
+            page.find("data-testid=\"policies\"")
+                .is_some_and(|at| page[at..].contains("p59"))
+        },
+    )
+    .await;
+    let busy = &first[first.find("data-testid=\"policies\"").unwrap()..];
+    let busy = &busy[..busy.find("</table>").unwrap()];
+    assert!(busy.contains("p59") && !busy.contains("p00"), "{busy}");
+    assert!(
+        first.contains("data-testid=\"idle-policies\""),
+        "the idle ones fold"
+    );
+    assert!(
+        first.contains("Policies 1–50 of 61 · page 1 of 2"),
+        "the pager"
+    );
+    let second = v.get("/policies?page=2").await.text().await.unwrap();
+    assert!(second.contains("Policies 51–61 of 61 · page 2 of 2"));
+    assert!(second.contains("p58") && !second.contains(">p01<"));
+    // The search narrows before paging.
+    let found = v.get("/policies?q=p1").await.text().await.unwrap();
+    assert!(!found.contains("data-testid=\"pager\""));
+    assert!(found.contains("p10") && found.contains("p19") && !found.contains(">p20<"));
+}

@@ -118,11 +118,11 @@ pub fn PoliciesPage() -> impl IntoView {
                                 let idle = (!idle.is_empty()).then(|| view! {
                                     <details class="folded" data-testid="idle-policies" open=busy.is_empty()>
                                         <summary>{format!("{idle_count} idle (no check in the last hour)")}</summary>
-                                        <PolicyTable list=idle/>
+                                        <PolicyTable list=idle testid="policies-idle"/>
                                     </details>
                                 });
                                 view! {
-                                    {(!busy.is_empty()).then(|| view! { <PolicyTable list=busy/> })}
+                                    {(!busy.is_empty()).then(|| view! { <PolicyTable list=busy testid="policies"/> })}
                                     {idle}
                                     {pager}
                                 }.into_any()
@@ -164,9 +164,9 @@ fn pager(found: &super::PoliciesPageData, q: &str) -> Option<AnyView> {
 }
 
 #[component]
-pub(super) fn PolicyTable(list: Vec<PolicySummary>) -> impl IntoView {
+pub(super) fn PolicyTable(list: Vec<PolicySummary>, testid: &'static str) -> impl IntoView {
     view! {
-        <table data-testid="policies" class="cards-on-phone">
+        <table data-testid=testid class="cards-on-phone">
             <thead><tr><th>"Name"</th><th>"Type"</th><th>"Mode"</th><th class="num">"Rules"</th><th class="num">"Checks, last hour"</th><th>"Last changed"</th><th class="num">"Version"</th></tr></thead>
             <tbody>
                 {list.into_iter().map(|p| view! {
