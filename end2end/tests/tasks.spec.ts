@@ -149,8 +149,15 @@ test("support gives a partner a limit of its own for a day, right from the inspe
   };
   await fill("lots");
   await expect(page.getByRole("alert")).toContainText("limit: must be a whole number of requests");
+  // It says what it replaces: the policy's own rules.
+  await expect(box.getByTestId("own-limit-replaces")).toContainText(`in ${policy} it replaces per-user (limit 2)`);
   await fill("5");
   await expect(page.getByRole("status").filter({ hasText: "Override added" })).toBeVisible();
+  // Listed where it acts, with Extend and Remove; the form keeps the unit saved.
+  const here = page.getByTestId("overrides-here");
+  await expect(here).toContainText(`${policy}: limit: 5 per 1 day`);
+  await expect(here.getByRole("button", { name: "Extend by a day" })).toBeVisible();
+  await expect(box.getByLabel("Unit")).toHaveValue("d");
   // Counted apart from the policy's 2 an hour: 5 more today, then refused.
   const statuses = [];
   for (let i = 0; i < 6; i++) statuses.push(await check(page, policy, { user: acme }));

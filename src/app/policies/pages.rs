@@ -230,9 +230,14 @@ pub fn PolicyPage() -> impl IntoView {
                             None => (p.wait, p.max_wait_ms.clone()),
                         };
                         let mut rows = kept.map_or_else(|| p.rules.clone(), |d| d.rules);
+                        // Two blank slots: a policy of two rules is saved whole, not half-built
+                        // first (blank slots are left out when saving).
                         if rows.iter().all(RuleForm::kept) {
-                            rows.push(RuleForm { algorithm: "fixed_window".into(), ..RuleForm::default() });
+                            for _ in 0..2 {
+                                rows.push(RuleForm { algorithm: "fixed_window".into(), ..RuleForm::default() });
+                            }
                         }
+                        let first_blank = rows.iter().position(|r| r.name.is_empty() && r.limit.is_empty());
                         let rule_rows = rows.into_iter().enumerate().map(|(i, r)| {
                             let f = |k: &str| format!("rules[{i}][{k}]");
                             let e = |k: &str| error_for(format!("rules[{i}].{k}"));
@@ -247,7 +252,7 @@ pub fn PolicyPage() -> impl IntoView {
                             let lease_unit = if r.lease_unit.is_empty() && r.lease_ms.is_empty() { "s".to_owned() } else { r.lease_unit.clone() };
                             view! {
                                 <fieldset class="rule" disabled=!can_edit>
-                                    <legend>{if blank { "Add a rule".to_owned() } else { format!("Rule {}", if r.name.is_empty() { (i + 1).to_string() } else { r.name.clone() }) }}</legend>
+                                    <legend>{if blank { if Some(i) == first_blank { "Add a rule".to_owned() } else { "Add another rule".to_owned() } } else { format!("Rule {}", if r.name.is_empty() { (i + 1).to_string() } else { r.name.clone() }) }}</legend>
                                     <label>"Name"<input name=f("name") value=r.name.clone() placeholder="per-second"/>{e("name")}</label>
                                     <label>"Algorithm"
                                         <select name=f("algorithm")>
