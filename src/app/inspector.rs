@@ -366,6 +366,10 @@ fn through_another(inspection: &Inspection, blocking: &str) -> Option<impl IntoV
 fn steady_line(inspection: &Inspection) -> impl IntoView + use<> {
     use crate::domain::throttle::StreakState;
     let now = inspection.at_ms;
+    let blocked_now = matches!(
+        inspection.verdict(),
+        crate::domain::inspection::Verdict::Blocked { .. }
+    );
     let (class, text) = match inspection.steady() {
         Some((policy, s)) => match s.state_at(now) {
             StreakState::Blocked => (
@@ -382,6 +386,15 @@ fn steady_line(inspection: &Inspection) -> impl IntoView + use<> {
                     "Over time: denied at times in {policy} — {}; the last denial {} ago.",
                     s.words(now),
                     crate::domain::time::spoken_duration(now - s.last_ms)
+                ),
+            ),
+            // Not asked again since, and still refused now: not an all-clear.
+            StreakState::Over if blocked_now => (
+                "verdict bad",
+                format!(
+                    "Over time: no request for {} since its last denial in {policy}, and it is still blocked (above); before that, {}.",
+                    crate::domain::time::spoken_duration(now - s.last_ms),
+                    s.words(now)
                 ),
             ),
             StreakState::Over => (

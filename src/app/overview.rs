@@ -404,6 +404,15 @@ fn next_request_text(t: &Throttle, now_ms: i64) -> String {
 fn state_text(t: &Throttle, now_ms: i64) -> (&'static str, String) {
     use crate::domain::throttle::StreakState;
     match t.streak {
+        // No request since its last denial, and its limit still refuses: blocked, not cleared.
+        Some(s) if s.state_at(now_ms) == StreakState::Over && t.blocked_at(now_ms) => (
+            "badge bad",
+            format!(
+                "blocked: no request for {}; before that {}",
+                crate::domain::time::spoken_duration(now_ms - s.last_ms),
+                s.words(now_ms)
+            ),
+        ),
         Some(s) => match s.state_at(now_ms) {
             StreakState::Blocked => ("badge bad", format!("blocked: {}", s.words(now_ms))),
             StreakState::AtTimes => ("badge warn", format!("at times: {}", s.words(now_ms))),

@@ -190,20 +190,32 @@ pub(super) fn OverrideForm(
     };
     // The policies where it has state first: the override is most likely for one of those.
     let mut policies: Vec<&PolicyState> = i.policies.iter().collect();
+    // Those that denied it lately first (it may be blocked there through another identifier,
+    // with no state of its own), then those where it has state.
+    let denied_in = |p: &PolicyState| i.streaks.iter().any(|(name, _)| *name == p.policy);
     policies.sort_by_key(|p| {
-        !(p.status == "blocked"
+        !(denied_in(p)
+            || p.status == "blocked"
             || p.rules
                 .iter()
                 .any(|r| r.ttl_ms.is_some() || r.remaining < r.limit))
     });
+    // Then, of those, the ones that denied it lately first (a stable sort keeps the rest).
+    policies.sort_by_key(|p| !denied_in(p));
     // What an own limit would replace, in each policy offered (from the rules' state).
     let replaces: Vec<String> = policies
         .iter()
-        .filter(|p| !p.rules.is_empty())
+        // Its own rules, not an own limit already in force there.
+        .filter(|p| {
+            p.rules
+                .iter()
+                .any(|r| r.rule != crate::app::policies::OWN_LIMIT_RULE)
+        })
         .map(|p| {
             let rules: Vec<String> = p
                 .rules
                 .iter()
+                .filter(|r| r.rule != crate::app::policies::OWN_LIMIT_RULE)
                 .map(|r| format!("{} (limit {})", r.rule, r.limit))
                 .collect();
             format!("in {} it replaces {}", p.policy, rules.join(", "))

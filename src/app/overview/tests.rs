@@ -82,3 +82,26 @@ proptest! {
         prop_assert_eq!(&stale, &b);
     }
 }
+
+#[test]
+fn a_streak_over_is_not_an_all_clear_while_the_limit_still_refuses() {
+    let streak = crate::domain::throttle::Streak {
+        since_ms: 0,
+        last_ms: 1_000,
+        checks: 1,
+        denials: 1,
+    };
+    let mut t = Throttle {
+        last_ms: Some(1_000),
+        until_ms: Some(700_000),
+        streak: Some(streak),
+        ..Throttle::default()
+    };
+    // 61 s without a request, the window still full: blocked, said as such.
+    let (class, text) = state_text(&t, 62_000);
+    assert_eq!(class, "badge bad");
+    assert!(text.starts_with("blocked: no request for 61 s"), "{text}");
+    // Once the limit lets requests through, it is cleared.
+    t.until_ms = Some(50_000);
+    assert_eq!(state_text(&t, 62_000).0, "badge ok");
+}
