@@ -662,7 +662,7 @@ async fn the_inspector_shows_where_an_identifier_binds_and_when_it_was_throttled
     );
 }
 
-async fn overview(v: &mut Visitor, form: &[(&str, &str)]) -> Value {
+pub(crate) async fn overview(v: &mut Visitor, form: &[(&str, &str)]) -> Value {
     let r = v.post_form("/fn/overview", form, None).await;
     assert_eq!(r.status(), 200);
     r.json().await.unwrap()

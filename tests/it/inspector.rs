@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// The inspector's answer to what support typed (`bob`, `user=bob`).
-async fn inspect(v: &mut Visitor, id: &str) -> Inspection {
+pub(crate) async fn inspect(v: &mut Visitor, id: &str) -> Inspection {
     let r = v.post_form("/fn/inspect", &[("id", id)], None).await;
     r.json().await.unwrap()
 }

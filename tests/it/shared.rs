@@ -7,20 +7,12 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
-use spillway::domain::inspection::Inspection;
 
 use crate::{
-    auth::{Visitor, admin},
+    auth::admin,
     helpers::{PATIENCE, RedisServer, clear_of_window_turn, eventually, spawn_app},
+    inspector::inspect,
 };
-
-async fn inspect(v: &mut Visitor, id: &str) -> Inspection {
-    v.post_form("/fn/inspect", &[("id", id)], None)
-        .await
-        .json()
-        .await
-        .unwrap()
-}
 
 #[tokio::test]
 async fn bob_blocked_through_a_shared_address_is_told_its_count_and_what_an_exemption_leaves() {

@@ -6,12 +6,13 @@
 use std::time::Duration;
 
 use reqwest::header;
-use serde_json::{Value, json};
-use spillway::domain::inspection::Inspection;
+use serde_json::json;
 
 use crate::{
     auth::{Visitor, admin},
+    dashboard::overview,
     helpers::{PATIENCE, RedisServer, TestApp, clear_of_window_turn, eventually, spawn_app},
+    inspector::inspect,
 };
 
 fn now_ms() -> i64 {
@@ -19,22 +20,6 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64
-}
-
-async fn overview(v: &mut Visitor) -> Value {
-    v.post_form("/fn/overview", &[], None)
-        .await
-        .json()
-        .await
-        .unwrap()
-}
-
-async fn inspect(v: &mut Visitor, id: &str) -> Inspection {
-    v.post_form("/fn/inspect", &[("id", id)], None)
-        .await
-        .json()
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -68,7 +53,7 @@ async fn a_client_denied_most_of_the_time_is_blocked_with_its_share_and_a_real_s
     let row = eventually(
         "the scraper's streak",
         PATIENCE,
-        async || overview(&mut v).await["throttled"][0].clone(),
+        async || overview(&mut v, &[]).await["throttled"][0].clone(),
         |row| row["streak"]["checks"] == 997,
     )
     .await;
