@@ -1,34 +1,10 @@
-import { type Page } from "@playwright/test";
 import { expect, test } from "./fixtures/test";
-import { E2E_SERVICE_KEY, signIn, waitForHydration } from "./fixtures/people";
+import { signIn, waitForHydration } from "./fixtures/people";
+import { check, putPolicy, shot } from "./fixtures/api";
 
 // Answers that hold over time: "blocked" as a state with its share and since, and bob
 // blocked through an address many users share, told with its count and lifted where the
 // page points. Each runs hydrated and with JavaScript off.
-
-async function shot(page: Page, name: string) {
-  await page.screenshot({ path: test.info().outputPath(`${name}.png`), fullPage: true });
-}
-
-async function putPolicy(page: Page, name: string, doc: object) {
-  const base = test.info().project.use.baseURL!;
-  const who = await page.request.post("/fn/whoami", { headers: { Origin: base } });
-  const csrf = (await who.json()).csrf;
-  const r = await page.request.put(`/api/v1/policies/${name}`, {
-    headers: { Origin: base, "X-CSRF-Token": csrf },
-    data: doc,
-  });
-  expect(r.status(), await r.text()).toBeLessThan(300);
-}
-
-async function check(page: Page, policy: string, identifiers: object) {
-  return (
-    await page.request.post("/api/v1/check", {
-      headers: { Authorization: `Bearer ${E2E_SERVICE_KEY}` },
-      data: { policy, identifiers },
-    })
-  ).status();
-}
 
 test("who is blocked right now and since when: a client denied most of its checks", async ({ page }, testInfo) => {
   const hydrated = testInfo.project.name === "hydrated";

@@ -1,27 +1,10 @@
-import { type Page } from "@playwright/test";
 import { expect, test } from "./fixtures/test";
-import { E2E_SERVICE_KEY, signIn, waitForHydration } from "./fixtures/people";
+import { signIn, waitForHydration } from "./fixtures/people";
+import { check, putPolicy, shot } from "./fixtures/api";
 
 // The tasks the dashboard is for, as its people do them: an admin's first look, support
 // with "bob says he is blocked", and a delete that asks first. Each runs hydrated and with
 // JavaScript off (the two projects), asserts on what a person sees, and keeps a screenshot.
-
-async function shot(page: Page, name: string) {
-  await page.screenshot({ path: test.info().outputPath(`${name}.png`), fullPage: true });
-}
-
-/** Stores a policy through the admin API with the signed-in session, as automation would. */
-async function putPolicy(page: Page, name: string, doc: object) {
-  const base = test.info().project.use.baseURL!;
-  // A signed-in browser's change carries its session's CSRF token.
-  const who = await page.request.post("/fn/whoami", { headers: { Origin: base } });
-  const csrf = (await who.json()).csrf;
-  const r = await page.request.put(`/api/v1/policies/${name}`, {
-    headers: { Origin: base, "X-CSRF-Token": csrf },
-    data: doc,
-  });
-  expect(r.status(), await r.text()).toBeLessThan(300);
-}
 
 const hour = (name: string, limit: number, dimension: string) => ({
   name,
@@ -30,15 +13,6 @@ const hour = (name: string, limit: number, dimension: string) => ({
   window_ms: 3_600_000,
   dimensions: [dimension],
 });
-
-async function check(page: Page, policy: string, identifiers: object) {
-  return (
-    await page.request.post("/api/v1/check", {
-      headers: { Authorization: `Bearer ${E2E_SERVICE_KEY}` },
-      data: { policy, identifiers },
-    })
-  ).status();
-}
 
 test("an admin's first look: is anything wrong, who is throttled, by which rule", async ({ page }, testInfo) => {
   const policy = `scrape-${testInfo.project.name}`;
