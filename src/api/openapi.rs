@@ -34,8 +34,10 @@ pub struct CheckRequest {
     limits: Option<BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
-/// 1 to 16 `dimension: value` pairs: dimensions match `[a-z0-9][a-z0-9_-]{0,63}`, values
-/// are UTF-8, 1 to 256 bytes, without control characters. The same in a check and a report.
+/// Up to 16 `dimension: value` pairs (a report's at least 1; a check's may be none: an
+/// anonymous caller, let through by a policy whose dimensions are all `optional`):
+/// dimensions match `[a-z0-9][a-z0-9_-]{0,63}`, values are UTF-8, 1 to 256 bytes, without
+/// control characters.
 #[derive(Serialize, ToSchema)]
 pub struct Identifiers(BTreeMap<String, IdentifierValue>);
 
@@ -168,6 +170,11 @@ pub struct CheckResponse {
     /// and nothing counted, never an allow by a limit. Also said by the header
     /// `Spillway-Unmatched: ?1`. A `strict` policy refuses such a check with a 400 instead.
     unmatched: bool,
+    /// Dimensions the check sent that none of the policy's rules counts (a misspelt `usr`
+    /// beside a correct `ip`): those identifiers limited nothing. Absent when none; also
+    /// said by the header `Spillway-Unused` (`"usr"`). A `strict` policy refuses such a
+    /// check with a 400 (`unknown-dimensions`) instead.
+    unused: Option<Vec<String>>,
     /// Shadow mode only: the check would have been denied.
     shadow_denied: Option<bool>,
     /// Redis Cluster only: a later slot denied and earlier slots were refunded.
@@ -205,7 +212,8 @@ pub enum BatchItemBody {
 }
 
 /// RFC 9457 problem details. `type` is `https://spillway.dev/problems/` and one of:
-/// `invalid-request` (400), `unmatched-identifiers` (400), `unauthorized` (401),
+/// `invalid-request` (400), `unmatched-identifiers` (400), `unknown-dimensions` (400),
+/// `unauthorized` (401),
 /// `forbidden` (403), `unknown-policy` (404), `not-found` (404), `method-not-allowed`
 /// (405), `conflict` (409), `payload-too-large` (413), `unsupported-media-type` (415),
 /// `cost-too-high` (422), `redis-unavailable` (503), `policies-not-loaded` (503),
@@ -217,8 +225,8 @@ pub struct Problem {
     status: u16,
     /// Starts with the offending field's name, when one is to blame.
     detail: String,
-    /// The offending field: on `invalid-request` (400), `unmatched-identifiers`
-    /// (`identifiers`) and `cost-too-high` (`cost`).
+    /// The offending field: on `invalid-request` (400), `unmatched-identifiers` and
+    /// `unknown-dimensions` (`identifiers`), and `cost-too-high` (`cost`).
     field: Option<String>,
 }
 

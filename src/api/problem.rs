@@ -40,6 +40,10 @@ pub enum ApiError {
     /// dimensions they count).
     #[error("{0}")]
     Unmatched(String),
+    /// A strict policy was sent dimensions none of its rules counts (the detail names them
+    /// and the dimensions its rules count).
+    #[error("{0}")]
+    UnknownDimensions(String),
     /// A check's cost is more than one of its rules ever admits (the detail names it).
     #[error("{0}")]
     CostTooHigh(String),
@@ -74,6 +78,7 @@ impl From<CheckError> for ApiError {
             CheckError::PoliciesNotLoaded => ApiError::PoliciesNotLoaded,
             CheckError::Unavailable(error) => ApiError::RedisUnavailable(error),
             e @ CheckError::Unmatched { .. } => ApiError::Unmatched(e.to_string()),
+            e @ CheckError::UnknownDimensions { .. } => ApiError::UnknownDimensions(e.to_string()),
             e @ CheckError::CostTooHigh { .. } => ApiError::CostTooHigh(e.to_string()),
             CheckError::BadLimits { field, message } => ApiError::bad(field, message),
         }
@@ -186,6 +191,11 @@ impl ApiError {
                 "unmatched-identifiers",
                 "The identifiers match no rule",
             ),
+            ApiError::UnknownDimensions(_) => (
+                StatusCode::BAD_REQUEST,
+                "unknown-dimensions",
+                "A dimension is counted by no rule",
+            ),
             ApiError::CostTooHigh(_) => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "cost-too-high",
@@ -227,7 +237,9 @@ impl ApiError {
             ),
             ApiError::PayloadTooLarge => "body: at most 65536 bytes".into(),
             ApiError::UnsupportedMediaType => "Content-Type: send application/json".into(),
-            ApiError::Unmatched(detail) | ApiError::CostTooHigh(detail) => detail.clone(),
+            ApiError::Unmatched(detail)
+            | ApiError::UnknownDimensions(detail)
+            | ApiError::CostTooHigh(detail) => detail.clone(),
         }
     }
 
@@ -242,7 +254,9 @@ impl ApiError {
         });
         match self {
             ApiError::BadRequest { field, .. } => body["field"] = json!(field),
-            ApiError::Unmatched(_) => body["field"] = json!("identifiers"),
+            ApiError::Unmatched(_) | ApiError::UnknownDimensions(_) => {
+                body["field"] = json!("identifiers")
+            }
             ApiError::CostTooHigh(_) => body["field"] = json!("cost"),
             _ => {}
         }

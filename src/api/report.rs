@@ -55,6 +55,13 @@ fn parse(body: &Value) -> Result<ReportRequest, ApiError> {
         identifiers,
         ..
     } = CheckRequest::parse(&Value::Object(rest), "")?;
+    // A check may be anonymous; usage is always someone's.
+    if identifiers.is_empty() {
+        return Err(ApiError::bad(
+            "identifiers",
+            "must hold at least 1 identifier: whose usage this is",
+        ));
+    }
     Ok(ReportRequest {
         policy,
         identifiers,

@@ -373,6 +373,7 @@ fn StatusStrip(data: Signal<OverviewData>) -> impl IntoView {
                     <span class="what">"Alerts firing"</span>
                     <strong data-testid="status-alerts">{firing_text}</strong>
                 </a></li>
+                {unused_item(&d.unused_last_hour)}
                 <li class=redis_level><a href="#redis-heading">
                     <span class="what">"Redis"</span>
                     <strong data-testid="status-redis">{redis_text}</strong>
@@ -380,6 +381,28 @@ fn StatusStrip(data: Signal<OverviewData>) -> impl IntoView {
             </ul>
         }
     }
+}
+
+/// The status strip's item for checks that sent dimensions no rule counts, when there were
+/// any in the last hour: how many, and a link to the policy with most.
+fn unused_item(unused: &[(String, u64)]) -> Option<impl IntoView + use<>> {
+    let (worst, _) = unused.first()?;
+    let total: u64 = unused.iter().map(|(_, n)| n).sum();
+    let href = format!(
+        "/policy?name={}#unused",
+        crate::domain::percent_encode(worst)
+    );
+    let names: Vec<&str> = unused.iter().map(|(p, _)| p.as_str()).collect();
+    Some(view! {
+        <li class="warn"><a href=href title=format!("policies: {}", names.join(", "))>
+            <span class="what">"Sent a dimension no rule counts, last hour"</span>
+            <strong data-testid="status-unused">{match unused {
+                [(_, n)] => format!("{n} in {worst}"),
+                [(_, n), ..] => format!("{total} ({n} in {worst}, …)"),
+                [] => String::new(),
+            }}</strong>
+        </a></li>
+    })
 }
 
 /// `then` as "12 s ago" from `now_ms`.

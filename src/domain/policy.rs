@@ -12,12 +12,30 @@ use super::{
     rule::{ALGORITHMS, Algorithm, AlgorithmKind},
 };
 
+mod dimensions;
 mod parse;
 pub use parse::parse_rules;
 use parse::*;
 
 /// Most rules one policy may have.
 pub const MAX_RULES: usize = 32;
+/// The fields of a policy document.
+const FIELDS: &[&str] = &[
+    "name",
+    "version",
+    "description",
+    "mode",
+    "failure_mode",
+    "strict",
+    "optional",
+    "on_deny",
+    "max_wait_ms",
+    "rules",
+    "overrides",
+    "envoy",
+    "managed_by",
+];
+
 /// Longest description, in bytes.
 pub const MAX_DESCRIPTION: usize = 1024;
 
@@ -82,6 +100,11 @@ pub struct Policy {
     /// and a stored policy that never said (saved before there was the choice) is lenient.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
+    /// Dimensions its rules count whose absence from a check is a normal case: a check
+    /// that gives none of the policy's dimensions, all of them optional, is let through
+    /// uncounted even when strict (anonymous callers of a per-user policy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub optional: Vec<Name>,
     /// Refuse a denied request at once, or hold it (see [`OnDeny`]).
     #[serde(default, skip_serializing_if = "OnDeny::is_refuse")]
     pub on_deny: OnDeny,
@@ -169,24 +192,7 @@ impl Policy {
         let obj = doc
             .as_object()
             .ok_or_else(|| PolicyError::field("body", "must be a JSON object"))?;
-        reject_unknown(
-            obj,
-            "",
-            &[
-                "name",
-                "version",
-                "description",
-                "mode",
-                "failure_mode",
-                "strict",
-                "on_deny",
-                "max_wait_ms",
-                "rules",
-                "overrides",
-                "envoy",
-                "managed_by",
-            ],
-        )?;
+        reject_unknown(obj, "", FIELDS)?;
         if let Some(given) = obj.get("name")
             && given.as_str() != Some(name.as_str())
         {
@@ -228,6 +234,7 @@ impl Policy {
                 parse_rules(rules_value, "rules")?
             }
         };
+        let optional = dimensions::parse_optional(obj, &rules)?;
         let overrides = parse_overrides(obj)?;
         let managed_by = parse_managed_by(obj, stored, envoy.is_some())?;
         Ok(Self {
@@ -238,6 +245,7 @@ impl Policy {
             mode,
             failure_mode,
             strict,
+            optional,
             on_deny,
             max_wait_ms,
             rules,
@@ -273,6 +281,7 @@ impl Policy {
             failure_mode,
             // Envoy's protocol answers a descriptor no limit matches OK, counting nothing.
             strict: Some(false),
+            optional: Vec::new(),
             on_deny: OnDeny::Refuse,
             max_wait_ms: None,
             rules: domain.rules(),

@@ -14,7 +14,9 @@ use crate::{
 };
 
 mod answered;
+mod refuse;
 pub(in crate::service) use answered::Settled;
+use refuse::{counted, unmatched_words};
 
 /// Largest cost one check may ask for.
 pub const MAX_COST: u64 = 1_000_000_000;
@@ -56,33 +58,33 @@ pub enum CheckError {
     BadLimits { field: String, message: String },
     /// A strict policy's rules meet none of the identifiers: refused rather than let
     /// through uncounted. `expects`: the dimensions its rules count.
-    #[error("identifiers: {given} match no rule of {policy}, {}", counted(expects))]
+    #[error("identifiers: {} {}", if given.is_empty() { "none given" } else { given }, unmatched_words(policy, expects))]
     Unmatched {
         policy: String,
         given: String,
         expects: Vec<String>,
     },
-}
-
-/// What a policy's rules count, said to a caller whose identifiers met none of them.
-fn counted(expects: &[String]) -> String {
-    match expects {
-        [] => {
-            "which has no rule for them (strict: refused rather than let through uncounted)".into()
-        }
-        _ => format!("whose rules count {}", expects.join(" or ")),
-    }
+    /// A strict policy was sent dimensions none of its rules counts (a typo beside a
+    /// correct one is not let through half counted). `expects`: the dimensions it counts.
+    #[error("identifiers: {} {} not counted by any rule of {policy}, {}", unknown.join(", "), if unknown.len() == 1 { "is" } else { "are" }, counted(expects))]
+    UnknownDimensions {
+        policy: String,
+        unknown: Vec<String>,
+        expects: Vec<String>,
+    },
 }
 
 /// A check's answer: the policy it ran under and its decision. `degraded` when Redis failed
 /// and the policy fails open (the decision is then an empty allow). `unmatched` when no
 /// rule nor override met any of its identifiers: allowed, and nothing was counted.
+/// `unused`: the dimensions it sent that none of the policy's rules counts.
 #[derive(Clone, Debug)]
 pub struct Checked {
     pub policy: Arc<Policy>,
     pub decision: Decision,
     pub degraded: bool,
     pub unmatched: bool,
+    pub unused: Vec<crate::domain::Name>,
 }
 
 impl Checked {
@@ -145,9 +147,11 @@ impl Service {
         let started = std::time::Instant::now();
         let policy = self.policy_named(&request.policy)?;
         let caller_rules = caller_rules(&policy, &request.limits)?;
+        let unused = self.account_unused(&policy, request, started)?;
+        let refuses = policy.is_strict() && policy.mode == Mode::Enforce;
         let decided = self.decide_request(&policy, request, &caller_rules).await;
         let checked = match decided {
-            Ok(Decided::Unmatched) if policy.is_strict() && policy.mode == Mode::Enforce => {
+            Ok(Decided::Unmatched) if refuses && !policy.anonymous_allowed() => {
                 return Err(self.refuse_unmatched(&policy, request, started));
             }
             Ok(Decided::TooCostly { rule, cost, max }) => {
@@ -165,17 +169,20 @@ impl Service {
                     max,
                 });
             }
+            // Anonymous under a policy whose every dimension is optional: a normal allow.
             Ok(Decided::Unmatched) => Checked {
+                unmatched: !policy.anonymous_allowed(),
                 policy,
                 decision: Decision::new(Vec::new()),
                 degraded: false,
-                unmatched: true,
+                unused,
             },
             Ok(Decided::Decision(decision)) => Checked {
                 policy,
                 decision,
                 degraded: false,
                 unmatched: false,
+                unused,
             },
             Err(error) => {
                 self.failure_mode(&policy, error, &request.identifiers, started)
@@ -185,6 +192,7 @@ impl Service {
                     decision: Decision::new(Vec::new()),
                     degraded: true,
                     unmatched: false,
+                    unused,
                 }
             }
         };
@@ -207,38 +215,6 @@ impl Service {
             started,
         );
         Ok(checked)
-    }
-
-    /// Refuses a check of a strict policy that met no rule: counted as such in the
-    /// history and the metrics (a misconfigured caller is the admin's to see).
-    fn refuse_unmatched(
-        &self,
-        policy: &Policy,
-        request: &CheckRequest,
-        started: std::time::Instant,
-    ) -> CheckError {
-        self.answered(
-            policy,
-            history::Outcome::Unmatched,
-            &request.identifiers,
-            None,
-            started,
-        );
-        let given: Vec<String> = request
-            .identifiers
-            .iter()
-            .map(|i| i.dimension().to_string())
-            .collect();
-        CheckError::Unmatched {
-            policy: policy.name.to_string(),
-            given: given.join(", "),
-            expects: policy
-                .dimensions()
-                .unwrap_or_default()
-                .into_iter()
-                .map(str::to_owned)
-                .collect(),
-        }
     }
 
     /// `request`'s decision under `policy`: its rules (or an override's) for every

@@ -496,17 +496,6 @@ pub fn refuse_deep_yaml(text: &str) -> Result<(), String> {
     Ok(())
 }
 
-impl Service {
-    /// The Envoy descriptors of `policy`'s domain that found no limit over the last hour, by
-    /// their keys in order, most first (counted by every instance, once a second).
-    pub async fn unmatched_descriptors(
-        &self,
-        policy: &str,
-    ) -> Result<Vec<(String, u64)>, crate::store::StoreError> {
-        self.store.unmatched(policy).await
-    }
-}
-
 #[cfg(test)]
 mod yaml_tests {
     #[test]

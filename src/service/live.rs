@@ -79,6 +79,8 @@ pub struct LiveCounts {
     together: Arc<Mutex<Together>>,
     watch: Arc<Mutex<streaks::Watch>>,
     unmatched: Arc<Mutex<unmatched::Unmatched>>,
+    /// Checks that sent dimensions no rule of their policy counts, by those dimensions.
+    unused: Arc<Mutex<unmatched::Unmatched>>,
     /// How many identifiers `watch` holds: an allowed check takes its lock only when some are.
     watching: Arc<AtomicUsize>,
 }
@@ -188,6 +190,15 @@ impl LiveCounts {
             .count(policy, entries);
     }
 
+    /// Counts a check of `policy` that sent `dimensions`, which none of its rules counts.
+    pub fn unused(&self, policy: &str, dimensions: &[crate::domain::Name]) {
+        let shape: Vec<&str> = dimensions.iter().map(crate::domain::Name::as_str).collect();
+        self.unused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count_shape(policy, shape.join(", "));
+    }
+
     /// Notes that `identifiers` were checked together (nothing for a single one).
     pub fn checked_together(&self, identifiers: &[Identifier], now_ms: i64) {
         if identifiers.len() < 2 {
@@ -276,6 +287,16 @@ impl LiveCounts {
         for (policy, shapes) in unmatched {
             if let Err(error) = store.add_unmatched(&policy, &shapes).await {
                 tracing::debug!(%error, "could not count the descriptors that matched no limit");
+            }
+        }
+        let unused = self
+            .unused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain();
+        for (policy, shapes) in unused {
+            if let Err(error) = store.add_unused(&policy, &shapes).await {
+                tracing::debug!(%error, "could not count the dimensions no rule counts");
             }
         }
         let pairs: Vec<(String, Vec<String>)> = std::mem::take(

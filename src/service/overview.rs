@@ -38,6 +38,9 @@ pub struct OverviewFacts {
     pub degraded_last_hour: u64,
     /// The alert rules firing now, by name.
     pub alerts_firing: Vec<String>,
+    /// Checks over the last hour that sent dimensions no rule of their policy counts, by
+    /// policy, most first (every instance).
+    pub unused_last_hour: Vec<(String, u64)>,
 }
 
 impl Service {
@@ -62,6 +65,7 @@ impl Service {
                 keys: 0,
                 degraded_last_hour: 0,
                 alerts_firing: Vec::new(),
+                unused_last_hour: Vec::new(),
             };
         }
         let policies = self.policies.all();
@@ -82,7 +86,7 @@ impl Service {
         };
         let step = Range::Hour.default_step();
         let all = [ALL.to_owned()];
-        let (rates, throttled, near, keys, degraded, firing) = tokio::join!(
+        let (rates, throttled, near, keys, degraded, firing, unused) = tokio::join!(
             self.store.policy_rates(&names, seconds),
             self.store.throttled(5, wide, own),
             self.store.near_limit(wide),
@@ -90,6 +94,7 @@ impl Service {
             self.store
                 .history_totals(&all, step, Range::Hour.periods(step, super::now_ms())),
             self.store.alert_firing(),
+            self.store.unused_by_policy(),
         );
         let mut throttled = throttled.unwrap_or_default();
         throttled.retain(|t| keep(&t.policy));
@@ -113,6 +118,7 @@ impl Service {
                 .and_then(|t| t.into_iter().next())
                 .map_or(0, |c| c.degraded),
             alerts_firing,
+            unused_last_hour: unused.unwrap_or_default(),
         }
     }
 }
@@ -134,6 +140,22 @@ impl Service {
         for (t, streak) in throttled.iter_mut().zip(streaks) {
             t.streak = streak;
         }
+    }
+
+    /// What `policy`'s checks sent over the last hour that nothing counted: dimensions no
+    /// rule counts, and an Envoy domain's descriptors that found no limit, most first
+    /// (either empty when it cannot be read).
+    pub async fn what_nothing_counted(
+        &self,
+        policy: &Policy,
+    ) -> (Vec<(String, u64)>, Vec<(String, u64)>) {
+        let name = policy.name.as_str();
+        let unused = self.store.unused(name).await.unwrap_or_default();
+        let descriptors = match policy.envoy {
+            Some(_) => self.store.unmatched(name).await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        (unused, descriptors)
     }
 
     /// `policy`'s checks over the last minute, allowed and denied (every instance): what a

@@ -60,6 +60,7 @@ pub fn login_policy() -> crate::domain::Policy {
         mode: Default::default(),
         failure_mode: Default::default(),
         strict: Some(false),
+        optional: Vec::new(),
         on_deny: Default::default(),
         max_wait_ms: None,
         rules: vec![

@@ -255,6 +255,22 @@ impl Keys {
         )
     }
 
+    /// `policy`'s checks in ten minutes `slot` that sent dimensions none of its rules
+    /// counts, by those dimensions (`usr`, `usr, team`).
+    pub fn stats_unused(&self, policy: &str, slot: i64) -> String {
+        format!(
+            "{}:{{stats}}:unused:{}:{slot}",
+            self.namespace,
+            escape(policy)
+        )
+    }
+
+    /// Every policy's checks in ten minutes `slot` that sent dimensions no rule counts, by
+    /// policy: what the overview totals.
+    pub fn stats_unused_all(&self, slot: i64) -> String {
+        format!("{}:{{stats}}:unused-all:{slot}", self.namespace)
+    }
+
     /// `policy`'s streaks of denials of hour `hour` (see `lua/streaks.lua`).
     pub fn stats_streaks(&self, policy: &str, hour: i64) -> String {
         format!(

@@ -268,12 +268,12 @@ impl Store {
         if shapes.is_empty() {
             return Ok(());
         }
-        let key = self.keys.stats_unmatched(policy, ten_minutes_of(now_ms()));
         let mut pipe = redis::pipe();
-        for (shape, n) in shapes {
-            pipe.cmd("HINCRBY").arg(&key).arg(shape).arg(*n).ignore();
-        }
-        pipe.cmd("PEXPIRE").arg(&key).arg(4_200_000).ignore();
+        incr_all(
+            &mut pipe,
+            &self.keys.stats_unmatched(policy, ten_minutes_of(now_ms())),
+            shapes,
+        );
         let () = self.query_pipe(&pipe).await?;
         Ok(())
     }
@@ -281,11 +281,58 @@ impl Store {
     /// `policy`'s Envoy descriptors that found no limit over the last hour, by key shape,
     /// most first.
     pub async fn unmatched(&self, policy: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        self.last_hour_sums(|slot| self.keys.stats_unmatched(policy, slot))
+            .await
+    }
+
+    /// Adds `policy`'s checks that sent dimensions none of its rules counts, by those
+    /// dimensions, to its count and to every policy's (a hash each per ten minutes, 70
+    /// minutes' TTL).
+    pub async fn add_unused(
+        &self,
+        policy: &str,
+        shapes: &[(String, u64)],
+    ) -> Result<(), StoreError> {
+        if shapes.is_empty() {
+            return Ok(());
+        }
+        let slot = ten_minutes_of(now_ms());
+        let total: u64 = shapes.iter().map(|(_, n)| n).sum();
+        let mut pipe = redis::pipe();
+        incr_all(&mut pipe, &self.keys.stats_unused(policy, slot), shapes);
+        incr_all(
+            &mut pipe,
+            &self.keys.stats_unused_all(slot),
+            &[(policy.to_owned(), total)],
+        );
+        let () = self.query_pipe(&pipe).await?;
+        Ok(())
+    }
+
+    /// `policy`'s checks over the last hour that sent dimensions none of its rules counts,
+    /// by those dimensions, most first.
+    pub async fn unused(&self, policy: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        self.last_hour_sums(|slot| self.keys.stats_unused(policy, slot))
+            .await
+    }
+
+    /// Every policy's checks over the last hour that sent dimensions no rule counts, by
+    /// policy, most first.
+    pub async fn unused_by_policy(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        self.last_hour_sums(|slot| self.keys.stats_unused_all(slot))
+            .await
+    }
+
+    /// The hashes of the last hour's ten-minute slots (`key` of each) summed field by
+    /// field, most first.
+    async fn last_hour_sums(
+        &self,
+        key: impl Fn(i64) -> String,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         let current = ten_minutes_of(now_ms());
         let mut pipe = redis::pipe();
         for slot in current - 5..=current {
-            pipe.cmd("HGETALL")
-                .arg(self.keys.stats_unmatched(policy, slot));
+            pipe.cmd("HGETALL").arg(key(slot));
         }
         let found: Vec<HashMap<String, u64>> = self.query_pipe(&pipe).await?;
         let mut sums: HashMap<String, u64> = HashMap::new();
@@ -478,4 +525,12 @@ impl Store {
 
 fn parsing(e: impl std::fmt::Display) -> StoreError {
     StoreError::Reply(format!("unexpected counter reply: {e}"))
+}
+
+/// Adds every `(field, n)` to hash `key`, which lasts 70 minutes from now.
+fn incr_all(pipe: &mut redis::Pipeline, key: &str, counts: &[(String, u64)]) {
+    for (field, n) in counts {
+        pipe.cmd("HINCRBY").arg(key).arg(field).arg(*n).ignore();
+    }
+    pipe.cmd("PEXPIRE").arg(key).arg(4_200_000).ignore();
 }

@@ -85,6 +85,11 @@ const SERIES: &[(Kind, &str, &str)] = &[
     ),
     (
         Kind::Counter,
+        "spillway_unused_dimensions_total",
+        "Checks that sent a dimension no rule of their policy counts (a misspelt name, say), by policy",
+    ),
+    (
+        Kind::Counter,
         "spillway_check_timeouts_total",
         "Checks that timed out waiting for Redis, by stage (queued: never applied; sent: Redis may still apply it)",
     ),
@@ -223,6 +228,7 @@ const OUTCOMES: [&str; 5] = [
 struct PolicyMetrics {
     checks: [OnceLock<Counter>; OUTCOMES.len()],
     near_limit: OnceLock<Counter>,
+    unused: OnceLock<Counter>,
     duration: Histogram,
 }
 
@@ -246,6 +252,7 @@ fn with_policy(policy: &str, f: impl FnOnce(&PolicyMetrics)) {
         .or_insert_with(|| PolicyMetrics {
             checks: Default::default(),
             near_limit: OnceLock::new(),
+            unused: OnceLock::new(),
             duration: metrics::histogram!(
                 "spillway_check_duration_seconds",
                 "policy" => policy.to_owned()
@@ -311,6 +318,17 @@ pub fn policy_lookup(hit: bool) {
         )
     }
     .increment(1);
+}
+
+/// Counts a check of `policy` that sent a dimension none of its rules counts.
+pub fn unused_dimensions(policy: &str) {
+    with_policy(policy, |m| {
+        m.unused
+            .get_or_init(|| {
+                metrics::counter!("spillway_unused_dimensions_total", "policy" => policy.to_owned())
+            })
+            .increment(1);
+    });
 }
 
 /// Counts what each rule of a decided check said: near the limit (an allowed check that left

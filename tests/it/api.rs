@@ -429,9 +429,18 @@ async fn forward_auth_takes_the_address_the_proxy_added() {
         passed, 1,
         "a rotating first address passed the per-address limit"
     );
+    // Refused (403: a proxy passes on only 2xx, 401, 403, 429 and 5xx), the problem in a
+    // header as well as the body.
     for bad in ["198.51.100.1, not-an-ip", "<script>", "198.51.100.1:99999"] {
-        let body = problem(call(bad.to_owned()).await.unwrap(), 400).await;
+        let r = call(bad.to_owned()).await.unwrap();
+        let said = r.headers()["spillway-problem"].to_str().unwrap().to_owned();
+        assert!(
+            said.starts_with("invalid-request; X-Forwarded-For"),
+            "{said}"
+        );
+        let body = problem(r, 403).await;
         assert_eq!(body["field"], "X-Forwarded-For", "{bad}: {body}");
+        assert_eq!(body["status"], 403, "{body}");
     }
 }
 

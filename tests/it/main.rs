@@ -41,6 +41,7 @@ mod streaks;
 mod tls;
 mod traces;
 mod unmatched;
+mod unused;
 mod upstream_env;
 mod waiting;
 mod wiring;

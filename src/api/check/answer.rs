@@ -14,6 +14,9 @@ use crate::{
 
 /// Set on the answer to a check no rule met (`?1`).
 pub const UNMATCHED: HeaderName = HeaderName::from_static("spillway-unmatched");
+/// Set on the answer to a check that sent dimensions no rule counts: an RFC 9651 list of
+/// strings (`"usr"`).
+pub const UNUSED: HeaderName = HeaderName::from_static("spillway-unused");
 
 /// The answer to one check, before it becomes an HTTP response.
 pub struct CheckAnswer {
@@ -39,6 +42,10 @@ pub struct CheckBody {
     /// No rule of the policy met any identifier: let through, and nothing was counted (a
     /// caller's misspelt dimension, say). Never an allow by a limit.
     pub unmatched: bool,
+    /// Dimensions the check sent that none of the policy's rules counts (a misspelt `usr`
+    /// beside a correct `ip`): those identifiers limited nothing. Absent when none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unused: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow_denied: Option<bool>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -132,6 +139,7 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
         retry_after_ms: binding.and_then(retry_hint),
         degraded,
         unmatched: checked.unmatched,
+        unused: checked.unused.iter().map(ToString::to_string).collect(),
         shadow_denied: shadow.then_some(denied),
         refunded: decision.refunded,
         results,
@@ -149,6 +157,12 @@ pub(super) fn answer(checked: &Checked, deny_status: StatusCode) -> CheckAnswer 
     if checked.unmatched {
         // An RFC 9651 boolean: a proxy or middleware can tell without reading the body.
         headers.insert(UNMATCHED, HeaderValue::from_static("?1"));
+    }
+    if !checked.unused.is_empty() {
+        let list: Vec<String> = checked.unused.iter().map(|d| format!("\"{d}\"")).collect();
+        if let Ok(value) = HeaderValue::from_str(&list.join(", ")) {
+            headers.insert(UNUSED, value);
+        }
     }
     CheckAnswer {
         status,

@@ -3,6 +3,7 @@
 //! `request.rs`; rendering the service's answer (body and RateLimit headers), `answer.rs`.
 
 mod answer;
+mod proxied;
 mod request;
 
 pub use answer::{CheckAnswer, CheckBody, ResultBody, rate_limit_headers};
@@ -43,12 +44,13 @@ pub async fn check(
     (status = 200, description = "Allowed (or shadow mode)", body = crate::api::openapi::CheckResponse, headers(
         ("RateLimit-Policy" = String, description = "Every rule evaluated: `\"per-second\";q=10;w=1` (RFC 9651 list)"),
         ("RateLimit" = String, description = "The binding rule's state: `\"per-second\";r=9;t=1`"),
-        ("Spillway-Unmatched" = String, description = "`?1` when no rule met any identifier (`unmatched`)"))),
+        ("Spillway-Unmatched" = String, description = "`?1` when no rule met any identifier (`unmatched`)"),
+        ("Spillway-Unused" = String, description = "The dimensions sent that no rule counts, as a list of strings (`\"usr\"`), when there are any (`unused`)"))),
     (status = 429, description = "Denied", body = crate::api::openapi::CheckResponse, headers(
         ("RateLimit-Policy" = String, description = "Every rule evaluated"),
         ("RateLimit" = String, description = "The binding rule's state"),
         ("Retry-After" = u64, description = "Seconds until the check could pass (at most 1 for a concurrency rule)"))),
-    (status = 400, description = "A field is wrong, or (`unmatched-identifiers`) a strict policy's rules meet none of the identifiers", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 400, description = "A field is wrong, or a strict policy's rules meet none of the identifiers (`unmatched-identifiers`) or count none of a dimension sent (`unknown-dimensions`)", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 422, description = "`cost-too-high`: a rule counts the check as more than it ever admits; no wait would let it pass", body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 413, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 503, description = "Redis unreachable and the policy fails closed", body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
@@ -139,11 +141,26 @@ pub struct ForwardAuthQuery {
 /// `crate::net::forwarded`); the key may come as `Authorization: Bearer` or `X-Spillway-Key`.
 #[utoipa::path(get, path = "/api/v1/forward-auth", tag = "checks", operation_id = "forward_auth", params(("policy" = String, Query, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), ("cost" = Option<u64>, Query, description = "Default 1", maximum = 1000000000), ("X-Forwarded-For" = String, Header, description = "The client address (the default identifier header)", pattern = "^[0-9a-fA-F.:]{2,45}$")), responses(
     (status = 200, description = "Allowed", body = crate::api::openapi::CheckResponse),
-    (status = 429, description = "Denied (the status is configurable)", body = crate::api::openapi::CheckResponse), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
-    (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+    (status = 429, description = "Denied (the status is configurable)", body = crate::api::openapi::CheckResponse), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 403, description = "Refused for what the request is: a cost no rule ever admits, an X-Forwarded-For that is not an address (the problem also in `Spillway-Problem`)", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 500, description = "The gate is set up wrong: no policy named so, no identifier header, a dimension no rule counts (the problem also in `Spillway-Problem`; a proxy passes on only 2xx, 401, 403, 429 and 5xx)", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    (status = 503, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub async fn forward_auth_handler(
     State(state): State<AppState>,
     Query(query): Query<ForwardAuthQuery>,
+    headers: HeaderMap,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match forward_auth(state, query, headers).await {
+        Ok(answer) => answer.into_response(),
+        Err(error) => proxied::for_a_proxy(error),
+    }
+}
+
+/// Forward-auth's check: the identifiers from the configured headers, the policy's answer.
+async fn forward_auth(
+    state: AppState,
+    query: ForwardAuthQuery,
     headers: HeaderMap,
 ) -> Result<CheckAnswer, ApiError> {
     if crate::auth::keys::caller_of_headers(state.service().keys(), &headers).is_none() {

@@ -71,10 +71,12 @@ impl CheckRequest {
         cost: Option<u64>,
     ) -> Result<Self, ApiError> {
         ids.sort_by(|a, b| a.0.cmp(b.0));
-        if ids.is_empty() || ids.len() > MAX_IDENTIFIERS {
+        // None is an anonymous check: let through by a policy whose dimensions are all
+        // optional, refused by a strict one that counts one, and unmatched by the rest.
+        if ids.len() > MAX_IDENTIFIERS {
             return Err(ApiError::bad(
                 "identifiers",
-                format!("must hold 1 to {MAX_IDENTIFIERS} identifiers"),
+                format!("must hold at most {MAX_IDENTIFIERS} identifiers"),
             ));
         }
         let identifiers = ids
@@ -183,10 +185,10 @@ fn parse_identifiers(obj: &Map<String, Value>, path: &str) -> Result<Vec<Identif
         .ok_or_else(|| ApiError::bad(at("identifiers"), "is required"))?
         .as_object()
         .ok_or_else(|| ApiError::bad(at("identifiers"), "must be an object of dimension: value"))?;
-    if ids.is_empty() || ids.len() > MAX_IDENTIFIERS {
+    if ids.len() > MAX_IDENTIFIERS {
         return Err(ApiError::bad(
             at("identifiers"),
-            format!("must hold 1 to {MAX_IDENTIFIERS} identifiers"),
+            format!("must hold at most {MAX_IDENTIFIERS} identifiers"),
         ));
     }
     // In order of dimension, whatever the order in the body (and whichever map

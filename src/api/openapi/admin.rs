@@ -101,10 +101,15 @@ pub struct PolicyDocument {
     description: Option<String>,
     mode: Option<PolicyMode>,
     failure_mode: Option<FailureMode>,
-    /// Refuse (400, `unmatched-identifiers`) a check whose identifiers meet no rule,
-    /// rather than let it through uncounted. Left out: as the version it replaces, and
+    /// Refuse a check whose identifiers meet no rule (400, `unmatched-identifiers`) or
+    /// that sends a dimension no rule counts (400, `unknown-dimensions`), rather than let
+    /// it through uncounted or half counted. Left out: as the version it replaces, and
     /// true for a new policy.
     strict: Option<bool>,
+    /// Dimensions the rules count whose absence is a normal case: a check that gives none
+    /// of the policy's dimensions, all of them optional, passes uncounted even when strict
+    /// (a per-user policy's anonymous callers). Each must be one a rule counts.
+    optional: Option<Vec<String>>,
     /// What forward-auth and Envoy's gRPC do with a denied request: `refuse` it at once
     /// (the default), or `wait`: hold it until it would pass, up to `max_wait_ms` and the
     /// caller's deadline, then check again. The JSON check always answers at once.
@@ -134,6 +139,8 @@ pub struct PolicyView {
     failure_mode: FailureMode,
     /// Absent for a policy saved before there was the choice: lenient.
     strict: Option<bool>,
+    /// Absent: none.
+    optional: Option<Vec<String>>,
     /// Absent: `refuse`.
     on_deny: Option<OnDenyName>,
     max_wait_ms: Option<u64>,

@@ -75,6 +75,8 @@ pub struct OverviewDelta {
     pub gathered_us: u64,
     pub degraded_last_hour: u64,
     pub alerts_firing: Vec<String>,
+    #[serde(default)]
+    pub unused_last_hour: Vec<(String, u64)>,
     pub throttled: Option<Vec<Throttle>>,
     pub near: Option<Vec<RankedRow>>,
     /// The policies (name, shadow mode) in order, when they changed.
@@ -100,6 +102,7 @@ impl OverviewDelta {
             gathered_us: new.gathered_us,
             degraded_last_hour: new.degraded_last_hour,
             alerts_firing: new.alerts_firing.clone(),
+            unused_last_hour: new.unused_last_hour.clone(),
             ..OverviewDelta::default()
         };
         let Some(old) = old else {
@@ -176,6 +179,7 @@ impl OverviewData {
         self.gathered_us = delta.gathered_us;
         self.degraded_last_hour = delta.degraded_last_hour;
         self.alerts_firing = delta.alerts_firing;
+        self.unused_last_hour = delta.unused_last_hour;
         if let Some(t) = delta.throttled {
             self.throttled = t;
         }
@@ -251,6 +255,10 @@ pub struct OverviewData {
     pub degraded_last_hour: u64,
     /// Alert rules firing now.
     pub alerts_firing: Vec<String>,
+    /// Checks over the last hour that sent dimensions no rule of their policy counts, by
+    /// policy, most first (at most 5 policies).
+    #[serde(default)]
+    pub unused_last_hour: Vec<(String, u64)>,
 }
 
 /// What the overview's tables show: the policies the filter box picks (a part of the name),
@@ -333,6 +341,7 @@ pub async fn gather(state: &crate::state::AppState, view: &View) -> OverviewData
         keys: facts.keys,
         gathered_us: started.elapsed().as_micros() as u64,
         degraded_last_hour: facts.degraded_last_hour,
+        unused_last_hour: facts.unused_last_hour.into_iter().take(5).collect(),
         // `rule|subject` (the subject `policy|identifier`, or a policy) as a person reads it.
         alerts_firing: facts
             .alerts_firing

@@ -208,6 +208,7 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         .await
         .map_err(unavailable)?;
     let rows = version_rows(&policy, &history);
+    let (unused, envoy_unmatched) = service.what_nothing_counted(&policy).await;
     let doc = policy.document();
     // What a change would touch; the page works without it when the counters cannot be read.
     let (last_minute, totals) = tokio::join!(
@@ -228,6 +229,10 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
         shadow: policy.mode == crate::domain::Mode::Shadow,
         failure_closed: policy.failure_mode == crate::domain::FailureMode::Closed,
         strict: policy.is_strict(),
+        optional: (policy.optional.iter())
+            .map(crate::domain::Name::as_str)
+            .collect::<Vec<_>>()
+            .join(", "),
         wait: policy.on_deny == crate::domain::policy::OnDeny::Wait,
         max_wait_ms: policy
             .max_wait_ms
@@ -247,14 +252,8 @@ pub async fn policy_detail(#[server(default)] name: String) -> Result<PolicyView
             .as_ref()
             .map(|t| serde_yaml::to_string(&t.doc).unwrap_or_default()),
         envoy_counting: envoy_counting(&service, &policy),
-        envoy_unmatched: if policy.envoy.is_some() {
-            service
-                .unmatched_descriptors(policy.name.as_str())
-                .await
-                .unwrap_or_default()
-        } else {
-            Vec::new()
-        },
+        unused,
+        envoy_unmatched,
         envoy_wiring: policy.envoy.as_ref().map_or_else(Vec::new, |t| {
             let envoy = &state().envoy;
             crate::domain::envoy::wiring(
@@ -288,6 +287,7 @@ mod form_save {
         #[server(default)] shadow: String,
         #[server(default)] failure_closed: String,
         #[server(default)] strict: String,
+        #[server(default)] optional: String,
         #[server(default)] wait: String,
         #[server(default)] max_wait_ms: String,
         #[server(default)] rules: Vec<RuleForm>,
@@ -298,6 +298,7 @@ mod form_save {
             shadow: shadow == "on",
             failure_closed: failure_closed == "on",
             strict: strict == "on",
+            optional,
             wait: wait == "on",
             max_wait_ms,
             rules,
@@ -349,6 +350,12 @@ async fn save_fields(
         rules,
     );
     doc["strict"] = serde_json::json!(typed.strict);
+    let optional: Vec<&str> = (typed.optional.split([',', ' ']))
+        .filter(|d| !d.is_empty())
+        .collect();
+    if !optional.is_empty() {
+        doc["optional"] = serde_json::json!(optional);
+    }
     if typed.wait {
         doc["on_deny"] = serde_json::json!("wait");
         let raw = typed.max_wait_ms.trim();

@@ -136,6 +136,10 @@ pub fn form_index(rules: &[RuleForm], index: usize) -> usize {
 /// A field the policy's parser named (`rules[0].limit`, counting the document's rules) as
 /// the form's field (`rules[2].limit`, counting its fieldsets).
 pub fn field_in_form(field: &str, rules: &[RuleForm]) -> String {
+    // One box holds every optional dimension.
+    if field.starts_with("optional") {
+        return "optional".to_owned();
+    }
     let Some(rest) = field.strip_prefix("rules[") else {
         return field.to_owned();
     };

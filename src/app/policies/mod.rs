@@ -150,6 +150,9 @@ pub struct Draft {
     /// Refuse checks no rule meets.
     #[serde(default)]
     pub strict: bool,
+    /// The dimensions a check may leave out, comma-separated as typed.
+    #[serde(default)]
+    pub optional: String,
     /// Hold denied requests at forward-auth and Envoy's gRPC (`on_deny: wait`), up to
     /// `max_wait_ms`.
     #[serde(default)]
@@ -209,6 +212,9 @@ pub struct PolicyView {
     /// Whether it refuses checks no rule meets (a policy not saved yet will).
     #[serde(default)]
     pub strict: bool,
+    /// The dimensions a check may leave out, comma-separated.
+    #[serde(default)]
+    pub optional: String,
     /// Whether denied requests are held (`on_deny: wait`), and for how long at most (ms).
     #[serde(default)]
     pub wait: bool,
@@ -225,6 +231,10 @@ pub struct PolicyView {
     /// read: unmatched ones met no rule and counted nothing.
     #[serde(default)]
     pub last_hour: Option<(u64, u64, u64)>,
+    /// Its checks over the last hour that sent dimensions no rule counts, by those
+    /// dimensions (`usr`), most first.
+    #[serde(default)]
+    pub unused: Vec<(String, u64)>,
     /// The policy document (JSON), for the preview.
     pub document: String,
     /// For an Envoy domain: its file (YAML), which is edited instead of the rules.

@@ -124,6 +124,7 @@ pub fn PolicyPage() -> impl IntoView {
                 shadow: input.shadow == "on",
                 failure_closed: input.failure_closed == "on",
                 strict: input.strict == "on",
+                optional: input.optional,
                 wait: input.wait == "on",
                 max_wait_ms: input.max_wait_ms,
                 rules: input.rules,
@@ -225,9 +226,9 @@ pub fn PolicyPage() -> impl IntoView {
                             Some(d) => (d.description.clone(), d.shadow, d.failure_closed, d.strict),
                             None => (p.description.clone(), p.shadow, p.failure_closed, p.strict || !p.exists),
                         };
-                        let (wait, max_wait_ms) = match &kept {
-                            Some(d) => (d.wait, d.max_wait_ms.clone()),
-                            None => (p.wait, p.max_wait_ms.clone()),
+                        let (wait, max_wait_ms, optional) = match &kept {
+                            Some(d) => (d.wait, d.max_wait_ms.clone(), d.optional.clone()),
+                            None => (p.wait, p.max_wait_ms.clone(), p.optional.clone()),
                         };
                         let mut rows = kept.map_or_else(|| p.rules.clone(), |d| d.rules);
                         // Two blank slots: a policy of two rules is saved whole, not half-built
@@ -442,6 +443,7 @@ pub fn PolicyPage() -> impl IntoView {
                             <h1>{title}{shadow_badge}</h1>
                             {read_only}
                             {traffic}
+                            {unused_note(&p.unused, p.strict)}
                             {envoy_editor}
                             <section class="card" aria-labelledby="edit-heading" hidden=is_envoy>
                                 <h2 id="edit-heading">{if p.exists { format!("Version {}", p.version) } else { "Not saved yet".to_owned() }}</h2>
@@ -452,7 +454,8 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Description"<input name="description" value=description disabled=!can_edit/>{error_for("description".into())}</label>
                                     <label class="check"><input type="checkbox" name="shadow" checked=shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
                                     <label class="check"><input type="checkbox" name="failure_closed" checked=failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
-                                    <label class="check"><input type="checkbox" name="strict" checked=strict disabled=!can_edit/>"Strict: refuse (400) a check whose identifiers no rule counts, rather than let it through uncounted"</label>
+                                    <label class="check"><input type="checkbox" name="strict" checked=strict disabled=!can_edit/>"Strict: refuse (400) a check that sends a dimension no rule counts or meets no rule, rather than let it through uncounted"</label>
+                                    <label>"Optional dimensions: a check may leave these out (anonymous callers of a per-user policy pass uncounted when every dimension is optional)"<input name="optional" value=optional placeholder="e.g. user" disabled=!can_edit/>{error_for("optional".into())}</label>
                                     <label class="check"><input type="checkbox" name="wait" checked=wait disabled=!can_edit/>"Wait instead of refusing: forward-auth and Envoy hold a denied request until it would pass (the JSON check still answers at once)"</label>{error_for("on_deny".into())}
                                     <label>"Hold a denied request at most (ms)"<input name="max_wait_ms" value=max_wait_ms inputmode="numeric" placeholder="e.g. 2000" disabled=!can_edit/>{error_for("max_wait_ms".into())}</label>
                                     {error_for("rules".into())}
@@ -521,4 +524,27 @@ pub fn PolicyPage() -> impl IntoView {
             })}
         </Suspense>
     }
+}
+
+/// What the policy's checks sent over the last hour that no rule counts, by dimension: a
+/// typo beside a correct name (`usr` by `ip`) limits nothing, and is said here.
+fn unused_note(unused: &[(String, u64)], strict: bool) -> Option<impl IntoView + use<>> {
+    let total: u64 = unused.iter().map(|(_, n)| n).sum();
+    (total > 0).then(|| {
+        let shapes: Vec<String> = unused.iter().take(5).map(|(d, n)| format!("{d} ({n})")).collect();
+        view! {
+            <p class="alert" role="note" id="unused" data-testid="unused-dimensions">
+                {format!(
+                    "{total} check{} in the last hour sent a dimension no rule counts: {}. {}",
+                    if total == 1 { "" } else { "s" },
+                    shapes.join(", "),
+                    if strict {
+                        "They were refused with 400 (the policy is strict)."
+                    } else {
+                        "Those identifiers limited nothing: check the names the callers send, or make the policy strict."
+                    }
+                )}
+            </p>
+        }
+    })
 }

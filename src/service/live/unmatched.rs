@@ -1,6 +1,7 @@
-//! Envoy descriptors that found no limit in their domain's file, counted by their keys in
-//! order (`remote_address › PATH`): what a wiring sends that the file does not limit. Bounded:
-//! `MAX_SHAPES` shapes per domain between two flushes; the rest are counted as "other".
+//! What a policy's checks sent that nothing of it counts, by shape: Envoy descriptors that
+//! found no limit in their domain's file, by their keys in order (`remote_address › PATH`),
+//! and dimensions of JSON checks no rule counts (`usr`). Bounded: `MAX_SHAPES` shapes per
+//! policy between two flushes; the rest are counted as "other".
 
 use std::collections::HashMap;
 
@@ -18,7 +19,11 @@ impl Unmatched {
     /// Counts one descriptor of `policy`'s domain with `entries` that found no limit.
     pub(super) fn count(&mut self, policy: &str, entries: &[(String, String)]) {
         let shape: Vec<&str> = entries.iter().map(|(k, _)| k.as_str()).collect();
-        let shape = shape.join(" › ");
+        self.count_shape(policy, shape.join(" › "));
+    }
+
+    /// Counts one check of `policy` of `shape`.
+    pub(super) fn count_shape(&mut self, policy: &str, shape: String) {
         if !self.policies.contains_key(policy) {
             self.policies.insert(policy.to_owned(), HashMap::new());
         }
