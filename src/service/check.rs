@@ -64,12 +64,14 @@ pub enum CheckError {
         given: String,
         expects: Vec<String>,
     },
-    /// A strict policy was sent dimensions none of its rules counts (a typo beside a
-    /// correct one is not let through half counted). `expects`: the dimensions it counts.
-    #[error("identifiers: {} {} not counted by any rule of {policy}, {}", unknown.join(", "), if unknown.len() == 1 { "is" } else { "are" }, counted(expects))]
+    /// A strict policy was sent dimensions none of its rules counts while one they count
+    /// is `missing` (a typo beside a correct one is not let through half counted).
+    /// `expects`: the dimensions it counts.
+    #[error("identifiers: {} {} not counted by any rule of {policy}, {}, and {} missing", unknown.join(", "), if unknown.len() == 1 { "is" } else { "are" }, counted(expects), missing.join(", "))]
     UnknownDimensions {
         policy: String,
         unknown: Vec<String>,
+        missing: Vec<String>,
         expects: Vec<String>,
     },
 }

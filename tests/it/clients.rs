@@ -272,6 +272,46 @@ async fn reserve_then_report_settles_the_estimate_and_gives_it_back_on_failure()
     assert!(refused.is_err());
 }
 
+/// A reservation whose work outlasts its concurrency lease keeps the slot: the client renews
+/// it while the work runs, and releases it when the work ends.
+#[tokio::test]
+async fn a_reservation_holds_its_lease_as_long_as_its_work() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-budget",
+        json!({"rules": [
+            {"name": "tokens", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3600000},
+            {"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}
+        ]}),
+    )
+    .await;
+    let spillway = client(&app, CLOSED);
+    let other = spillway.clone();
+    let during = spillway
+        .reserve("rc-budget", &user("ada"), 10, |_| async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            let during = other.check("rc-budget", &user("ada"), 1).await;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            Ok::<_, ()>((during, 10))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !during.allowed(),
+        "the reservation's lease ran out while its work ran"
+    );
+    let refused_by: Vec<&str> = (during.answer().unwrap().results.iter())
+        .filter(|r| !r.allowed)
+        .map(|r| r.rule.as_str())
+        .collect();
+    assert_eq!(refused_by, ["one"]);
+    let after = spillway.check("rc-budget", &user("ada"), 1).await;
+    assert!(after.allowed(), "released when the work ended");
+    spillway.release(&after.leases()).await.unwrap();
+}
+
 #[tokio::test]
 async fn failure_modes_are_the_callers_choice_for_outages_and_for_configuration_errors() {
     let redis = RedisServer::start();

@@ -32,6 +32,7 @@ mod local;
 mod memory;
 mod memory_bound;
 mod openapi;
+mod packaging;
 mod penalty;
 mod report;
 mod sentinel;

@@ -118,7 +118,9 @@ async fn a_strict_policy_refuses_a_dimension_no_rule_counts_and_counts_nothing()
     assert_eq!(body["field"], "identifiers");
     let detail = body["detail"].as_str().unwrap();
     assert!(
-        detail.contains("usr is not counted by any rule of strictp, whose rules count ip or user"),
+        detail.contains(
+            "usr is not counted by any rule of strictp, whose rules count ip or user, and user missing"
+        ),
         "{detail}"
     );
     // The refused check counted nothing: the address has all of its 100.
@@ -133,6 +135,17 @@ async fn a_strict_policy_refuses_a_dimension_no_rule_counts_and_counts_nothing()
         .find(|r| r["rule"] == "per-ip")
         .unwrap();
     assert_eq!(ip["remaining"], 99, "{body}");
+    // Sent beside every dimension the rules count, one they do not is only said: a caller
+    // may pass along what it knows (the ip-only policies of a service that sends user too).
+    let (status, header, body) = check(
+        &app,
+        "strictp",
+        json!({"ip": "198.51.100.6", "user": "bob", "team": "x"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(header.as_deref(), Some("\"team\""));
+    assert_eq!(body["unused"], json!(["team"]), "{body}");
     // Only unknown dimensions: nothing met, said as such.
     let (status, _, body) = check(&app, "strictp", json!({"usr": "bob"})).await;
     assert_eq!(status, 400, "{body}");

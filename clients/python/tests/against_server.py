@@ -38,6 +38,7 @@ async def setup(admin):
         "py-asgi": {"rules": [hourly(2), {"name": "in-flight", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000}]},
         "py-fastapi": {"rules": [hourly(1)]},
         "py-slow": {"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}]},
+        "py-budget": {"rules": [hourly(1000), {"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}]},
     }
     for name, doc in policies.items():
         r = await admin.put(f"/api/v1/policies/{name}", json=doc)
@@ -148,6 +149,18 @@ async def reserve(admin):
         assert await remaining(admin, "py-shadow", "ada", "hourly") == 40
         too_much = await spillway.check("py-tokens", {"user": "ada"}, 5000)
         assert too_much.outcome == "too_costly" and "hourly" in too_much.detail and too_much.problem()[0] == 422
+        # Work that outlasts the lease keeps its slot (renewed): another check at 1.5 s of a
+        # 1 s lease is refused; released when the work ends.
+        async with spillway.reserve("py-budget", {"user": "ada"}, 10) as r:
+            await asyncio.sleep(1.5)
+            during = await spillway.check("py-budget", {"user": "ada"})
+            await asyncio.sleep(1.0)
+            r.used(10)
+        assert not during.allowed, "the reservation's lease ran out while its work ran"
+        assert [x["rule"] for x in during.answer["results"] if not x["allowed"]] == ["one"], during.answer
+        after = await spillway.check("py-budget", {"user": "ada"})
+        assert after.allowed, "released when the work ended"
+        await spillway.release(after.leases)
     print("reserve then report: ok")
 
 

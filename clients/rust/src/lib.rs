@@ -338,8 +338,9 @@ impl Client {
         let counted = decision
             .answer()
             .is_some_and(|a| !a.degraded && a.shadow_denied != Some(true));
-        // The check's own leases (a policy with a concurrency rule too) end with the work.
-        let mut held = Leases::new(self.clone(), decision.leases());
+        // The check's own leases (a policy with a concurrency rule too) are renewed while the
+        // work runs, however long it takes, and end with it.
+        let mut held = Leases::renewed(self.clone(), &decision);
         let mut pending = counted.then(|| Reservation {
             client: self.clone(),
             policy: policy.to_owned(),

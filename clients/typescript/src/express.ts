@@ -6,7 +6,8 @@
  * ```
  *
  * An allowed request goes on, its response carrying `RateLimit-Policy` and `RateLimit`; the
- * leases of a concurrency rule are released when the response ends or the connection closes.
+ * leases of a concurrency rule are renewed while the route works and released once its response
+ * is sent: a client that disconnects does not free the slot while the route still runs.
  * A refused one is answered with an RFC 9457 problem (429 with `Retry-After`, 422, or 503
  * for a check failing closed). A request `identify` names no identifiers for goes on unchecked.
  */
@@ -36,10 +37,17 @@ export function spillwayExpress(client: Spillway, policy: string, identify: Iden
         return;
       }
       for (const [name, value] of decision.headers) res.append(name, value);
-      // Renewed while the response is made; released when it ends or the connection closes.
+      // Renewed while the response is made; released once it is sent. A client that goes
+      // away does not end the work: the handler still runs and holds its slot until it ends
+      // the response (after a disconnect "finish" may never come, so its end() releases).
       const stop = client.holdLeases(decision);
       res.once("finish", () => void stop());
-      res.once("close", () => void stop());
+      const end = res.end.bind(res) as (...args: unknown[]) => Response;
+      res.end = ((...args: unknown[]) => {
+        const out = end(...args);
+        if (res.destroyed || req.socket.destroyed) void stop();
+        return out;
+      }) as Response["end"];
       next();
     })().catch(next);
   };

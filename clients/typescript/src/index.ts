@@ -372,6 +372,9 @@ export class Spillway {
     // shadow-denied (which consumed nothing).
     const answer = decision.answer;
     const counted = answer !== undefined && !answer.degraded && answer.shadow_denied !== true;
+    // The check's own leases (a policy with a concurrency rule too) are renewed while the
+    // work runs, however long it takes, and released when it ends.
+    const stop = this.holdLeases(decision);
     let out: { value: T; used: number };
     try {
       out = await work(decision);
@@ -379,7 +382,7 @@ export class Spillway {
       if (counted) await this.settle(policy, identifiers, -estimate);
       throw e;
     } finally {
-      await this.release(decision.leases).catch((e: unknown) => this.log.warn(`spillway: releasing leases failed: ${String(e)}`));
+      await stop();
     }
     if (counted) await this.settle(policy, identifiers, out.used - estimate);
     return out.value;

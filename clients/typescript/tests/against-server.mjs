@@ -35,6 +35,8 @@ async function setup() {
     "ts-express": { rules: [hourly(2), { name: "in-flight", algorithm: "concurrency", limit: 5, lease_ms: 30000 }] },
     "ts-hono": { rules: [hourly(1)] },
     "ts-slow": { rules: [{ name: "one", algorithm: "concurrency", limit: 1, lease_ms: 1000 }] },
+    "ts-budget": { rules: [hourly(1000), { name: "one", algorithm: "concurrency", limit: 1, lease_ms: 1000 }] },
+    "ts-export": { rules: [{ name: "one", algorithm: "concurrency", limit: 1, lease_ms: 30000 }] },
   };
   for (const [name, doc] of Object.entries(policies)) {
     const r = await fetch(`${URL}/api/v1/policies/${name}`, { method: "PUT", headers: ADMIN, body: JSON.stringify(doc) });
@@ -138,6 +140,21 @@ async function reserve() {
   assert.equal(tooMuch.outcome, "too_costly");
   assert.ok(tooMuch.detail.includes("hourly"), tooMuch.detail);
   assert.equal(tooMuch.problem().status, 422);
+  // Work that outlasts the lease keeps its slot (renewed): another check at 1.5 s of a 1 s
+  // lease is refused; released when the work ends.
+  const other = client();
+  let during;
+  await spillway.reserve("ts-budget", { user: "ada" }, 10, async () => {
+    await sleep(1500);
+    during = await other.check("ts-budget", { user: "ada" });
+    await sleep(1000);
+    return { value: null, used: 10 };
+  });
+  assert.equal(during.allowed, false, "the reservation's lease ran out while its work ran");
+  assert.equal(during.answer.results.find((r) => !r.allowed).rule, "one");
+  const after = await other.check("ts-budget", { user: "ada" });
+  assert.ok(after.allowed, "released when the work ended");
+  await other.release(after.leases);
   console.log("reserve then report: ok");
 }
 
@@ -219,6 +236,28 @@ async function expressMiddleware() {
   while ((await remaining("ts-express", "ada", "in-flight")) !== 5) {
     assert.ok(Date.now() - started < 5000, "a lease was not released");
     await sleep(20);
+  }
+  // A client that goes away does not free the slot while the route still works: the export
+  // below runs 2.5 s after its caller left at 0.3 s, and holds the one slot until it ends.
+  let exporting = 0;
+  app.get("/export", spillwayExpress(client(), "ts-export", (req) => ({ user: req.get("x-user") })), async (_req, res) => {
+    exporting += 1;
+    await sleep(2500);
+    res.send("exported");
+  });
+  const gone = new AbortController();
+  const leaving = fetch(`${base}/export`, { headers: { "x-user": "eve" }, signal: gone.signal }).catch(() => "left");
+  await sleep(300);
+  gone.abort();
+  assert.equal(await leaving, "left");
+  await sleep(700);
+  assert.equal(exporting, 1);
+  assert.equal((await fetch(`${base}/export`, { headers: { "x-user": "eve" } })).status, 429, "a disconnect freed the slot of work still running");
+  // Released once the route ended its response, long before the 30 s lease.
+  const ended = Date.now();
+  while ((await remaining("ts-export", "eve", "one")) !== 1) {
+    assert.ok(Date.now() - ended < 6000, "the export's lease was not released when it ended");
+    await sleep(50);
   }
   server.close();
   console.log("Express middleware: ok");

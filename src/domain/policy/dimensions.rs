@@ -20,6 +20,14 @@ impl Policy {
         unused
     }
 
+    /// The dimensions this policy's rules count that `identifiers` lack, sorted (none when a
+    /// rule counts every dimension).
+    pub fn missing_dimensions(&self, identifiers: &[Identifier]) -> Vec<&str> {
+        let mut missing = self.dimensions().unwrap_or_default();
+        missing.retain(|d| !identifiers.iter().any(|i| i.dimension().as_str() == *d));
+        missing
+    }
+
     /// Whether a rule counts `dimension` (a rule without dimensions counts every one) or
     /// an override names it.
     fn knows(&self, dimension: &str) -> bool {

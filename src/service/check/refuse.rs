@@ -5,7 +5,9 @@ use super::*;
 
 impl Service {
     /// The dimensions `request` sent that no rule of `policy` counts, counted for its page
-    /// and the metrics; a strict policy that enforces refuses them.
+    /// and the metrics. A strict policy that enforces refuses them where a dimension its
+    /// rules count is missing beside them (`usr` where `user` was meant); sent with every
+    /// counted one (a `user` an ip-only policy does not count), they are only said.
     pub(super) fn account_unused(
         &self,
         policy: &Policy,
@@ -18,13 +20,14 @@ impl Service {
         }
         self.live.unused(policy.name.as_str(), &unused);
         crate::telemetry::metrics::unused_dimensions(policy.name.as_str());
-        if !policy.is_strict() || policy.mode != Mode::Enforce {
+        let missing = policy.missing_dimensions(&request.identifiers);
+        if !policy.is_strict() || policy.mode != Mode::Enforce || missing.is_empty() {
             return Ok(unused);
         }
         // Beside a dimension it counts, a typo is named; alone, nothing was met.
         let met_some = (request.identifiers.iter()).any(|i| !unused.contains(i.dimension()));
         Err(if met_some {
-            self.refuse_unknown(policy, request, &unused, started)
+            self.refuse_unknown(policy, request, &unused, &missing, started)
         } else {
             self.refuse_unmatched(policy, request, started)
         })
@@ -37,6 +40,7 @@ impl Service {
         policy: &Policy,
         request: &CheckRequest,
         unknown: &[crate::domain::Name],
+        missing: &[&str],
         started: std::time::Instant,
     ) -> CheckError {
         self.answered(
@@ -49,6 +53,7 @@ impl Service {
         CheckError::UnknownDimensions {
             policy: policy.name.to_string(),
             unknown: unknown.iter().map(ToString::to_string).collect(),
+            missing: missing.iter().map(|d| (*d).to_owned()).collect(),
             expects: expected(policy),
         }
     }

@@ -323,6 +323,9 @@ class Spillway:
         if not decision.allowed:
             raise Refused(decision)
         reservation = Reservation(decision, estimate)
+        # The check's own leases (a policy with a concurrency rule too) are renewed while the
+        # block runs, however long it takes, and released when it ends.
+        held = self.hold(decision)
         # Only what Spillway counted is settled: not a check let through open, degraded or
         # shadow-denied (which consumed nothing).
         answer = decision.answer or {}
@@ -334,10 +337,7 @@ class Spillway:
                 await self._settle(policy, identifiers, -estimate)
             raise
         finally:
-            try:
-                await self.release(decision.leases)
-            except SpillwayError as e:
-                log.warning("releasing leases failed (they end with their lease time): %s", e)
+            await held.close()
         if counted and reservation.actual is not None:
             await self._settle(policy, identifiers, reservation.actual - estimate)
 
