@@ -1,5 +1,6 @@
 //! Envoy rate limit domains in envoyproxy/ratelimit's own file format: `PUT` one (YAML with
-//! `Content-Type: application/yaml`, or the same document as JSON) to load it as its
+//! `Content-Type: application/yaml`, the file's bytes as uploaded with
+//! `application/octet-stream`, or the same document as JSON) to load it as its
 //! policy's next version, `GET` it back. Admin keys, or a signed-in session.
 
 use axum::{
@@ -43,9 +44,13 @@ fn format_of(value: Option<&str>) -> Option<Format> {
     let media = value?.split(';').next()?.trim().to_ascii_lowercase();
     match media.as_str() {
         "application/json" => Some(Format::Json),
-        "application/yaml" | "application/x-yaml" | "text/yaml" | "text/x-yaml" => {
-            Some(Format::Yaml)
-        }
+        // A file uploaded as it is (what generated clients send for a file) is read as
+        // YAML, which holds JSON too.
+        "application/yaml"
+        | "application/x-yaml"
+        | "text/yaml"
+        | "text/x-yaml"
+        | "application/octet-stream" => Some(Format::Yaml),
         _ => None,
     }
 }
@@ -101,9 +106,10 @@ impl PutQuery {
 /// stays in force.
 #[utoipa::path(put, path = "/api/v1/envoy/domains/{domain}", tag = "envoy", operation_id = "put_envoy_domain",
     params(("domain" = String, Path, description = "The domain, as Envoy's rate limit filter names it"), PutQuery),
-    request_body(description = "envoyproxy/ratelimit's configuration file", content(
+    request_body(description = "envoyproxy/ratelimit's configuration file: as JSON, as YAML, or its bytes as uploaded (`application/octet-stream`, read as YAML)", content(
         (crate::api::openapi::EnvoyDomainFile = "application/json"),
-        (String = "application/yaml"))),
+        (String = "application/yaml"),
+        (crate::api::openapi::FileBytes = "application/octet-stream"))),
     responses((status = 200, description = "Loaded; the file as stored", body = crate::api::openapi::EnvoyDomainFile), (status = 201, description = "Loaded as a new domain", body = crate::api::openapi::EnvoyDomainFile),
     (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 409, body = crate::api::openapi::Problem, content_type = "application/problem+json"),

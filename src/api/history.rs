@@ -45,16 +45,32 @@ pub(super) struct HistoryQuery {
 /// identifiers denied and checked most over the range.
 #[utoipa::path(get, path = "/api/v1/history", tag = "history", operation_id = "read_history",
     params(HistoryQuery),
-    responses((status = 200, description = "The series, oldest first, and the top lists (format=csv and csv-top answer CSV here too; /api/v1/history/csv declares it)", body = crate::api::openapi::HistoryDocument),
-    (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"),
+    responses((status = 200, description = "The series, oldest first, and the top lists", body = crate::api::openapi::HistoryDocument),
+    (status = 400, description = "A parameter is wrong; or CSV was asked for (`format` csv or csv-top, or `Accept: text/csv`), which /api/v1/history/csv answers with the same query: this operation answers only JSON", body = crate::api::openapi::Problem, content_type = "application/problem+json"),
     (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
 pub(super) async fn read(
     State(state): State<AppState>,
     Admin(..): Admin<may::View>,
     headers: HeaderMap,
     Query(query): Query<HistoryQuery>,
+    axum::extract::RawQuery(raw): axum::extract::RawQuery,
 ) -> Result<Response, ApiError> {
     let asked = Asked::parse(&query, &headers)?;
+    // One media type an operation: a generated client reads this one's answer as JSON,
+    // and is never handed CSV.
+    if asked.csv != Csv::No {
+        return Err(ApiError::bad(
+            if query.format.is_some() {
+                "format"
+            } else {
+                "Accept"
+            },
+            format!(
+                "CSV is answered by GET /api/v1/history/csv?{}; this operation answers JSON",
+                raw.unwrap_or_default()
+            ),
+        ));
+    }
     answer(&state, &query, asked).await
 }
 

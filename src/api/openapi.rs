@@ -56,6 +56,22 @@ impl utoipa::PartialSchema for IdentifierValue {
 
 impl ToSchema for IdentifierValue {}
 
+/// A file's bytes as uploaded (`string`, `format: binary`).
+pub struct FileBytes;
+
+impl utoipa::PartialSchema for FileBytes {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::Binary,
+            )))
+            .into()
+    }
+}
+
+impl ToSchema for FileBytes {}
+
 /// What a policy does with a denial: `enforce` answers 429, `shadow` answers 200 and says
 /// it would have denied.
 #[derive(Serialize, ToSchema)]

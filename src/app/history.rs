@@ -297,8 +297,8 @@ fn top_links(policy: &str, range: &str) -> impl IntoView {
     };
     view! {
         <a href=other.0 data-testid="top-all">{other.1}</a>
-        " · "<a href=format!("/api/v1/history?{api}&format=csv") download="history.csv">"Download CSV (the series)"</a>
-        " · "<a href=format!("/api/v1/history?{api}&format=csv-top&top=100") download="history-top.csv">"Download CSV (the top identifiers)"</a>
+        " · "<a href=format!("/api/v1/history/csv?{api}") download="history.csv">"Download CSV (the series)"</a>
+        " · "<a href=format!("/api/v1/history/csv?{api}&format=csv-top&top=100") download="history-top.csv">"Download CSV (the top identifiers)"</a>
     }
 }
 

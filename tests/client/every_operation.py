@@ -7,10 +7,12 @@ Prints one line per operation called (`called <operation id>`); any failed expec
 raises, so the process exits non-zero.
 """
 
+import io
 import os
 import time
 
 from spillway_client import AuthenticatedClient, Client
+from spillway_client.types import File
 from spillway_client.api.audit import list_audit_records
 from spillway_client.api.checks import (
     check,
@@ -268,6 +270,11 @@ csv = called(
 assert csv.startswith("time,allowed,denied,shadow_denied,degraded\n"), csv.content[:80]
 bad = read_history.sync_detailed(client=admin, range_="2d")
 assert bad.status_code == 400 and isinstance(bad.parsed, Problem), bad
+# Asked of the JSON operation, CSV is a typed 400 pointing at the CSV one (never CSV
+# handed to a JSON parser).
+asked_csv = read_history.sync_detailed(client=admin, policy="client-test", range_="1h", format_="csv")
+assert asked_csv.status_code == 400 and isinstance(asked_csv.parsed, Problem), asked_csv
+assert asked_csv.parsed.field == "format" and "/api/v1/history/csv" in asked_csv.parsed.detail, asked_csv.parsed
 
 # An alert rule on the policy's denials: stored (its secret never shown again), listed,
 # removed.
@@ -356,6 +363,17 @@ loaded = called(
 assert loaded.descriptors[0].rate_limit.requests_per_unit == 10, loaded
 read = called("get_envoy_domain", get_envoy_domain.sync_detailed("edge", client=admin), 200, EnvoyDomainFile)
 assert read.domain == "edge" and read.descriptors[0].key == "remote_address", read
+# The same file in YAML, as uploaded: the generated client sends a file's bytes.
+yaml_file = b"domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 20, name: per-ip}\n"
+from_yaml = called(
+    "put_envoy_domain",
+    put_envoy_domain.sync_detailed(
+        "edge", client=admin, body=File(payload=io.BytesIO(yaml_file), file_name="edge.yaml")
+    ),
+    200,
+    EnvoyDomainFile,
+)
+assert from_yaml.descriptors[0].rate_limit.requests_per_unit == 20, from_yaml
 wiring = called("get_envoy_domain_wiring", get_envoy_domain_wiring.sync_detailed("edge", client=admin), 200)
 assert "remote_address: {}" in wiring[1].yaml, wiring
 

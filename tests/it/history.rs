@@ -110,10 +110,26 @@ async fn a_load_of_known_size_over_two_instances_is_counted_exactly() {
     assert_eq!(all["top_denied"][0]["identifier"], "user=1");
     assert_eq!(all["top_denied"][0]["count"], 30);
 
+    // CSV is its own operation's: the JSON one refuses it, naming where it is.
+    let refused = a
+        .client
+        .get(a.url("/api/v1/history?policy=hist&range=24h&format=csv"))
+        .bearer_auth(ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(problem["field"], "format", "{problem}");
+    assert!(
+        (problem["detail"].as_str().unwrap())
+            .contains("GET /api/v1/history/csv?policy=hist&range=24h&format=csv"),
+        "{problem}"
+    );
     // The same series as CSV.
     let csv = a
         .client
-        .get(a.url("/api/v1/history?policy=hist&range=24h&format=csv"))
+        .get(a.url("/api/v1/history/csv?policy=hist&range=24h"))
         .bearer_auth(ADMIN_KEY)
         .send()
         .await
@@ -374,7 +390,7 @@ async fn the_top_identifiers_download_as_csv() {
             let r = app
                 .as_admin(
                     reqwest::Method::GET,
-                    "/api/v1/history?policy=csv&range=1h&format=csv-top",
+                    "/api/v1/history/csv?policy=csv&range=1h&format=csv-top",
                     None,
                 )
                 .await;

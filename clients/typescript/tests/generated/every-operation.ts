@@ -103,6 +103,12 @@ const history = ok("read_history", await admin.GET("/api/v1/history", { params: 
 assert.equal(history.points.length, 60);
 const csv = ok("read_history_csv", await admin.GET("/api/v1/history/csv", { params: { query: { policy: "ts-generated", range: "1h" } }, parseAs: "text" }), 200);
 assert.ok(csv?.startsWith("time,allowed,denied,shadow_denied,degraded\n"));
+// Asked of the JSON operation, CSV is a typed 400 pointing at the CSV one (never CSV handed
+// to the JSON parser).
+const askedCsv = await admin.GET("/api/v1/history", { params: { query: { policy: "ts-generated", range: "1h", format: "csv" } } });
+assert.equal(askedCsv.response.status, 400);
+assert.equal(askedCsv.error?.field, "format");
+assert.ok(askedCsv.error?.detail.includes("/api/v1/history/csv"));
 const alert = ok("put_alert", await admin.PUT("/api/v1/alerts/{name}", {
   params: { path: { name: "ts-alert" } },
   body: {
