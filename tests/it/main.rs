@@ -45,5 +45,6 @@ mod unmatched;
 mod unused;
 mod upstream_env;
 mod waiting;
+mod walkthrough;
 mod wiring;
 mod xds;
