@@ -190,6 +190,25 @@ test("a policy's page says how many checks matched no rule in the last hour", as
   await shot(page, "unmatched");
 });
 
+test("a misspelt dimension beside a correct one shows on the overview's strip and the policy's page", async ({ page }, testInfo) => {
+  const policy = `typo-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-user", 100, "user"), hour("per-ip", 100, "ip")] });
+  // `usr` for `user`: refused by the strict policy, naming it.
+  expect(await check(page, policy, { ip: "192.0.2.90", usr: "bob" })).toBe(400);
+  // The strip links to the policy with most; the page says what was sent.
+  const strip = page.locator('a:has([data-testid="status-unused"])');
+  await expect(async () => {
+    await page.goto("/");
+    await expect(strip).toHaveAttribute("title", new RegExp(policy), { timeout: 500 });
+  }).toPass({ timeout: 10_000 });
+  await expect(strip).toContainText("Sent a dimension no rule counts");
+  await page.goto(`/policy?name=${policy}#unused`);
+  await expect(page.getByTestId("unused-dimensions")).toContainText("sent a dimension no rule counts: usr (1)");
+  await expect(page.getByTestId("unused-dimensions")).toContainText("refused with 400");
+  await shot(page, "unused");
+});
+
 test("an admin gives a rule a penalty box in the editor; the preview and the inspector show it", async ({ page }, testInfo) => {
   const hydrated = testInfo.project.name === "hydrated";
   const policy = `boxed-${testInfo.project.name}`;

@@ -67,7 +67,7 @@ pub enum CheckError {
     /// A strict policy was sent dimensions none of its rules counts while one they count
     /// is `missing` (a typo beside a correct one is not let through half counted).
     /// `expects`: the dimensions it counts.
-    #[error("identifiers: {} {} not counted by any rule of {policy}, {}, and {} missing", unknown.join(", "), if unknown.len() == 1 { "is" } else { "are" }, counted(expects), missing.join(", "))]
+    #[error("identifiers: {} {} not counted by any rule of {policy}, {}, and {} {} missing", unknown.join(", "), if unknown.len() == 1 { "is" } else { "are" }, counted(expects), missing.join(", "), if missing.len() == 1 { "is" } else { "are" })]
     UnknownDimensions {
         policy: String,
         unknown: Vec<String>,

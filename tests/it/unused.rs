@@ -119,7 +119,7 @@ async fn a_strict_policy_refuses_a_dimension_no_rule_counts_and_counts_nothing()
     let detail = body["detail"].as_str().unwrap();
     assert!(
         detail.contains(
-            "usr is not counted by any rule of strictp, whose rules count ip or user, and user missing"
+            "usr is not counted by any rule of strictp, whose rules count ip or user, and user is missing"
         ),
         "{detail}"
     );

@@ -454,7 +454,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     <label>"Description"<input name="description" value=description disabled=!can_edit/>{error_for("description".into())}</label>
                                     <label class="check"><input type="checkbox" name="shadow" checked=shadow disabled=!can_edit/>"Shadow mode: report denials, let requests through"</label>
                                     <label class="check"><input type="checkbox" name="failure_closed" checked=failure_closed disabled=!can_edit/>"Fail closed: refuse checks while Redis is unreachable"</label>
-                                    <label class="check"><input type="checkbox" name="strict" checked=strict disabled=!can_edit/>"Strict: refuse (400) a check that sends a dimension no rule counts or meets no rule, rather than let it through uncounted"</label>
+                                    <label class="check"><input type="checkbox" name="strict" checked=strict disabled=!can_edit/>"Strict: refuse (400) a check that meets no rule, or sends a dimension no rule counts in place of one they count, rather than let it through uncounted"</label>
                                     <label>"Optional dimensions: a check may leave these out (anonymous callers of a per-user policy pass uncounted when every dimension is optional)"<input name="optional" value=optional placeholder="e.g. user" disabled=!can_edit/>{error_for("optional".into())}</label>
                                     <label class="check"><input type="checkbox" name="wait" checked=wait disabled=!can_edit/>"Wait instead of refusing: forward-auth and Envoy hold a denied request until it would pass (the JSON check still answers at once)"</label>{error_for("on_deny".into())}
                                     <label>"Hold a denied request at most (ms)"<input name="max_wait_ms" value=max_wait_ms inputmode="numeric" placeholder="e.g. 2000" disabled=!can_edit/>{error_for("max_wait_ms".into())}</label>
@@ -539,7 +539,7 @@ fn unused_note(unused: &[(String, u64)], strict: bool) -> Option<impl IntoView +
                     if total == 1 { "" } else { "s" },
                     shapes.join(", "),
                     if strict {
-                        "They were refused with 400 (the policy is strict)."
+                        "Where a dimension the rules count was missing beside it, the check was refused with 400 (the policy is strict); otherwise it was counted by the rest, and that identifier limited nothing."
                     } else {
                         "Those identifiers limited nothing: check the names the callers send, or make the policy strict."
                     }
