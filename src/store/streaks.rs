@@ -45,6 +45,27 @@ impl Store {
         Ok(())
     }
 
+    /// Ends `identifier`'s streaks under `policies` (a reset frees it: "blocked over time"
+    /// would otherwise outlive it by up to a minute). A later denial starts a new one.
+    pub async fn end_streaks(
+        &self,
+        policies: &[String],
+        identifier: &str,
+    ) -> Result<(), StoreError> {
+        let hour = hour_of(now_ms());
+        let mut pipe = redis::pipe();
+        for policy in policies {
+            for h in [hour, hour - 1] {
+                pipe.cmd("HDEL")
+                    .arg(self.keys.stats_streaks(policy, h))
+                    .arg(identifier)
+                    .ignore();
+            }
+        }
+        let () = self.query_pipe(&pipe).await?;
+        Ok(())
+    }
+
     /// The streak of each (policy, identifier) of `of`, the latest known (`None`: no denial in
     /// the last hour or two).
     pub async fn streaks(&self, of: &[(&str, &str)]) -> Result<Vec<Option<Streak>>, StoreError> {

@@ -128,6 +128,14 @@ async fn a_reset_decided_when_pressed_frees_bob_and_one_that_deletes_nothing_say
         |i| !i.companions.is_empty(),
     )
     .await;
+    // Blocked over time: bob's streak is written within a second.
+    let _ = eventually(
+        "bob's streak",
+        PATIENCE,
+        async || inspect(&mut v, "user=bob").await,
+        |i| i.steady().is_some(),
+    )
+    .await;
     // The form's default is decided on the server when pressed: the address's rule.
     let back = reset(&app, &mut v, "bob", "now").await;
     assert!(
@@ -140,6 +148,13 @@ async fn a_reset_decided_when_pressed_frees_bob_and_one_that_deletes_nothing_say
         "{back}"
     );
     assert_eq!(app.check(bob.clone()).await.status(), 200);
+    // Freed is not "blocked over time": the reset ended the address's streak, and bob's
+    // own (checked with it) is over without a denial for the rest of the minute.
+    let freed = inspect(&mut v, "ip=203.0.113.11").await;
+    assert!(
+        freed.steady().is_none(),
+        "the address still blocked over time"
+    );
     // Nothing counted for eve: the page says so before, and the reset says so after.
     app.check(json!({"policy": "shop", "identifiers": {"user": "eve"}}))
         .await;

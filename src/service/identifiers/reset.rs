@@ -195,9 +195,11 @@ impl Service {
                 .reset_identifier(&chosen, id, rule.as_ref(), policy.is_none(), (&token, keep))
                 .await?;
             let policies: Vec<String> = chosen.iter().map(|p| p.name.to_string()).collect();
-            // This instance forgets at once; others on the pub/sub message.
+            // This instance forgets at once; others on the pub/sub message. Its streaks
+            // end: freed is not "blocked over time".
             self.denials
                 .invalidate(policy.is_some().then_some(policies.as_slice()), id);
+            self.store.end_streaks(&policies, &id.to_string()).await?;
             let scope = serde_json::json!({
                 "policies": policies,
                 "rule": rule.as_ref().map(Name::as_str),
