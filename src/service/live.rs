@@ -279,24 +279,21 @@ impl LiveCounts {
                 tracing::debug!(%error, "could not write the streaks of denials");
             }
         }
-        let unmatched = self
-            .unmatched
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain();
-        for (policy, shapes) in unmatched {
-            if let Err(error) = store.add_unmatched(&policy, &shapes).await {
-                tracing::debug!(%error, "could not count the descriptors that matched no limit");
-            }
-        }
-        let unused = self
-            .unused
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain();
-        for (policy, shapes) in unused {
-            if let Err(error) = store.add_unused(&policy, &shapes).await {
-                tracing::debug!(%error, "could not count the dimensions no rule counts");
+        // What nothing counted: Envoy descriptors that met no limit, dimensions no rule counts.
+        for (kept, unused) in [(&self.unmatched, false), (&self.unused, true)] {
+            let drained = kept
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .drain();
+            for (policy, shapes) in drained {
+                let added = if unused {
+                    store.add_unused(&policy, &shapes).await
+                } else {
+                    store.add_unmatched(&policy, &shapes).await
+                };
+                if let Err(error) = added {
+                    tracing::debug!(%error, "could not count what nothing counted");
+                }
             }
         }
         let pairs: Vec<(String, Vec<String>)> = std::mem::take(

@@ -28,15 +28,25 @@ async fn check(
     policy: &str,
     identifiers: Value,
 ) -> (StatusCode, Option<String>, Value) {
+    check_saying(app, policy, identifiers, "spillway-unmatched").await
+}
+
+/// One check: its status, its header `header` and its body.
+pub(crate) async fn check_saying(
+    app: &TestApp,
+    policy: &str,
+    identifiers: Value,
+    header: &str,
+) -> (StatusCode, Option<String>, Value) {
     let r = app
         .check(json!({"policy": policy, "identifiers": identifiers}))
         .await;
     let status = r.status();
-    let header = r
+    let said = r
         .headers()
-        .get("spillway-unmatched")
+        .get(header)
         .map(|v| v.to_str().unwrap().to_owned());
-    (status, header, r.json().await.unwrap())
+    (status, said, r.json().await.unwrap())
 }
 
 #[tokio::test]

@@ -26,15 +26,7 @@ async fn check(
     policy: &str,
     identifiers: Value,
 ) -> (StatusCode, Option<String>, Value) {
-    let r = app
-        .check(json!({"policy": policy, "identifiers": identifiers}))
-        .await;
-    let status = r.status();
-    let header = r
-        .headers()
-        .get("spillway-unused")
-        .map(|v| v.to_str().unwrap().to_owned());
-    (status, header, r.json().await.unwrap())
+    crate::unmatched::check_saying(app, policy, identifiers, "spillway-unused").await
 }
 
 #[tokio::test]

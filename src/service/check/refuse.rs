@@ -33,6 +33,18 @@ impl Service {
         })
     }
 
+    /// Counts a refused check as unmatched in the history and the metrics: a misconfigured
+    /// caller is the admin's to see.
+    fn count_refused(&self, policy: &Policy, request: &CheckRequest, started: std::time::Instant) {
+        self.answered(
+            policy,
+            history::Outcome::Unmatched,
+            &request.identifiers,
+            None,
+            started,
+        );
+    }
+
     /// Refuses a check of a strict policy that sent dimensions none of its rules counts:
     /// counted as unmatched in the history and the metrics, as a check that met no rule.
     pub(super) fn refuse_unknown(
@@ -43,13 +55,7 @@ impl Service {
         missing: &[&str],
         started: std::time::Instant,
     ) -> CheckError {
-        self.answered(
-            policy,
-            history::Outcome::Unmatched,
-            &request.identifiers,
-            None,
-            started,
-        );
+        self.count_refused(policy, request, started);
         CheckError::UnknownDimensions {
             policy: policy.name.to_string(),
             unknown: unknown.iter().map(ToString::to_string).collect(),
@@ -66,13 +72,7 @@ impl Service {
         request: &CheckRequest,
         started: std::time::Instant,
     ) -> CheckError {
-        self.answered(
-            policy,
-            history::Outcome::Unmatched,
-            &request.identifiers,
-            None,
-            started,
-        );
+        self.count_refused(policy, request, started);
         let given: Vec<String> = request
             .identifiers
             .iter()
