@@ -4,6 +4,8 @@ Django's ASGI, any ASGI app).
     app.add_middleware(SpillwayMiddleware, client=spillway, policy="api",
                        identify=lambda scope: {"user": header(scope, "x-user")})
 
+``client`` is a ``Spillway``, or a ``spillway.testing.FakeSpillway`` in a service's tests.
+
 An allowed request goes on and its response carries ``RateLimit-Policy`` and ``RateLimit``;
 the leases of a ``concurrency`` rule are released when the app is done with the request,
 however it ends. A refused one is answered by the middleware with an RFC 9457 problem
@@ -16,7 +18,7 @@ import inspect
 import json
 from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
-from .client import Spillway
+from .client import SpillwayClient
 
 Identify = Callable[[dict], Union[Optional[Mapping[str, str]], Awaitable[Optional[Mapping[str, str]]]]]
 
@@ -39,7 +41,7 @@ class SpillwayMiddleware:
     def __init__(
         self,
         app: Any,
-        client: Spillway,
+        client: SpillwayClient,
         policy: str,
         identify: Identify,
         cost: Optional[Callable[[dict], int]] = None,

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from .asgi import present
-from .client import Decision, Refused, Spillway
+from .client import Decision, Refused, SpillwayClient
 
 
 def install(app: FastAPI) -> None:
@@ -45,13 +45,14 @@ def problem_response(decision: Decision) -> JSONResponse:
 
 
 def rate_limit(
-    client: Spillway,
+    client: SpillwayClient,
     policy: str,
     identify: Callable[[Request], Any],
     cost: Optional[Callable[[Request], int]] = None,
 ) -> Callable[..., AsyncIterator[Decision]]:
     """A dependency checking ``policy`` for the identifiers ``identify`` names (None: the
-    request goes on unchecked). It yields the Decision, so a route may read it."""
+    request goes on unchecked). It yields the Decision, so a route may read it. ``client`` is
+    a ``Spillway`` or a ``spillway.testing.FakeSpillway``."""
 
     async def dependency(request: Request, response: Response) -> AsyncIterator[Optional[Decision]]:
         identifiers = identify(request)
