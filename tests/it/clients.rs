@@ -630,6 +630,14 @@ async fn the_python_client_against_a_real_server() {
         "failure modes: ok",
         "ASGI middleware: ok",
         "FastAPI dependency: ok",
+        "caller limits: ok",
+        "batch: ok",
+        "peek: ok",
+        "admin reset and overrides: ok",
+        "wait until allowed: ok",
+        "circuit breaker: ok",
+        "error causes: ok",
+        "fake under the ASGI middleware: ok",
     ] {
         assert!(out.contains(part), "{out}");
     }
