@@ -125,6 +125,13 @@ need_envoy() {
   fi
 }
 
+# nginx for the forward-auth tests (tests/it/forward_auth_proxies.rs), which start their own
+# on a free port: Debian's, whose auth_request module is built in. It lives in /usr/sbin,
+# which a user's PATH may leave out.
+need_nginx() {
+  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
+}
+
 need_bench_tools() {
   need_node
   command -v wrk >/dev/null || apt_install wrk
@@ -152,7 +159,7 @@ case "${1:-}" in
   prepare) prepare_build ;;
   build) need_build_tools ;;
   run) need_redis ;;
-  test) need_redis; need_browser_tests; need_client_tests; need_deploy_tools; need_envoy; need_image_tools ;;
+  test) need_redis; need_browser_tests; need_client_tests; need_deploy_tools; need_envoy; need_image_tools; need_nginx ;;
   bench) need_redis; need_bench_tools; need_envoy ;;
   image) need_image_tools ;;
   *) echo "usage: $0 prepare|build|run|test|bench|image" >&2; exit 2 ;;

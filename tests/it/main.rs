@@ -17,6 +17,7 @@ mod docs;
 mod engine;
 mod envoy;
 mod faults;
+mod forward_auth_proxies;
 mod fuzz;
 mod gateway;
 mod grafana;
