@@ -210,6 +210,7 @@ impl Proxy {
     /// foreground, its files in its folder, and an access log of each status with
     /// `$spillway_problem`.
     async fn nginx(app: &TestApp, upstream: &Upstream, key: &str) -> Self {
+        let mut command = Command::new(nginx_binary());
         let port = free_port();
         let dir = Self::folder("nginx", port);
         let site = render(
@@ -230,7 +231,6 @@ impl Proxy {
              \x20   include {d}/site.conf;\n}}\n"
         );
         std::fs::write(dir.join("nginx.conf"), frame).unwrap();
-        let mut command = Command::new(nginx_binary());
         command
             .arg("-p")
             .arg(&dir)
@@ -244,6 +244,7 @@ impl Proxy {
     /// Envoy in front of `upstream`, its `ext_authz` asking `app` with `key`, configured by
     /// docs/forward-auth/envoy.yaml as it is.
     async fn envoy(app: &TestApp, upstream: &Upstream, key: &str) -> Self {
+        let mut command = Command::new(envoy_binary());
         let port = free_port();
         let dir = Self::folder("envoy", port);
         let file = dir.join("envoy.yaml");
@@ -252,7 +253,6 @@ impl Proxy {
             &placeholders(port, app.addr, upstream.addr, key),
         );
         std::fs::write(&file, config).unwrap();
-        let mut command = Command::new(envoy_binary());
         command.arg("-c").arg(&file).args([
             "--disable-hot-restart",
             "--concurrency",
