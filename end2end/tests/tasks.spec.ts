@@ -190,6 +190,29 @@ test("a policy's page says how many checks matched no rule in the last hour", as
   await shot(page, "unmatched");
 });
 
+test("a misspelt dimension beside a correct one shows on the overview's strip and the policy's page", async ({ page }, testInfo) => {
+  const policy = `typo-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-user", 100, "user"), hour("per-ip", 100, "ip")] });
+  // `usr` for `user`: refused by the strict policy, naming it.
+  expect(await check(page, policy, { ip: "192.0.2.90", usr: "bob" })).toBe(400);
+  // The page says what was sent (written within a second); the overview's strip counts such
+  // checks of every policy and links to the one with most (other specs' policies may lead).
+  const note = page.getByTestId("unused-dimensions");
+  // (No fragment here: a second goto of the same address and fragment does not reload.)
+  await expect(async () => {
+    await page.goto(`/policy?name=${policy}`);
+    await expect(note).toContainText("sent a dimension no rule counts: usr (1)", { timeout: 500 });
+  }).toPass({ timeout: 10_000 });
+  await page.goto("/");
+  const strip = page.locator('a:has([data-testid="status-unused"])');
+  await expect(strip).toContainText("Sent a dimension no rule counts");
+  await expect(strip).toHaveAttribute("href", /^\/policy\?name=.+#unused$/);
+  await page.goto(`/policy?name=${policy}#unused`);
+  await expect(page.getByTestId("unused-dimensions")).toContainText("refused with 400");
+  await shot(page, "unused");
+});
+
 test("an admin gives a rule a penalty box in the editor; the preview and the inspector show it", async ({ page }, testInfo) => {
   const hydrated = testInfo.project.name === "hydrated";
   const policy = `boxed-${testInfo.project.name}`;
