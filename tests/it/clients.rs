@@ -1,13 +1,21 @@
 //! The official Rust client (clients/rust) against a real server and Redis: failure modes,
-//! the denial cache, leases, reserve-then-report and its tower layer in an axum app and in
+//! the denial cache, leases, reserve-then-report, limits sent with a check, batches, peeks,
+//! the admin helpers, the bounded wait, the circuit breaker, failures that name their cause,
+//! and its tower layer in an axum app (with the client, and with the in-memory fake) and in
 //! front of a gRPC service. The TypeScript and Python clients are driven from here too, each
 //! by its own test script against a server of this test.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use spillway_client::{Client, Decision, FailMode, Failure, Identifiers, Outcome, SpillwayLayer};
+use spillway_client::testing::{Fake, FakePolicy};
+use spillway_client::{
+    Admin, BatchCheck, Check, Client, Decision, FailMode, Failure, Identifiers, Outcome, Override,
+    Reset, SpillwayLayer,
+};
 
 use crate::helpers::{
     PATIENCE, RedisServer, SERVICE_KEY, TestApp, eventually, free_port, spawn_app,
@@ -564,6 +572,508 @@ async fn the_tower_layer_refuses_grpc_with_a_status() {
     let mut service = tower_layer::Layer::layer(&layer(down), inner);
     let unavailable = service.call(request()).await.unwrap();
     assert_eq!(unavailable.headers()["grpc-status"], "14");
+}
+
+/// A listener that accepts connections and never answers, counting them, until told to pass
+/// them on to a server (`forward`).
+struct Hung {
+    url: String,
+    accepted: Arc<AtomicUsize>,
+    forward: Arc<Mutex<Option<std::net::SocketAddr>>>,
+}
+
+async fn hung() -> Hung {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (accepted, forward) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+    let (count, to) = (accepted.clone(), forward.clone());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let target: Option<std::net::SocketAddr> = *to.lock().unwrap();
+            match target {
+                None => held.push(socket),
+                Some(addr) => {
+                    tokio::spawn(async move {
+                        let mut upstream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                        let _ = tokio::io::copy_bidirectional(&mut socket, &mut upstream).await;
+                    });
+                }
+            }
+        }
+    });
+    Hung {
+        url,
+        accepted,
+        forward,
+    }
+}
+
+/// An unavailable decision, answered by the open breaker or not, whose reason says `says`.
+fn assert_unavailable(decision: &Decision, from_breaker: bool, says: &str) {
+    assert_eq!(
+        decision.from_breaker(),
+        from_breaker,
+        "{:?}",
+        decision.outcome()
+    );
+    assert!(reason(decision).contains(says), "{}", reason(decision));
+}
+
+fn reason(decision: &Decision) -> &str {
+    match decision.outcome() {
+        Outcome::Unavailable { reason, .. } => reason,
+        other => panic!("not unavailable: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn limits_sent_with_a_check_count_apart_within_the_rules_caller_max() {
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-plans",
+        json!({"rules": [{"name": "per-customer", "algorithm": "fixed_window", "limit": 2,
+            "window_ms": 3600000, "dimensions": ["user"], "caller_max": {"limit": 10}}]}),
+    )
+    .await;
+    let spillway = client(&app, CLOSED);
+    for _ in 0..2 {
+        assert!(spillway.check("rc-plans", &user("acme"), 1).await.allowed());
+    }
+    assert!(!spillway.check("rc-plans", &user("acme"), 1).await.allowed());
+    // A plan of 4 is a counter of its own: neither the 2 used nor the denial remembered.
+    let pro = Check::cost(1).limit("per-customer", "limit", 4);
+    for i in 0..4 {
+        let d = spillway
+            .check_with("rc-plans", &user("acme"), pro.clone())
+            .await;
+        assert!(d.allowed() && !d.from_cache(), "{i}: {:?}", d.outcome());
+        assert_eq!(d.answer().unwrap().limit, Some(4));
+        assert!(header(&d, "ratelimit-policy").unwrap().contains("q=4"));
+    }
+    let denied = spillway.check_with("rc-plans", &user("acme"), pro).await;
+    assert!(matches!(denied.outcome(), Outcome::Limited { .. }));
+    // Past the rule's caller_max: a configuration error, named by its field.
+    let too_high = Check::cost(1).limit("per-customer", "limit", 50);
+    let d = spillway
+        .check_with("rc-plans", &user("acme"), too_high)
+        .await;
+    assert!(
+        matches!(d.outcome(), Outcome::Misconfigured { status, detail, .. }
+            if *status == 400 && detail.contains("limits.per-customer")),
+        "{:?}",
+        d.outcome()
+    );
+}
+
+#[tokio::test]
+async fn a_batch_answers_each_check_as_one_alone_would() {
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-batch",
+        json!({"rules": [{"name": "hourly", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000, "dimensions": ["user"]}]}),
+    )
+    .await;
+    let spillway = client(&app, CLOSED);
+    assert!(spillway.check("rc-batch", &user("bob"), 1).await.allowed());
+    let batch = spillway
+        .check_batch(&[
+            BatchCheck::new("rc-batch", user("ada")),
+            BatchCheck::new("rc-batch", user("bob")),
+            BatchCheck::new("rc-missing", user("ada")),
+            BatchCheck::new("rc-batch", user("cy")).cost(5),
+            BatchCheck::new("rc-batch", user("cy")).limit("hourly", "limit", 9),
+        ])
+        .await;
+    let outcomes: Vec<&Outcome> = batch.iter().map(Decision::outcome).collect();
+    assert_eq!(outcomes.len(), 5);
+    assert_eq!(outcomes[0], &Outcome::Allowed);
+    assert!(matches!(
+        outcomes[1],
+        Outcome::Limited {
+            retry_after: Some(_)
+        }
+    ));
+    assert!(header(&batch[1], "retry-after").is_some());
+    assert!(matches!(outcomes[2], Outcome::Misconfigured { status, .. } if *status == 404));
+    assert!(matches!(outcomes[3], Outcome::TooCostly { .. }));
+    assert!(matches!(outcomes[4], Outcome::Misconfigured { status, .. } if *status == 400));
+    // bob's denial is remembered: answered without being sent.
+    let denied = counted(&app, "rc-batch", "denied").await;
+    assert!(denied >= 1);
+    let again = spillway
+        .check_batch(&[BatchCheck::new("rc-batch", user("bob"))])
+        .await;
+    assert!(again[0].from_cache() && !again[0].allowed());
+    assert_eq!(counted(&app, "rc-batch", "denied").await, denied);
+    // More than a batch holds goes in parts, answered in order.
+    let many: Vec<BatchCheck> = (0..150)
+        .map(|i| BatchCheck::new("rc-batch", user(&format!("u{i}"))).cost(0))
+        .collect();
+    let peeks = spillway.check_batch(&many).await;
+    assert_eq!(peeks.len(), 150);
+    assert!(peeks.iter().all(Decision::allowed));
+    // Spillway unreachable: every check is unavailable, as the failure mode says.
+    let down = Client::new(
+        format!("http://127.0.0.1:{}", free_port()),
+        SERVICE_KEY,
+        CLOSED,
+    )
+    .unwrap();
+    let failed = down.check_batch(&many[..3]).await;
+    assert_eq!(failed.len(), 3);
+    for d in &failed {
+        assert!(!d.allowed());
+        assert!(reason(d).contains("/api/v1/check/batch"), "{}", reason(d));
+    }
+}
+
+#[tokio::test]
+async fn a_peek_reads_what_is_left_and_counts_nothing() {
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-peek",
+        json!({"rules": [{"name": "hourly", "algorithm": "fixed_window", "limit": 3, "window_ms": 3600000}]}),
+    )
+    .await;
+    let spillway = client(&app, CLOSED);
+    spillway.check("rc-peek", &user("ada"), 1).await;
+    for _ in 0..3 {
+        let peek = spillway.peek("rc-peek", &user("ada")).await;
+        assert!(peek.allowed());
+        assert_eq!(peek.answer().unwrap().remaining, Some(2));
+    }
+    assert_eq!(remaining(&app, "rc-peek", "ada", "hourly").await, 2);
+}
+
+#[tokio::test]
+async fn admin_resets_an_identifier_and_adds_and_removes_overrides() {
+    crate::helpers::clear_of_window_turn(Duration::from_secs(3600)).await;
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-admin",
+        json!({"rules": [{"name": "hourly", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000, "dimensions": ["user"]}]}),
+    )
+    .await;
+    let admin = Admin::new(format!("http://{}", app.addr), crate::helpers::ADMIN_KEY).unwrap();
+    // Each step asks with a new client: none remembers an earlier denial.
+    let check = async |who: &str| client(&app, CLOSED).check("rc-admin", &user(who), 1).await;
+    assert!(check("ada").await.allowed());
+    assert!(!check("ada").await.allowed());
+    let reset = Reset::reason("ticket 1234").policy("rc-admin");
+    let done = admin.reset("user", "ada", &reset).await.unwrap();
+    assert_eq!(done.identifier, "user=ada");
+    assert_eq!(done.policies, ["rc-admin"]);
+    assert!(done.deleted_keys >= 1);
+    let audit = app
+        .as_admin(
+            reqwest::Method::GET,
+            "/api/v1/audit?action=identifier.reset",
+            None,
+        )
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(audit.contains("ticket 1234"), "{audit}");
+    assert!(check("ada").await.allowed());
+    // Undone: the counters are back as before the reset.
+    let undone = admin.undo_reset(&done.undo.unwrap().token).await.unwrap();
+    assert_eq!(undone.identifiers, ["user=ada"]);
+    assert!(!check("ada").await.allowed());
+    // An override lifts the limit for vip-*; removed, the limit is back.
+    let vip = Override::unlimited("user=vip-*").reason("partners");
+    let list = admin.add_override("rc-admin", &vip).await.unwrap();
+    assert_eq!(list.overrides, [vip]);
+    for _ in 0..3 {
+        assert!(check("vip-1").await.allowed());
+    }
+    let index = list.index_of("user=vip-*").unwrap();
+    let list = admin.remove_override("rc-admin", index).await.unwrap();
+    assert!(list.overrides.is_empty());
+    assert!(check("vip-2").await.allowed());
+    assert!(!check("vip-2").await.allowed());
+    // Refusals say why: no such policy, a service key.
+    assert!(matches!(
+        admin.add_override("rc-missing", &Override::block("user=x")).await,
+        Err(spillway_client::Error::Refused { status, .. }) if status == 404
+    ));
+    let service = Admin::new(format!("http://{}", app.addr), SERVICE_KEY).unwrap();
+    let refused = service.reset("user", "ada", &Reset::default()).await;
+    assert!(
+        matches!(&refused, Err(spillway_client::Error::Refused { status, .. }) if status.as_u16() == 401 || status.as_u16() == 403),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn wait_until_allowed_sleeps_the_retry_after_and_never_past_max_wait() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-wait",
+        json!({"rules": [{"name": "two-seconds", "algorithm": "fixed_window", "limit": 1, "window_ms": 2000}]}),
+    )
+    .await;
+    app.put_policy(
+        "rc-wait-long",
+        json!({"rules": [{"name": "hourly", "algorithm": "fixed_window", "limit": 1, "window_ms": 3600000}]}),
+    )
+    .await;
+    let spillway = client(&app, CLOSED);
+    // Denied now (however the window's turn falls), allowed once the window turns.
+    eventually(
+        "a denial",
+        PATIENCE,
+        async || spillway.check("rc-wait", &user("ada"), 1).await,
+        |d| !d.allowed(),
+    )
+    .await;
+    let waited = spillway
+        .wait_until_allowed("rc-wait", &user("ada"), Duration::from_secs(10))
+        .await;
+    assert!(waited.allowed(), "{:?}", waited.outcome());
+    // Denied for up to an hour: a wait of 300 ms gives up (the outer bound only stops a
+    // wait that would not end).
+    spillway.check("rc-wait-long", &user("ada"), 1).await;
+    let ada = user("ada");
+    let started = Instant::now();
+    let wait = spillway.wait_until_allowed("rc-wait-long", &ada, Duration::from_millis(300));
+    let last = tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("waited past max_wait");
+    assert!(matches!(last.outcome(), Outcome::Limited { .. }));
+    assert!(started.elapsed() < Duration::from_millis(300) + Duration::from_secs(5));
+}
+
+/// A hung Spillway (accepts, never answers) with a timeout of 100 ms and a breaker of 3
+/// failures: after 3 calls none until the period ends, then one trial; once Spillway
+/// answers, the trial closes the breaker. Counted by the connections the listener accepted.
+#[tokio::test]
+async fn a_circuit_breaker_stops_calling_a_hung_spillway_for_its_period() {
+    const PERIOD: Duration = Duration::from_secs(2);
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy(
+        "rc-breaker",
+        json!({"rules": [{"name": "hourly", "algorithm": "fixed_window", "limit": 100, "window_ms": 3600000}]}),
+    )
+    .await;
+    let hung = hung().await;
+    let spillway = Client::new(hung.url.clone(), SERVICE_KEY, OPEN)
+        .unwrap()
+        .with_timeout(Duration::from_millis(100))
+        .with_breaker(3, PERIOD);
+    let accepted = || hung.accepted.load(Ordering::SeqCst);
+    let ada = user("ada");
+    for _ in 0..3 {
+        let d = spillway.check("rc-breaker", &ada, 1).await;
+        assert_unavailable(&d, false, "timed out after 100 ms");
+    }
+    let opened = Instant::now();
+    // Clones share the breaker: answered at once, as the failure mode says, naming why.
+    let clone = spillway.clone();
+    for _ in 0..20 {
+        let d = clone.check("rc-breaker", &ada, 1).await;
+        assert!(d.allowed());
+        assert_unavailable(&d, true, "circuit breaker open after 3");
+    }
+    let report = clone.report("rc-breaker", &ada, 1).await.unwrap_err();
+    assert!(
+        report.to_string().contains("circuit breaker open"),
+        "{report}"
+    );
+    assert!(
+        opened.elapsed() < PERIOD,
+        "the machine is too slow for this test"
+    );
+    tokio::time::sleep_until((opened + PERIOD).into()).await;
+    assert_eq!(accepted(), 3, "calls were made while the breaker was open");
+    // The period over: one trial (it times out too), the others answered by the breaker.
+    let (a, b, c) = tokio::join!(
+        spillway.check("rc-breaker", &ada, 1),
+        clone.check("rc-breaker", &ada, 1),
+        spillway.check("rc-breaker", &ada, 1)
+    );
+    let reopened = Instant::now();
+    let (trials, answered): (Vec<Decision>, Vec<Decision>) =
+        [a, b, c].into_iter().partition(|d| !d.from_breaker());
+    assert_eq!(trials.len(), 1, "one trial call");
+    assert_unavailable(&trials[0], false, "timed out");
+    for d in &answered {
+        assert_unavailable(d, true, "a trial call is under way");
+    }
+    assert!(spillway.check("rc-breaker", &ada, 1).await.from_breaker());
+    eventually(
+        "the trial's connection",
+        PATIENCE,
+        async || accepted(),
+        |n| *n == 4,
+    )
+    .await;
+    // Spillway answers again: after the period, the trial succeeds and closes the breaker.
+    *hung.forward.lock().unwrap() = Some(app.addr);
+    tokio::time::sleep_until((reopened + PERIOD).into()).await;
+    for _ in 0..5 {
+        let d = clone.check("rc-breaker", &ada, 1).await;
+        assert_eq!(d.outcome(), &Outcome::Allowed);
+    }
+    assert_eq!(remaining(&app, "rc-breaker", "ada", "hourly").await, 95);
+}
+
+/// Failures name their cause in the decision, the error and the warning logged: the
+/// connection refused and the address, or the timeout and the URL.
+#[tokio::test]
+async fn failures_name_their_cause() {
+    let logs = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || LogSink(sink.clone()))
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let port = free_port();
+    let closed = Client::new(format!("http://127.0.0.1:{port}"), SERVICE_KEY, OPEN).unwrap();
+    let d = closed.check("rc-any", &user("ada"), 1).await;
+    let why = reason(&d);
+    assert!(why.contains("Connection refused"), "{why}");
+    assert!(
+        why.ends_with(&format!("calling http://127.0.0.1:{port}/api/v1/check")),
+        "{why}"
+    );
+    let e = closed.report("rc-any", &user("ada"), 1).await.unwrap_err();
+    assert!(e.to_string().contains("Connection refused"), "{e}");
+    assert!(
+        e.to_string()
+            .contains(&format!("127.0.0.1:{port}/api/v1/report")),
+        "{e}"
+    );
+    let hung = hung().await;
+    let silent = Client::new(hung.url.clone(), SERVICE_KEY, OPEN)
+        .unwrap()
+        .with_timeout(Duration::from_millis(100));
+    let d = silent.check("rc-any", &user("ada"), 1).await;
+    let timed_out = format!("timed out after 100 ms calling {}/api/v1/check", hung.url);
+    assert_eq!(reason(&d), timed_out);
+    let logged = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    assert!(logged.contains("Connection refused"), "{logged}");
+    assert!(logged.contains(&timed_out), "{logged}");
+}
+
+/// Log lines written to a buffer.
+struct LogSink(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An axum app serving `/work` under the policy `api` and `/pool` under `pool`, checked by
+/// `fake` through the tower layer (identifiers from `x-user`), on a free port.
+async fn serve_behind(fake: &Fake) -> std::net::SocketAddr {
+    let by_user = |head: &spillway_client::Head<'_>| {
+        let name = head.headers.get("x-user")?.to_str().ok()?;
+        Some(user(name))
+    };
+    let pool = axum::routing::get(|| async { "pooled" }).layer(SpillwayLayer::new(
+        fake.clone(),
+        "pool",
+        by_user,
+    ));
+    let service = axum::Router::new()
+        .route("/work", axum::routing::get(|| async { "done" }))
+        .layer(SpillwayLayer::new(fake.clone(), "api", by_user))
+        .route("/pool", pool);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
+    addr
+}
+
+/// The fake in place of Spillway under the tower layer of an axum app: counted, denied on
+/// demand, unavailable on demand, every check recorded, leases released.
+#[tokio::test]
+async fn the_fake_stands_in_for_spillway_under_the_tower_layer() {
+    let fake = Fake::new()
+        .policy("api", FakePolicy::window(2, Duration::from_secs(3600)))
+        .policy(
+            "pool",
+            FakePolicy::window(100, Duration::from_secs(3600)).concurrency(1),
+        );
+    let addr = serve_behind(&fake).await;
+    let http = reqwest::Client::new();
+    let get = |path: &'static str, who: Option<&'static str>| {
+        let mut r = http.get(format!("http://{addr}{path}"));
+        if let Some(who) = who {
+            r = r.header("x-user", who);
+        }
+        r.send()
+    };
+    for _ in 0..2 {
+        let r = get("/work", Some("ada")).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            r.headers()["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .contains("q=2")
+        );
+    }
+    let r = get("/work", Some("ada")).await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(get("/work", None).await.unwrap().status(), 200);
+    fake.deny("api", Duration::from_secs(5), 1);
+    let r = get("/work", Some("bob")).await.unwrap();
+    assert_eq!(
+        (
+            r.status().as_u16(),
+            r.headers()["retry-after"].to_str().unwrap()
+        ),
+        (429, "5")
+    );
+    fake.unavailable();
+    assert_eq!(get("/work", Some("bob")).await.unwrap().status(), 503);
+    fake.restore();
+    assert_eq!(get("/work", Some("bob")).await.unwrap().status(), 200);
+    let (ada, bob) = (user("ada"), user("bob"));
+    assert_eq!(
+        fake.checks("api"),
+        [ada.clone(), ada.clone(), ada, bob.clone(), bob.clone(), bob]
+    );
+    // A request's lease is released once it is answered.
+    assert_eq!(
+        get("/pool", Some("cy"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "pooled"
+    );
+    eventually(
+        "the lease released",
+        PATIENCE,
+        async || fake.leases(),
+        Vec::is_empty,
+    )
+    .await;
+    assert_eq!(get("/pool", Some("cy")).await.unwrap().status(), 200);
 }
 
 /// Runs a client's own test script (Python or TypeScript) against a fresh server; it prints

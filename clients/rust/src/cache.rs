@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue};
 
-use crate::{Decision, Identifiers, Outcome};
+use crate::{Check, Decision, Identifiers, Outcome};
 
 /// At most this many denials are remembered; past it, the expired ones are dropped, then all.
 const CAPACITY: usize = 10_000;
@@ -23,9 +23,15 @@ pub(crate) struct Denials {
     map: Mutex<HashMap<String, (Instant, Instant, Decision)>>,
 }
 
-/// The cache key: the policy, the cost and the identifiers (sorted by dimension).
-pub(crate) fn key(policy: &str, identifiers: &Identifiers, cost: u64) -> String {
-    let mut key = format!("{policy}\u{0}{cost}");
+/// The cache key: the policy, the cost, the limits sent and the identifiers (sorted by rule
+/// and dimension): each set of limits is a counter, and a denial, of its own.
+pub(crate) fn key(policy: &str, identifiers: &Identifiers, check: &Check) -> String {
+    let mut key = format!("{policy}\u{0}{}", check.cost);
+    for (rule, fields) in &check.limits {
+        for (field, value) in fields {
+            key.push_str(&format!("\u{0}limits.{rule}.{field}={value}"));
+        }
+    }
     for (dimension, value) in identifiers {
         key.push('\u{0}');
         key.push_str(dimension);

@@ -74,6 +74,7 @@ pub struct Decision {
     answer: Option<Answer>,
     headers: Vec<(HeaderName, HeaderValue)>,
     from_cache: bool,
+    from_breaker: bool,
 }
 
 impl Decision {
@@ -87,6 +88,15 @@ impl Decision {
             answer,
             headers,
             from_cache: false,
+            from_breaker: false,
+        }
+    }
+
+    /// Spillway could not be reached (or the open circuit breaker answered for it).
+    pub(crate) fn unavailable(reason: String, fail: FailMode, from_breaker: bool) -> Self {
+        Self {
+            from_breaker,
+            ..Self::new(Outcome::Unavailable { reason, fail }, None, Vec::new())
         }
     }
 
@@ -124,6 +134,12 @@ impl Decision {
     /// Answered from the local denial cache, without a call.
     pub fn from_cache(&self) -> bool {
         self.from_cache
+    }
+
+    /// Answered by the open circuit breaker, without a call: Spillway was unavailable to the
+    /// last calls ([`Outcome::Unavailable`]'s `reason` says what they met).
+    pub fn from_breaker(&self) -> bool {
+        self.from_breaker
     }
 
     /// No rule counted the identifiers (a lenient policy let the check through).

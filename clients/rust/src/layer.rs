@@ -24,7 +24,8 @@ use std::task::{Context, Poll};
 
 use http::{Extensions, HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 
-use crate::{Client, Decision, Identifiers, Leases, Outcome};
+use crate::leases::Leases;
+use crate::{Checker, Client, Decision, Identifiers, Outcome};
 
 /// What the layer sees of a request to name its identifiers and cost.
 pub struct Head<'a> {
@@ -106,21 +107,22 @@ impl<B: Default> Refusal<B> for Grpc {
     }
 }
 
-/// Checks each request against one policy; see the module's documentation.
+/// Checks each request against one policy; see the module's documentation. The checker is
+/// a [`Client`], or any [`Checker`] (a [`Fake`](crate::testing::Fake) in a service's tests).
 #[derive(Clone)]
-pub struct SpillwayLayer<R = Problem> {
-    client: Client,
+pub struct SpillwayLayer<R = Problem, C = Client> {
+    client: C,
     policy: Arc<str>,
     identify: Arc<Identify>,
     cost: Option<Arc<Cost>>,
     refusal: R,
 }
 
-impl SpillwayLayer<Problem> {
+impl<C: Checker> SpillwayLayer<Problem, C> {
     /// Checks `policy` with the identifiers `identify` names; a request it names none for
     /// (`None`) goes on unchecked.
     pub fn new(
-        client: Client,
+        client: C,
         policy: impl Into<String>,
         identify: impl Fn(&Head<'_>) -> Option<Identifiers> + Send + Sync + 'static,
     ) -> Self {
@@ -134,7 +136,7 @@ impl SpillwayLayer<Problem> {
     }
 }
 
-impl<R> SpillwayLayer<R> {
+impl<R, C> SpillwayLayer<R, C> {
     /// Each request's cost (1 unless said).
     pub fn cost(mut self, cost: impl Fn(&Head<'_>) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
@@ -142,7 +144,7 @@ impl<R> SpillwayLayer<R> {
     }
 
     /// Refusals as gRPC statuses, for a tonic server.
-    pub fn grpc(self) -> SpillwayLayer<Grpc> {
+    pub fn grpc(self) -> SpillwayLayer<Grpc, C> {
         SpillwayLayer {
             client: self.client,
             policy: self.policy,
@@ -153,8 +155,8 @@ impl<R> SpillwayLayer<R> {
     }
 }
 
-impl<S, R: Clone> tower_layer::Layer<S> for SpillwayLayer<R> {
-    type Service = SpillwayService<S, R>;
+impl<S, R: Clone, C: Clone> tower_layer::Layer<S> for SpillwayLayer<R, C> {
+    type Service = SpillwayService<S, R, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         SpillwayService {
@@ -166,13 +168,14 @@ impl<S, R: Clone> tower_layer::Layer<S> for SpillwayLayer<R> {
 
 /// The service [`SpillwayLayer`] wraps around another.
 #[derive(Clone)]
-pub struct SpillwayService<S, R = Problem> {
+pub struct SpillwayService<S, R = Problem, C = Client> {
     inner: S,
-    layer: SpillwayLayer<R>,
+    layer: SpillwayLayer<R, C>,
 }
 
-impl<S, B, ResBody, R> tower_service::Service<Request<B>> for SpillwayService<S, R>
+impl<S, B, ResBody, R, C> tower_service::Service<Request<B>> for SpillwayService<S, R, C>
 where
+    C: Checker,
     S: tower_service::Service<Request<B>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     B: Send + 'static,
