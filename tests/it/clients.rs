@@ -442,6 +442,11 @@ async fn the_tower_layer_limits_an_axum_app() {
         json!({"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}]}),
     )
     .await;
+    app.put_policy(
+        "rc-stream",
+        json!({"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}]}),
+    )
+    .await;
     let spillway = client(&app, CLOSED);
     let by_user = |head: &spillway_client::Head<'_>| {
         let user = head.headers.get("x-user")?.to_str().ok()?;
@@ -452,9 +457,24 @@ async fn the_tower_layer_limits_an_axum_app() {
         "slow"
     })
     .layer(SpillwayLayer::new(spillway.clone(), "rc-slow", by_user));
+    // Answers at once, then streams its body for 2.5 s.
+    let streamed = axum::routing::get(|| async {
+        let parts = futures_util::stream::unfold(0, |sent| async move {
+            if sent == 2 {
+                return None;
+            }
+            if sent == 1 {
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+            }
+            Some((Ok::<_, std::io::Error>(format!("part {sent};")), sent + 1))
+        });
+        axum::body::Body::from_stream(parts)
+    })
+    .layer(SpillwayLayer::new(spillway.clone(), "rc-stream", by_user));
     let service = axum::Router::new()
         .route("/work", axum::routing::get(|| async { "done" }))
         .route("/slow", slow)
+        .route("/stream", streamed)
         .layer(SpillwayLayer::new(spillway, "rc-axum", |head| {
             let user = head.headers.get("x-user")?.to_str().ok()?;
             Some(BTreeMap::from([("user".to_owned(), user.to_owned())]))
@@ -510,6 +530,31 @@ async fn the_tower_layer_limits_an_axum_app() {
         "the slow request's lease ran out"
     );
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    // A streamed body holds its slot until its last part is sent, not only until its
+    // response is made: another request 1.5 s into the stream is refused (kim: sam has used
+    // the outer policy's two an hour), and the slot is free once the body ends.
+    let stream_get = || {
+        http.get(format!("http://{addr}/stream"))
+            .header("x-user", "kim")
+            .send()
+    };
+    let streaming = stream_get().await.unwrap();
+    assert_eq!(streaming.status(), 200);
+    let body = tokio::spawn(streaming.text());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        stream_get().await.unwrap().status(),
+        429,
+        "the lease went back before the body was sent"
+    );
+    assert_eq!(body.await.unwrap().unwrap(), "part 0;part 1;");
+    eventually(
+        "the streamed body's lease released once it was sent",
+        Duration::from_secs(20),
+        async || remaining(&app, "rc-stream", "kim", "one").await,
+        |free| *free == 1,
+    )
+    .await;
     // The leases of allowed requests were released (in the background, after each
     // response): 5 in flight are free again, long before the leases' own 30 s end (the
     // wait gives up at 20 s).
@@ -1008,6 +1053,8 @@ async fn serve_behind(fake: &Fake) -> std::net::SocketAddr {
 /// demand, unavailable on demand, every check recorded, leases released.
 #[tokio::test]
 async fn the_fake_stands_in_for_spillway_under_the_tower_layer() {
+    // No server here installs the TLS provider the test's own HTTP client needs.
+    spillway::install_tls_provider();
     let fake = Fake::new()
         .policy("api", FakePolicy::window(2, Duration::from_secs(3600)))
         .policy(
@@ -1167,6 +1214,14 @@ async fn the_typescript_client_against_a_real_server() {
         "failure modes: ok",
         "Express middleware: ok",
         "Hono middleware: ok",
+        "caller limits: ok",
+        "batch: ok",
+        "peek: ok",
+        "admin reset and overrides: ok",
+        "wait until allowed: ok",
+        "circuit breaker: ok",
+        "error causes: ok",
+        "fake under the Express middleware: ok",
         "generated client: called 30 operations",
     ] {
         assert!(out.contains(part), "{out}");

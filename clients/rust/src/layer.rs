@@ -12,8 +12,9 @@
 //! ```
 //!
 //! An allowed request goes on, and its response carries `RateLimit-Policy` and `RateLimit`;
-//! the leases of a `concurrency` rule are renewed while the service works and released once
-//! the response is made (however the service ends). A refused one is answered by the layer: an RFC 9457 problem (429 with
+//! the leases of a `concurrency` rule are renewed while the service works and its response
+//! body is sent, and released once the body's last frame is sent (or the body is dropped:
+//! the end user gone, a panic), so a streamed answer holds its slot as long as it streams. A refused one is answered by the layer: an RFC 9457 problem (429 with
 //! `Retry-After`, 422, or 503 for a check failing closed), or for gRPC a status
 //! (`RESOURCE_EXHAUSTED`, `UNAVAILABLE`) in a trailers-only response.
 
@@ -182,7 +183,7 @@ where
     ResBody: Send + 'static,
     R: Refusal<ResBody>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<HeldBody<ResBody>>;
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -211,24 +212,82 @@ where
         } = self.layer.clone();
         Box::pin(async move {
             let Some(identifiers) = identifiers else {
-                return inner.call(request).await;
+                return Ok(inner.call(request).await?.map(HeldBody::free));
             };
             let decision = client.check(&policy, &identifiers, cost).await;
             if !decision.allowed() {
-                return Ok(refusal.refuse(&decision));
+                return Ok(refusal.refuse(&decision).map(HeldBody::free));
             }
-            // Renewed while the service answers; released (in the background, not delaying the
-            // answer) once the response is made, or if the service panics or the request is
-            // dropped.
+            // Renewed while the service answers and its body is sent; released (in the
+            // background, not delaying the answer) once the body's last frame is sent, or the
+            // body or the request is dropped (a client gone, a panic).
             let held = Leases::renewed(client, &decision);
-            let response = inner.call(request).await;
-            drop(held);
-            let mut response = response?;
+            let mut response = inner.call(request).await?;
             let headers = response.headers_mut();
             for (name, value) in decision.headers() {
                 headers.append(name, value.clone());
             }
-            Ok(response)
+            Ok(response.map(|body| HeldBody::holding(body, held)))
         })
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that holds its request's leases until its last frame is sent (or it
+    /// is dropped), so a streamed answer keeps its `concurrency` slot as long as it streams.
+    pub struct HeldBody<B> {
+        #[pin]
+        body: B,
+        held: Option<Box<dyn Send + Sync>>,
+    }
+}
+
+impl<B> HeldBody<B> {
+    fn free(body: B) -> Self {
+        Self { body, held: None }
+    }
+
+    fn holding<C: Checker>(body: B, leases: Leases<C>) -> Self {
+        Self {
+            body,
+            held: Some(Box::new(leases)),
+        }
+    }
+
+    /// The body inside.
+    pub fn into_inner(self) -> B {
+        self.body
+    }
+}
+
+impl<B: Default> Default for HeldBody<B> {
+    fn default() -> Self {
+        Self::free(B::default())
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for HeldBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = this.body.poll_frame(cx);
+        if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            // The body is done: its leases go back now, not when the connection drops it.
+            this.held.take();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }

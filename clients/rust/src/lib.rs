@@ -67,7 +67,7 @@ pub use checker::{Check, Checker, Limits};
 pub use client::{Client, DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_PERIOD};
 pub use decision::{Answer, Decision, Outcome, RuleResult};
 #[cfg(feature = "tower")]
-pub use layer::{Grpc, Head, Problem, SpillwayLayer};
+pub use layer::{Grpc, Head, HeldBody, Problem, SpillwayLayer};
 
 /// A check's identifiers: dimension → value (`{"user": "42", "ip": "10.0.0.7"}`).
 pub type Identifiers = BTreeMap<String, String>;

@@ -309,6 +309,8 @@ export abstract class SpillwayBase implements SpillwayClient {
     const timer = setInterval(() => {
       this.renew(leases).catch((e: unknown) => this.log.warn(`spillway: renewing leases failed: ${String(e)}`));
     }, Math.max(Math.min(...ends) / 3, 50));
+    // Renewing alone never keeps a process alive (a test that drops a response unread).
+    timer.unref?.();
     let done = false;
     return async () => {
       if (done) return;

@@ -39,6 +39,7 @@ async function setup() {
     "ts-lenient": { strict: false, rules: [hourly(5, { dimensions: ["user"] })] },
     "ts-express": { rules: [hourly(2), { name: "in-flight", algorithm: "concurrency", limit: 5, lease_ms: 30000 }] },
     "ts-hono": { rules: [hourly(1)] },
+    "ts-hono-stream": { rules: [{ name: "one", algorithm: "concurrency", limit: 1, lease_ms: 1000 }] },
     "ts-slow": { rules: [{ name: "one", algorithm: "concurrency", limit: 1, lease_ms: 1000 }] },
     "ts-budget": { rules: [hourly(1000), { name: "one", algorithm: "concurrency", limit: 1, lease_ms: 1000 }] },
     "ts-export": { rules: [{ name: "one", algorithm: "concurrency", limit: 1, lease_ms: 30000 }] },
@@ -290,6 +291,33 @@ async function honoMiddleware() {
   assert.equal(denied.headers.get("content-type"), "application/problem+json");
   const problem = await denied.json();
   assert.equal(problem.retry_after, Number(denied.headers.get("retry-after")));
+  // A streamed body holds its 1 s lease (renewed) as long as it streams, 2.5 s here: another
+  // request 1.5 s in is refused; the slot is free once the body has been read to its end.
+  const streaming = new Hono();
+  streaming.use("*", spillwayHono(client(), "ts-hono-stream", (c) => ({ user: c.req.header("x-user") })));
+  streaming.get("/stream", () => {
+    let sent = 0;
+    const body = new ReadableStream({
+      async pull(controller) {
+        if (sent === 1) await sleep(2500);
+        if (sent === 2) return controller.close();
+        controller.enqueue(new TextEncoder().encode(`part ${sent};`));
+        sent += 1;
+      },
+    });
+    return new Response(body);
+  });
+  const first = await streaming.request("/stream", { headers: { "x-user": "kim" } });
+  assert.equal(first.status, 200);
+  const text = first.text();
+  await sleep(1500);
+  assert.equal((await streaming.request("/stream", { headers: { "x-user": "kim" } })).status, 429, "the lease went back before the body was sent");
+  assert.equal(await text, "part 0;part 1;");
+  const sent = Date.now();
+  while ((await remaining("ts-hono-stream", "kim", "one")) !== 1) {
+    assert.ok(Date.now() - sent < 5000, "the streamed body's lease was not released when it ended");
+    await sleep(20);
+  }
   console.log("Hono middleware: ok");
 }
 
@@ -757,7 +785,13 @@ async function fakeUnderExpress() {
   const hono = new Hono();
   hono.use("*", spillwayHono(fake, "ts-fake", (c) => ({ user: c.req.header("x-user") })));
   hono.get("/work", (c) => c.text("done"));
-  for (const status of [200, 200, 429]) assert.equal((await hono.request("/work", { headers: { "x-user": "eve" } })).status, status);
+  for (const status of [200, 200, 429]) {
+    const r = await hono.request("/work", { headers: { "x-user": "eve" } });
+    assert.equal(r.status, status);
+    // Read to its end: the body holds its lease until then.
+    await r.text();
+  }
+  assert.equal(fake.inFlight("ts-fake", { user: "eve" }), 0);
   console.log("fake under the Express middleware: ok");
 }
 
