@@ -12,6 +12,7 @@ pub mod openapi;
 pub(crate) mod policies;
 mod problem;
 mod report;
+mod whatif;
 
 pub use problem::ApiError;
 
@@ -46,6 +47,7 @@ pub fn router(state: &AppState) -> Router<AppState> {
         .route("/api/v1/history/csv", get(history::read_csv))
         .merge(alerts::router())
         .merge(policies::router())
+        .merge(whatif::router())
         .merge(identifiers::router())
         .merge(leases::router())
         .merge(envoy::router())

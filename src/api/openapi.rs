@@ -402,6 +402,7 @@ impl Modify for CommonProblems {
         super::policies::list_overrides,
         super::policies::add_override,
         super::policies::remove_override,
+        super::whatif::what_if,
         super::identifiers::inspect,
         super::identifiers::reset,
         super::identifiers::undo_reset,
@@ -423,7 +424,8 @@ impl Modify for CommonProblems {
         HistoryDocument, HistoryPoint, HistoryCounts, HistoryRanked,
         AlertRuleDocument, AlertCondition, AlertsDocument,
         LeaseRequest, LeaseReleased, LeaseRelease, LeaseRenewed, LeaseRenewal,
-        ReportRequest, ReportedRule, ReportResponse)),
+        ReportRequest, ReportedRule, ReportResponse,
+        WhatIfRequest, WhatIfCounted, WhatIfPeak, WhatIfAnswer)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(

@@ -85,6 +85,19 @@ impl From<CheckError> for ApiError {
     }
 }
 
+impl From<crate::service::record::WhatIfError> for ApiError {
+    fn from(e: crate::service::record::WhatIfError) -> Self {
+        use crate::service::record::WhatIfError;
+        match e {
+            WhatIfError::UnknownPolicy(name) => ApiError::UnknownPolicy(name),
+            // The draft's fields are under `policy` in the request.
+            WhatIfError::Draft(e) => ApiError::bad(format!("policy.{}", e.field), e.message),
+            WhatIfError::Invalid { field, message } => ApiError::bad(field, message),
+            WhatIfError::Unavailable(error) => ApiError::RedisUnavailable(error),
+        }
+    }
+}
+
 impl From<AuditError> for ApiError {
     fn from(e: AuditError) -> Self {
         match e {

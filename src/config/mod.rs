@@ -83,6 +83,9 @@ pub struct Config {
     /// Whether checks are also counted per rule (`SPILLWAY_METRICS_RULE_LABEL`, default
     /// off): a `rule` label multiplies the series by the rules of every policy.
     pub metrics_rule_label: bool,
+    /// Checks kept per policy for what-if replays (`SPILLWAY_RECORD_CHECKS`, default
+    /// [`DEFAULT_RECORD_CHECKS`]; 0 records none).
+    pub record_checks: u64,
     /// Session timeouts (`SPILLWAY_SESSION_IDLE_MS`, default 30 min;
     /// `SPILLWAY_SESSION_ABSOLUTE_MS`, default 12 h) and `SPILLWAY_SECURE_COOKIES=1` to mark
     /// cookies Secure even without `X-Forwarded-Proto: https`.
@@ -235,12 +238,9 @@ impl Config {
             admin_keys,
             forward_auth_identifiers: forward_auth_identifiers(&lookup)?,
             forward_auth_deny_status: forward_auth_deny_status(&lookup)?,
-            // On unless switched off: a first run shows something.
-            seed_demo: !matches!(
-                lookup("SPILLWAY_SEED_DEMO").as_deref(),
-                Some("0" | "false" | "no")
-            ),
+            seed_demo: seed_demo(&lookup),
             metrics_rule_label: yes_or_no(&lookup, "SPILLWAY_METRICS_RULE_LABEL")?,
+            record_checks: record_checks(&lookup)?,
             traces: crate::telemetry::traces::TraceSettings::from_lookup(&lookup)
                 .map_err(invalid)?,
             tls,
@@ -310,4 +310,35 @@ fn hash_file_found(options: &LeptosOptions) -> bool {
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join(options.hash_file.as_ref())))
         .is_some_and(|file| file.is_file())
+}
+
+/// Checks kept per policy for what-if replays unless said.
+pub const DEFAULT_RECORD_CHECKS: u64 = 100_000;
+/// The most `SPILLWAY_RECORD_CHECKS` may say.
+pub const MAX_RECORD_CHECKS: u64 = 10_000_000;
+
+fn record_checks(lookup: &impl Fn(&str) -> Option<String>) -> Result<u64, ConfigError> {
+    let name = "SPILLWAY_RECORD_CHECKS";
+    match lookup(name).filter(|v| !v.trim().is_empty()) {
+        None => Ok(DEFAULT_RECORD_CHECKS),
+        Some(raw) => raw
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| n <= MAX_RECORD_CHECKS)
+            .ok_or_else(|| ConfigError::Invalid {
+                name,
+                problem: format!(
+                    "expected a whole number from 0 (record none) to {MAX_RECORD_CHECKS}, got {raw:?}"
+                ),
+            }),
+    }
+}
+
+/// Whether to seed the demo policy: on unless switched off, so a first run shows something.
+fn seed_demo(lookup: &impl Fn(&str) -> Option<String>) -> bool {
+    !matches!(
+        lookup("SPILLWAY_SEED_DEMO").as_deref(),
+        Some("0" | "false" | "no")
+    )
 }

@@ -129,11 +129,24 @@ pub fn evaluate(
     cost: u64,
     entries: &[Entry<'_>],
 ) -> (Vec<EntryState>, Vec<Outcome>) {
+    evaluate_costs(states, now_us, &vec![cost; entries.len()], entries)
+}
+
+/// [`evaluate`] with each entry at a cost of its own (`costs`, one per entry: the check's
+/// cost as its rule counts it, [`super::Rule::cost_of`]), as the script takes them.
+pub fn evaluate_costs(
+    states: &[EntryState],
+    now_us: i64,
+    costs: &[u64],
+    entries: &[Entry<'_>],
+) -> (Vec<EntryState>, Vec<Outcome>) {
     assert_eq!(states.len(), entries.len(), "one state per entry");
+    assert_eq!(costs.len(), entries.len(), "one cost per entry");
     let steps: Vec<_> = states
         .iter()
         .zip(entries)
-        .map(|(s, e)| {
+        .zip(costs)
+        .map(|((s, e), &cost)| {
             let state = s.state.as_ref();
             let held = (e.block_ms > 0)
                 .then_some(s.blocked_until_us)

@@ -49,6 +49,7 @@ pub mod preview;
 pub mod rule;
 pub mod throttle;
 pub mod time;
+pub mod whatif;
 
 use std::fmt;
 

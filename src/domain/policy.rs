@@ -404,6 +404,31 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// Of `rules` (what [`Policy::rules_for`] gave `identifier`), the ones that count it:
+    /// those of its dimension; for an Envoy domain's descriptor (the `envoy` dimension) under
+    /// the domain's own rules, only the one limit its entries find, as over gRPC, not every
+    /// limit of the domain.
+    pub fn counting<'a>(
+        &'a self,
+        rules: &'a [Rule],
+        identifier: &'a Identifier,
+    ) -> impl Iterator<Item = &'a Rule> + 'a {
+        let only = self
+            .envoy
+            .as_ref()
+            .filter(|_| std::ptr::eq(rules.as_ptr(), self.rules.as_ptr()))
+            .filter(|_| identifier.dimension().as_str() == super::envoy::DIMENSION)
+            .map(|domain| domain.rule_for(identifier));
+        rules
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| only.is_none_or(|rule| rule == Some(*i)))
+            .map(|(_, rule)| rule)
+            .filter(|r| r.applies_to(identifier.dimension().as_str()))
+    }
+}
+
 /// What applies to one identifier.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RulesFor<'a> {

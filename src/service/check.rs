@@ -198,6 +198,7 @@ impl Service {
                 }
             }
         };
+        self.record(&checked, request);
         let binding = (!checked.decision.allowed)
             .then(|| checked.decision.binding())
             .flatten();
@@ -237,35 +238,16 @@ impl Service {
                 RulesFor::Unlimited => exempt = true,
                 RulesFor::Blocked => blocked.push(identifier.clone()),
                 RulesFor::Rules(rules) => {
-                    // An Envoy domain's descriptor (the `envoy` dimension) is counted by the
-                    // one limit its entries find, as over gRPC: not by every limit of the
-                    // domain (4,000 of them made a 1.2 MB answer).
-                    let only = policy
-                        .envoy
-                        .as_ref()
-                        .filter(|_| std::ptr::eq(rules.as_ptr(), policy.rules.as_ptr()))
-                        .filter(|_| {
-                            identifier.dimension().as_str() == crate::domain::envoy::DIMENSION
-                        })
-                        .map(|domain| domain.rule_for(identifier));
-                    entries.extend(
-                        rules
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, _)| only.is_none_or(|rule| rule == Some(*i)))
-                            .map(|(_, rule)| rule)
-                            .filter(|r| r.applies_to(identifier.dimension().as_str()))
-                            .map(|rule| {
-                                // The policy's own rule with the caller's numbers, counted apart.
-                                match caller_rules.iter().find(|c| std::ptr::eq(c.of, rule)) {
-                                    Some(c) => CheckEntry {
-                                        limits: Some(&c.variant),
-                                        ..entry_at(&c.rule, identifier, request.cost)
-                                    },
-                                    None => entry_at(rule, identifier, request.cost),
-                                }
-                            }),
-                    );
+                    entries.extend(policy.counting(rules, identifier).map(|rule| {
+                        // The policy's own rule with the caller's numbers, counted apart.
+                        match caller_rules.iter().find(|c| std::ptr::eq(c.of, rule)) {
+                            Some(c) => CheckEntry {
+                                limits: Some(&c.variant),
+                                ..entry_at(&c.rule, identifier, request.cost)
+                            },
+                            None => entry_at(rule, identifier, request.cost),
+                        }
+                    }));
                 }
             }
         }
@@ -450,7 +432,8 @@ impl Service {
         match &result {
             Ok(decision) => {
                 self.outage.answered();
-                self.denials.remember(policy, entries, decision, cost);
+                self.denials
+                    .remember(policy, entries, decision, cost, redis_started);
                 crate::telemetry::metrics::decided(
                     policy.name.as_str(),
                     &decision.results,

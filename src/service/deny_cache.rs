@@ -105,13 +105,18 @@ impl DenyCache {
     }
 
     /// Remembers a denied check of `entries` that says when it will pass: each denial that
-    /// does, and every other result, for the shape of a later answer.
+    /// does, and every other result, for the shape of a later answer. `asked`: when the
+    /// check was sent to Redis. A denial is remembered until `asked` plus its wait less a
+    /// millisecond: Redis decided after `asked`, and the wait it answers is rounded up to
+    /// the millisecond, so the cache never denies a check Redis would already let pass (a
+    /// replay of the record then finds every cached denial where Redis would have made it).
     pub fn remember(
         &self,
         policy: &Policy,
         entries: &[CheckEntry<'_>],
         decision: &Decision,
         cost: u64,
+        asked: Instant,
     ) {
         // A concurrency denial ends whenever a lease is released: it is never known to stand.
         if decision.allowed
@@ -123,6 +128,7 @@ impl DenyCache {
             return;
         }
         let now = Instant::now();
+        let stands = |ms: u64| asked + Duration::from_millis(ms.saturating_sub(1));
         // The answer stands while its longest-waiting known denial does.
         let Some(until) = decision
             .results
@@ -130,7 +136,7 @@ impl DenyCache {
             .filter(|r| !r.outcome.allowed)
             .filter_map(|r| r.outcome.retry_after_ms)
             .max()
-            .map(|ms| now + Duration::from_millis(ms))
+            .map(stands)
         else {
             return;
         };
@@ -148,7 +154,7 @@ impl DenyCache {
             let denied_until = (!r.outcome.allowed)
                 .then_some(r.outcome.retry_after_ms)
                 .flatten()
-                .map(|ms| now + Duration::from_millis(ms));
+                .map(stands);
             let entry = Entry {
                 until: denied_until.unwrap_or(until),
                 revision: policy.revision(),

@@ -31,6 +31,7 @@ pub mod password;
 pub mod people;
 pub mod policies;
 pub mod policy_cache;
+pub mod record;
 pub mod report;
 pub mod sessions;
 pub mod signin;
@@ -76,6 +77,8 @@ pub struct Service {
     domains_folder: std::sync::Arc<std::sync::Mutex<Option<DomainsFolder>>>,
     /// Places for denied requests held by policies that wait (`SPILLWAY_MAX_WAITING`).
     waiting: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Checks on their way to the record that what-if replays read.
+    recorder: record::Recorder,
 }
 
 /// The domains folder's state, as its reader reports it.
@@ -118,6 +121,9 @@ impl Service {
         tokio::task::spawn_blocking(password::warm_up);
         service.live.spawn_flusher(service.store.clone(), shutdown);
         service
+            .recorder
+            .spawn_flusher(service.store.clone(), shutdown);
+        service
             .local
             .spawn_flusher(service.store.clone(), service.outage.clone(), shutdown);
         service
@@ -151,6 +157,7 @@ impl Service {
             rule_metrics: false,
             domains_folder: Default::default(),
             waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(10_000)),
+            recorder: Default::default(),
         }
     }
 
@@ -159,6 +166,7 @@ impl Service {
             policies: policy_cache::PolicyCache::new(config.envoy.counting),
             webhook_targets: config.webhook_targets.clone(),
             rule_metrics: config.metrics_rule_label,
+            recorder: record::Recorder::new(config.record_checks),
             waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_waiting)),
             keys: std::sync::Arc::new(keys::ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),

@@ -304,6 +304,10 @@ impl Service {
         if !self.store.delete_policy(name).await? {
             return Ok(false);
         }
+        // A policy made again under the name starts a record of its own.
+        if let Err(error) = self.store.forget_record(name.as_str()).await {
+            tracing::warn!(%error, policy = %name, "could not drop a deleted policy's recorded checks");
+        }
         self.refresh_policies().await;
         let _ = actor
             .record(

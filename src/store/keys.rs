@@ -271,6 +271,12 @@ impl Keys {
         format!("{}:{{stats}}:unused-all:{slot}", self.namespace)
     }
 
+    /// `policy`'s recorded checks, for what-if replays: a stream, one entry a check (see
+    /// `store/record.rs`).
+    pub fn record(&self, policy: &str) -> String {
+        format!("{}:record:{}", self.namespace, escape(policy))
+    }
+
     /// `policy`'s streaks of denials of hour `hour` (see `lua/streaks.lua`).
     pub fn stats_streaks(&self, policy: &str, hour: i64) -> String {
         format!(

@@ -17,6 +17,7 @@ pub mod keys;
 pub mod leases;
 pub mod people;
 pub mod policies;
+mod record;
 mod sentinel;
 pub mod sessions;
 pub mod stats;
@@ -29,6 +30,7 @@ pub use error::StoreError;
 pub use events::Event;
 pub use keys::Keys;
 pub use policies::Saved;
+pub use record::KEEP_MS as RECORD_KEEP_MS;
 
 use std::{sync::Arc, time::Duration};
 

@@ -34,8 +34,11 @@ from spillway_client.api.policies import (
     list_policies,
     list_policy_versions,
     put_policy,
+    what_if,
 )
 from spillway_client.models import (
+    WhatIfAnswer,
+    WhatIfRequest,
     AlgorithmName,
     OverrideAction,
     QuotaPeriod,
@@ -241,6 +244,15 @@ removed = called(
     OverrideList,
 )
 assert removed.overrides == [], removed
+
+# What if: the policy in force replayed over its own record changes nothing.
+replayed = called(
+    "what_if",
+    what_if.sync_detailed("client-test", client=admin, body=WhatIfRequest(last_ms=3600000)),
+    200,
+    WhatIfAnswer,
+)
+assert replayed.newly_denied == 0 and replayed.newly_allowed == 0 and replayed.complete, replayed
 
 # The audit log holds the reset with its reason.
 page = called(

@@ -47,5 +47,6 @@ mod unused;
 mod upstream_env;
 mod waiting;
 mod walkthrough;
+mod whatif;
 mod wiring;
 mod xds;

@@ -424,3 +424,56 @@ pub struct HistoryRanked {
     identifier: String,
     count: u64,
 }
+
+/// A what-if replay to run: a draft's rules over the policy's recorded checks.
+#[derive(Serialize, ToSchema)]
+pub struct WhatIfRequest {
+    /// The draft, a policy document as PUT takes it; absent: the policy in force (its
+    /// replay reproduces what happened: a check of the record).
+    policy: Option<PolicyDocument>,
+    /// How far back, in ms (1 to a day; default an hour).
+    last_ms: Option<i64>,
+}
+
+/// An identifier (or a check's identifiers, joined by ", "), a rule, and a count of checks.
+#[derive(Serialize, ToSchema)]
+pub struct WhatIfCounted {
+    identifier: String,
+    checks: u64,
+}
+
+/// The minute the replayed rules deny most.
+#[derive(Serialize, ToSchema)]
+pub struct WhatIfPeak {
+    /// Its start, ms since the epoch.
+    at_ms: i64,
+    denied: u64,
+}
+
+/// What the replayed rules would have done to the recorded checks, against what happened.
+#[derive(Serialize, ToSchema)]
+pub struct WhatIfAnswer {
+    checks: u64,
+    from_ms: Option<i64>,
+    to_ms: Option<i64>,
+    allowed_then: u64,
+    denied_then: u64,
+    allowed: u64,
+    denied: u64,
+    /// Allowed then, denied by the replayed rules.
+    newly_denied: u64,
+    /// Denied then, allowed by the replayed rules.
+    newly_allowed: u64,
+    /// Denials by the rule that bound (`override`: a blocking override; `cost`: a cost no
+    /// rule admits), in `identifier`.
+    denied_by_rule: Vec<WhatIfCounted>,
+    /// Identifiers newly denied, most first (at most 10).
+    newly_throttled: Vec<WhatIfCounted>,
+    /// Checks newly allowed, by their identifiers, most first (at most 10).
+    newly_freed: Vec<WhatIfCounted>,
+    peak_minute: Option<WhatIfPeak>,
+    /// Rules not replayed (concurrency: releases are not recorded).
+    not_replayed: Vec<String>,
+    /// False when the replay's 20 s budget ran out: the answer covers checks up to `to_ms`.
+    complete: bool,
+}

@@ -1,0 +1,56 @@
+//! What if: a draft policy replayed over the checks its policy recorded (admin keys or an
+//! admin session), before it enforces anything.
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    routing::post,
+};
+use serde_json::Value;
+
+use super::{Admin, ApiError, JsonBody, may};
+use crate::{domain::Name, domain::whatif::WhatIf, state::AppState};
+
+/// How far back a replay looks unless the request says.
+const DEFAULT_LAST_MS: i64 = 60 * 60 * 1000;
+
+pub fn router() -> axum::Router<AppState> {
+    Router::new().route("/api/v1/policies/{name}/what-if", post(what_if))
+}
+
+#[utoipa::path(post, path = "/api/v1/policies/{name}/what-if", tag = "policies", operation_id = "what_if", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::WhatIfRequest, responses((status = 200, body = crate::api::openapi::WhatIfAnswer), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 503, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn what_if(
+    State(state): State<AppState>,
+    Admin(actor, _): Admin<may::EditPolicies>,
+    Path(raw): Path<String>,
+    body: JsonBody,
+) -> Result<Json<WhatIf>, ApiError> {
+    let name = Name::parse(&raw).map_err(|m| ApiError::bad("name", m))?;
+    let Value::Object(request) = &body.0 else {
+        return Err(ApiError::bad(
+            "body",
+            "must be an object: {\"policy\": {…}, \"last_ms\": 3600000}",
+        ));
+    };
+    if let Some(unknown) = request
+        .keys()
+        .find(|k| !["policy", "last_ms"].contains(&k.as_str()))
+    {
+        return Err(ApiError::bad(
+            unknown.clone(),
+            "is not a field of a what-if request (policy, last_ms)",
+        ));
+    }
+    let last_ms = match request.get("last_ms") {
+        None | Some(Value::Null) => DEFAULT_LAST_MS,
+        Some(v) => v
+            .as_i64()
+            .ok_or_else(|| ApiError::bad("last_ms", "must be a whole number of ms"))?,
+    };
+    let draft = request.get("policy").filter(|p| !p.is_null());
+    let answer = state
+        .service()
+        .what_if(&actor, &name, draft, last_ms)
+        .await?;
+    Ok(Json(answer))
+}

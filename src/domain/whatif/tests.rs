@@ -1,0 +1,132 @@
+use serde_json::json;
+
+use super::*;
+
+const MINUTE_US: i64 = 60_000_000;
+const T0: i64 = 1_700_000_000_000_000;
+
+fn policy(doc: serde_json::Value) -> Policy {
+    Policy::from_document("api", &doc).unwrap()
+}
+
+fn check(at_us: i64, user: &str, allowed: bool) -> Recorded {
+    Recorded {
+        at_us,
+        cost: 1,
+        allowed,
+        identifiers: vec![Identifier::new("user", user).unwrap()],
+    }
+}
+
+#[test]
+fn a_line_reads_back_as_written() {
+    let recorded = Recorded {
+        at_us: T0 + 17,
+        cost: 3,
+        allowed: false,
+        identifiers: vec![
+            Identifier::new("user", "a=b c").unwrap(),
+            Identifier::new("ip", "192.0.2.1").unwrap(),
+        ],
+    };
+    assert_eq!(Recorded::from_line(&recorded.to_line()), Some(recorded));
+    assert_eq!(Recorded::from_line("12\tx\t1"), None);
+}
+
+/// A day's traffic, one request a minute from each of 20 users and 10 a minute from one
+/// heavy user, all allowed under 20 a minute: halving the limit to 5 throttles only the
+/// heavy user, 5 checks a minute, and the current rules reproduce what happened.
+#[test]
+fn halving_a_limit_names_the_heavy_user_and_counts_exactly() {
+    let mut record = Vec::new();
+    for minute in 0..60 {
+        let at = T0 + minute * MINUTE_US;
+        for u in 0..20 {
+            record.push(check(at + u * 1000, &format!("u{u}"), true));
+        }
+        for n in 0..10 {
+            record.push(check(at + 100_000 + n * 1000, "heavy", true));
+        }
+    }
+    let rule = |limit: u64| {
+        policy(
+            json!({"rules": [{"name": "per-minute", "algorithm": "fixed_window", "limit": limit, "window_ms": 60000}]}),
+        )
+    };
+    let same = replay(&rule(20), &record, || false);
+    assert_eq!(
+        (same.newly_denied, same.newly_allowed, same.denied),
+        (0, 0, 0)
+    );
+    assert!(same.complete);
+    let halved = replay(&rule(5), &record, || false);
+    assert_eq!(halved.checks, 60 * 30);
+    assert_eq!(halved.newly_denied, 60 * 5);
+    assert_eq!(
+        halved.newly_throttled,
+        vec![Counted {
+            identifier: "user=heavy".into(),
+            checks: 300
+        }]
+    );
+    assert_eq!(
+        halved.denied_by_rule,
+        vec![Counted {
+            identifier: "per-minute".into(),
+            checks: 300
+        }]
+    );
+    let peak = halved.peak_minute.unwrap();
+    let first_minute = (T0 / 1000).div_euclid(60_000) * 60_000;
+    assert_eq!(
+        (peak.at_ms, peak.denied),
+        (first_minute, 5),
+        "the first of equal minutes"
+    );
+}
+
+#[test]
+fn overrides_free_and_block_and_concurrency_is_not_replayed() {
+    let record: Vec<Recorded> = (0..4).map(|i| check(T0 + i, "vip", i < 2)).collect();
+    let with = |overrides: serde_json::Value| {
+        policy(json!({
+            "rules": [
+                {"name": "two", "algorithm": "fixed_window", "limit": 2, "window_ms": 60000},
+                {"name": "in-flight", "algorithm": "concurrency", "limit": 1, "lease_ms": 1000}
+            ],
+            "overrides": overrides,
+        }))
+    };
+    let plain = replay(&with(json!([])), &record, || false);
+    assert_eq!((plain.newly_denied, plain.newly_allowed), (0, 0));
+    assert_eq!(plain.not_replayed, vec!["in-flight".to_owned()]);
+    let free = replay(
+        &with(json!([{"match": "user=vip", "action": "unlimited"}])),
+        &record,
+        || false,
+    );
+    assert_eq!(free.newly_allowed, 2);
+    assert_eq!(free.newly_freed[0].identifier, "user=vip");
+    let blocked = replay(
+        &with(json!([{"match": "user=vip", "action": "block"}])),
+        &record,
+        || false,
+    );
+    assert_eq!(blocked.newly_denied, 2);
+    assert_eq!(blocked.denied_by_rule[0].identifier, "override");
+}
+
+#[test]
+fn a_budget_that_runs_out_stops_the_replay_and_says_so() {
+    let record: Vec<Recorded> = (0..10_000).map(|i| check(T0 + i, "a", true)).collect();
+    let rules = policy(
+        json!({"rules": [{"name": "w", "algorithm": "fixed_window", "limit": 100000, "window_ms": 60000}]}),
+    );
+    let mut asked = 0;
+    let cut = replay(&rules, &record, || {
+        asked += 1;
+        asked == 2
+    });
+    assert!(!cut.complete);
+    assert_eq!(cut.checks, 2 * 4096 - 1);
+}

@@ -1,0 +1,237 @@
+//! What if: checks recorded by two instances, replayed in the reference model. The policy in
+//! force reproduces every recorded decision (for each algorithm, costs above 1, a penalty
+//! box, a weighted rule); a draft that halves a limit names the one heavy user and the exact
+//! number of checks it would newly deny; bad drafts are 400s naming the field.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{PATIENCE, RedisServer, TestApp, eventually, spawn_app};
+
+/// `POST /api/v1/policies/{policy}/what-if` with `body`: the status and the answer.
+async fn what_if(app: &TestApp, policy: &str, body: Value) -> (u16, Value) {
+    let path = format!("/api/v1/policies/{policy}/what-if");
+    let r = app
+        .as_admin(reqwest::Method::POST, &path, Some(&body))
+        .await;
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// The replay of `body` once the record holds `checks` checks (instances write it about
+/// once a second).
+async fn replayed(app: &TestApp, policy: &str, body: Value, checks: u64) -> Value {
+    eventually(
+        "every check recorded",
+        PATIENCE,
+        async || what_if(app, policy, body.clone()).await,
+        |(status, answer)| *status == 200 && answer["checks"] == checks,
+    )
+    .await
+    .1
+}
+
+fn window(name: &str, limit: u64) -> Value {
+    json!({"name": name, "algorithm": "fixed_window", "limit": limit, "window_ms": 3_600_000})
+}
+
+#[tokio::test]
+async fn the_rules_in_force_reproduce_every_recorded_decision_of_two_instances() {
+    let redis = RedisServer::start();
+    let (a, b) = (spawn_app(&redis).await, spawn_app(&redis).await);
+    let rules = [
+        json!([window("w", 7)]),
+        json!([{"name": "sw", "algorithm": "sliding_window", "limit": 6, "window_ms": 2000}]),
+        json!([{"name": "sl", "algorithm": "sliding_log", "limit": 5, "window_ms": 1500}]),
+        json!([{"name": "tb", "algorithm": "token_bucket", "capacity": 6, "refill_tokens": 1, "refill_period_ms": 100}]),
+        json!([{"name": "lb", "algorithm": "leaky_bucket", "capacity": 5, "leak_tokens": 1, "leak_period_ms": 150}]),
+        json!([{"name": "gc", "algorithm": "gcra", "rate": 5, "period_ms": 1000, "burst": 3}]),
+        json!([{"name": "bw", "algorithm": "bucketed_window", "limit": 6, "window_ms": 2000, "bucket_ms": 500}]),
+        // Two rules, a penalty box, a rule that counts requests and one that counts double.
+        json!([
+            {"name": "boxed", "algorithm": "fixed_window", "limit": 9, "window_ms": 1000, "block_ms": 700},
+            {"name": "requests", "algorithm": "fixed_window", "limit": 6, "window_ms": 3600000, "cost": "request"},
+            {"name": "double", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 2, "refill_period_ms": 100, "cost": 2}
+        ]),
+    ];
+    for (i, rules) in rules.iter().enumerate() {
+        let policy = format!("wi-{i}");
+        a.put_policy(&policy, json!({ "rules": rules })).await;
+        // The second instance answers for it once it has read it.
+        eventually(
+            "the second instance knowing the policy",
+            PATIENCE,
+            async || {
+                b.check(json!({"policy": policy, "identifiers": {"user": "warm"}, "cost": 0}))
+                    .await
+                    .status()
+            },
+            |s| s.as_u16() == 200,
+        )
+        .await;
+        let mut made = 0;
+        let mut denied = 0;
+        for n in 0..60u64 {
+            let app = if n % 2 == 0 { &a } else { &b };
+            let user = ["ann", "bob", "cy"][(n % 3) as usize];
+            let cost = 1 + n % 3;
+            let r = app
+                .check(json!({"policy": policy, "identifiers": {"user": user}, "cost": cost}))
+                .await;
+            let status = r.status().as_u16();
+            assert!(
+                status == 200 || status == 429,
+                "{status}: {}",
+                r.text().await.unwrap()
+            );
+            made += 1;
+            denied += u64::from(status == 429);
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        assert!(
+            denied > 0 && denied < made,
+            "{policy}: {denied} of {made} denied, a test of nothing"
+        );
+        let answer = replayed(&a, &policy, json!({}), made).await;
+        assert_eq!(answer["denied_then"], denied, "{policy}: {answer}");
+        assert_eq!(
+            (
+                answer["newly_denied"].as_u64(),
+                answer["newly_allowed"].as_u64()
+            ),
+            (Some(0), Some(0)),
+            "{policy}: the replay differs from what happened: {answer}"
+        );
+        assert_eq!(answer["complete"], true);
+    }
+}
+
+/// An hour of traffic in a few seconds: twelve light users and one heavy one, all allowed
+/// under 10 an hour. Halving the limit would deny the heavy user's last five checks and no
+/// one else's; the answer says so, and the editor's draft errors name their field.
+#[tokio::test]
+async fn a_halved_limit_names_the_heavy_user_and_the_exact_count() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("wi-api", json!({"rules": [window("per-hour", 10)]}))
+        .await;
+    let mut made = 0;
+    for round in 0..10 {
+        for light in 0..12 {
+            if round < 4 {
+                let r = app
+                    .check(json!({"policy": "wi-api", "identifiers": {"user": format!("light-{light}")}}))
+                    .await;
+                assert_eq!(r.status(), 200);
+                made += 1;
+            }
+        }
+        let r = app
+            .check(json!({"policy": "wi-api", "identifiers": {"user": "heavy"}}))
+            .await;
+        assert_eq!(r.status(), 200);
+        made += 1;
+    }
+    let halved = json!({"policy": {"rules": [window("per-hour", 5)]}, "last_ms": 3_600_000});
+    let answer = replayed(&app, "wi-api", halved, made).await;
+    assert_eq!(answer["newly_denied"], 5, "{answer}");
+    assert_eq!(
+        answer["newly_throttled"],
+        json!([{"identifier": "user=heavy", "checks": 5}])
+    );
+    assert_eq!(
+        answer["denied_by_rule"],
+        json!([{"identifier": "per-hour", "checks": 5}])
+    );
+    assert_eq!(answer["peak_minute"]["denied"], 5);
+    // The draft's mistakes are the caller's, named under `policy`.
+    let (status, problem) = what_if(
+        &app,
+        "wi-api",
+        json!({"policy": {"rules": [window("per-hour", 0)]}}),
+    )
+    .await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (400, Some("policy.rules[0].limit")),
+        "{problem}"
+    );
+    let (status, problem) = what_if(&app, "wi-api", json!({"last_ms": 0})).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (400, Some("last_ms")),
+        "{problem}"
+    );
+    let (status, problem) = what_if(&app, "wi-api", json!({"polcy": {}})).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (400, Some("polcy")),
+        "{problem}"
+    );
+    let (status, _) = what_if(&app, "nope", json!({})).await;
+    assert_eq!(status, 404);
+    // Audited: who asked, of which policy.
+    let audit: Value = app
+        .as_admin(
+            reqwest::Method::GET,
+            "/api/v1/audit?action=policy.what-if",
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(audit["entries"][0]["target"], "wi-api", "{audit}");
+}
+
+/// The record's size: 100,000 checks of two identifiers each (a user of 5,000 and an
+/// address) stay 100,000 entries (the newest), in at most the bytes README states.
+#[tokio::test]
+async fn a_full_record_keeps_its_newest_checks_within_its_stated_size() {
+    use spillway::domain::{Identifier, whatif::Recorded};
+    use spillway::store::{Keys, Store};
+    let redis = RedisServer::start();
+    let store = Store::connect_with_keys(
+        &redis.url(),
+        std::time::Duration::from_secs(5),
+        Keys::default(),
+    )
+    .await
+    .unwrap();
+    let start_us = spillway::support::clock::now_us() - 3_600_000_000;
+    let max = 100_000u64;
+    for batch in 0..12i64 {
+        let checks: Vec<Recorded> = (0..10_000i64)
+            .map(|i| {
+                let n = batch * 10_000 + i;
+                Recorded {
+                    at_us: start_us + n * 1000,
+                    cost: 1,
+                    allowed: n % 7 != 0,
+                    identifiers: vec![
+                        Identifier::new("user", &format!("user-{}", n % 5000)).unwrap(),
+                        Identifier::new("ip", &format!("10.0.{}.{}", (n / 250) % 250, n % 250))
+                            .unwrap(),
+                    ],
+                }
+            })
+            .collect();
+        store.record_checks("sized", &checks, max).await.unwrap();
+    }
+    let mut conn = redis.connection();
+    let key = Keys::default().record("sized");
+    let len: u64 = redis::cmd("XLEN").arg(&key).query(&mut conn).unwrap();
+    assert!((max..max + 1000).contains(&len), "{len} entries kept");
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query(&mut conn)
+        .unwrap();
+    println!("record of {len} checks: {bytes} bytes");
+    assert!(bytes <= 8 * 1024 * 1024, "{bytes} bytes for {len} checks");
+    // The newest are kept: the oldest left is from the third batch on.
+    let read = store.recorded_checks("sized", 0, 200_000).await.unwrap();
+    assert_eq!(read.len() as u64, len);
+    assert!(read[0].at_us >= start_us + 19_000 * 1000, "{:?}", read[0]);
+    assert_eq!(read.last().unwrap().at_us, start_us + 119_999 * 1000);
+}
