@@ -1,6 +1,7 @@
 //! The record of recent checks that what-if replays read: one Redis stream per policy, an
 //! entry a check (field `c`, [`Recorded::to_line`]), appended by each instance about once a
-//! second, cut to its newest `max` entries (approximately: `MAXLEN ~`) and to the last day.
+//! second, cut to its newest `max` entries (approximately: `MAXLEN ~`) and to the last day,
+//! and gone a day after its last check.
 
 use super::{Store, StoreError};
 use crate::domain::whatif::Recorded;
@@ -43,6 +44,8 @@ impl Store {
             .arg("~")
             .arg(oldest_ms.max(0))
             .ignore();
+        // A policy no longer checked leaves no record behind.
+        pipe.cmd("PEXPIRE").arg(&key).arg(KEEP_MS).ignore();
         let () = self.query_pipe(&pipe).await?;
         Ok(())
     }
