@@ -118,6 +118,18 @@ async fn run() -> anyhow::Result<()> {
             Err(problems) => anyhow::bail!("{problems}"),
         };
     }
+    if let Command::Test { file, cases } = &command {
+        let read = |path: &std::path::PathBuf| {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+        };
+        return match cli::plan::test(&read(file)?, &read(cases)?) {
+            Ok(report) => {
+                print!("{report}");
+                Ok(())
+            }
+            Err(report) => anyhow::bail!("{report}"),
+        };
+    }
     // Before the configuration: the connection caps are clamped to what the process may open.
     let open_files = spillway::config::capacity::raise_open_files();
     let config = Config::from_env().context("reading the configuration")?;
@@ -152,7 +164,20 @@ async fn run() -> anyhow::Result<()> {
             let service = connect(&config).await?;
             print!("{}", cli::people_command(&service, command).await?);
         }
-        Command::Validate { .. } => unreachable!("answered before the configuration is read"),
+        Command::Validate { .. } | Command::Test { .. } => {
+            unreachable!("answered before the configuration is read")
+        }
+        Command::Plan { file, last_ms } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let service = connect(&config).await?;
+            let (report, denies) = cli::plan::plan(&service, &text, last_ms).await?;
+            print!("{report}");
+            if denies {
+                // For CI: the file would deny checks that were let through.
+                std::process::exit(3);
+            }
+        }
         Command::Import { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;

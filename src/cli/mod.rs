@@ -2,6 +2,7 @@
 //! code, so they can live in git and be restored after losing Redis.
 
 pub mod demo;
+pub mod plan;
 
 use std::path::PathBuf;
 
@@ -30,6 +31,16 @@ pub enum Command {
     /// Checks Envoy domain files without a server.
     Validate {
         files: Vec<PathBuf>,
+    },
+    /// What a policy file would change, with a replay over the recorded checks.
+    Plan {
+        file: PathBuf,
+        last_ms: i64,
+    },
+    /// Expected decisions of a policy file's rules, offline.
+    Test {
+        file: PathBuf,
+        cases: PathBuf,
     },
     /// `user add|set-password|set-role|remove|list`, `key add|list|revoke`.
     People(PeopleCommand),
@@ -140,6 +151,20 @@ enum PolicyArgs {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// What a file (as import takes it) would change: each policy's fields against the
+    /// stored ones, and a replay of its rules over the recorded checks. Exits 3 when a check
+    /// would newly be denied, for CI pipelines.
+    Plan {
+        file: PathBuf,
+        /// How far back to replay: 1h, 30m, 90s, or ms (at most a day).
+        #[arg(long, default_value = "1h")]
+        last: String,
+    },
+    /// Checks expected decisions (CASES, JSON or TOML: `[[cases]]` with `name`, `policy` and
+    /// `checks` of `identifiers`, `expect = "allowed"|"denied"`, optional `at_ms`, `cost`,
+    /// `rule`) against FILE's policies with the reference model, offline. Exits 1 naming
+    /// each failed check.
+    Test { file: PathBuf, cases: PathBuf },
 }
 
 #[derive(clap::Subcommand)]
@@ -211,6 +236,18 @@ pub fn parse(args: &[String]) -> Result<Command, clap::Error> {
         Top::Policy {
             command: PolicyArgs::Validate { files },
         } => Command::Validate { files },
+        Top::Policy {
+            command: PolicyArgs::Plan { file, last },
+        } => Command::Plan {
+            file,
+            last_ms: plan::look_back_ms(&last).map_err(|m| {
+                use clap::CommandFactory;
+                Args::command().error(clap::error::ErrorKind::InvalidValue, m)
+            })?,
+        },
+        Top::Policy {
+            command: PolicyArgs::Test { file, cases },
+        } => Command::Test { file, cases },
         Top::User { command } => Command::People(match command {
             UserArgs::Add {
                 name,
@@ -503,89 +540,4 @@ pub fn validate(files: &[PathBuf]) -> Result<String, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn commands_parse() {
-        let parse = |list: &[&str]| parse(&args(list)).map_err(|e| e.to_string());
-        assert_eq!(parse(&[]), Ok(Command::Serve));
-        assert_eq!(parse(&["serve"]), Ok(Command::Serve));
-        assert_eq!(
-            parse(&["policy", "export", "--format", "toml"]),
-            Ok(Command::Export {
-                format: Format::Toml,
-                output: None
-            })
-        );
-        assert_eq!(
-            parse(&["policy", "import", "p.json"]),
-            Ok(Command::Import {
-                file: "p.json".into()
-            })
-        );
-        assert!(parse(&["policy", "export", "--format", "xml"]).is_err());
-        assert!(parse(&["frobnicate"]).is_err());
-        // Help for every level is an answer, not an "unknown argument".
-        for help in [
-            &["--help"][..],
-            &["user", "--help"],
-            &["policy", "export", "--help"],
-        ] {
-            let error = super::parse(&args(help)).unwrap_err();
-            assert_eq!(
-                error.kind(),
-                clap::error::ErrorKind::DisplayHelp,
-                "{help:?}"
-            );
-        }
-        assert_eq!(
-            parse(&[
-                "user",
-                "add",
-                "ann",
-                "--role",
-                "support",
-                "--password-stdin"
-            ]),
-            Ok(Command::People(PeopleCommand::UserAdd {
-                name: "ann".into(),
-                role: Role::Support,
-                password_stdin: true
-            }))
-        );
-        assert!(parse(&["user", "add", "ann", "--role", "root"]).is_err());
-        assert_eq!(
-            parse(&["key", "add", "billing", "--role", "admin"]),
-            Ok(Command::People(PeopleCommand::KeyAdd {
-                name: "billing".into(),
-                role: KeyRole::Admin
-            }))
-        );
-    }
-
-    #[test]
-    fn a_bad_policy_anywhere_refuses_the_whole_document() {
-        let text = r#"{"policies": {
-            "good": {"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]},
-            "bad": {"rules": [{"name": "r", "algorithm": "fixed_window", "limit": 0, "window_ms": 1000}]}}}"#;
-        let err = parse_document(text).unwrap_err();
-        assert_eq!(err.field, "policies.bad.rules[0].limit");
-    }
-
-    #[test]
-    fn toml_and_json_exports_read_back_the_same() {
-        let policy = crate::service::policies::demo_policy();
-        let mut map = Map::new();
-        map.insert("demo".into(), policy.document());
-        let doc = serde_json::json!({ "policies": map });
-        let from_json = parse_document(&serde_json::to_string(&doc).unwrap()).unwrap();
-        let from_toml = parse_document(&toml::to_string_pretty(&doc).unwrap()).unwrap();
-        assert_eq!(from_json, vec![policy.clone()]);
-        assert_eq!(from_toml, vec![policy]);
-    }
-}
+mod tests;

@@ -156,6 +156,46 @@ pub fn replay(
     out
 }
 
+/// A policy's rules in the reference model, with state: checks decided one after another,
+/// as `service::check` decides them (for `spillway policy test`, and the replay).
+pub struct Model<'p> {
+    policy: &'p Policy,
+    states: HashMap<String, EntryState>,
+}
+
+/// What the model made of one check: allowed, or denied with the rule (`override`, `cost`)
+/// and identifier that bound.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    Denied { rule: String, identifier: String },
+}
+
+impl<'p> Model<'p> {
+    /// `policy` from no state.
+    pub fn new(policy: &'p Policy) -> Self {
+        Self {
+            policy,
+            states: HashMap::new(),
+        }
+    }
+
+    /// Decides a check of `cost` with `identifiers` at `at_us` (µs since the epoch; each
+    /// check no earlier than the one before).
+    pub fn check(&mut self, at_us: i64, cost: u64, identifiers: &[Identifier]) -> Verdict {
+        let check = Recorded {
+            at_us,
+            cost,
+            allowed: true,
+            identifiers: identifiers.to_vec(),
+        };
+        match decide(self.policy, &check, &mut self.states) {
+            Replayed::Allowed => Verdict::Allowed,
+            Replayed::Denied(rule, identifier) => Verdict::Denied { rule, identifier },
+        }
+    }
+}
+
 /// `check` under `policy`, stepping `states` (keyed by rule, its numbers and identifier).
 fn decide(policy: &Policy, check: &Recorded, states: &mut HashMap<String, EntryState>) -> Replayed {
     let now_ms = check.at_us.div_euclid(1000);

@@ -169,6 +169,20 @@ impl Service {
         draft: Option<&serde_json::Value>,
         look_back_ms: i64,
     ) -> Result<WhatIf, WhatIfError> {
+        let draft = draft
+            .map(|doc| Policy::from_document(name.as_str(), doc).map_err(WhatIfError::Draft))
+            .transpose()?;
+        self.what_if_policy(actor, name, draft, look_back_ms).await
+    }
+
+    /// [`Service::what_if`] of a parsed draft (`spillway policy plan`'s file).
+    pub async fn what_if_policy(
+        &self,
+        actor: &Actor,
+        name: &Name,
+        draft: Option<Policy>,
+        look_back_ms: i64,
+    ) -> Result<WhatIf, WhatIfError> {
         if !(1..=MAX_LOOK_BACK_MS).contains(&look_back_ms) {
             return Err(WhatIfError::Invalid {
                 field: "last_ms",
@@ -179,14 +193,14 @@ impl Service {
             .stored_policy(name)
             .await?
             .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
-        let policy = match draft {
-            None => current,
-            Some(doc) => Policy::from_document(name.as_str(), doc).map_err(WhatIfError::Draft)?,
-        };
+        let is_draft = draft.is_some();
+        let policy = draft.unwrap_or(current);
         let since_ms = super::now_ms() - look_back_ms;
+        // A command's service records nothing itself: it reads what the servers recorded.
         let max = usize::try_from(self.recorder.max)
-            .unwrap_or(usize::MAX)
-            .max(1);
+            .ok()
+            .filter(|&m| m > 0)
+            .unwrap_or(crate::config::MAX_RECORD_CHECKS as usize);
         let record = self
             .store
             .recorded_checks(name.as_str(), since_ms, max)
@@ -203,7 +217,7 @@ impl Service {
         .expect("the replay does not panic");
         drop(cancel);
         let after = serde_json::json!({
-            "draft": draft.is_some(),
+            "draft": is_draft,
             "last_ms": look_back_ms,
             "checks": answer.checks,
             "newly_denied": answer.newly_denied,

@@ -235,3 +235,109 @@ async fn a_full_record_keeps_its_newest_checks_within_its_stated_size() {
     assert!(read[0].at_us >= start_us + 19_000 * 1000, "{:?}", read[0]);
     assert_eq!(read.last().unwrap().at_us, start_us + 119_999 * 1000);
 }
+
+fn spillway(redis: &RedisServer, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args(args)
+        .env("REDIS_URL", redis.url())
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap()
+}
+
+/// `spillway policy plan` in a pipeline: a file that halves a limit names the rule it
+/// changes and the heavy user it would throttle, and exits 3; the file of the rules in force
+/// exits 0. `spillway policy test` checks cases offline, and exits 1 naming a wrong one.
+#[tokio::test]
+async fn a_plan_exits_3_when_a_file_would_deny_what_was_let_through() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("wi-plan", json!({"rules": [window("per-hour", 4)]}))
+        .await;
+    for who in ["heavy", "heavy", "heavy", "heavy", "light"] {
+        let r = app
+            .check(json!({"policy": "wi-plan", "identifiers": {"user": who}}))
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    replayed(&app, "wi-plan", json!({}), 5).await;
+    let dir = std::env::temp_dir().join(format!("spillway-plan-{}", redis.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = |name: &str, limit: u64| {
+        let path = dir.join(name);
+        let doc = json!({"policies": {"wi-plan": {"rules": [window("per-hour", limit)]}}});
+        std::fs::write(&path, doc.to_string()).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let halved = spillway(
+        &redis,
+        &["policy", "plan", &file("halved.json", 2), "--last", "1h"],
+    );
+    let said = String::from_utf8_lossy(&halved.stdout);
+    assert_eq!(
+        halved.status.code(),
+        Some(3),
+        "{said}{}",
+        String::from_utf8_lossy(&halved.stderr)
+    );
+    assert!(said.contains("rules.per-hour:"), "{said}");
+    assert!(said.contains("2 newly denied"), "{said}");
+    assert!(
+        said.contains("newly throttled: user=heavy (2 checks)"),
+        "{said}"
+    );
+    let same = spillway(&redis, &["policy", "plan", &file("same.json", 4)]);
+    assert_eq!(same.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&same.stdout).contains("wi-plan: unchanged"));
+    // Offline: no Redis is asked (the address given is closed).
+    let cases = dir.join("cases.toml");
+    std::fs::write(
+        &cases,
+        r#"
+[[cases]]
+name = "two an hour, then denied"
+policy = "wi-plan"
+checks = [
+  { identifiers = { user = "ann" }, expect = "allowed" },
+  { identifiers = { user = "ann" }, expect = "allowed" },
+  { identifiers = { user = "ann" }, expect = "denied", rule = "per-hour" },
+  { identifiers = { user = "ann" }, at_ms = 3600000, expect = "allowed" },
+]
+"#,
+    )
+    .unwrap();
+    let tested = std::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
+        .args([
+            "policy",
+            "test",
+            &file("halved.json", 2),
+            cases.to_str().unwrap(),
+        ])
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(
+        tested.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&tested.stdout).contains("ok: two an hour, then denied (4 checks)")
+    );
+    let wrong = spillway(
+        &redis,
+        &[
+            "policy",
+            "test",
+            &file("same.json", 4),
+            cases.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(wrong.status.code(), Some(1));
+    let why = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        why.contains("checks[2] at 0 ms: expected denied by per-hour, got allowed"),
+        "{why}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
