@@ -403,6 +403,7 @@ impl Modify for CommonProblems {
         super::policies::add_override,
         super::policies::remove_override,
         super::whatif::what_if,
+        super::whatif::suggestions,
         super::identifiers::inspect,
         super::identifiers::reset,
         super::identifiers::undo_reset,
@@ -425,7 +426,7 @@ impl Modify for CommonProblems {
         AlertRuleDocument, AlertCondition, AlertsDocument,
         LeaseRequest, LeaseReleased, LeaseRelease, LeaseRenewed, LeaseRenewal,
         ReportRequest, ReportedRule, ReportResponse,
-        WhatIfRequest, WhatIfCounted, WhatIfPeak, WhatIfAnswer)),
+        WhatIfRequest, WhatIfCounted, WhatIfPeak, WhatIfAnswer, TopLimit, LimitSuggestion)),
     modifiers(&BearerAuth, &CommonProblems),
     security(("api_key" = [])),
     tags(

@@ -4,18 +4,23 @@
 use axum::{
     Json, Router,
     extract::{Path, State},
-    routing::post,
+    routing::{get, post},
 };
 use serde_json::Value;
 
 use super::{Admin, ApiError, JsonBody, may};
-use crate::{domain::Name, domain::whatif::WhatIf, state::AppState};
+use crate::{
+    domain::{Name, suggest::Suggestion, whatif::WhatIf},
+    state::AppState,
+};
 
 /// How far back a replay looks unless the request says.
 const DEFAULT_LAST_MS: i64 = 60 * 60 * 1000;
 
 pub fn router() -> axum::Router<AppState> {
-    Router::new().route("/api/v1/policies/{name}/what-if", post(what_if))
+    Router::new()
+        .route("/api/v1/policies/{name}/what-if", post(what_if))
+        .route("/api/v1/policies/{name}/suggestions", get(suggestions))
 }
 
 #[utoipa::path(post, path = "/api/v1/policies/{name}/what-if", tag = "policies", operation_id = "what_if", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$")), request_body = crate::api::openapi::WhatIfRequest, responses((status = 200, body = crate::api::openapi::WhatIfAnswer), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 415, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 503, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
@@ -51,6 +56,32 @@ pub(super) async fn what_if(
     let answer = state
         .service()
         .what_if(&actor, &name, draft, last_ms)
+        .await?;
+    Ok(Json(answer))
+}
+
+/// `rule`: the rule to suggest a limit for; `last_ms`: how far back (an hour unless said).
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(super) struct SuggestionsQuery {
+    /// The rule (with a window) to suggest limits for.
+    rule: String,
+    /// How far back, in ms (1 to a day; default an hour).
+    last_ms: Option<i64>,
+}
+
+#[utoipa::path(get, path = "/api/v1/policies/{name}/suggestions", tag = "policies", operation_id = "suggest_limits", params(("name" = String, Path, description = "Policy name", pattern = "^[a-z0-9][a-z0-9_-]{0,63}$"), SuggestionsQuery), responses((status = 200, body = crate::api::openapi::LimitSuggestion), (status = 400, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 401, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 404, body = crate::api::openapi::Problem, content_type = "application/problem+json"), (status = 503, body = crate::api::openapi::Problem, content_type = "application/problem+json")))]
+pub(super) async fn suggestions(
+    State(state): State<AppState>,
+    Admin(..): Admin<may::EditPolicies>,
+    Path(raw): Path<String>,
+    query: Result<axum::extract::Query<SuggestionsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Suggestion>, ApiError> {
+    let name = Name::parse(&raw).map_err(|m| ApiError::bad("name", m))?;
+    let axum::extract::Query(query) = query.map_err(|e| ApiError::bad("rule", e.body_text()))?;
+    let answer = state
+        .service()
+        .suggest_limits(&name, &query.rule, query.last_ms.unwrap_or(DEFAULT_LAST_MS))
         .await?;
     Ok(Json(answer))
 }

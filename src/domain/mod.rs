@@ -47,6 +47,7 @@ pub mod people;
 pub mod policy;
 pub mod preview;
 pub mod rule;
+pub mod suggest;
 pub mod throttle;
 pub mod time;
 pub mod whatif;

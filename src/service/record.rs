@@ -196,11 +196,7 @@ impl Service {
         let is_draft = draft.is_some();
         let policy = draft.unwrap_or(current);
         let since_ms = super::now_ms() - look_back_ms;
-        // A command's service records nothing itself: it reads what the servers recorded.
-        let max = usize::try_from(self.recorder.max)
-            .ok()
-            .filter(|&m| m > 0)
-            .unwrap_or(crate::config::MAX_RECORD_CHECKS as usize);
+        let max = self.record_max();
         let record = self
             .store
             .recorded_checks(name.as_str(), since_ms, max)
@@ -235,5 +231,49 @@ impl Service {
             )
             .await;
         Ok(answer)
+    }
+
+    /// Suggested limits for `rule` of the policy `name` in force, from its checks of the
+    /// last `look_back_ms` (see `domain::suggest`).
+    pub async fn suggest_limits(
+        &self,
+        name: &Name,
+        rule: &str,
+        look_back_ms: i64,
+    ) -> Result<crate::domain::suggest::Suggestion, WhatIfError> {
+        if !(1..=MAX_LOOK_BACK_MS).contains(&look_back_ms) {
+            return Err(WhatIfError::Invalid {
+                field: "last_ms",
+                message: format!("must be from 1 to {MAX_LOOK_BACK_MS} (the record keeps a day)"),
+            });
+        }
+        let policy = self
+            .stored_policy(name)
+            .await?
+            .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
+        let since_ms = super::now_ms() - look_back_ms;
+        let record = self
+            .store
+            .recorded_checks(name.as_str(), since_ms, self.record_max())
+            .await?;
+        let rule = rule.to_owned();
+        tokio::task::spawn_blocking(move || {
+            crate::domain::suggest::suggest(&policy, &rule, &record)
+        })
+        .await
+        .expect("suggestions do not panic")
+        .map_err(|message| WhatIfError::Invalid {
+            field: "rule",
+            message,
+        })
+    }
+
+    /// The most recorded checks a replay reads: this instance's setting; a command's
+    /// service, which records nothing itself, reads what the servers recorded.
+    fn record_max(&self) -> usize {
+        usize::try_from(self.recorder.max)
+            .ok()
+            .filter(|&m| m > 0)
+            .unwrap_or(crate::config::MAX_RECORD_CHECKS as usize)
     }
 }

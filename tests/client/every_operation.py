@@ -34,9 +34,11 @@ from spillway_client.api.policies import (
     list_policies,
     list_policy_versions,
     put_policy,
+    suggest_limits,
     what_if,
 )
 from spillway_client.models import (
+    LimitSuggestion,
     WhatIfAnswer,
     WhatIfRequest,
     AlgorithmName,
@@ -253,6 +255,13 @@ replayed = called(
     WhatIfAnswer,
 )
 assert replayed.newly_denied == 0 and replayed.newly_allowed == 0 and replayed.complete, replayed
+suggested = called(
+    "suggest_limits",
+    suggest_limits.sync_detailed("client-test", client=admin, rule="per-minute"),
+    200,
+    LimitSuggestion,
+)
+assert suggested.rule == "per-minute" and suggested.window_ms == 60000, suggested
 
 # The audit log holds the reset with its reason.
 page = called(

@@ -1222,7 +1222,7 @@ async fn the_typescript_client_against_a_real_server() {
         "circuit breaker: ok",
         "error causes: ok",
         "fake under the Express middleware: ok",
-        "generated client: called 31 operations",
+        "generated client: called 32 operations",
     ] {
         assert!(out.contains(part), "{out}");
     }

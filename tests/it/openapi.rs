@@ -28,6 +28,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/policies/{name}/overrides"),
     ("delete", "/api/v1/policies/{name}/overrides/{index}"),
     ("post", "/api/v1/policies/{name}/what-if"),
+    ("get", "/api/v1/policies/{name}/suggestions"),
     ("get", "/api/v1/identifiers/{dimension}/{value}"),
     ("delete", "/api/v1/identifiers/{dimension}/{value}"),
     ("post", "/api/v1/resets/{token}/undo"),

@@ -142,6 +142,35 @@ async fn a_halved_limit_names_the_heavy_user_and_the_exact_count() {
         json!([{"identifier": "per-hour", "checks": 5}])
     );
     assert_eq!(answer["peak_minute"]["denied"], 5);
+    // The suggestion for the top one: the busiest light user's count, 4, throttles only the
+    // heavy user (10 in the hour), and its replay denies exactly the heavy user's 6 over it.
+    let suggested: Value = app
+        .as_admin(
+            reqwest::Method::GET,
+            "/api/v1/policies/wi-api/suggestions?rule=per-hour",
+            None,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        suggested["limits"][0],
+        json!({"top": 1, "limit": 4, "throttled": ["user=heavy"], "newly_denied": 6}),
+        "{suggested}"
+    );
+    assert_eq!(
+        (suggested["identifiers"].as_u64(), suggested["max"].as_u64()),
+        (Some(13), Some(10))
+    );
+    let r = app
+        .as_admin(
+            reqwest::Method::GET,
+            "/api/v1/policies/wi-api/suggestions?rule=nope",
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), 400);
     // The draft's mistakes are the caller's, named under `policy`.
     let (status, problem) = what_if(
         &app,

@@ -63,6 +63,7 @@ async def setup(admin):
         },
         "py-wait": {"rules": [{"name": "second", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}]},
         "py-wait-lease": {"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 30000}]},
+        "py-export": {"rules": [{"name": "one", "algorithm": "concurrency", "limit": 1, "lease_ms": 30000}]},
     }
     for name, doc in policies.items():
         r = await admin.put(f"/api/v1/policies/{name}", json=doc)
@@ -266,6 +267,35 @@ async def asgi_middleware(admin):
         second = await http.get("/slow", headers={"x-user": "sam"})
         assert second.status_code == 429, "the slow request's lease ran out"
         assert (await first).status_code == 200
+    # A caller that goes away does not free the slot while the app still works: the export
+    # below hears http.disconnect at once, keeps working 2.5 s, and holds the one slot until
+    # it is done.
+    exporting = []
+
+    async def export_app(scope, receive, send):
+        exporting.append(await receive())
+        await asyncio.sleep(2.5)
+        await app(scope, receive, send)
+
+    export = SpillwayMiddleware(
+        export_app, client=spillway, policy="py-export", identify=lambda scope: {"user": header(scope, "x-user")}
+    )
+    scope = {"type": "http", "method": "GET", "path": "/export", "headers": [(b"x-user", b"eve")], "query_string": b""}
+
+    async def gone():
+        return {"type": "http.disconnect"}
+
+    async def nowhere(message):
+        pass
+
+    running = asyncio.ensure_future(export(scope, gone, nowhere))
+    await asyncio.sleep(1.0)
+    assert exporting == [{"type": "http.disconnect"}], exporting
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=export), base_url="http://service") as http:
+        r = await http.get("/export", headers={"x-user": "eve"})
+        assert r.status_code == 429, "a disconnect freed the slot of work still running"
+    await running
+    assert await remaining(admin, "py-export", "eve", "one") == 1, "the export's lease was not released when it ended"
     await spillway.aclose()
     print("ASGI middleware: ok")
 

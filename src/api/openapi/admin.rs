@@ -477,3 +477,28 @@ pub struct WhatIfAnswer {
     /// False when the replay's 20 s budget ran out: the answer covers checks up to `to_ms`.
     complete: bool,
 }
+
+/// A limit that would have throttled only the busiest identifiers.
+#[derive(Serialize, ToSchema)]
+pub struct TopLimit {
+    top: u64,
+    limit: u64,
+    /// The identifiers whose busiest window is above `limit`.
+    throttled: Vec<String>,
+    /// Checks a replay of the policy with this limit newly denies.
+    newly_denied: u64,
+}
+
+/// Suggested limits for a rule, from the recorded checks: each identifier's busiest window.
+#[derive(Serialize, ToSchema)]
+pub struct LimitSuggestion {
+    rule: String,
+    window_ms: u64,
+    limit_now: u64,
+    identifiers: u64,
+    p50: u64,
+    p99: u64,
+    max: u64,
+    /// For the top 1, 2 and 3 identifiers.
+    limits: Vec<TopLimit>,
+}

@@ -112,6 +112,8 @@ assert.ok(askedCsv.error?.detail.includes("/api/v1/history/csv"));
 // What if: the policy in force replayed over its own record changes nothing.
 const replayed = ok("what_if", await admin.POST("/api/v1/policies/{name}/what-if", { ...params("ts-generated"), body: { last_ms: 3_600_000 } }), 200);
 assert.ok(replayed.newly_denied === 0 && replayed.newly_allowed === 0 && replayed.complete, JSON.stringify(replayed));
+const suggested = ok("suggest_limits", await admin.GET("/api/v1/policies/{name}/suggestions", { params: { path: { name: "ts-generated" }, query: { rule: "per-minute" } } }), 200);
+assert.equal(suggested.limit_now, 3);
 const alert = ok("put_alert", await admin.PUT("/api/v1/alerts/{name}", {
   params: { path: { name: "ts-alert" } },
   body: {
