@@ -63,6 +63,7 @@ pub const SERVER_FN_ACTIONS: &[(&str, Action)] = &[
     ("/fn/domains_folder", Action::View),
     ("/fn/policy", Action::View),
     ("/fn/policy_save", Action::EditPolicies),
+    ("/fn/policy_what_if", Action::EditPolicies),
     ("/fn/envoy_import", Action::EditPolicies),
     ("/fn/envoy_save", Action::EditPolicies),
     ("/fn/policy_rollback", Action::EditPolicies),

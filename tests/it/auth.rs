@@ -1076,6 +1076,17 @@ async fn every_role_gets_what_it_may_on_every_route() {
             [200, 403, 403, 401, 401, 401],
         ),
         (
+            "policy_what_if",
+            vec![
+                ("name", "matrix2"),
+                (
+                    "draft",
+                    r#"{"description":"","shadow":false,"failure_closed":false,"rules":[{"name":"r","algorithm":"fixed_window","limit":"2","window_ms":"1000"}],"field":"","message":""}"#,
+                ),
+            ],
+            [200, 403, 403, 401, 401, 401],
+        ),
+        (
             "override_add",
             vec![
                 ("name", "matrix2"),

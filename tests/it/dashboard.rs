@@ -840,6 +840,92 @@ async fn a_failed_save_without_javascript_comes_back_with_what_was_typed() {
     assert_eq!(r.status(), 404);
 }
 
+/// "What would this do?" without JavaScript: the editor's form posted with
+/// `intent=what-if` saves nothing and comes back with the draft in the address, where the
+/// page replays it over the recorded checks: the heavy user a halved limit would throttle.
+#[tokio::test]
+async fn what_would_this_do_replays_the_draft_without_javascript_and_saves_nothing() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = |limit: u64| json!({"rules": [{"name": "per-hour", "algorithm": "fixed_window", "limit": limit, "window_ms": 3600000}]});
+    app.put_policy("asked", rule(4)).await;
+    for who in ["heavy", "heavy", "heavy", "heavy", "light"] {
+        let r = app
+            .check(json!({"policy": "asked", "identifiers": {"user": who}}))
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    crate::helpers::eventually(
+        "the checks recorded",
+        crate::helpers::PATIENCE,
+        async || {
+            app.as_admin(
+                reqwest::Method::POST,
+                "/api/v1/policies/asked/what-if",
+                Some(&json!({})),
+            )
+            .await
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()["checks"]
+                .as_u64()
+        },
+        |n| *n == Some(5),
+    )
+    .await;
+    let mut v = admin(&app, &redis).await;
+    let csrf = v.csrf().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(app.url("/fn/policy_save"))
+        .header(header::COOKIE, v.cookie_header().unwrap())
+        .header(header::ORIGIN, v.origin())
+        .header(header::ACCEPT, "text/html,application/xhtml+xml")
+        .header(header::REFERER, app.url("/policy?name=asked"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("name", "asked"),
+            ("version", "1"),
+            ("description", "halved"),
+            ("rules[0][name]", "per-hour"),
+            ("rules[0][algorithm]", "fixed_window"),
+            ("rules[0][limit]", "2"),
+            ("rules[0][window_ms]", "1"),
+            ("rules[0][window_unit]", "h"),
+            ("intent", "what-if"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FOUND);
+    let location = r.headers()[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(
+        location.contains("whatif=1") && location.contains("draft="),
+        "{location}"
+    );
+    let page = v.get(&location).await.text().await.unwrap();
+    for text in [
+        r#"data-testid="what-if""#,
+        "2 that were let through would be denied",
+        "user=heavy",
+        r#"value="halved""#,
+    ] {
+        assert!(page.contains(text), "the page says {text:?}: {page}");
+    }
+    // Nothing was saved: still version 1, limit 4.
+    let stored = app.get_policy("asked").await;
+    assert_eq!(
+        (
+            stored["version"].as_u64(),
+            stored["rules"][0]["limit"].as_u64()
+        ),
+        (Some(1), Some(4))
+    );
+}
+
 #[tokio::test]
 async fn a_delete_takes_the_policys_name_typed() {
     let redis = RedisServer::start();

@@ -13,6 +13,8 @@ use crate::domain::people::Action;
 
 mod overrides;
 pub use overrides::*;
+mod whatif;
+pub use whatif::*;
 
 #[cfg(feature = "ssr")]
 fn state() -> crate::state::AppState {
@@ -291,6 +293,7 @@ mod form_save {
         #[server(default)] wait: String,
         #[server(default)] max_wait_ms: String,
         #[server(default)] rules: Vec<RuleForm>,
+        #[server(default)] intent: String,
     ) -> Result<u64, AppError> {
         let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
         let mut typed = crate::app::policies::Draft {
@@ -304,6 +307,15 @@ mod form_save {
             rules,
             ..crate::app::policies::Draft::default()
         };
+        // "What would this do?" without JavaScript: nothing is saved; back to the editor
+        // with the draft, whose page replays it.
+        if intent == "what-if" {
+            crate::app::guard::back_from_a_form(&crate::app::policies::whatif::what_if_address(
+                name.trim(),
+                &typed,
+            ));
+            return Ok(version);
+        }
         let saved = save_fields(&caller, &name, version, &typed).await;
         match &saved {
             // Without JavaScript, back to the policy as saved (the address may still carry the
@@ -334,14 +346,10 @@ fn keep_the_draft(name: &str, draft: super::Draft) {
     ));
 }
 
+/// The policy the editor's fields describe, or the first field that is wrong (named as the
+/// form names it).
 #[cfg(feature = "ssr")]
-async fn save_fields(
-    caller: &crate::app::guard::Caller,
-    name: &str,
-    version: u64,
-    typed: &super::Draft,
-) -> Result<u64, AppError> {
-    use crate::domain::Policy;
+fn draft_policy(name: &str, typed: &super::Draft) -> Result<crate::domain::Policy, AppError> {
     let rules = typed.rules.as_slice();
     let mut doc = document_of(
         &typed.description,
@@ -363,9 +371,19 @@ async fn save_fields(
             .parse::<u64>()
             .map_or_else(|_| serde_json::json!(raw), serde_json::Value::from);
     }
-    let mut policy = Policy::from_document(name.trim(), &doc)
+    crate::domain::Policy::from_document(name.trim(), &doc)
         .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
-        .map_err(|e| AppError::bad_input(&super::field_in_form(&e.field, rules), e.message))?;
+        .map_err(|e| AppError::bad_input(&super::field_in_form(&e.field, rules), e.message))
+}
+
+#[cfg(feature = "ssr")]
+async fn save_fields(
+    caller: &crate::app::guard::Caller,
+    name: &str,
+    version: u64,
+    typed: &super::Draft,
+) -> Result<u64, AppError> {
+    let mut policy = draft_policy(name, typed)?;
     let state = state();
     // Overrides are edited on their own; keep them.
     if let Some(before) = state

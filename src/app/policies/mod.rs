@@ -10,6 +10,7 @@ mod form;
 mod list;
 mod pages;
 mod preview;
+mod whatif;
 mod words;
 
 pub use actions::*;

@@ -12,6 +12,7 @@ use leptos_router::{
 };
 
 use super::preview::*;
+use super::whatif::{WhatIfButton, WhatIfCard};
 use super::words::*;
 use super::{
     AddOverride, DeletePolicy, Draft, RemoveOverride, RollbackPolicy, RuleForm, SaveEnvoyFile,
@@ -353,6 +354,7 @@ pub fn PolicyPage() -> impl IntoView {
                         // previewed on the server; hydrated, the form is read as it changes.
                         let typed_rules = draft().map(|d| rules_of(&p.name, &d.rules));
                         let preview_name = p.name.clone();
+                        let (what_if_name, what_if_card) = (p.name.clone(), p.name.clone());
                         let counting = p.envoy_counting.clone().unwrap_or_default();
                         let wiring = p.envoy_wiring.clone();
                         let unmatched = p.envoy_unmatched.clone();
@@ -445,6 +447,7 @@ pub fn PolicyPage() -> impl IntoView {
                             {traffic}
                             {unused_note(&p.unused, p.strict)}
                             {envoy_editor}
+                            {(p.exists && can_edit).then(|| view! { <WhatIfCard name=what_if_card/> })}
                             <section class="card" aria-labelledby="edit-heading" hidden=is_envoy>
                                 <h2 id="edit-heading">{if p.exists { format!("Version {}", p.version) } else { "Not saved yet".to_owned() }}</h2>
                                 <ActionForm action=save attr:class="stack policy-form">
@@ -461,7 +464,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     {error_for("rules".into())}
                                     <datalist id="cost-models"><option value="units"/><option value="request"/></datalist>
                                     <div class="rules" on:input=read_draft on:change=read_draft>{rule_rows}</div>
-                                    {can_edit.then(|| view! { <button type="submit">"Save policy"</button> })}
+                                    {can_edit.then(|| view! { <div class="row"><button type="submit">"Save policy"</button><WhatIfButton name=what_if_name/></div> })}
                                 </ActionForm>
                             </section>
                             <Preview name=preview_name document=document typed=typed_rules draft=draft_rules/>
