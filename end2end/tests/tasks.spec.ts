@@ -1,6 +1,6 @@
 import { expect, test } from "./fixtures/test";
 import { signIn, waitForHydration } from "./fixtures/people";
-import { check, putPolicy, shot } from "./fixtures/api";
+import { check, putPolicy, recorded, shot } from "./fixtures/api";
 
 // The tasks the dashboard is for, as its people do them: an admin's first look, support
 // with "bob says he is blocked", and a delete that asks first. Each runs hydrated and with
@@ -211,6 +211,31 @@ test("a misspelt dimension beside a correct one shows on the overview's strip an
   await page.goto(`/policy?name=${policy}#unused`);
   await expect(page.getByTestId("unused-dimensions")).toContainText("refused with 400");
   await shot(page, "unused");
+});
+
+test("an admin halves a limit, sees whom it would have throttled, and backs out unsaved", async ({ page }, testInfo) => {
+  const hydrated = testInfo.project.name === "hydrated";
+  const policy = `whatif-${testInfo.project.name}`;
+  await signIn(page);
+  await putPolicy(page, policy, { rules: [hour("per-user", 4, "user")] });
+  for (const who of ["heavy", "heavy", "heavy", "heavy", "light"]) expect(await check(page, policy, { user: who })).toBe(200);
+  await recorded(page, policy, 5);
+  await page.goto(`/policy?name=${policy}`);
+  if (hydrated) await waitForHydration(page);
+  await page.getByRole("group", { name: "Rule per-user" }).getByLabel("Limit").fill("2");
+  await page.getByRole("button", { name: "What would this do?" }).click();
+  const answer = page.getByTestId("what-if");
+  await expect(answer).toContainText("Over 5 recorded checks");
+  await expect(answer).toContainText("2 that were let through would be denied");
+  await expect(page.getByTestId("newly-throttled")).toContainText("user=heavy: 2 checks");
+  // What was typed stays in the editor; nothing was saved.
+  await expect(page.getByRole("group", { name: "Rule per-user" }).getByLabel("Limit")).toHaveValue("2");
+  await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
+  await shot(page, "what-if");
+  // Backing out: the stored policy is as it was.
+  await page.goto(`/policy?name=${policy}`);
+  await expect(page.getByRole("group", { name: "Rule per-user" }).getByLabel("Limit")).toHaveValue("4");
+  await expect(page.getByTestId("what-if")).toHaveCount(0);
 });
 
 test("an admin gives a rule a penalty box in the editor; the preview and the inspector show it", async ({ page }, testInfo) => {

@@ -103,7 +103,7 @@ pub fn WhatIfCard(name: String) -> impl IntoView {
 fn answered(w: &WhatIf) -> impl IntoView + use<> {
     let span = match (w.from_ms, w.to_ms) {
         (Some(from), Some(to)) => format!(
-            " from {} to {} UTC",
+            " from {} to {}",
             utc_minutes(Some(from)),
             utc_minutes(Some(to))
         ),
@@ -130,7 +130,7 @@ fn answered(w: &WhatIf) -> impl IntoView + use<> {
         })
     };
     let peak = w.peak_minute.as_ref().filter(|p| p.denied > 0).map(|p| {
-        view! { <p>{format!("Most denied in one minute: {} at {} UTC.", p.denied, utc_minutes(Some(p.at_ms)))}</p> }
+        view! { <p>{format!("Most denied in one minute: {} at {}.", p.denied, utc_minutes(Some(p.at_ms)))}</p> }
     });
     let skipped = (!w.not_replayed.is_empty()).then(|| {
         view! { <p class="muted">{format!("Not replayed (their leases' releases are not recorded): {}.", w.not_replayed.join(", "))}</p> }
