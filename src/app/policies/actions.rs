@@ -346,36 +346,6 @@ fn keep_the_draft(name: &str, draft: super::Draft) {
     ));
 }
 
-/// The policy the editor's fields describe, or the first field that is wrong (named as the
-/// form names it).
-#[cfg(feature = "ssr")]
-fn draft_policy(name: &str, typed: &super::Draft) -> Result<crate::domain::Policy, AppError> {
-    let rules = typed.rules.as_slice();
-    let mut doc = document_of(
-        &typed.description,
-        typed.shadow,
-        typed.failure_closed,
-        rules,
-    );
-    doc["strict"] = serde_json::json!(typed.strict);
-    let optional: Vec<&str> = (typed.optional.split([',', ' ']))
-        .filter(|d| !d.is_empty())
-        .collect();
-    if !optional.is_empty() {
-        doc["optional"] = serde_json::json!(optional);
-    }
-    if typed.wait {
-        doc["on_deny"] = serde_json::json!("wait");
-        let raw = typed.max_wait_ms.trim();
-        doc["max_wait_ms"] = raw
-            .parse::<u64>()
-            .map_or_else(|_| serde_json::json!(raw), serde_json::Value::from);
-    }
-    crate::domain::Policy::from_document(name.trim(), &doc)
-        .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
-        .map_err(|e| AppError::bad_input(&super::field_in_form(&e.field, rules), e.message))
-}
-
 #[cfg(feature = "ssr")]
 async fn save_fields(
     caller: &crate::app::guard::Caller,
@@ -383,7 +353,7 @@ async fn save_fields(
     version: u64,
     typed: &super::Draft,
 ) -> Result<u64, AppError> {
-    let mut policy = draft_policy(name, typed)?;
+    let mut policy = whatif::draft_policy(name, typed)?;
     let state = state();
     // Overrides are edited on their own; keep them.
     if let Some(before) = state

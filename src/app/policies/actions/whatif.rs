@@ -20,7 +20,7 @@ pub async fn policy_what_if(
     let caller = crate::app::guard::require(Action::EditPolicies)?;
     let typed: super::super::Draft = serde_json::from_str(&draft)
         .map_err(|e| AppError::bad_input("draft", format!("is not a draft of the editor: {e}")))?;
-    let policy = super::draft_policy(&name, &typed)?;
+    let policy = draft_policy(&name, &typed)?;
     let name = policy.name.clone();
     state()
         .service()
@@ -30,4 +30,37 @@ pub async fn policy_what_if(
             crate::service::record::WhatIfError::Unavailable(e) => unavailable(e),
             e => AppError::bad_input("name", e.to_string()),
         })
+}
+
+/// The policy the editor's fields describe, or the first field that is wrong (named as the
+/// form names it).
+#[cfg(feature = "ssr")]
+pub(super) fn draft_policy(
+    name: &str,
+    typed: &super::super::Draft,
+) -> Result<crate::domain::Policy, AppError> {
+    let rules = typed.rules.as_slice();
+    let mut doc = document_of(
+        &typed.description,
+        typed.shadow,
+        typed.failure_closed,
+        rules,
+    );
+    doc["strict"] = serde_json::json!(typed.strict);
+    let optional: Vec<&str> = (typed.optional.split([',', ' ']))
+        .filter(|d| !d.is_empty())
+        .collect();
+    if !optional.is_empty() {
+        doc["optional"] = serde_json::json!(optional);
+    }
+    if typed.wait {
+        doc["on_deny"] = serde_json::json!("wait");
+        let raw = typed.max_wait_ms.trim();
+        doc["max_wait_ms"] = raw
+            .parse::<u64>()
+            .map_or_else(|_| serde_json::json!(raw), serde_json::Value::from);
+    }
+    crate::domain::Policy::from_document(name.trim(), &doc)
+        .and_then(|p| crate::domain::policy::refuse_reserved(&p.name).map(|()| p))
+        .map_err(|e| AppError::bad_input(&super::super::field_in_form(&e.field, rules), e.message))
 }
