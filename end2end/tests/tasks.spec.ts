@@ -215,7 +215,7 @@ test("a misspelt dimension beside a correct one shows on the overview's strip an
 
 test("an admin halves a limit, sees whom it would have throttled, and backs out unsaved", async ({ page }, testInfo) => {
   const hydrated = testInfo.project.name === "hydrated";
-  const policy = `whatif-${testInfo.project.name}`;
+  const policy = `halved-${testInfo.project.name}`;
   await signIn(page);
   await putPolicy(page, policy, { rules: [hour("per-user", 4, "user")] });
   for (const who of ["heavy", "heavy", "heavy", "heavy", "light"]) expect(await check(page, policy, { user: who })).toBe(200);
