@@ -39,11 +39,11 @@ pub(super) async fn what_if(
     };
     if let Some(unknown) = request
         .keys()
-        .find(|k| !["policy", "last_ms"].contains(&k.as_str()))
+        .find(|k| !["policy", "version", "last_ms"].contains(&k.as_str()))
     {
         return Err(ApiError::bad(
             unknown.clone(),
-            "is not a field of a what-if request (policy, last_ms)",
+            "is not a field of a what-if request (policy, version, last_ms)",
         ));
     }
     let last_ms = match request.get("last_ms") {
@@ -53,10 +53,25 @@ pub(super) async fn what_if(
             .ok_or_else(|| ApiError::bad("last_ms", "must be a whole number of ms"))?,
     };
     let draft = request.get("policy").filter(|p| !p.is_null());
-    let answer = state
-        .service()
-        .what_if(&actor, &name, draft, last_ms)
-        .await?;
+    let service = state.service();
+    let answer = match request.get("version").filter(|v| !v.is_null()) {
+        None => service.what_if(&actor, &name, draft, last_ms).await?,
+        Some(_) if draft.is_some() => {
+            return Err(ApiError::bad(
+                "version",
+                "give a draft (policy) or a stored version to replay, not both",
+            ));
+        }
+        Some(v) => {
+            let version = v
+                .as_u64()
+                .ok_or_else(|| ApiError::bad("version", "must be a version number"))?;
+            let candidate = crate::service::record::Candidate::Version(version);
+            service
+                .what_if_policy(&actor, &name, candidate, last_ms)
+                .await?
+        }
+    };
     Ok(Json(answer))
 }
 

@@ -70,7 +70,12 @@ pub async fn plan(
         }
         let name = policy.name.clone();
         let answer = service
-            .what_if_policy(&super::cli_actor(), &name, Some(policy), look_back_ms)
+            .what_if_policy(
+                &super::cli_actor(),
+                &name,
+                crate::service::record::Candidate::Whole(policy),
+                look_back_ms,
+            )
             .await
             .map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
         denies |= answer.newly_denied > 0;

@@ -30,6 +30,7 @@ const FIELDS: &[&str] = &[
     "optional",
     "on_deny",
     "max_wait_ms",
+    "record",
     "rules",
     "overrides",
     "envoy",
@@ -77,6 +78,27 @@ impl OnDeny {
     }
 }
 
+/// Which of a policy's checks are recorded for what-if replays (`service::record`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recording {
+    /// Every check while the record's budget holds a day of them; past it, the checks of a
+    /// sample of identifiers (one in 2, 4, 8…), so the record still covers the day.
+    #[default]
+    Sample,
+    /// Every check: the newest within the budget (a busy policy's record covers less than a
+    /// day).
+    Every,
+    /// None.
+    Off,
+}
+
+impl Recording {
+    fn is_sample(&self) -> bool {
+        *self == Recording::Sample
+    }
+}
+
 /// The longest a policy may hold a denied request (`max_wait_ms`): a minute.
 pub const MAX_WAIT_MS: u64 = 60_000;
 
@@ -111,6 +133,9 @@ pub struct Policy {
     /// With `on_deny: wait`: the longest a denied request is held (ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_wait_ms: Option<u64>,
+    /// Which checks are recorded for what-if replays.
+    #[serde(default, skip_serializing_if = "Recording::is_sample")]
+    pub record: Recording,
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub overrides: Vec<Override>,
@@ -223,6 +248,15 @@ impl Policy {
             &[("refuse", OnDeny::Refuse), ("wait", OnDeny::Wait)],
         )?;
         let max_wait_ms = parse_max_wait(obj, on_deny)?;
+        let record = enum_field(
+            obj,
+            "record",
+            &[
+                ("sample", Recording::Sample),
+                ("every", Recording::Every),
+                ("off", Recording::Off),
+            ],
+        )?;
         let mut envoy = parse_envoy(obj)?;
         // An Envoy domain's rules are its limits; any given with it are made again from them.
         let rules = match &mut envoy {
@@ -248,6 +282,7 @@ impl Policy {
             optional,
             on_deny,
             max_wait_ms,
+            record,
             rules,
             overrides,
             envoy,
@@ -284,6 +319,7 @@ impl Policy {
             optional: Vec::new(),
             on_deny: OnDeny::Refuse,
             max_wait_ms: None,
+            record: Recording::Sample,
             rules: domain.rules(),
             overrides: Vec::new(),
             envoy: Some(domain),

@@ -39,6 +39,9 @@ pub struct Suggestion {
     pub max: u64,
     /// For the top 1, 2 and 3 (as far as there are identifiers below them).
     pub limits: Vec<TopLimit>,
+    /// 1 when every check was recorded; else the record keeps one identifier in this many,
+    /// and the figures above are of the kept ones.
+    pub one_in: u64,
 }
 
 /// Suggestions for `rule` of `policy` from `record`. An error names what does not fit: no
@@ -62,6 +65,19 @@ pub fn suggest(policy: &Policy, rule: &str, record: &[Recorded]) -> Result<Sugge
                 found.algorithm.name()
             ));
         }
+    };
+    // A sampled record: the identifiers its highest level keeps, whole.
+    let level = record.iter().map(|r| r.level).max().unwrap_or(0);
+    let kept: Vec<Recorded>;
+    let record = if level == 0 {
+        record
+    } else {
+        kept = record
+            .iter()
+            .filter(|r| super::whatif::sample::kept_at(r, level))
+            .cloned()
+            .collect();
+        &kept
     };
     // (identifier, window) → what the rule counted.
     let mut windows: HashMap<(String, i64), u64> = HashMap::new();
@@ -109,6 +125,7 @@ pub fn suggest(policy: &Policy, rule: &str, record: &[Recorded]) -> Result<Sugge
         p99: at(0.99),
         max: ranked.first().map_or(0, |r| r.1),
         limits,
+        one_in: 1 << level,
     })
 }
 
@@ -168,6 +185,7 @@ mod tests {
                     cost: 1,
                     allowed: true,
                     identifiers: vec![Identifier::new("user", user).unwrap()],
+                    ..Recorded::default()
                 });
             }
         }

@@ -10,6 +10,9 @@
 //! (denied, nothing counted), all or nothing. Not replayed: `concurrency` rules (a lease is
 //! released by its holder at a time the record does not hold) and the numbers a caller sent
 //! with a check (`limits`: the record does not hold them).
+//!
+//! A sampled record (see [`sample`]) replays the checks of its kept identifiers whole, and
+//! scales the totals by the sample's rate, each newly denied or allowed count with a bound.
 
 use std::collections::HashMap;
 
@@ -21,21 +24,30 @@ use super::{
     rule::Algorithm,
 };
 
+pub mod sample;
+
 /// One recorded check: when Redis decided it (µs on its clock, or the instance's when no
-/// Redis call was made), its cost, what was decided, and its identifiers.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Redis call was made), its cost, what was decided, and its identifiers; and the sample it
+/// was recorded in: kept as one identifier's in 2^`level`, that identifier being
+/// `identifiers[unit]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Recorded {
     pub at_us: i64,
     pub cost: u64,
     pub allowed: bool,
     pub identifiers: Vec<Identifier>,
+    pub level: u8,
+    pub unit: u8,
 }
 
 impl Recorded {
-    /// One line: `at_us`, cost, 1|0 and each identifier, tab-separated (identifiers hold no
-    /// control characters).
+    /// One line: `at_us`, cost, 1|0, the sample when there is one (`s<level>.<unit>`) and
+    /// each identifier, tab-separated (identifiers hold no control characters).
     pub fn to_line(&self) -> String {
         let mut line = format!("{}\t{}\t{}", self.at_us, self.cost, u8::from(self.allowed));
+        if self.level > 0 || self.unit > 0 {
+            line.push_str(&format!("\ts{}.{}", self.level, self.unit));
+        }
         for identifier in &self.identifiers {
             line.push('\t');
             line.push_str(&identifier.to_string());
@@ -45,13 +57,21 @@ impl Recorded {
 
     /// Reads [`Recorded::to_line`]'s line back; `None` when it is not one.
     pub fn from_line(line: &str) -> Option<Self> {
-        let mut parts = line.split('\t');
+        let mut parts = line.split('\t').peekable();
         let at_us = parts.next()?.parse().ok()?;
         let cost = parts.next()?.parse().ok()?;
         let allowed = match parts.next()? {
             "1" => true,
             "0" => false,
             _ => return None,
+        };
+        // An identifier always holds `=`; the sample never does.
+        let (level, unit) = match parts.next_if(|p| p.starts_with('s') && !p.contains('=')) {
+            Some(sample) => {
+                let (level, unit) = sample[1..].split_once('.')?;
+                (level.parse().ok()?, unit.parse().ok()?)
+            }
+            None => (0, 0),
         };
         let identifiers = parts
             .map(|p| Identifier::parse(p).ok())
@@ -61,6 +81,8 @@ impl Recorded {
             cost,
             allowed,
             identifiers,
+            level,
+            unit,
         })
     }
 }
@@ -113,6 +135,14 @@ pub struct WhatIf {
     /// False when the budget ran out before the record's end: the answer covers the checks
     /// up to `to_ms`.
     pub complete: bool,
+    /// 1 when every check was recorded; else the record kept the checks of one identifier
+    /// in this many, and the counts above are its checks' times this (the top lists are the
+    /// kept identifiers' own counts).
+    pub one_in: u64,
+    /// About two standard errors of `newly_denied` and `newly_allowed` when sampled (0 when
+    /// not): the true count is most likely within this of the estimate.
+    pub newly_denied_bound: u64,
+    pub newly_allowed_bound: u64,
 }
 
 /// What the replayed rules make of one check.
@@ -129,7 +159,12 @@ pub fn replay(
     record: &[Recorded],
     mut out_of_time: impl FnMut() -> bool,
 ) -> WhatIf {
-    let mut order: Vec<&Recorded> = record.iter().collect();
+    // The highest level in the window keeps identifiers that every lower level kept too.
+    let level = record.iter().map(|r| r.level).max().unwrap_or(0);
+    let mut order: Vec<&Recorded> = record
+        .iter()
+        .filter(|r| sample::kept_at(r, level))
+        .collect();
     order.sort_by_key(|r| r.at_us);
     let mut states: HashMap<String, EntryState> = HashMap::new();
     let mut tally = Tally::default();
@@ -152,7 +187,7 @@ pub fn replay(
         let replayed = decide(policy, check, &mut states);
         tally.add(&mut out, check, replayed);
     }
-    tally.finish(&mut out);
+    tally.finish(&mut out, 1u64 << level);
     out
 }
 
@@ -188,6 +223,7 @@ impl<'p> Model<'p> {
             cost,
             allowed: true,
             identifiers: identifiers.to_vec(),
+            ..Recorded::default()
         };
         match decide(self.policy, &check, &mut self.states) {
             Replayed::Allowed => Verdict::Allowed,
@@ -265,6 +301,9 @@ struct Tally {
     throttled: HashMap<String, u64>,
     freed: HashMap<String, u64>,
     by_minute: HashMap<i64, u64>,
+    /// Newly denied and newly allowed checks by the identifier each was sampled by.
+    denied_by_unit: HashMap<String, u64>,
+    allowed_by_unit: HashMap<String, u64>,
 }
 
 impl Tally {
@@ -283,6 +322,7 @@ impl Tally {
                 out.allowed += 1;
                 if !check.allowed {
                     out.newly_allowed += 1;
+                    *self.allowed_by_unit.entry(unit_of(check)).or_default() += 1;
                     let ids: Vec<String> =
                         check.identifiers.iter().map(ToString::to_string).collect();
                     *self.freed.entry(ids.join(", ")).or_default() += 1;
@@ -294,14 +334,34 @@ impl Tally {
                 *self.by_minute.entry(at_ms.div_euclid(60_000)).or_default() += 1;
                 if check.allowed {
                     out.newly_denied += 1;
+                    *self.denied_by_unit.entry(unit_of(check)).or_default() += 1;
                     *self.throttled.entry(identifier).or_default() += 1;
                 }
             }
         }
     }
 
-    fn finish(self, out: &mut WhatIf) {
-        out.denied_by_rule = most_first(self.by_rule, usize::MAX);
+    /// Sets the lists, and scales the totals by `one_in` (1: every check recorded).
+    fn finish(self, out: &mut WhatIf, one_in: u64) {
+        out.one_in = one_in;
+        out.newly_denied_bound = sample::bound(self.denied_by_unit.into_values(), one_in);
+        out.newly_allowed_bound = sample::bound(self.allowed_by_unit.into_values(), one_in);
+        for total in [
+            &mut out.checks,
+            &mut out.allowed_then,
+            &mut out.denied_then,
+            &mut out.allowed,
+            &mut out.denied,
+            &mut out.newly_denied,
+            &mut out.newly_allowed,
+        ] {
+            *total = total.saturating_mul(one_in);
+        }
+        let by_rule = self
+            .by_rule
+            .into_iter()
+            .map(|(r, n)| (r, n.saturating_mul(one_in)));
+        out.denied_by_rule = most_first(by_rule.collect(), usize::MAX);
         out.newly_throttled = most_first(self.throttled, TOP);
         out.newly_freed = most_first(self.freed, TOP);
         out.peak_minute = self
@@ -310,9 +370,18 @@ impl Tally {
             .max_by_key(|&(minute, denied)| (denied, std::cmp::Reverse(minute)))
             .map(|(minute, denied)| PeakMinute {
                 at_ms: minute * 60_000,
-                denied,
+                denied: denied.saturating_mul(one_in),
             });
     }
+}
+
+/// The identifier `check` was sampled by, as a string.
+fn unit_of(check: &Recorded) -> String {
+    check
+        .identifiers
+        .get(usize::from(check.unit))
+        .map(ToString::to_string)
+        .unwrap_or_default()
 }
 
 /// `counts` most first (ties by name), at most `top`.

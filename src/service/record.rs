@@ -3,6 +3,10 @@
 //! Each counted check (not a peek, nor one answered by a failure mode) is noted in memory
 //! and written off the check's path about once a second, to one stream per policy in Redis
 //! (`store/record.rs`): at most `SPILLWAY_RECORD_CHECKS` per policy and a day's worth. A
+//! policy recording a sample (its document's `record`, the default) keeps every check while
+//! a day at its rate fits, else the checks of one identifier in 2, 4, 8… (the level, from
+//! all instances' count of its checks of the last ten seconds: `domain::whatif::sample`).
+//! A
 //! replay reads the record and runs a policy's rules (a draft's, or the ones in force) over
 //! it in the reference model (`domain::whatif`), on a blocking thread, within a budget, and
 //! stops when its caller goes away.
@@ -14,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use super::Service;
 use super::audit::{Actor, Change};
-use crate::domain::whatif::{Recorded, WhatIf, replay};
+use crate::domain::policy::Recording;
+use crate::domain::whatif::{Recorded, WhatIf, replay, sample};
 use crate::domain::{Identifier, Name, Policy, PolicyError};
 use crate::store::{Store, StoreError};
 use crate::support::shutdown::Shutdown;
@@ -23,8 +28,9 @@ use crate::support::shutdown::Shutdown;
 /// `dropped`).
 const MAX_PENDING: usize = 100_000;
 
-/// The longest a replay runs before it answers what it has (`complete: false`).
-pub const REPLAY_BUDGET: Duration = Duration::from_secs(20);
+/// The longest a replay runs before it answers what it has (`complete: false`): well inside
+/// the default request timeout (10 s), so the answer arrives.
+pub const REPLAY_BUDGET: Duration = Duration::from_secs(5);
 
 /// The longest look back a replay takes (the record keeps a day).
 pub const MAX_LOOK_BACK_MS: i64 = crate::store::RECORD_KEEP_MS;
@@ -34,10 +40,26 @@ pub const MAX_LOOK_BACK_MS: i64 = crate::store::RECORD_KEEP_MS;
 pub struct Recorder {
     /// Checks kept per policy (0: recording is off).
     max: u64,
-    pending: Arc<Mutex<HashMap<String, Vec<Recorded>>>>,
+    pending: Arc<Mutex<HashMap<String, Pending>>>,
     noted: Arc<AtomicU64>,
     dropped: Arc<AtomicU64>,
 }
+
+/// A policy's checks noted since the last write, and the level its record samples at.
+#[derive(Default)]
+struct Pending {
+    checks: Vec<Recorded>,
+    /// Checks seen since the last write, recorded or not.
+    seen: u64,
+    level: u8,
+    /// Every check (`record: every`): the level stays 0.
+    every: bool,
+    /// Writes since this policy last saw a check.
+    idle: u32,
+}
+
+/// Writes (about seconds) a policy may see no check before this instance forgets its level.
+const FORGET_AFTER: u32 = 600;
 
 impl Recorder {
     pub fn new(max: u64) -> Self {
@@ -47,9 +69,19 @@ impl Recorder {
         }
     }
 
-    /// Notes a decided check of `policy`.
-    pub fn note(&self, policy: &str, at_us: i64, cost: u64, allowed: bool, ids: &[Identifier]) {
-        if self.max == 0 || cost == 0 {
+    /// Notes a decided check of `policy` (recorded as it says), sampled by `ids[unit]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn note(
+        &self,
+        policy: &str,
+        recording: Recording,
+        unit: usize,
+        at_us: i64,
+        cost: u64,
+        allowed: bool,
+        ids: &[Identifier],
+    ) {
+        if self.max == 0 || cost == 0 || recording == Recording::Off {
             return;
         }
         if self.noted.load(Ordering::Relaxed) as usize >= MAX_PENDING {
@@ -59,17 +91,23 @@ impl Recorder {
         self.noted.fetch_add(1, Ordering::Relaxed);
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if !pending.contains_key(policy) {
-            pending.insert(policy.to_owned(), Vec::new());
+            pending.insert(policy.to_owned(), Pending::default());
         }
-        pending
-            .get_mut(policy)
-            .expect("inserted above")
-            .push(Recorded {
-                at_us,
-                cost,
-                allowed,
-                identifiers: ids.to_vec(),
-            });
+        let policy = pending.get_mut(policy).expect("inserted above");
+        policy.every = recording == Recording::Every;
+        policy.seen += 1;
+        let level = if policy.every { 0 } else { policy.level };
+        if ids.get(unit).is_some_and(|id| !sample::keeps(id, level)) {
+            return;
+        }
+        policy.checks.push(Recorded {
+            at_us,
+            cost,
+            allowed,
+            identifiers: ids.to_vec(),
+            level,
+            unit: u8::try_from(unit).unwrap_or(0),
+        });
     }
 
     /// Writes what was noted every second until the server stops.
@@ -90,14 +128,26 @@ impl Recorder {
     /// Writes what was noted; what Redis refused is not kept (the record is a sample of
     /// what happened, and says when it starts).
     pub async fn flush(&self, store: &Store) {
-        let drained: Vec<(String, Vec<Recorded>)> = {
+        let drained: Vec<(String, Vec<Recorded>, u64)> = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             self.noted.store(0, Ordering::Relaxed);
-            pending.drain().collect()
+            for p in pending.values_mut() {
+                p.idle = if p.seen == 0 { p.idle + 1 } else { 0 };
+            }
+            pending.retain(|_, p| p.idle < FORGET_AFTER);
+            pending
+                .iter_mut()
+                .filter(|(_, p)| p.seen > 0)
+                .map(|(name, p)| {
+                    let seen = std::mem::take(&mut p.seen);
+                    (name.clone(), std::mem::take(&mut p.checks), seen)
+                })
+                .collect()
         };
-        for (policy, checks) in drained {
-            if let Err(error) = store.record_checks(&policy, &checks, self.max).await {
-                tracing::debug!(%error, policy, "could not record checks");
+        for (policy, checks, seen) in drained {
+            match store.record_checks(&policy, &checks, seen, self.max).await {
+                Ok(before) => self.set_level(&policy, before),
+                Err(error) => tracing::debug!(%error, policy, "could not record checks"),
             }
         }
         let dropped = self.dropped.swap(0, Ordering::Relaxed);
@@ -106,6 +156,31 @@ impl Recorder {
                 dropped,
                 "checks went unrecorded: more than {MAX_PENDING} in a second"
             );
+        }
+    }
+}
+
+impl Recorder {
+    /// Sets the level `policy` samples at from all instances' count of its checks in the
+    /// ten seconds before this (`seen`).
+    fn set_level(&self, policy: &str, seen: u64) {
+        let level = sample::level_for(
+            seen,
+            crate::store::RECORD_RATE_PERIOD_MS,
+            self.max,
+            crate::store::RECORD_KEEP_MS,
+        );
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pending.get_mut(policy)
+            && p.level != level
+        {
+            tracing::debug!(
+                policy,
+                one_in = 1u64 << level,
+                "the what-if record of this policy now samples one identifier in {}",
+                1u64 << level
+            );
+            p.level = level;
         }
     }
 }
@@ -124,6 +199,60 @@ pub enum WhatIfError {
     },
     #[error("redis is unavailable: {0}")]
     Unavailable(#[from] StoreError),
+}
+
+/// What a replay runs.
+pub enum Candidate {
+    /// The policy in force (its own record replayed: the fidelity check).
+    Current,
+    /// A draft of its rules and settings, under the overrides in force (the editor; a
+    /// document that does not list overrides).
+    Rules(Policy),
+    /// An Envoy domain's file, under the overrides in force.
+    File(Policy),
+    /// A whole policy, its overrides as given (a file, as an import would save it).
+    Whole(Policy),
+    /// A stored version, under the overrides in force: what a rollback would make it.
+    Version(u64),
+}
+
+impl std::fmt::Display for Candidate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Candidate::Current => f.write_str("the policy in force"),
+            Candidate::Rules(_) | Candidate::Whole(_) => f.write_str("a draft"),
+            Candidate::File(_) => f.write_str("a domain file"),
+            Candidate::Version(v) => write!(f, "version {v}"),
+        }
+    }
+}
+
+/// Refuses a look back the record cannot answer.
+fn check_look_back(look_back_ms: i64) -> Result<(), WhatIfError> {
+    if (1..=MAX_LOOK_BACK_MS).contains(&look_back_ms) {
+        return Ok(());
+    }
+    Err(WhatIfError::Invalid {
+        field: "last_ms",
+        message: format!("must be from 1 to {MAX_LOOK_BACK_MS} (the record keeps a day)"),
+    })
+}
+
+/// Replays `policy` over `record` on a blocking thread, within [`REPLAY_BUDGET`], stopping
+/// when the caller goes away.
+async fn replay_in_budget(policy: Policy, record: Vec<Recorded>) -> WhatIf {
+    let cancel = Cancel(Arc::new(AtomicBool::new(false)));
+    let stop = cancel.0.clone();
+    let started = Instant::now();
+    let answer = tokio::task::spawn_blocking(move || {
+        replay(&policy, &record, || {
+            stop.load(Ordering::Relaxed) || started.elapsed() > REPLAY_BUDGET
+        })
+    })
+    .await;
+    drop(cancel);
+    // A replay that panicked answers nothing replayed, and says it is not complete.
+    answer.unwrap_or_default()
 }
 
 /// Set when the replay's caller has gone: the replay stops at its next look at the budget.
@@ -150,8 +279,11 @@ impl Service {
             0 => crate::support::clock::now_us(),
             at => at,
         };
+        let policy = &checked.policy;
         self.recorder.note(
-            checked.policy.name.as_str(),
+            policy.name.as_str(),
+            policy.record,
+            sample::unit_of(policy, &request.identifiers),
             at_us,
             request.cost,
             checked.decision.allowed,
@@ -160,8 +292,8 @@ impl Service {
     }
 
     /// Replays `draft` (a policy document; the policy in force when `None`) over `name`'s
-    /// checks of the last `look_back_ms`, and says what it would have changed. Audited
-    /// (`policy.what-if`).
+    /// checks of the last `look_back_ms`, and says what it would have changed. A document
+    /// that does not list `overrides` keeps the stored ones. Audited (`policy.what-if`).
     pub async fn what_if(
         &self,
         actor: &Actor,
@@ -169,51 +301,40 @@ impl Service {
         draft: Option<&serde_json::Value>,
         look_back_ms: i64,
     ) -> Result<WhatIf, WhatIfError> {
-        let draft = draft
-            .map(|doc| Policy::from_document(name.as_str(), doc).map_err(WhatIfError::Draft))
-            .transpose()?;
-        self.what_if_policy(actor, name, draft, look_back_ms).await
+        let candidate = match draft {
+            None => Candidate::Current,
+            Some(doc) => {
+                let policy =
+                    Policy::from_document(name.as_str(), doc).map_err(WhatIfError::Draft)?;
+                match doc.get("overrides") {
+                    None | Some(serde_json::Value::Null) => Candidate::Rules(policy),
+                    Some(_) => Candidate::Whole(policy),
+                }
+            }
+        };
+        self.what_if_policy(actor, name, candidate, look_back_ms)
+            .await
     }
 
-    /// [`Service::what_if`] of a parsed draft (`spillway policy plan`'s file).
+    /// [`Service::what_if`] of a parsed candidate (the editor's form, a file, a version).
     pub async fn what_if_policy(
         &self,
         actor: &Actor,
         name: &Name,
-        draft: Option<Policy>,
+        candidate: Candidate,
         look_back_ms: i64,
     ) -> Result<WhatIf, WhatIfError> {
-        if !(1..=MAX_LOOK_BACK_MS).contains(&look_back_ms) {
-            return Err(WhatIfError::Invalid {
-                field: "last_ms",
-                message: format!("must be from 1 to {MAX_LOOK_BACK_MS} (the record keeps a day)"),
-            });
-        }
+        check_look_back(look_back_ms)?;
         let current = self
             .stored_policy(name)
             .await?
             .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
-        let is_draft = draft.is_some();
-        let policy = draft.unwrap_or(current);
-        let since_ms = super::now_ms() - look_back_ms;
-        let max = self.record_max();
-        let record = self
-            .store
-            .recorded_checks(name.as_str(), since_ms, max)
-            .await?;
-        let cancel = Cancel(Arc::new(AtomicBool::new(false)));
-        let stop = cancel.0.clone();
-        let started = Instant::now();
-        let answer = tokio::task::spawn_blocking(move || {
-            replay(&policy, &record, || {
-                stop.load(Ordering::Relaxed) || started.elapsed() > REPLAY_BUDGET
-            })
-        })
-        .await
-        .expect("the replay does not panic");
-        drop(cancel);
+        let what = candidate.to_string();
+        let policy = self.candidate_policy(candidate, current).await?;
+        let record = self.record_since(name, look_back_ms).await?;
+        let answer = replay_in_budget(policy, record).await;
         let after = serde_json::json!({
-            "draft": is_draft,
+            "replayed": what,
             "last_ms": look_back_ms,
             "checks": answer.checks,
             "newly_denied": answer.newly_denied,
@@ -233,6 +354,62 @@ impl Service {
         Ok(answer)
     }
 
+    /// The policy `candidate` replays, given the one in force.
+    async fn candidate_policy(
+        &self,
+        candidate: Candidate,
+        current: Policy,
+    ) -> Result<Policy, WhatIfError> {
+        match candidate {
+            Candidate::Current => Ok(current),
+            Candidate::Whole(policy) => Ok(policy),
+            Candidate::Rules(_) if current.envoy.is_some() => Err(WhatIfError::Invalid {
+                field: "policy",
+                message: format!(
+                    "{} is an Envoy domain: its limits come from its file; replay a file",
+                    current.name
+                ),
+            }),
+            Candidate::Rules(policy) | Candidate::File(policy) => Ok(Policy {
+                overrides: current.overrides,
+                ..policy
+            }),
+            Candidate::Version(version) => {
+                let mut old = self
+                    .policy_versions(&current.name, 100)
+                    .await?
+                    .into_iter()
+                    .find(|p| p.version == version)
+                    .ok_or(WhatIfError::Invalid {
+                        field: "version",
+                        message: format!("{} has no version {version}", current.name),
+                    })?;
+                // As a rollback makes it: a version saved before there was the choice was
+                // lenient.
+                old.strict.get_or_insert(false);
+                Ok(Policy {
+                    overrides: current.overrides,
+                    ..old
+                })
+            }
+        }
+    }
+
+    /// `name`'s recorded checks of the last `look_back_ms`.
+    async fn record_since(
+        &self,
+        name: &Name,
+        look_back_ms: i64,
+    ) -> Result<Vec<Recorded>, StoreError> {
+        let since_ms = super::now_ms() - look_back_ms;
+        // The stream is cut approximately (`MAXLEN ~`): read a little past the setting, so
+        // the newest checks are never the ones left out.
+        let max = self.record_max();
+        self.store
+            .recorded_checks(name.as_str(), since_ms, max + max / 10 + 1_000)
+            .await
+    }
+
     /// Suggested limits for `rule` of the policy `name` in force, from its checks of the
     /// last `look_back_ms` (see `domain::suggest`).
     pub async fn suggest_limits(
@@ -241,21 +418,12 @@ impl Service {
         rule: &str,
         look_back_ms: i64,
     ) -> Result<crate::domain::suggest::Suggestion, WhatIfError> {
-        if !(1..=MAX_LOOK_BACK_MS).contains(&look_back_ms) {
-            return Err(WhatIfError::Invalid {
-                field: "last_ms",
-                message: format!("must be from 1 to {MAX_LOOK_BACK_MS} (the record keeps a day)"),
-            });
-        }
+        check_look_back(look_back_ms)?;
         let policy = self
             .stored_policy(name)
             .await?
             .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
-        let since_ms = super::now_ms() - look_back_ms;
-        let record = self
-            .store
-            .recorded_checks(name.as_str(), since_ms, self.record_max())
-            .await?;
+        let record = self.record_since(name, look_back_ms).await?;
         let rule = rule.to_owned();
         tokio::task::spawn_blocking(move || {
             crate::domain::suggest::suggest(&policy, &rule, &record)

@@ -63,6 +63,7 @@ pub fn login_policy() -> crate::domain::Policy {
         optional: Vec::new(),
         on_deny: Default::default(),
         max_wait_ms: None,
+        record: crate::domain::policy::Recording::Off,
         rules: vec![
             limits.per_user_and_ip.clone(),
             limits.per_ip.clone(),

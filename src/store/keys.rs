@@ -277,6 +277,17 @@ impl Keys {
         format!("{}:record:{}", self.namespace, escape(policy))
     }
 
+    /// How many checks of `policy` the instances saw in the ten seconds from `bucket_ms`
+    /// (recorded or not), which set the level its record samples at
+    /// (`domain::whatif::sample`): a number, gone half a minute later.
+    pub fn record_rate(&self, policy: &str, bucket_ms: i64) -> String {
+        format!(
+            "{}:record-rate:{}:{bucket_ms}",
+            self.namespace,
+            escape(policy)
+        )
+    }
+
     /// `policy`'s streaks of denials of hour `hour` (see `lua/streaks.lua`).
     pub fn stats_streaks(&self, policy: &str, hour: i64) -> String {
         format!(

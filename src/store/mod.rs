@@ -30,7 +30,7 @@ pub use error::StoreError;
 pub use events::Event;
 pub use keys::Keys;
 pub use policies::Saved;
-pub use record::KEEP_MS as RECORD_KEEP_MS;
+pub use record::{KEEP_MS as RECORD_KEEP_MS, RATE_PERIOD_MS as RECORD_RATE_PERIOD_MS};
 
 use std::{sync::Arc, time::Duration};
 

@@ -1,7 +1,9 @@
 //! The record of recent checks that what-if replays read: one Redis stream per policy, an
 //! entry a check (field `c`, [`Recorded::to_line`]), appended by each instance about once a
 //! second, cut to its newest `max` entries (approximately: `MAXLEN ~`) and to the last day,
-//! and gone a day after its last check.
+//! and gone a day after its last check. Beside it, how many checks of the policy the
+//! instances saw in each ten seconds, which sets the level its record samples at
+//! (`domain::whatif::sample`).
 
 use super::{Store, StoreError};
 use crate::domain::whatif::Recorded;
@@ -12,20 +14,26 @@ pub const KEEP_MS: i64 = 24 * 60 * 60 * 1000;
 /// Entries read in one call.
 const PAGE: usize = 10_000;
 
+/// The period whose count of checks sets a record's level (ms).
+pub const RATE_PERIOD_MS: i64 = 10_000;
+
 impl Store {
     /// Appends `checks` to `policy`'s record, keeping about its newest `max` and the last
-    /// day's.
+    /// day's; adds `seen` (the checks of it this instance saw, recorded or not) to this ten
+    /// seconds' count, and says the count of the ten seconds before (all instances').
     pub async fn record_checks(
         &self,
         policy: &str,
         checks: &[Recorded],
+        seen: u64,
         max: u64,
-    ) -> Result<(), StoreError> {
-        if checks.is_empty() || max == 0 {
-            return Ok(());
+    ) -> Result<u64, StoreError> {
+        if max == 0 {
+            return Ok(0);
         }
         let key = self.keys.record(policy);
         let mut pipe = redis::pipe();
+        let now_ms = crate::support::clock::now_ms();
         for check in checks {
             pipe.cmd("XADD")
                 .arg(&key)
@@ -37,17 +45,27 @@ impl Store {
                 .arg(check.to_line())
                 .ignore();
         }
-        let oldest_ms = crate::support::clock::now_ms() - KEEP_MS;
-        pipe.cmd("XTRIM")
-            .arg(&key)
-            .arg("MINID")
-            .arg("~")
-            .arg(oldest_ms.max(0))
+        if !checks.is_empty() {
+            pipe.cmd("XTRIM")
+                .arg(&key)
+                .arg("MINID")
+                .arg("~")
+                .arg((now_ms - KEEP_MS).max(0))
+                .ignore();
+            // A policy no longer checked leaves no record behind.
+            pipe.cmd("PEXPIRE").arg(&key).arg(KEEP_MS).ignore();
+        }
+        let bucket = now_ms - now_ms.rem_euclid(RATE_PERIOD_MS);
+        let rate = self.keys.record_rate(policy, bucket);
+        pipe.cmd("INCRBY").arg(&rate).arg(seen).ignore();
+        pipe.cmd("PEXPIRE")
+            .arg(&rate)
+            .arg(3 * RATE_PERIOD_MS)
             .ignore();
-        // A policy no longer checked leaves no record behind.
-        pipe.cmd("PEXPIRE").arg(&key).arg(KEEP_MS).ignore();
-        let () = self.query_pipe(&pipe).await?;
-        Ok(())
+        pipe.cmd("GET")
+            .arg(self.keys.record_rate(policy, bucket - RATE_PERIOD_MS));
+        let (before,): (Option<u64>,) = self.query_pipe(&pipe).await?;
+        Ok(before.unwrap_or(0))
     }
 
     /// `policy`'s recorded checks since `since_ms`, as recorded (at most `max`, the oldest

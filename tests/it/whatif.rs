@@ -240,10 +240,14 @@ async fn a_full_record_keeps_its_newest_checks_within_its_stated_size() {
                         Identifier::new("ip", &format!("10.0.{}.{}", (n / 250) % 250, n % 250))
                             .unwrap(),
                     ],
+                    ..Recorded::default()
                 }
             })
             .collect();
-        store.record_checks("sized", &checks, max).await.unwrap();
+        store
+            .record_checks("sized", &checks, 10_000, max)
+            .await
+            .unwrap();
     }
     let mut conn = redis.connection();
     let key = Keys::default().record("sized");
@@ -263,6 +267,134 @@ async fn a_full_record_keeps_its_newest_checks_within_its_stated_size() {
     assert_eq!(read.len() as u64, len);
     assert!(read[0].at_us >= start_us + 19_000 * 1000, "{:?}", read[0]);
     assert_eq!(read.last().unwrap().at_us, start_us + 119_999 * 1000);
+}
+
+/// A draft that does not list overrides replays under the ones in force (a blocked user
+/// stays blocked); one that lists none frees them; a stored version replays as a rollback
+/// would make it; an Envoy domain refuses a draft of plain rules, naming the field.
+#[tokio::test]
+async fn a_draft_keeps_the_overrides_in_force_and_a_version_replays_as_a_rollback() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    app.put_policy("wi-ov", json!({"rules": [window("per-hour", 3)]}))
+        .await;
+    app.put_policy("wi-ov", json!({"rules": [window("per-hour", 6)]}))
+        .await;
+    let block = json!({"match": "user=banned", "action": "block"});
+    let r = app
+        .as_admin(
+            reqwest::Method::POST,
+            "/api/v1/policies/wi-ov/overrides",
+            Some(&block),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    for (user, n, status) in [("banned", 2, 429), ("ann", 5, 200)] {
+        for _ in 0..n {
+            let r = app
+                .check(json!({"policy": "wi-ov", "identifiers": {"user": user}}))
+                .await;
+            assert_eq!(r.status().as_u16(), status, "{user}");
+        }
+    }
+    let now = replayed(&app, "wi-ov", json!({}), 7).await;
+    assert_eq!(
+        (&now["newly_denied"], &now["newly_allowed"]),
+        (&json!(0), &json!(0))
+    );
+    let draft = json!({"rules": [window("per-hour", 6)]});
+    let (status, kept) = what_if(&app, "wi-ov", json!({ "policy": draft })).await;
+    assert_eq!((status, &kept["newly_allowed"]), (200, &json!(0)), "{kept}");
+    let mut bare = draft.clone();
+    bare["overrides"] = json!([]);
+    let (_, freed) = what_if(&app, "wi-ov", json!({ "policy": bare })).await;
+    assert_eq!(freed["newly_allowed"], 2, "{freed}");
+    assert_eq!(freed["newly_freed"][0]["identifier"], "user=banned");
+    let (status, back) = what_if(&app, "wi-ov", json!({"version": 1})).await;
+    assert_eq!(status, 200, "{back}");
+    assert_eq!(
+        (&back["newly_denied"], &back["newly_allowed"]),
+        (&json!(2), &json!(0)),
+        "version 1 (3 an hour) denies ann's 4th and 5th; banned stays blocked: {back}"
+    );
+    for (body, field) in [
+        (json!({"version": 9}), "version"),
+        (json!({"version": 1, "policy": draft}), "version"),
+    ] {
+        let (status, problem) = what_if(&app, "wi-ov", body).await;
+        assert_eq!((status, problem["field"].as_str()), (400, Some(field)));
+    }
+    crate::envoy::load(
+        &app,
+        "wi-edge",
+        "domain: wi-edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .await;
+    let (status, problem) = what_if(&app, "wi-edge", json!({ "policy": draft })).await;
+    assert_eq!(
+        (status, problem["field"].as_str()),
+        (400, Some("policy")),
+        "{problem}"
+    );
+}
+
+/// A busy policy's record samples whole identifiers: with room for 432,000 checks, 200 in
+/// ten seconds is 1.7M a day, so the instances record the checks of one user in 2 or 4 from
+/// then on; the rules in force replayed over the sample still reproduce every kept
+/// decision, the counts scaled by the sample's rate. `record: off` records none.
+#[tokio::test]
+async fn a_busy_policy_records_a_sample_of_whole_identifiers() {
+    let redis = RedisServer::start();
+    let app = crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_RECORD_CHECKS", "432000")]).await;
+    let per_user = json!({"name": "per-user", "algorithm": "fixed_window", "limit": 3, "window_ms": 3_600_000, "dimensions": ["user"]});
+    app.put_policy("wi-busy", json!({ "rules": [per_user] }))
+        .await;
+    app.put_policy("wi-off", json!({"record": "off", "rules": [per_user]}))
+        .await;
+    let send = async || {
+        for u in 0..200 {
+            for policy in ["wi-busy", "wi-off"] {
+                let r = app
+                    .check(json!({"policy": policy, "identifiers": {"user": format!("u{u}"), "ip": "192.0.2.1"}}))
+                    .await;
+                assert!([200, 429].contains(&r.status().as_u16()));
+            }
+        }
+    };
+    let period = spillway::store::RECORD_RATE_PERIOD_MS;
+    let bucket = || spillway::support::clock::now_ms().div_euclid(period);
+    send().await;
+    // The next ten seconds' writes read that count, and sample.
+    let counted = bucket();
+    while bucket() == counted {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        send().await;
+    }
+    let answer = eventually(
+        "a sampled replay",
+        PATIENCE,
+        async || what_if(&app, "wi-busy", json!({})).await,
+        |(status, answer)| *status == 200 && answer["one_in"].as_u64() > Some(1),
+    )
+    .await
+    .1;
+    assert_eq!(
+        (&answer["newly_denied"], &answer["newly_allowed"]),
+        (&json!(0), &json!(0)),
+        "{answer}"
+    );
+    assert!(answer["denied_then"].as_u64() > Some(0), "{answer}");
+    let one_in = answer["one_in"].as_u64().unwrap();
+    assert_eq!(answer["checks"].as_u64().unwrap() % one_in, 0, "{answer}");
+    let mut conn = redis.connection();
+    let off: u64 = redis::cmd("EXISTS")
+        .arg(spillway::store::Keys::default().record("wi-off"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(off, 0, "record: off records nothing");
 }
 
 fn spillway(redis: &RedisServer, args: &[&str]) -> std::process::Output {

@@ -117,8 +117,21 @@ pub struct PolicyDocument {
     /// With `on_deny: wait` only: the longest a denied request is held (1 to 60000 ms).
     #[schema(minimum = 1, maximum = 60000)]
     max_wait_ms: Option<u64>,
+    /// Which checks are recorded for what-if replays: `sample` (the default: every check
+    /// while the record's budget holds a day of them, then those of one identifier in 2, 4,
+    /// 8…), `every` (every check, the newest within the budget) or `off`.
+    record: Option<RecordName>,
     rules: Vec<RuleDocument>,
     overrides: Option<Vec<OverrideDocument>>,
+}
+
+/// `record`: which checks are recorded for what-if replays.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordName {
+    Sample,
+    Every,
+    Off,
 }
 
 /// `on_deny`: refuse a denied request at once, or wait until it would pass.
@@ -428,9 +441,13 @@ pub struct HistoryRanked {
 /// A what-if replay to run: a draft's rules over the policy's recorded checks.
 #[derive(Serialize, ToSchema)]
 pub struct WhatIfRequest {
-    /// The draft, a policy document as PUT takes it; absent: the policy in force (its
-    /// replay reproduces what happened: a check of the record).
+    /// The draft, a policy document as PUT takes it (without `overrides`, the ones in force
+    /// apply); absent, with no `version`: the policy in force (its replay reproduces what
+    /// happened: a check of the record).
     policy: Option<PolicyDocument>,
+    /// A stored version to replay instead of a draft, under the overrides in force: what
+    /// rolling back to it would change.
+    version: Option<u64>,
     /// How far back, in ms (1 to a day; default an hour).
     last_ms: Option<i64>,
 }
@@ -474,8 +491,16 @@ pub struct WhatIfAnswer {
     peak_minute: Option<WhatIfPeak>,
     /// Rules not replayed (concurrency: releases are not recorded).
     not_replayed: Vec<String>,
-    /// False when the replay's 20 s budget ran out: the answer covers checks up to `to_ms`.
+    /// False when the replay's 5 s budget ran out: the answer covers checks up to `to_ms`.
     complete: bool,
+    /// 1 when every check was recorded; else the record keeps the checks of one identifier
+    /// in this many, and the counts are estimates: the kept checks' times this (the top
+    /// lists are the kept identifiers' own counts).
+    one_in: u64,
+    /// About two standard errors of `newly_denied` when sampled (0 when not).
+    newly_denied_bound: u64,
+    /// About two standard errors of `newly_allowed` when sampled (0 when not).
+    newly_allowed_bound: u64,
 }
 
 /// A limit that would have throttled only the busiest identifiers.
@@ -501,4 +526,7 @@ pub struct LimitSuggestion {
     max: u64,
     /// For the top 1, 2 and 3 identifiers.
     limits: Vec<TopLimit>,
+    /// 1 when every check was recorded; else the record keeps one identifier in this many,
+    /// and the figures are of the kept ones.
+    one_in: u64,
 }

@@ -368,7 +368,9 @@ async fn save_fields(
                 "this policy is an Envoy domain: its limits come from its file, edit that",
             ));
         }
+        // So is what is recorded of its checks (set in its document).
         policy.overrides = before.overrides;
+        policy.record = before.record;
     }
     let saved = state
         .service()

@@ -15,6 +15,7 @@ fn check(at_us: i64, user: &str, allowed: bool) -> Recorded {
         cost: 1,
         allowed,
         identifiers: vec![Identifier::new("user", user).unwrap()],
+        ..Recorded::default()
     }
 }
 
@@ -28,6 +29,7 @@ fn a_line_reads_back_as_written() {
             Identifier::new("user", "a=b c").unwrap(),
             Identifier::new("ip", "192.0.2.1").unwrap(),
         ],
+        ..Recorded::default()
     };
     assert_eq!(Recorded::from_line(&recorded.to_line()), Some(recorded));
     assert_eq!(Recorded::from_line("12\tx\t1"), None);
@@ -129,4 +131,94 @@ fn a_budget_that_runs_out_stops_the_replay_and_says_so() {
     });
     assert!(!cut.complete);
     assert_eq!(cut.checks, 2 * 4096 - 1);
+}
+
+#[test]
+fn a_sampled_line_reads_back_as_written() {
+    let recorded = Recorded {
+        at_us: T0,
+        cost: 1,
+        allowed: true,
+        identifiers: vec![
+            Identifier::new("ip", "192.0.2.1").unwrap(),
+            Identifier::new("user", "s1.0").unwrap(),
+        ],
+        level: 3,
+        unit: 1,
+    };
+    assert!(
+        recorded.to_line().contains("\ts3.1\t"),
+        "{}",
+        recorded.to_line()
+    );
+    assert_eq!(Recorded::from_line(&recorded.to_line()), Some(recorded));
+}
+
+/// Twenty checks a minute from each of 800 users for ten minutes, a heavier user one in
+/// five: sampled one user in eight, the rules in force still reproduce every kept
+/// decision, and a draft's newly denied count lands within its bound of the full
+/// record's.
+#[test]
+fn a_sampled_record_estimates_within_its_bound() {
+    let rule = |limit: u64| {
+        policy(
+            json!({"rules": [{"name": "per-minute", "algorithm": "fixed_window", "limit": limit, "window_ms": 60000}]}),
+        )
+    };
+    let now = rule(30);
+    let mut full = Vec::new();
+    for minute in 0..10 {
+        for u in 0..800i64 {
+            let heavy = u % 5 == 0;
+            for n in 0..if heavy { 28 } else { 12 } {
+                let at = T0 + minute * MINUTE_US + n * 1_000_000 + u;
+                full.push(check(at, &format!("u{u}"), true));
+            }
+        }
+    }
+    let truth = replay(&rule(15), &full, || false);
+    assert_eq!(truth.newly_denied, 160 * 13 * 10);
+    let level = 3;
+    let sampled: Vec<Recorded> = full
+        .iter()
+        .filter(|r| sample::keeps(&r.identifiers[0], level))
+        .map(|r| Recorded { level, ..r.clone() })
+        .collect();
+    assert!(sampled.len() < full.len() / 4, "{} kept", sampled.len());
+    let same = replay(&now, &sampled, || false);
+    assert_eq!(
+        (same.one_in, same.newly_denied, same.newly_allowed),
+        (8, 0, 0)
+    );
+    assert_eq!(same.newly_denied_bound, 0);
+    let estimate = replay(&rule(15), &sampled, || false);
+    assert_eq!(estimate.one_in, 8);
+    assert!(estimate.newly_denied_bound > 0);
+    assert!(
+        estimate.newly_denied.abs_diff(truth.newly_denied) <= estimate.newly_denied_bound,
+        "estimate {} ± {}, truth {}",
+        estimate.newly_denied,
+        estimate.newly_denied_bound,
+        truth.newly_denied
+    );
+    // Checks recorded at a lower level before the level rose are cut to the same sample.
+    let mut mixed = full[..full.len() / 2].to_vec();
+    mixed.extend(sampled.iter().skip(sampled.len() / 2).cloned());
+    assert_eq!(
+        replay(&now, &mixed, || false).checks,
+        sampled.len() as u64 * 8
+    );
+}
+
+#[test]
+fn the_level_is_the_lowest_at_which_a_day_at_the_rate_fits() {
+    use sample::level_for;
+    const DAY: i64 = 86_400_000;
+    // 8,640 ten-second periods a day: 10 checks in ten seconds is 86,400 a day.
+    assert_eq!(level_for(10, 10_000, 100_000, DAY), 0);
+    assert_eq!(level_for(12, 10_000, 100_000, DAY), 1);
+    // 1,000 a second: 86.4M a day, 864 times the budget: 2^10 = 1,024.
+    assert_eq!(level_for(10_000, 10_000, 100_000, DAY), 10);
+    assert_eq!(level_for(0, 10_000, 100_000, DAY), 0);
+    assert_eq!(level_for(u64::MAX, 10_000, 1, DAY), sample::MAX_LEVEL);
 }

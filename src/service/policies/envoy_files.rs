@@ -40,6 +40,7 @@ impl Service {
                         overrides: old.overrides.clone(),
                         on_deny: old.on_deny,
                         max_wait_ms: old.max_wait_ms,
+                        record: old.record,
                         ..policy
                     };
                     // A file that does not say how it counts keeps the domain's setting.
@@ -279,6 +280,7 @@ pub(super) fn keep_domain_settings(
         (Some(_), Some(old)) => {
             policy.failure_mode = old.failure_mode;
             policy.overrides = old.overrides;
+            policy.record = old.record;
             // A file that does not say how it counts keeps the domain's setting.
             if let (Some(domain), Some(was)) = (&mut policy.envoy, &old.envoy)
                 && domain.counting.is_none()

@@ -24,12 +24,26 @@ pub async fn policy_what_if(
     let name = policy.name.clone();
     state()
         .service()
-        .what_if_policy(&caller.actor(), &name, Some(policy), WHAT_IF_LAST_MS)
+        .what_if_policy(
+            &caller.actor(),
+            &name,
+            crate::service::record::Candidate::Rules(policy),
+            WHAT_IF_LAST_MS,
+        )
         .await
-        .map_err(|e| match e {
-            crate::service::record::WhatIfError::Unavailable(e) => unavailable(e),
-            e => AppError::bad_input("name", e.to_string()),
-        })
+        .map_err(what_if_refused)
+}
+
+/// A replay's refusal, named as the editor's form names it.
+#[cfg(feature = "ssr")]
+pub(super) fn what_if_refused(e: crate::service::record::WhatIfError) -> AppError {
+    use crate::service::record::WhatIfError;
+    match e {
+        WhatIfError::Unavailable(e) => unavailable(e),
+        WhatIfError::UnknownPolicy(_) => AppError::bad_input("name", e.to_string()),
+        WhatIfError::Draft(ref d) => AppError::bad_input(&d.field, e.to_string()),
+        WhatIfError::Invalid { field, .. } => AppError::bad_input(field, e.to_string()),
+    }
 }
 
 /// The policy the editor's fields describe, or the first field that is wrong (named as the
