@@ -506,6 +506,22 @@ impl Plan {
             .map(|(i, _)| i)
     }
 
+    /// The hits every limited descriptor counts when they all count the same and none
+    /// brought its own limit: what a what-if record holds of a request. `None` otherwise.
+    pub fn shared_cost(&self) -> Option<u64> {
+        if !self.caller_rules.is_empty() {
+            return None;
+        }
+        let mut costs = self
+            .targets
+            .iter()
+            .zip(&self.costs)
+            .filter(|(t, _)| matches!(t, Target::Count { .. } | Target::Over(_)))
+            .map(|(_, c)| *c);
+        let first = costs.next()?;
+        costs.all(|c| c == first).then_some(first)
+    }
+
     pub fn limited(&self) -> impl Iterator<Item = &Identifier> + Clone {
         self.targets
             .iter()

@@ -211,6 +211,7 @@ impl Service {
         );
         if !answer.degraded {
             descriptor_metrics(&plan, &answer.statuses);
+            self.record_envoy(&policy, &plan, answer.ok);
         }
         Ok(answer)
     }

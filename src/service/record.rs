@@ -291,6 +291,29 @@ impl Service {
         );
     }
 
+    /// Notes a decided Envoy request for the record: its limited descriptors as one check,
+    /// when they share one cost and none brought its own limit (else it is not recorded).
+    pub(super) fn record_envoy(
+        &self,
+        policy: &Policy,
+        plan: &crate::domain::envoy_plan::Plan,
+        ok: bool,
+    ) {
+        let Some(cost) = plan.shared_cost() else {
+            return;
+        };
+        let ids: Vec<Identifier> = plan.limited().cloned().collect();
+        self.recorder.note(
+            policy.name.as_str(),
+            policy.record,
+            sample::unit_of(policy, &ids),
+            crate::support::clock::now_us(),
+            cost,
+            ok,
+            &ids,
+        );
+    }
+
     /// Replays `draft` (a policy document; the policy in force when `None`) over `name`'s
     /// checks of the last `look_back_ms`, and says what it would have changed. A document
     /// that does not list `overrides` keeps the stored ones. Audited (`policy.what-if`).
@@ -330,7 +353,9 @@ impl Service {
             .await?
             .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
         let what = candidate.to_string();
-        let policy = self.candidate_policy(candidate, current).await?;
+        let mut policy = self.candidate_policy(candidate, current).await?;
+        // An Envoy domain counts as it says, else as this server does.
+        policy.resolve_envoy_counting(self.policies.envoy_counting());
         let record = self.record_since(name, look_back_ms).await?;
         let answer = replay_in_budget(policy, record).await;
         let after = serde_json::json!({
@@ -370,10 +395,24 @@ impl Service {
                     current.name
                 ),
             }),
-            Candidate::Rules(policy) | Candidate::File(policy) => Ok(Policy {
+            Candidate::Rules(policy) => Ok(Policy {
                 overrides: current.overrides,
                 ..policy
             }),
+            Candidate::File(mut policy) => {
+                // A file that does not say how it counts keeps the domain's setting.
+                if let (Some(file), Some(now)) = (&mut policy.envoy, &current.envoy)
+                    && file.counting.is_none()
+                {
+                    file.counting = now.counting;
+                }
+                Ok(Policy {
+                    overrides: current.overrides,
+                    failure_mode: current.failure_mode,
+                    record: current.record,
+                    ..policy
+                })
+            }
             Candidate::Version(version) => {
                 let mut old = self
                     .policy_versions(&current.name, 100)

@@ -926,6 +926,111 @@ async fn what_would_this_do_replays_the_draft_without_javascript_and_saves_nothi
     );
 }
 
+/// Without JavaScript too: a version's "What would rolling back … do?" replays that version
+/// under the overrides in force, the look back switches to the last day, and an Envoy
+/// domain's file posted with `intent=what-if` comes back in the address and is replayed
+/// (a halved limit names the client it would throttle), nothing saved.
+#[tokio::test]
+async fn a_rollback_and_a_domain_file_are_replayed_without_javascript() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let rule = |limit: u64| json!({"rules": [{"name": "per-hour", "algorithm": "fixed_window", "limit": limit, "window_ms": 3600000}]});
+    app.put_policy("undo", rule(2)).await;
+    app.put_policy("undo", rule(6)).await;
+    for _ in 0..4 {
+        let r = app
+            .check(json!({"policy": "undo", "identifiers": {"user": "ann"}}))
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let file = |n: u64| {
+        format!(
+            "domain: undo-edge\ndescriptors:\n  - key: client\n    rate_limit: {{unit: hour, requests_per_unit: {n}}}\n"
+        )
+    };
+    crate::envoy::load(&app, "undo-edge", &file(6)).await;
+    let mut grpc = crate::envoy::client(&app).await;
+    for _ in 0..4 {
+        let message = crate::envoy::request(
+            "undo-edge",
+            vec![crate::envoy::descriptor(&[("client", "bot")])],
+        );
+        crate::envoy::ask(&mut grpc, message).await;
+    }
+    for policy in ["undo", "undo-edge"] {
+        crate::helpers::eventually(
+            "the checks recorded",
+            crate::helpers::PATIENCE,
+            async || {
+                let path = format!("/api/v1/policies/{policy}/what-if");
+                app.as_admin(reqwest::Method::POST, &path, Some(&json!({})))
+                    .await
+                    .json::<serde_json::Value>()
+                    .await
+                    .unwrap()["checks"]
+                    .as_u64()
+            },
+            |n| *n == Some(4),
+        )
+        .await;
+    }
+    let mut v = admin(&app, &redis).await;
+    let page = v.get("/policy?name=undo").await.text().await.unwrap();
+    let link = "/policy?name=undo&amp;version=1&amp;whatif=1#what-if";
+    assert!(
+        page.contains(link),
+        "the versions list links {link}: {page}"
+    );
+    let page = v
+        .get("/policy?name=undo&version=1&whatif=1&last=day")
+        .await
+        .text()
+        .await
+        .unwrap();
+    for text in [
+        "What would rolling back to version 1 do? The last day, replayed",
+        "2 that were let through would be denied",
+        "user=ann",
+    ] {
+        assert!(page.contains(text), "the page says {text:?}: {page}");
+    }
+    let csrf = v.csrf().await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let halved = file(3);
+    let r = client
+        .post(app.url("/fn/envoy_save"))
+        .header(header::COOKIE, v.cookie_header().unwrap())
+        .header(header::ORIGIN, v.origin())
+        .header(header::ACCEPT, "text/html,application/xhtml+xml")
+        .header(header::REFERER, app.url("/policy?name=undo-edge"))
+        .form(&[
+            ("csrf", csrf.as_str()),
+            ("name", "undo-edge"),
+            ("version", "1"),
+            ("file", halved.as_str()),
+            ("counting", "default"),
+            ("intent", "what-if"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FOUND);
+    let location = r.headers()[header::LOCATION].to_str().unwrap().to_owned();
+    assert!(location.contains("file="), "{location}");
+    let page = v.get(&location).await.text().await.unwrap();
+    for text in ["1 that were let through would be denied", "client=bot"] {
+        assert!(page.contains(text), "the page says {text:?}: {page}");
+    }
+    assert_eq!(
+        app.get_policy("undo-edge").await["version"],
+        1,
+        "nothing saved"
+    );
+}
+
 #[tokio::test]
 async fn a_delete_takes_the_policys_name_typed() {
     let redis = RedisServer::start();

@@ -426,27 +426,28 @@ pub async fn save_envoy_file(
     #[server(default)] version: u64,
     #[server(default)] file: String,
     #[server(default)] counting: String,
+    #[server(default)] intent: String,
 ) -> Result<u64, AppError> {
-    use crate::domain::envoy::{Counting, EnvoyDomain, policy_name};
+    use crate::domain::envoy::Counting;
     let caller = crate::app::guard::require_change(Action::EditPolicies, &csrf)?;
-    let value = crate::service::envoy::domain_yaml(file.as_bytes())
-        .map_err(|e| AppError::bad_input("file", e))?;
-    let domain = EnvoyDomain::from_value(&value)
-        .map_err(|e| AppError::bad_input("file", format!("{}: {}", e.field, e.message)))?;
-    if policy_name(&domain.doc.domain)
-        .ok()
-        .as_ref()
-        .map(|n| n.as_str())
-        != Some(name.trim())
-    {
-        return Err(AppError::bad_input(
-            "file",
-            format!(
-                "domain: {:?} is not this policy's domain; load another domain with the API",
-                domain.doc.domain
-            ),
+    // "What would this do?" without JavaScript: nothing is saved; back to the page with
+    // the file in its address (when it fits), whose page replays it.
+    if intent == "what-if" {
+        if file.len() > MAX_KEPT_FILE {
+            return Err(AppError::bad_input(
+                "file",
+                format!(
+                    "is too long to replay from here (over {MAX_KEPT_FILE} bytes): replay it with the API's what-if"
+                ),
+            ));
+        }
+        crate::app::guard::back_from_a_form(&crate::app::policies::whatif::file_what_if_address(
+            name.trim(),
+            &file,
         ));
+        return Ok(version);
     }
+    let domain = whatif::domain_file(&name, &file)?;
     // `default`: the server's; left out (an older form): as the domain counts now.
     let counting = match counting.trim() {
         "" => None,

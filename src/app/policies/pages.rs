@@ -335,6 +335,7 @@ pub fn PolicyPage() -> impl IntoView {
                                         <pre class="diff">{lines}</pre>
                                     </details>
                                     {can_edit.then(|| view! {
+                                        <a class="small" href=super::whatif::version_what_if_address(&n, version)>{format!("What would rolling back to version {version} do?")}</a>
                                         <ConfirmStep summary={format!("Roll back to version {version}…")} warning={format!("Saves version {version}'s rules as a new version; the current rules stay in this history, so you can roll forward again.")}>
                                             <ActionForm action=rollback attr:class="inline">
                                                 <CsrfField csrf=c/>
@@ -368,7 +369,7 @@ pub fn PolicyPage() -> impl IntoView {
                                     {format!("Managed by {m}: this file changes there, and edits here are refused. Inspect, reset and overrides work as for any policy.")}
                                 </p>
                             });
-                            let n = p.name.clone();
+                            let (n, file_name) = (p.name.clone(), p.name.clone());
                             let set = counting.set.clone().unwrap_or_else(|| "default".into());
                             let server_default = counting_label(&counting.server_default);
                             view! {
@@ -392,7 +393,7 @@ pub fn PolicyPage() -> impl IntoView {
                                         </label>
                                         <p class="muted">{format!("Now: {}. This server's default: {server_default}.", counting_label(&counting.counts))}</p>
                                         <p class="muted">"Every hit counts, past the limit too, as envoyproxy/ratelimit counts: a cost reported after the response always lands. All or nothing: a request over any limit counts nowhere, so a request that would overspend is turned away whole."</p>
-                                        {can_edit.then(|| view! { <button type="submit">"Save file"</button> })}
+                                        {can_edit.then(|| view! { <div class="row"><button type="submit">"Save file"</button><WhatIfButton name=file_name file=true/></div> })}
                                     </ActionForm>
                                 </section>
                                 <section class="card" aria-labelledby="wire-heading" data-testid="wire-envoy">

@@ -1,4 +1,5 @@
-//! "What would this do?" beside Save: the draft as typed, replayed over the last hour of the
+//! "What would this do?" beside Save: the draft as typed (or an Envoy domain's file as typed,
+//! or a stored version before a rollback), replayed over the last hour or day of the
 //! policy's recorded checks, shown above the editor; nothing is saved. Without JavaScript
 //! the button posts the form (`intent=what-if`) and the server sends the page back with the
 //! draft in its address; with it, the button goes there itself.
@@ -6,7 +7,7 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_location;
 
-use super::{Draft, policy_what_if};
+use super::{Draft, LOOK_BACKS, look_back, policy_what_if};
 use crate::domain::{time::utc_minutes, whatif::WhatIf};
 
 /// The address that asks the editor's page to replay `draft`.
@@ -15,6 +16,23 @@ pub(super) fn what_if_address(name: &str, draft: &Draft) -> String {
         "/policy?name={}&draft={}&whatif=1#what-if",
         crate::domain::percent_encode(name),
         draft.to_query()
+    )
+}
+
+/// The address that asks the page to replay an Envoy domain's `file` as typed.
+pub(super) fn file_what_if_address(name: &str, file: &str) -> String {
+    format!(
+        "/policy?name={}&file={}&whatif=1#what-if",
+        crate::domain::percent_encode(name),
+        crate::domain::percent_encode(file)
+    )
+}
+
+/// The address that asks the page what rolling back to `version` would change.
+pub(super) fn version_what_if_address(name: &str, version: u64) -> String {
+    format!(
+        "/policy?name={}&version={version}&whatif=1#what-if",
+        crate::domain::percent_encode(name)
     )
 }
 
@@ -44,57 +62,125 @@ fn draft_of_form(ev: &leptos::ev::Event) -> Option<Draft> {
 
 /// The button beside Save. A submit button of the editor's form (`intent=what-if`), so it
 /// works without JavaScript; hydrated, it goes to the replay's address instead of posting.
+/// `file`: the button of an Envoy domain's file form.
 #[component]
-pub fn WhatIfButton(name: String) -> impl IntoView {
+pub fn WhatIfButton(name: String, #[prop(optional)] file: bool) -> impl IntoView {
     let navigate = leptos_router::hooks::use_navigate();
     let ask = move |ev: leptos::ev::MouseEvent| {
         #[cfg(feature = "hydrate")]
-        if let Some(draft) = draft_of_form(&ev) {
-            ev.prevent_default();
-            navigate(&what_if_address(&name, &draft), Default::default());
+        {
+            let address = if file {
+                super::preview::form_pairs(&ev).and_then(|pairs| {
+                    let (_, typed) = pairs.into_iter().find(|(k, _)| k == "file")?;
+                    Some(file_what_if_address(&name, &typed))
+                })
+            } else {
+                draft_of_form(&ev).map(|draft| what_if_address(&name, &draft))
+            };
+            if let Some(address) = address {
+                ev.prevent_default();
+                navigate(&address, Default::default());
+            }
         }
         #[cfg(not(feature = "hydrate"))]
-        let _ = (&ev, &navigate, &name);
+        let _ = (&ev, &navigate, &name, file);
     };
     view! {
         <button type="submit" name="intent" value="what-if" class="secondary" on:click=ask
-            title="Replays the rules as typed over the last hour of this policy's checks; saves nothing">
+            title="Replays what is typed over the last hour of this policy's checks; saves nothing">
             "What would this do?"
         </button>
     }
 }
 
-/// The replay's answer, when the address asks for one (`whatif=1` and a `draft`).
+/// What the page's address asks to replay: a draft, a file or a version, and how far back.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Asked {
+    draft: String,
+    file: String,
+    version: u64,
+    last: String,
+}
+
+impl Asked {
+    fn from_search(search: &str) -> Option<Self> {
+        use crate::domain::query_value;
+        query_value(search, "whatif")?;
+        let asked = Self {
+            draft: query_value(search, "draft").unwrap_or_default(),
+            file: query_value(search, "file").unwrap_or_default(),
+            version: query_value(search, "version")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            last: query_value(search, "last").unwrap_or_default(),
+        };
+        (!asked.draft.is_empty() || !asked.file.is_empty() || asked.version > 0).then_some(asked)
+    }
+
+    /// The card's title.
+    fn title(&self) -> String {
+        let (_, span, _) = look_back(&self.last);
+        if self.version > 0 {
+            format!(
+                "What would rolling back to version {} do? {span}, replayed",
+                self.version
+            )
+        } else {
+            format!("What would this do? {span}, replayed")
+        }
+    }
+
+    /// The same question over `last` (`hour`, `day`).
+    fn over(&self, name: &str, last: &str) -> String {
+        let address = if self.version > 0 {
+            version_what_if_address(name, self.version)
+        } else if !self.file.is_empty() {
+            file_what_if_address(name, &self.file)
+        } else {
+            format!(
+                "/policy?name={}&draft={}&whatif=1#what-if",
+                crate::domain::percent_encode(name),
+                crate::domain::percent_encode(&self.draft)
+            )
+        };
+        address.replace("&whatif=1#", &format!("&whatif=1&last={last}#"))
+    }
+}
+
+/// The replay's answer, when the address asks for one.
 #[component]
 pub fn WhatIfCard(name: String) -> impl IntoView {
     let location = use_location();
-    let asked = move || {
-        location.search.with(|s| {
-            crate::domain::query_value(s, "whatif")
-                .and_then(|_| crate::domain::query_value(s, "draft"))
-        })
-    };
-    let answer = Resource::new(asked, move |draft| {
-        let name = name.clone();
+    let asked = move || location.search.with(|s| Asked::from_search(s));
+    let fetch_name = name.clone();
+    let answer = Resource::new(asked, move |asked| {
+        let name = fetch_name.clone();
         async move {
-            match draft {
-                Some(draft) => Some(policy_what_if(name, draft).await),
-                None => None,
-            }
+            let a = asked?;
+            Some((
+                a.clone(),
+                policy_what_if(name, a.draft, a.version, a.file, a.last).await,
+            ))
         }
     });
     view! {
         <Suspense fallback=|| ()>
-            {move || answer.get().flatten().map(|answer| view! {
+            {move || answer.get().flatten().map(|(asked, answer)| {
+                let spans = LOOK_BACKS.map(|(key, label, _)| {
+                    let current = look_back(&asked.last).0 == key;
+                    view! { <a href=asked.over(&name, key) aria-current=current.then_some("true") class="small">{label}</a>" " }
+                });
+                view! {
                 <section class="card" id="what-if" aria-labelledby="what-if-heading" data-testid="what-if">
-                    <h2 id="what-if-heading">"What would this do? The last hour, replayed"</h2>
+                    <h2 id="what-if-heading">{asked.title()}</h2>
+                    <p class="muted">"Look back: "{spans.into_iter().collect_view()}</p>
                     {match answer {
                         Ok(w) => answered(&w).into_any(),
                         Err(e) => view! { <p class="alert" role="alert">{crate::app::session::error_message(&e)}</p> }.into_any(),
                     }}
-                    <p class="muted">"Nothing is saved: this is the draft as typed below. Save it, change it and ask again, or leave the page to back out."</p>
+                    <p class="muted">{if asked.version > 0 { "Nothing is rolled back: roll back from the versions below, or leave the page." } else { "Nothing is saved: this is what is typed below. Save it, change it and ask again, or leave the page to back out." }}</p>
                 </section>
-            })}
+            }})}
         </Suspense>
     }
 }
@@ -135,9 +221,16 @@ fn answered(w: &WhatIf) -> impl IntoView + use<> {
     let skipped = (!w.not_replayed.is_empty()).then(|| {
         view! { <p class="muted">{format!("Not replayed (their leases' releases are not recorded): {}.", w.not_replayed.join(", "))}</p> }
     });
+    let sampled = (w.one_in > 1).then(|| view! {
+        <p class="notice" data-testid="what-if-sample">{format!(
+            "This policy is busy: its record keeps the checks of one identifier in {}, so these counts are estimates (newly denied within ±{}, newly let through within ±{}, most likely); the lists are the kept identifiers' own checks.",
+            w.one_in, w.newly_denied_bound, w.newly_allowed_bound
+        )}</p>
+    });
     let cut = (!w.complete).then(|| view! { <p class="notice">"The replay ran out of time: this covers the record up to its last time above."</p> });
     view! {
         <p data-testid="what-if-summary">{summary}</p>
+        {sampled}
         {list("Newly throttled", "newly-throttled", &w.newly_throttled)}
         {list("Newly let through", "newly-freed", &w.newly_freed)}
         {list("Denials by rule", "denied-by-rule", &w.denied_by_rule)}

@@ -7,31 +7,82 @@ use super::*;
 #[cfg(feature = "ssr")]
 use crate::domain::people::Action;
 
-/// How far back the editor's replay looks.
-pub const WHAT_IF_LAST_MS: i64 = 60 * 60 * 1000;
+/// How far back the editor's replay can look: the last hour (unless the page asks) or day.
+pub const LOOK_BACKS: [(&str, &str, i64); 2] = [
+    ("hour", "The last hour", 60 * 60 * 1000),
+    ("day", "The last day", 24 * 60 * 60 * 1000),
+];
 
-/// The draft `draft` (a [`super::super::Draft`] as JSON, as the page's address carries it)
-/// of policy `name`, replayed over its last hour of recorded checks.
+/// The look back `last` names (`hour`, `day`; else an hour).
+pub fn look_back(last: &str) -> (&'static str, &'static str, i64) {
+    LOOK_BACKS
+        .into_iter()
+        .find(|(key, ..)| *key == last)
+        .unwrap_or(LOOK_BACKS[0])
+}
+
+/// Policy `name` replayed over its recorded checks of the `last` hour or day, as one of:
+/// `draft` (a [`super::super::Draft`] as JSON, as the page's address carries it), the
+/// stored `version` (what a rollback would change), or an Envoy domain's `file` as typed.
 #[server(prefix = "/fn", endpoint = "policy_what_if")]
 pub async fn policy_what_if(
     name: String,
-    draft: String,
+    #[server(default)] draft: String,
+    #[server(default)] version: u64,
+    #[server(default)] file: String,
+    #[server(default)] last: String,
 ) -> Result<crate::domain::whatif::WhatIf, AppError> {
+    use crate::service::record::Candidate;
     let caller = crate::app::guard::require(Action::EditPolicies)?;
-    let typed: super::super::Draft = serde_json::from_str(&draft)
-        .map_err(|e| AppError::bad_input("draft", format!("is not a draft of the editor: {e}")))?;
-    let policy = draft_policy(&name, &typed)?;
-    let name = policy.name.clone();
+    let parsed =
+        crate::domain::Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
+    let candidate = if version > 0 {
+        Candidate::Version(version)
+    } else if !file.trim().is_empty() {
+        let domain = domain_file(&name, &file)?;
+        Candidate::File(
+            crate::domain::Policy::from_envoy(domain, Default::default())
+                .map_err(|e| AppError::bad_input("file", e.message))?,
+        )
+    } else {
+        let typed: super::super::Draft = serde_json::from_str(&draft).map_err(|e| {
+            AppError::bad_input("draft", format!("is not a draft of the editor: {e}"))
+        })?;
+        Candidate::Rules(draft_policy(&name, &typed)?)
+    };
     state()
         .service()
-        .what_if_policy(
-            &caller.actor(),
-            &name,
-            crate::service::record::Candidate::Rules(policy),
-            WHAT_IF_LAST_MS,
-        )
+        .what_if_policy(&caller.actor(), &parsed, candidate, look_back(&last).2)
         .await
         .map_err(what_if_refused)
+}
+
+/// An Envoy domain's file as typed in policy `name`'s editor, or the first thing wrong.
+#[cfg(feature = "ssr")]
+pub(super) fn domain_file(
+    name: &str,
+    file: &str,
+) -> Result<crate::domain::envoy::EnvoyDomain, AppError> {
+    use crate::domain::envoy::{EnvoyDomain, policy_name};
+    let value = crate::service::envoy::domain_yaml(file.as_bytes())
+        .map_err(|e| AppError::bad_input("file", e))?;
+    let domain = EnvoyDomain::from_value(&value)
+        .map_err(|e| AppError::bad_input("file", format!("{}: {}", e.field, e.message)))?;
+    if policy_name(&domain.doc.domain)
+        .ok()
+        .as_ref()
+        .map(|n| n.as_str())
+        != Some(name.trim())
+    {
+        return Err(AppError::bad_input(
+            "file",
+            format!(
+                "domain: {:?} is not this policy's domain; load another domain with the API",
+                domain.doc.domain
+            ),
+        ));
+    }
+    Ok(domain)
 }
 
 /// A replay's refusal, named as the editor's form names it.
