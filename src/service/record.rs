@@ -475,6 +475,30 @@ impl Service {
         })
     }
 
+    /// Suggested limits for each of `rules` of the policy `name` in force that has a window
+    /// (the others are left out), from one read of its checks of the last `look_back_ms`.
+    pub async fn suggest_limits_for(
+        &self,
+        name: &Name,
+        rules: Vec<String>,
+        look_back_ms: i64,
+    ) -> Result<Vec<crate::domain::suggest::Suggestion>, WhatIfError> {
+        check_look_back(look_back_ms)?;
+        let policy = self
+            .stored_policy(name)
+            .await?
+            .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
+        let record = self.record_since(name, look_back_ms).await?;
+        let answer = tokio::task::spawn_blocking(move || {
+            rules
+                .iter()
+                .filter_map(|rule| crate::domain::suggest::suggest(&policy, rule, &record).ok())
+                .collect()
+        })
+        .await;
+        Ok(answer.unwrap_or_default())
+    }
+
     /// The most recorded checks a replay reads: this instance's setting; a command's
     /// service, which records nothing itself, reads what the servers recorded.
     fn record_max(&self) -> usize {

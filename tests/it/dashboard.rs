@@ -915,6 +915,25 @@ async fn what_would_this_do_replays_the_draft_without_javascript_and_saves_nothi
     ] {
         assert!(page.contains(text), "the page says {text:?}: {page}");
     }
+    // A suggested limit is a link that puts it in the form and asks again: 1 an hour
+    // throttles only the heavy user, 3 of its checks.
+    for text in [
+        "Suggested limits",
+        "Use 1",
+        "throttles user=heavy (3 checks newly denied)",
+    ] {
+        assert!(page.contains(text), "the page says {text:?}: {page}");
+    }
+    let at = page.find(">Use 1<").unwrap();
+    let href_at = page[..at].rfind("href=\"").unwrap() + 6;
+    let href = page[href_at..at - 1].replace("&amp;", "&");
+    let again = v.get(&href).await.text().await.unwrap();
+    for text in [
+        "3 that were let through would be denied",
+        r#"name="rules[0][limit]" value="1""#,
+    ] {
+        assert!(again.contains(text), "the page says {text:?}: {again}");
+    }
     // Nothing was saved: still version 1, limit 4.
     let stored = app.get_policy("asked").await;
     assert_eq!(

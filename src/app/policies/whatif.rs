@@ -175,7 +175,7 @@ pub fn WhatIfCard(name: String) -> impl IntoView {
                     <h2 id="what-if-heading">{asked.title()}</h2>
                     <p class="muted">"Look back: "{spans.into_iter().collect_view()}</p>
                     {match answer {
-                        Ok(w) => answered(&w).into_any(),
+                        Ok(w) => view! { {answered(&w.answer)}{suggested(&name, &asked, &w.suggestions)} }.into_any(),
                         Err(e) => view! { <p class="alert" role="alert">{crate::app::session::error_message(&e)}</p> }.into_any(),
                     }}
                     <p class="muted">{if asked.version > 0 { "Nothing is rolled back: roll back from the versions below, or leave the page." } else { "Nothing is saved: this is what is typed below. Save it, change it and ask again, or leave the page to back out." }}</p>
@@ -183,6 +183,57 @@ pub fn WhatIfCard(name: String) -> impl IntoView {
             }})}
         </Suspense>
     }
+}
+
+/// Limits suggested for the draft's rules, each a link that puts it in the form and asks
+/// again (with JavaScript and without).
+fn suggested(
+    name: &str,
+    asked: &Asked,
+    suggestions: &[crate::domain::suggest::Suggestion],
+) -> impl IntoView + use<> {
+    let draft: Option<Draft> = serde_json::from_str(&asked.draft).ok();
+    let last = look_back(&asked.last).0;
+    let items: Vec<_> = suggestions
+        .iter()
+        .filter(|s| !s.limits.is_empty())
+        .filter_map(|s| {
+            let draft = draft.clone()?;
+            let uses: Vec<_> = s
+                .limits
+                .iter()
+                .map(|t| {
+                    let mut with = draft.clone();
+                    for rule in with.rules.iter_mut().filter(|r| r.name.trim() == s.rule) {
+                        rule.limit = t.limit.to_string();
+                    }
+                    let again = Asked {
+                        draft: serde_json::to_string(&with).unwrap_or_default(),
+                        ..asked.clone()
+                    };
+                    let words = format!(
+                        ": throttles {} ({} check{} newly denied)",
+                        t.throttled.join(", "),
+                        t.newly_denied,
+                        if t.newly_denied == 1 { "" } else { "s" }
+                    );
+                    view! { <li><a href=again.over(name, last)>{format!("Use {}", t.limit)}</a>{words}</li> }
+                })
+                .collect();
+            let spread = format!(
+                "{}: each of {} identifier{}' busiest window held {} at the median, {} at the 99th percentile, {} at most (the limit is {}).",
+                s.rule,
+                s.identifiers,
+                if s.identifiers == 1 { "" } else { "s" },
+                s.p50,
+                s.p99,
+                s.max,
+                s.limit_now
+            );
+            Some(view! { <p>{spread}</p><ul data-testid="suggested-limits">{uses}</ul> })
+        })
+        .collect();
+    (!items.is_empty()).then(|| view! { <h3>"Suggested limits"</h3>{items} })
 }
 
 /// The answer in sentences and lists.

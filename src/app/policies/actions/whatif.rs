@@ -24,6 +24,7 @@ pub fn look_back(last: &str) -> (&'static str, &'static str, i64) {
 /// Policy `name` replayed over its recorded checks of the `last` hour or day, as one of:
 /// `draft` (a [`super::super::Draft`] as JSON, as the page's address carries it), the
 /// stored `version` (what a rollback would change), or an Envoy domain's `file` as typed.
+/// With a draft, suggested limits for its rules with a window, from the same record.
 #[server(prefix = "/fn", endpoint = "policy_what_if")]
 pub async fn policy_what_if(
     name: String,
@@ -31,7 +32,7 @@ pub async fn policy_what_if(
     #[server(default)] version: u64,
     #[server(default)] file: String,
     #[server(default)] last: String,
-) -> Result<crate::domain::whatif::WhatIf, AppError> {
+) -> Result<EditorWhatIf, AppError> {
     use crate::service::record::Candidate;
     let caller = crate::app::guard::require(Action::EditPolicies)?;
     let parsed =
@@ -50,11 +51,35 @@ pub async fn policy_what_if(
         })?;
         Candidate::Rules(draft_policy(&name, &typed)?)
     };
-    state()
-        .service()
-        .what_if_policy(&caller.actor(), &parsed, candidate, look_back(&last).2)
+    let last_ms = look_back(&last).2;
+    let rules: Vec<String> = match &candidate {
+        Candidate::Rules(p) => p.rules.iter().map(|r| r.name.to_string()).collect(),
+        _ => Vec::new(),
+    };
+    let state = state();
+    let service = state.service();
+    let answer = service
+        .what_if_policy(&caller.actor(), &parsed, candidate, last_ms)
         .await
-        .map_err(what_if_refused)
+        .map_err(what_if_refused)?;
+    let suggestions = match rules.is_empty() {
+        true => Vec::new(),
+        false => service
+            .suggest_limits_for(&parsed, rules, last_ms)
+            .await
+            .unwrap_or_default(),
+    };
+    Ok(EditorWhatIf {
+        answer,
+        suggestions,
+    })
+}
+
+/// The editor's replay: the answer, and limits suggested for the draft's rules.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct EditorWhatIf {
+    pub answer: crate::domain::whatif::WhatIf,
+    pub suggestions: Vec<crate::domain::suggest::Suggestion>,
 }
 
 /// An Envoy domain's file as typed in policy `name`'s editor, or the first thing wrong.
