@@ -97,7 +97,7 @@ deps-bench:
 # bench-results/REPORT.md and benches/REPORT.md. Takes about 8 minutes (the first time 2
 # more, to build the open-loop load generator).
 bench: deps-bench build
-	cargo build --release --example openloop --example grpcload --no-default-features --features ssr
+	cargo build --release --example openloop --example grpcload --example replay --no-default-features --features ssr
 	python3 benches/run.py
 
 clean:
