@@ -164,6 +164,10 @@ async fn run() -> anyhow::Result<()> {
             let service = connect(&config).await?;
             print!("{}", cli::people_command(&service, command).await?);
         }
+        Command::State(command) => {
+            let service = connect(&config).await?;
+            print!("{}", cli::backup::run(&service, command).await?);
+        }
         Command::Validate { .. } | Command::Test { .. } => {
             unreachable!("answered before the configuration is read")
         }

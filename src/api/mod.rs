@@ -225,7 +225,7 @@ async fn healthcheck(State(state): State<AppState>) -> (StatusCode, &'static str
 async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        crate::telemetry::metrics::handle().render(),
+        crate::telemetry::metrics::render(),
     )
 }
 

@@ -1,6 +1,7 @@
 //! The command line: `spillway` serves; `spillway policy export|import` keeps policies as
 //! code, so they can live in git and be restored after losing Redis.
 
+pub mod backup;
 pub mod demo;
 pub mod plan;
 
@@ -45,6 +46,8 @@ pub enum Command {
     /// `user add|set-password|set-role|remove|list`, `key add|list|revoke`.
     People(PeopleCommand),
     Demo(crate::cli::demo::DemoOptions),
+    /// `backup`, `restore`.
+    State(backup::StateCommand),
 }
 
 /// Managing users and API keys from the command line.
@@ -118,6 +121,21 @@ enum Top {
     Key {
         #[command(subcommand)]
         command: KeyArgs,
+    },
+    /// Write what Spillway keeps (policies with their versions, users, API keys, alert
+    /// rules) as one JSON file, for `restore`.
+    Backup {
+        /// Write to this file (mode 0600) instead of standard output.
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+    },
+    /// Write a backup back. Refused over a Redis that holds any policy, user, key or alert
+    /// rule, unless --replace.
+    Restore {
+        file: PathBuf,
+        /// Replace whatever this Redis holds.
+        #[arg(long)]
+        replace: bool,
     },
     /// Synthetic traffic against the demo policy of a running server (about 55 checks a
     /// second; the service key comes from SPILLWAY_SERVICE_KEYS).
@@ -275,6 +293,10 @@ pub fn parse(args: &[String]) -> Result<Command, clap::Error> {
             KeyArgs::Revoke { id } => PeopleCommand::KeyRevoke { id },
         }),
         Top::Demo { url, seconds } => Command::Demo(crate::cli::demo::DemoOptions { url, seconds }),
+        Top::Backup { output } => Command::State(backup::StateCommand::Backup { output }),
+        Top::Restore { file, replace } => {
+            Command::State(backup::StateCommand::Restore { file, replace })
+        }
     })
 }
 

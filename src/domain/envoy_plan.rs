@@ -506,10 +506,16 @@ impl Plan {
             .map(|(i, _)| i)
     }
 
-    /// The hits every limited descriptor counts when they all count the same and none
-    /// brought its own limit: what a what-if record holds of a request. `None` otherwise.
+    /// The hits every limited descriptor counts when they all count the same, none brought
+    /// its own limit, none is in shadow or quota mode and none was over without Redis (a
+    /// limit of 0, a block): what a what-if record holds of a request, which a replay of the
+    /// domain's rules decides as Envoy's request was. `None` otherwise.
     pub fn shared_cost(&self) -> Option<u64> {
-        if !self.caller_rules.is_empty() {
+        if !self.caller_rules.is_empty()
+            || !self.shadows.is_empty()
+            || !self.quotas.is_empty()
+            || self.over_already.is_some()
+        {
             return None;
         }
         let mut costs = self

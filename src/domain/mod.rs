@@ -33,6 +33,7 @@
 
 pub mod alerts;
 pub mod algorithm;
+pub mod backup;
 pub mod calendar;
 pub mod check;
 pub mod envoy;

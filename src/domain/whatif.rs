@@ -69,7 +69,9 @@ impl Recorded {
         let (level, unit) = match parts.next_if(|p| p.starts_with('s') && !p.contains('=')) {
             Some(sample) => {
                 let (level, unit) = sample[1..].split_once('.')?;
-                (level.parse().ok()?, unit.parse().ok()?)
+                let level: u8 = level.parse().ok()?;
+                (level <= sample::MAX_LEVEL).then_some(())?;
+                (level, unit.parse().ok()?)
             }
             None => (0, 0),
         };

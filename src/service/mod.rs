@@ -17,6 +17,7 @@
 
 pub mod alerts;
 pub mod audit;
+pub mod backup;
 pub mod check;
 pub mod deny_cache;
 pub mod envoy;

@@ -319,6 +319,11 @@ impl Service {
                 return;
             }
         };
+        // Loud: a Redis that lost Spillway's state (restarted without persistence, flushed,
+        // evicted) looks like a first start.
+        tracing::warn!(
+            "Redis holds no users: made the first admin. If this Redis held Spillway's users and policies before, they are gone: restore them with `spillway restore <backup>` (docs/operations.md, \"Redis for production\")"
+        );
         if first.password.is_some() {
             tracing::info!(%user, "first start: created the admin user with the password of SPILLWAY_FIRST_ADMIN_PASSWORD");
         } else if std::io::stdout().is_terminal() {

@@ -6,8 +6,7 @@
 //! policy recording a sample (its document's `record`, the default) keeps every check while
 //! a day at its rate fits, else the checks of one identifier in 2, 4, 8… (the level, from
 //! all instances' count of its checks of the last ten seconds: `domain::whatif::sample`).
-//! A
-//! replay reads the record and runs a policy's rules (a draft's, or the ones in force) over
+//! A replay reads the record and runs a policy's rules (a draft's, or the ones in force) over
 //! it in the reference model (`domain::whatif`), on a blocking thread, within a budget, and
 //! stops when its caller goes away.
 
@@ -69,38 +68,37 @@ impl Recorder {
         }
     }
 
-    /// Notes a decided check of `policy` (recorded as it says), sampled by `ids[unit]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn note(
-        &self,
-        policy: &str,
-        recording: Recording,
-        unit: usize,
-        at_us: i64,
-        cost: u64,
-        allowed: bool,
-        ids: &[Identifier],
-    ) {
-        if self.max == 0 || cost == 0 || recording == Recording::Off {
+    /// Notes a decided check of `policy` (recorded as its `record` says), sampled by the
+    /// identifier its first counted dimension names.
+    pub fn note(&self, policy: &Policy, at_us: i64, cost: u64, allowed: bool, ids: &[Identifier]) {
+        if self.max == 0 || cost == 0 || policy.record == Recording::Off {
             return;
         }
-        if self.noted.load(Ordering::Relaxed) as usize >= MAX_PENDING {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        self.noted.fetch_add(1, Ordering::Relaxed);
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if !pending.contains_key(policy) {
-            pending.insert(policy.to_owned(), Pending::default());
+        let name = policy.name.as_str();
+        if !pending.contains_key(name) {
+            pending.insert(name.to_owned(), Pending::default());
         }
-        let policy = pending.get_mut(policy).expect("inserted above");
-        policy.every = recording == Recording::Every;
-        policy.seen += 1;
-        let level = if policy.every { 0 } else { policy.level };
+        let noted = pending.get_mut(name).expect("inserted above");
+        noted.every = policy.record == Recording::Every;
+        // Every check counts toward the rate, recorded or not.
+        noted.seen += 1;
+        // A burst past a hundredth of the budget in one second samples at once, more as it
+        // doubles, before the next write sets the level from the rate.
+        let burst = (self.max / 100).max(1);
+        if !noted.every && noted.seen > burst {
+            noted.level = noted.level.max(sample::burst_level(noted.seen, burst));
+        }
+        let level = if noted.every { 0 } else { noted.level };
+        let unit = sample::unit_of(policy, ids);
         if ids.get(unit).is_some_and(|id| !sample::keeps(id, level)) {
             return;
         }
-        policy.checks.push(Recorded {
+        if self.noted.fetch_add(1, Ordering::Relaxed) as usize >= MAX_PENDING {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        noted.checks.push(Recorded {
             at_us,
             cost,
             allowed,
@@ -146,7 +144,7 @@ impl Recorder {
         };
         for (policy, checks, seen) in drained {
             match store.record_checks(&policy, &checks, seen, self.max).await {
-                Ok(before) => self.set_level(&policy, before),
+                Ok(before) => self.set_level(&policy, before, seen),
                 Err(error) => tracing::debug!(%error, policy, "could not record checks"),
             }
         }
@@ -162,14 +160,18 @@ impl Recorder {
 
 impl Recorder {
     /// Sets the level `policy` samples at from all instances' count of its checks in the
-    /// ten seconds before this (`seen`).
-    fn set_level(&self, policy: &str, seen: u64) {
-        let level = sample::level_for(
-            seen,
-            crate::store::RECORD_RATE_PERIOD_MS,
-            self.max,
-            crate::store::RECORD_KEEP_MS,
-        );
+    /// ten seconds before this (`before`), or this instance's of the last second (`seen`)
+    /// when that burst past a hundredth of the budget: whichever samples more.
+    fn set_level(&self, policy: &str, before: u64, seen: u64) {
+        let day = crate::store::RECORD_KEEP_MS;
+        let shared = sample::level_for(before, crate::store::RECORD_RATE_PERIOD_MS, self.max, day);
+        let burst = (self.max / 100).max(1);
+        let own = if seen > burst {
+            sample::level_for(seen, 1_000, self.max, day)
+        } else {
+            0
+        };
+        let level = shared.max(own);
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(p) = pending.get_mut(policy)
             && p.level != level
@@ -279,11 +281,8 @@ impl Service {
             0 => crate::support::clock::now_us(),
             at => at,
         };
-        let policy = &checked.policy;
         self.recorder.note(
-            policy.name.as_str(),
-            policy.record,
-            sample::unit_of(policy, &request.identifiers),
+            &checked.policy,
             at_us,
             request.cost,
             checked.decision.allowed,
@@ -303,15 +302,8 @@ impl Service {
             return;
         };
         let ids: Vec<Identifier> = plan.limited().cloned().collect();
-        self.recorder.note(
-            policy.name.as_str(),
-            policy.record,
-            sample::unit_of(policy, &ids),
-            crate::support::clock::now_us(),
-            cost,
-            ok,
-            &ids,
-        );
+        self.recorder
+            .note(policy, crate::support::clock::now_us(), cost, ok, &ids);
     }
 
     /// Replays `draft` (a policy document; the policy in force when `None`) over `name`'s
@@ -387,14 +379,18 @@ impl Service {
     ) -> Result<Policy, WhatIfError> {
         match candidate {
             Candidate::Current => Ok(current),
+            Candidate::Rules(p) | Candidate::Whole(p)
+                if current.envoy.is_some() && p.envoy.is_none() =>
+            {
+                Err(WhatIfError::Invalid {
+                    field: "policy",
+                    message: format!(
+                        "{} is an Envoy domain: its limits come from its file; replay a file",
+                        current.name
+                    ),
+                })
+            }
             Candidate::Whole(policy) => Ok(policy),
-            Candidate::Rules(_) if current.envoy.is_some() => Err(WhatIfError::Invalid {
-                field: "policy",
-                message: format!(
-                    "{} is an Envoy domain: its limits come from its file; replay a file",
-                    current.name
-                ),
-            }),
             Candidate::Rules(policy) => Ok(Policy {
                 overrides: current.overrides,
                 ..policy
@@ -475,24 +471,35 @@ impl Service {
         })
     }
 
-    /// Suggested limits for each of `rules` of the policy `name` in force that has a window
-    /// (the others are left out), from one read of its checks of the last `look_back_ms`.
+    /// Suggested limits for each rule with a window of `draft` (a draft of the policy
+    /// `name`, under the overrides in force), from one read of its checks of the last
+    /// `look_back_ms`; at most three rules, and none once the replay's budget is spent.
     pub async fn suggest_limits_for(
         &self,
         name: &Name,
-        rules: Vec<String>,
+        draft: Policy,
         look_back_ms: i64,
     ) -> Result<Vec<crate::domain::suggest::Suggestion>, WhatIfError> {
         check_look_back(look_back_ms)?;
-        let policy = self
+        let current = self
             .stored_policy(name)
             .await?
             .ok_or_else(|| WhatIfError::UnknownPolicy(name.to_string()))?;
+        let policy = Policy {
+            overrides: current.overrides,
+            ..draft
+        };
         let record = self.record_since(name, look_back_ms).await?;
+        let started = Instant::now();
         let answer = tokio::task::spawn_blocking(move || {
-            rules
+            policy
+                .rules
                 .iter()
-                .filter_map(|rule| crate::domain::suggest::suggest(&policy, rule, &record).ok())
+                .take_while(|_| started.elapsed() < REPLAY_BUDGET)
+                .filter_map(|rule| {
+                    crate::domain::suggest::suggest(&policy, rule.name.as_str(), &record).ok()
+                })
+                .take(3)
                 .collect()
         })
         .await;

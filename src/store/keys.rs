@@ -274,15 +274,16 @@ impl Keys {
     /// `policy`'s recorded checks, for what-if replays: a stream, one entry a check (see
     /// `store/record.rs`).
     pub fn record(&self, policy: &str) -> String {
-        format!("{}:record:{}", self.namespace, escape(policy))
+        format!("{}:{{record:{}}}", self.namespace, escape(policy))
     }
 
     /// How many checks of `policy` the instances saw in the ten seconds from `bucket_ms`
     /// (recorded or not), which set the level its record samples at
     /// (`domain::whatif::sample`): a number, gone half a minute later.
+    /// It shares the record's hash tag: one write of both is one slot on a Cluster.
     pub fn record_rate(&self, policy: &str, bucket_ms: i64) -> String {
         format!(
-            "{}:record-rate:{}:{bucket_ms}",
+            "{}:{{record:{}}}:rate:{bucket_ms}",
             self.namespace,
             escape(policy)
         )

@@ -7,6 +7,7 @@
 
 pub mod alerts;
 mod audit;
+mod backup;
 mod breaker;
 mod check;
 mod coalesce;

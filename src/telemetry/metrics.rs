@@ -46,6 +46,21 @@ pub fn handle() -> &'static PrometheusHandle {
     })
 }
 
+/// The Prometheus text of every series, with the process's own (`process_resident_memory_bytes`,
+/// `process_cpu_seconds_total`, threads, file descriptors) read now.
+pub fn render() -> String {
+    static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+    let handle = handle();
+    PROCESS
+        .get_or_init(|| {
+            let collector = metrics_process::Collector::default();
+            collector.describe();
+            collector
+        })
+        .collect();
+    handle.render()
+}
+
 /// What a series is, for its `# TYPE` line.
 #[derive(Clone, Copy)]
 enum Kind {

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use crate::helpers::{PATIENCE, RedisServer, eventually, spawn_app};
 
-fn spillway(redis: &RedisServer, args: &[&str]) -> std::process::Output {
+pub(crate) fn spillway(redis: &RedisServer, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_spillway"))
         .args(args)
         .env("REDIS_URL", redis.url())
@@ -102,7 +102,11 @@ async fn export_then_import_restores_policies_after_losing_redis() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn spillway_stdin(redis: &RedisServer, args: &[&str], input: &str) -> std::process::Output {
+pub(crate) fn spillway_stdin(
+    redis: &RedisServer,
+    args: &[&str],
+    input: &str,
+) -> std::process::Output {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_spillway"))
         .args(args)

@@ -226,3 +226,36 @@ async fn a_penalty_box_holds_on_a_cluster() {
         );
     }
 }
+
+/// The what-if record and its rate counters share a slot (one write is one pipeline on one
+/// node), and a backup reads and restores on a cluster too.
+#[tokio::test]
+async fn the_record_and_a_backup_work_on_a_cluster() {
+    use spillway::domain::{Identifier, whatif::Recorded};
+    let cluster = RedisCluster::start();
+    let store = cluster_store(&cluster, "rec").await;
+    let now_us = spillway::support::clock::now_us();
+    let checks: Vec<Recorded> = (0..50)
+        .map(|i| Recorded {
+            at_us: now_us + i,
+            cost: 1,
+            allowed: true,
+            identifiers: vec![Identifier::new("user", &format!("u{i}")).unwrap()],
+            ..Recorded::default()
+        })
+        .collect();
+    for policy in ["api", "web", "edge"] {
+        store
+            .record_checks(policy, &checks, 50, 1000)
+            .await
+            .unwrap();
+        let read = store
+            .recorded_checks(policy, now_us / 1000 - 60_000, 1000)
+            .await
+            .unwrap();
+        assert_eq!(read.len(), 50, "{policy}");
+    }
+    let backup = store.backup().await.unwrap();
+    store.restore(&backup, &backup).await.unwrap();
+    assert_eq!(store.backup().await.unwrap().policies, backup.policies);
+}

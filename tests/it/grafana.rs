@@ -1,6 +1,8 @@
-//! The Grafana dashboard (deploy/grafana/spillway.json) reads what /metrics serves: after some
-//! traffic, every series each panel queries exists with the label values it filters on, and
-//! every series /metrics serves has its `# HELP`.
+//! The Grafana dashboard (deploy/grafana/spillway.json) and the Helm chart's alerts
+//! (deploy/helm/spillway/templates/prometheusrule.yaml) read what /metrics serves: after some
+//! traffic, a Redis stall and an Envoy request, every series each panel and alert queries
+//! exists with the label values it filters on, and every series /metrics serves has its
+//! `# HELP`.
 
 use serde_json::{Value, json};
 
@@ -11,7 +13,13 @@ use crate::helpers::{RedisServer, spawn_app_with};
 fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
     let mut out = Vec::new();
     let mut rest = expr;
-    while let Some(start) = rest.find("spillway_") {
+    let next = |s: &str| {
+        ["spillway_", "process_"]
+            .iter()
+            .filter_map(|p| s.find(p))
+            .min()
+    };
+    while let Some(start) = next(rest) {
         let tail = &rest[start..];
         let end = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -39,7 +47,15 @@ fn selectors(expr: &str) -> Vec<(String, Vec<(String, String)>)> {
 #[tokio::test]
 async fn every_series_the_grafana_dashboard_queries_is_served_with_its_help() {
     let redis = RedisServer::start();
-    let app = spawn_app_with(&redis, &[("SPILLWAY_METRICS_RULE_LABEL", "true")]).await;
+    // A Redis timeout short enough for a stall to pass it (the tests' default is 2 s).
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_METRICS_RULE_LABEL", "true"),
+            ("SPILLWAY_REDIS_TIMEOUT_MS", "250"),
+        ],
+    )
+    .await;
     let hourly = |limit: u64| json!({"name": "hourly", "algorithm": "fixed_window", "limit": limit, "window_ms": 3600000});
     app.put_policy("gf-enforce", json!({"rules": [hourly(5)]}))
         .await;
@@ -62,6 +78,26 @@ async fn every_series_the_grafana_dashboard_queries_is_served_with_its_help() {
     }
     app.check(json!({"policy": "gf-lenient", "identifiers": {"ip": "10.0.0.7"}}))
         .await;
+    crate::envoy::load(
+        &app,
+        "gf-edge",
+        "domain: gf-edge\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 5}\n",
+    )
+    .await;
+    let mut grpc = crate::envoy::client(&app).await;
+    let message = crate::envoy::request(
+        "gf-edge",
+        vec![crate::envoy::descriptor(&[("client", "c1")])],
+    );
+    crate::envoy::ask(&mut grpc, message).await;
+    // Then Redis stalls past the check's timeout: answered by the failure mode (degraded).
+    redis.pause(1_000);
+    let stalled = app
+        .check(json!({"policy": "gf-enforce", "identifiers": {"user": "bo"}}))
+        .await;
+    assert_eq!(stalled.status(), 200);
+    // A readiness probe, as Kubernetes sends every few seconds, sets spillway_redis_up.
+    app.client.get(app.url("/readyz")).send().await.unwrap();
     let metrics = app.metrics().await;
 
     let path =
@@ -90,6 +126,26 @@ async fn every_series_the_grafana_dashboard_queries_is_served_with_its_help() {
         }
     }
     assert!(queried >= 15, "{queried}");
+    let rules = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy/helm/spillway/templates/prometheusrule.yaml"),
+    )
+    .unwrap();
+    let alerted = selectors(&rules);
+    assert!(alerted.len() >= 8, "{alerted:?}");
+    for (name, matchers) in alerted {
+        let found = metrics.lines().any(|line| {
+            !line.starts_with('#')
+                && line.starts_with(&name)
+                && matchers
+                    .iter()
+                    .all(|(k, v)| line.contains(&format!("{k}=\"{v}\"")))
+        });
+        assert!(
+            found,
+            "an alert queries {name}{matchers:?}, not in /metrics:\n{metrics}"
+        );
+    }
     // Every series has its HELP (a histogram's under its own name).
     for line in metrics.lines().filter(|l| l.starts_with("spillway_")) {
         let series = line.split(['{', ' ']).next().unwrap();

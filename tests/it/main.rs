@@ -7,6 +7,7 @@ mod alerts;
 mod api;
 mod architecture;
 mod auth;
+mod backup;
 mod caller_limits;
 mod cli;
 mod clients;

@@ -87,7 +87,7 @@ pub fn WhatIfButton(name: String, #[prop(optional)] file: bool) -> impl IntoView
     };
     view! {
         <button type="submit" name="intent" value="what-if" class="secondary" on:click=ask
-            title="Replays what is typed over the last hour of this policy's checks; saves nothing">
+            title="Replays what is typed over this policy's recorded checks (the last hour, or day); saves nothing">
             "What would this do?"
         </button>
     }

@@ -65,7 +65,19 @@ pub fn level_for(seen: u64, period_ms: i64, max: u64, day_ms: i64) -> u8 {
         .clamp(0.0, f64::from(MAX_LEVEL)) as u8
 }
 
-/// An estimate's bound: about two standard errors of a total counted over sampled
+/// The level a burst of `seen` checks needs when `burst` is what a moment may record: one
+/// more each time it doubles past it.
+pub fn burst_level(seen: u64, burst: u64) -> u8 {
+    let over = seen / burst.max(1);
+    if over == 0 {
+        return 0;
+    }
+    u8::try_from(u64::BITS - over.leading_zeros())
+        .unwrap_or(MAX_LEVEL)
+        .min(MAX_LEVEL)
+}
+
+/// An estimate's bound (at least `one_in`): about two standard errors of a total counted over sampled
 /// identifiers (`per_unit`: the count each kept identifier contributed), each kept with
 /// probability 1/`one_in` (the Horvitz–Thompson variance of a cluster sample).
 pub fn bound(per_unit: impl Iterator<Item = u64>, one_in: u64) -> u64 {
@@ -73,6 +85,8 @@ pub fn bound(per_unit: impl Iterator<Item = u64>, one_in: u64) -> u64 {
         return 0;
     }
     let squares: f64 = per_unit.map(|c| (c as f64) * (c as f64)).sum();
-    let one_in = one_in as f64;
-    (2.0 * (one_in * (one_in - 1.0) * squares).sqrt()).ceil() as u64
+    let spread = (2.0 * (one_in as f64 * (one_in as f64 - 1.0) * squares).sqrt()).ceil() as u64;
+    // None among the kept identifiers is not none at all: an identifier left out could have
+    // had as many as one kept one stands for.
+    spread.max(one_in)
 }

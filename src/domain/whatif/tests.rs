@@ -190,7 +190,10 @@ fn a_sampled_record_estimates_within_its_bound() {
         (same.one_in, same.newly_denied, same.newly_allowed),
         (8, 0, 0)
     );
-    assert_eq!(same.newly_denied_bound, 0);
+    assert_eq!(
+        same.newly_denied_bound, 8,
+        "none kept changed: the bound is one identifier's share"
+    );
     let estimate = replay(&rule(15), &sampled, || false);
     assert_eq!(estimate.one_in, 8);
     assert!(estimate.newly_denied_bound > 0);
@@ -221,4 +224,14 @@ fn the_level_is_the_lowest_at_which_a_day_at_the_rate_fits() {
     assert_eq!(level_for(10_000, 10_000, 100_000, DAY), 10);
     assert_eq!(level_for(0, 10_000, 100_000, DAY), 0);
     assert_eq!(level_for(u64::MAX, 10_000, 1, DAY), sample::MAX_LEVEL);
+}
+
+#[test]
+fn a_burst_samples_more_each_time_it_doubles() {
+    use sample::burst_level;
+    assert_eq!(burst_level(999, 1000), 0);
+    assert_eq!(burst_level(1001, 1000), 1);
+    assert_eq!(burst_level(2000, 1000), 2);
+    assert_eq!(burst_level(4000, 1000), 3);
+    assert_eq!(burst_level(u64::MAX, 1), sample::MAX_LEVEL);
 }

@@ -1,5 +1,6 @@
-//! "What would this do?" in the editor: the draft as typed, replayed over the policy's
-//! recorded checks of the last hour (`service::record`), before anything is saved.
+//! "What would this do?" in the editor: the draft as typed (or a domain's file, or a stored
+//! version), replayed over the policy's recorded checks of the last hour or day
+//! (`service::record`), with limits suggested for the draft's rules; nothing is saved.
 
 use leptos::prelude::*;
 
@@ -52,9 +53,9 @@ pub async fn policy_what_if(
         Candidate::Rules(draft_policy(&name, &typed)?)
     };
     let last_ms = look_back(&last).2;
-    let rules: Vec<String> = match &candidate {
-        Candidate::Rules(p) => p.rules.iter().map(|r| r.name.to_string()).collect(),
-        _ => Vec::new(),
+    let draft = match &candidate {
+        Candidate::Rules(p) => Some(p.clone()),
+        _ => None,
     };
     let state = state();
     let service = state.service();
@@ -62,10 +63,10 @@ pub async fn policy_what_if(
         .what_if_policy(&caller.actor(), &parsed, candidate, last_ms)
         .await
         .map_err(what_if_refused)?;
-    let suggestions = match rules.is_empty() {
-        true => Vec::new(),
-        false => service
-            .suggest_limits_for(&parsed, rules, last_ms)
+    let suggestions = match draft {
+        None => Vec::new(),
+        Some(draft) => service
+            .suggest_limits_for(&parsed, draft, last_ms)
             .await
             .unwrap_or_default(),
     };
