@@ -140,6 +140,11 @@ async fn run() -> anyhow::Result<()> {
             tracing::warn!("{line}");
         }
     }
+    dispatch(command, config, open_files).await
+}
+
+/// Runs a command that needs the configuration (and, but for `demo`, Redis).
+async fn dispatch(command: Command, config: Config, open_files: u64) -> anyhow::Result<()> {
     match command {
         Command::Serve => serve(config, open_files).await?,
         Command::Export { format, output } => {

@@ -231,6 +231,14 @@ test("an admin halves a limit, sees whom it would have throttled, and backs out 
   // What was typed stays in the editor; nothing was saved.
   await expect(page.getByRole("group", { name: "Rule per-user" }).getByLabel("Limit")).toHaveValue("2");
   await expect(page.getByRole("heading", { level: 2, name: "Version 1" })).toBeVisible();
+  // A suggested limit goes into the form and is replayed: 1 an hour throttles the heavy user only.
+  await page.getByTestId("suggested-limits").first().getByRole("link", { name: "Use 1" }).click();
+  await expect(answer).toContainText("3 that were let through would be denied");
+  await expect(page.getByRole("group", { name: "Rule per-user" }).getByLabel("Limit")).toHaveValue("1");
+  // Over the last day too.
+  await answer.getByRole("link", { name: "The last day" }).click();
+  await expect(page.getByRole("heading", { name: "What would this do? The last day, replayed" })).toBeVisible();
+  await expect(answer).toContainText("3 that were let through would be denied");
   await shot(page, "what-if");
   // Backing out: the stored policy is as it was.
   await page.goto(`/policy?name=${policy}`);
