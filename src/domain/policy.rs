@@ -31,6 +31,7 @@ const FIELDS: &[&str] = &[
     "on_deny",
     "max_wait_ms",
     "record",
+    "record_checks",
     "rules",
     "overrides",
     "envoy",
@@ -136,6 +137,10 @@ pub struct Policy {
     /// Which checks are recorded for what-if replays.
     #[serde(default, skip_serializing_if = "Recording::is_sample")]
     pub record: Recording,
+    /// At most this many of its checks in the record (within the server's
+    /// `SPILLWAY_RECORD_CHECKS`, which caps it); `None`: the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_checks: Option<u64>,
     pub rules: Vec<Rule>,
     #[serde(default)]
     pub overrides: Vec<Override>,
@@ -257,6 +262,7 @@ impl Policy {
                 ("off", Recording::Off),
             ],
         )?;
+        let record_checks = parse_record_checks(obj)?;
         let mut envoy = parse_envoy(obj)?;
         // An Envoy domain's rules are its limits; any given with it are made again from them.
         let rules = match &mut envoy {
@@ -283,6 +289,7 @@ impl Policy {
             on_deny,
             max_wait_ms,
             record,
+            record_checks,
             rules,
             overrides,
             envoy,
@@ -320,6 +327,7 @@ impl Policy {
             on_deny: OnDeny::Refuse,
             max_wait_ms: None,
             record: Recording::Sample,
+            record_checks: None,
             rules: domain.rules(),
             overrides: Vec::new(),
             envoy: Some(domain),

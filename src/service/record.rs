@@ -39,7 +39,7 @@ pub const MAX_LOOK_BACK_MS: i64 = crate::store::RECORD_KEEP_MS;
 pub struct Recorder {
     /// Checks kept per policy (0: recording is off).
     max: u64,
-    pending: Arc<Mutex<HashMap<String, Pending>>>,
+    pending: Arc<Mutex<HashMap<String, Pending, foldhash::fast::RandomState>>>,
     noted: Arc<AtomicU64>,
     dropped: Arc<AtomicU64>,
 }
@@ -55,6 +55,8 @@ struct Pending {
     every: bool,
     /// Writes since this policy last saw a check.
     idle: u32,
+    /// Checks its record keeps at most: its own `record_checks` within the server's.
+    max: u64,
 }
 
 /// Writes (about seconds) a policy may see no check before this instance forgets its level.
@@ -76,16 +78,19 @@ impl Recorder {
         }
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let name = policy.name.as_str();
-        if !pending.contains_key(name) {
-            pending.insert(name.to_owned(), Pending::default());
-        }
-        let noted = pending.get_mut(name).expect("inserted above");
+        let noted = match pending.get_mut(name) {
+            Some(noted) => noted,
+            None => pending.entry(name.to_owned()).or_default(),
+        };
         noted.every = policy.record == Recording::Every;
+        noted.max = policy
+            .record_checks
+            .map_or(self.max, |own| own.min(self.max));
         // Every check counts toward the rate, recorded or not.
         noted.seen += 1;
         // A burst past a hundredth of the budget in one second samples at once, more as it
         // doubles, before the next write sets the level from the rate.
-        let burst = (self.max / 100).max(1);
+        let burst = (noted.max / 100).max(1);
         if !noted.every && noted.seen > burst {
             noted.level = noted.level.max(sample::burst_level(noted.seen, burst));
         }
@@ -126,7 +131,7 @@ impl Recorder {
     /// Writes what was noted; what Redis refused is not kept (the record is a sample of
     /// what happened, and says when it starts).
     pub async fn flush(&self, store: &Store) {
-        let drained: Vec<(String, Vec<Recorded>, u64)> = {
+        let drained: Vec<(String, Vec<Recorded>, u64, u64)> = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             self.noted.store(0, Ordering::Relaxed);
             for p in pending.values_mut() {
@@ -138,13 +143,13 @@ impl Recorder {
                 .filter(|(_, p)| p.seen > 0)
                 .map(|(name, p)| {
                     let seen = std::mem::take(&mut p.seen);
-                    (name.clone(), std::mem::take(&mut p.checks), seen)
+                    (name.clone(), std::mem::take(&mut p.checks), seen, p.max)
                 })
                 .collect()
         };
-        for (policy, checks, seen) in drained {
-            match store.record_checks(&policy, &checks, seen, self.max).await {
-                Ok(before) => self.set_level(&policy, before, seen),
+        for (policy, checks, seen, max) in drained {
+            match store.record_checks(&policy, &checks, seen, max).await {
+                Ok(before) => self.set_level(&policy, before, seen, max),
                 Err(error) => tracing::debug!(%error, policy, "could not record checks"),
             }
         }
@@ -162,12 +167,12 @@ impl Recorder {
     /// Sets the level `policy` samples at from all instances' count of its checks in the
     /// ten seconds before this (`before`), or this instance's of the last second (`seen`)
     /// when that burst past a hundredth of the budget: whichever samples more.
-    fn set_level(&self, policy: &str, before: u64, seen: u64) {
+    fn set_level(&self, policy: &str, before: u64, seen: u64, max: u64) {
         let day = crate::store::RECORD_KEEP_MS;
-        let shared = sample::level_for(before, crate::store::RECORD_RATE_PERIOD_MS, self.max, day);
-        let burst = (self.max / 100).max(1);
+        let shared = sample::level_for(before, crate::store::RECORD_RATE_PERIOD_MS, max, day);
+        let burst = (max / 100).max(1);
         let own = if seen > burst {
-            sample::level_for(seen, 1_000, self.max, day)
+            sample::level_for(seen, 1_000, max, day)
         } else {
             0
         };
@@ -406,6 +411,7 @@ impl Service {
                     overrides: current.overrides,
                     failure_mode: current.failure_mode,
                     record: current.record,
+                    record_checks: current.record_checks,
                     ..policy
                 })
             }

@@ -64,6 +64,7 @@ pub fn login_policy() -> crate::domain::Policy {
         on_deny: Default::default(),
         max_wait_ms: None,
         record: crate::domain::policy::Recording::Off,
+        record_checks: None,
         rules: vec![
             limits.per_user_and_ip.clone(),
             limits.per_ip.clone(),

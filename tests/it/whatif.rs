@@ -486,3 +486,57 @@ checks = [
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A policy's own budget: `record_checks: 100` samples where the server's 100,000 records
+/// every check of the same traffic; a budget out of range is refused naming the field.
+#[tokio::test]
+async fn a_policys_own_budget_samples_sooner() {
+    let redis = RedisServer::start();
+    let app = spawn_app(&redis).await;
+    let per_user = json!({"name": "per-user", "algorithm": "fixed_window", "limit": 5, "window_ms": 3_600_000, "dimensions": ["user"]});
+    app.put_policy("wi-big", json!({ "rules": [per_user] }))
+        .await;
+    app.put_policy(
+        "wi-small",
+        json!({"record_checks": 100, "rules": [per_user]}),
+    )
+    .await;
+    for u in 0..300 {
+        for policy in ["wi-big", "wi-small"] {
+            let r = app
+                .check(json!({"policy": policy, "identifiers": {"user": format!("u{u}")}}))
+                .await;
+            assert_eq!(r.status().as_u16(), 200);
+        }
+    }
+    let big = replayed(&app, "wi-big", json!({}), 300).await;
+    assert_eq!(big["one_in"], 1, "{big}");
+    let small = eventually(
+        "the small record written",
+        PATIENCE,
+        async || what_if(&app, "wi-small", json!({})).await,
+        |(status, answer)| *status == 200 && answer["one_in"].as_u64() > Some(1),
+    )
+    .await
+    .1;
+    assert_eq!(
+        (&small["newly_denied"], &small["newly_allowed"]),
+        (&json!(0), &json!(0)),
+        "{small}"
+    );
+    let mut conn = redis.connection();
+    let kept: u64 = redis::cmd("XLEN")
+        .arg(spillway::store::Keys::default().record("wi-small"))
+        .query(&mut conn)
+        .unwrap();
+    assert!(kept < 300, "{kept} of 300 checks kept with room for 100");
+    let r = app
+        .as_admin(
+            reqwest::Method::PUT,
+            "/api/v1/policies/wi-small",
+            Some(&json!({"record_checks": 0, "rules": [per_user]})),
+        )
+        .await;
+    let problem: Value = r.json().await.unwrap();
+    assert_eq!(problem["field"], "record_checks", "{problem}");
+}

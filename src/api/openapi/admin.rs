@@ -121,6 +121,10 @@ pub struct PolicyDocument {
     /// while the record's budget holds a day of them, then those of one identifier in 2, 4,
     /// 8…), `every` (every check, the newest within the budget) or `off`.
     record: Option<RecordName>,
+    /// At most this many of its checks in the record (1 to 10,000,000; the server's
+    /// `SPILLWAY_RECORD_CHECKS` caps it). Absent: the server's.
+    #[schema(minimum = 1, maximum = 10000000)]
+    record_checks: Option<u64>,
     rules: Vec<RuleDocument>,
     overrides: Option<Vec<OverrideDocument>>,
 }

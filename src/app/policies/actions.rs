@@ -371,6 +371,7 @@ async fn save_fields(
         // So is what is recorded of its checks (set in its document).
         policy.overrides = before.overrides;
         policy.record = before.record;
+        policy.record_checks = before.record_checks;
     }
     let saved = state
         .service()

@@ -35,6 +35,27 @@ pub fn parse_rules(value: &Value, path: &str) -> Result<Vec<Rule>, PolicyError> 
 }
 
 /// `max_wait_ms`: required with `"on_deny": "wait"`, refused without it.
+/// The most checks a policy's what-if record keeps (`record_checks`).
+pub const MAX_RECORD_CHECKS: u64 = 10_000_000;
+
+/// A document's `record_checks`: a whole number from 1 to [`MAX_RECORD_CHECKS`], or absent.
+pub(super) fn parse_record_checks(
+    obj: &serde_json::Map<String, Value>,
+) -> Result<Option<u64>, PolicyError> {
+    match obj.get("record_checks") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n @ 1..=MAX_RECORD_CHECKS) => Ok(Some(n)),
+            _ => Err(PolicyError::field(
+                "record_checks",
+                format!(
+                    "must be a whole number of checks from 1 to {MAX_RECORD_CHECKS} (\"record\": \"off\" records none)"
+                ),
+            )),
+        },
+    }
+}
+
 pub(super) fn parse_max_wait(
     obj: &serde_json::Map<String, Value>,
     on_deny: OnDeny,

@@ -41,6 +41,7 @@ impl Service {
                         on_deny: old.on_deny,
                         max_wait_ms: old.max_wait_ms,
                         record: old.record,
+                        record_checks: old.record_checks,
                         ..policy
                     };
                     // A file that does not say how it counts keeps the domain's setting.
@@ -281,6 +282,7 @@ pub(super) fn keep_domain_settings(
             policy.failure_mode = old.failure_mode;
             policy.overrides = old.overrides;
             policy.record = old.record;
+            policy.record_checks = old.record_checks;
             // A file that does not say how it counts keeps the domain's setting.
             if let (Some(domain), Some(was)) = (&mut policy.envoy, &old.envoy)
                 && domain.counting.is_none()
