@@ -217,7 +217,9 @@ fn suggested(
                         t.newly_denied,
                         if t.newly_denied == 1 { "" } else { "s" }
                     );
-                    view! { <li><a href=again.over(name, last)>{format!("Use {}", t.limit)}</a>{words}</li> }
+                    // A whole page load: the form's fields take their values from the address
+                    // only when the page is rendered.
+                    view! { <li><a href=again.over(name, last) rel="external">{format!("Use {}", t.limit)}</a>{words}</li> }
                 })
                 .collect();
             let spread = format!(
