@@ -115,6 +115,8 @@ pub fn suggest(policy: &Policy, rule: &str, record: &[Recorded]) -> Result<Sugge
     let limits = (1..=3)
         .filter(|&top| top < ranked.len())
         .map(|top| top_limit(policy, found.name.as_str(), record, &ranked, top))
+        // A tie at the top: the next one down is as busy, and its limit throttles nobody.
+        .filter(|limit| !limit.throttled.is_empty())
         .collect();
     Ok(Suggestion {
         rule: rule.to_owned(),
@@ -191,6 +193,19 @@ mod tests {
         }
         let s = suggest(&policy, "per-minute", &record).unwrap();
         assert_eq!((s.identifiers, s.p50, s.max, s.limit_now), (5, 3, 30, 100));
+        // Two identifiers as busy as each other: no limit throttles only one of them.
+        let tied: Vec<Recorded> = record
+            .iter()
+            .filter(|r| ["heavy"].contains(&r.identifiers[0].value()))
+            .flat_map(|r| {
+                let mut twin = r.clone();
+                twin.identifiers = vec![Identifier::new("user", "twin").unwrap()];
+                [r.clone(), twin]
+            })
+            .collect();
+        let even = suggest(&policy, "per-minute", &tied).unwrap();
+        assert_eq!((even.identifiers, even.max), (2, 30));
+        assert!(even.limits.is_empty(), "{:?}", even.limits);
         assert_eq!(s.p99, 30);
         let top1 = &s.limits[0];
         assert_eq!(
