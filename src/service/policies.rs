@@ -410,6 +410,25 @@ impl Service {
         self.store.policy_history(name, limit).await
     }
 
+    /// Policy `name`'s stored `version` (among its last 100) as a rollback restores it:
+    /// lenient when it was saved before there was the choice. A rollback keeps the overrides
+    /// in force (they are not part of the versions). `None`: no such version.
+    pub async fn version_to_restore(
+        &self,
+        name: &Name,
+        version: u64,
+    ) -> Result<Option<Policy>, StoreError> {
+        let old = self
+            .policy_versions(name, 100)
+            .await?
+            .into_iter()
+            .find(|p| p.version == version);
+        Ok(old.map(|mut old| {
+            old.strict.get_or_insert(false);
+            old
+        }))
+    }
+
     /// Writes `policies` at once, each as its next version, and records the import. An Envoy
     /// domain replaces only its own policy, keeping its failure mode and overrides; a plain
     /// policy never replaces a domain (Envoy's requests would pass unlimited). Returns how many

@@ -416,18 +416,13 @@ impl Service {
                 })
             }
             Candidate::Version(version) => {
-                let mut old = self
-                    .policy_versions(&current.name, 100)
+                let old = self
+                    .version_to_restore(&current.name, version)
                     .await?
-                    .into_iter()
-                    .find(|p| p.version == version)
                     .ok_or(WhatIfError::Invalid {
                         field: "version",
                         message: format!("{} has no version {version}", current.name),
                     })?;
-                // As a rollback makes it: a version saved before there was the choice was
-                // lenient.
-                old.strict.get_or_insert(false);
                 Ok(Policy {
                     overrides: current.overrides,
                     ..old

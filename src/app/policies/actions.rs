@@ -499,16 +499,9 @@ pub async fn rollback_policy(
     let parsed = Name::parse(name.trim()).map_err(|m| AppError::bad_input("name", m))?;
     let old = state()
         .service()
-        .policy_versions(&parsed, 100)
+        .version_to_restore(&parsed, to_version)
         .await
         .map_err(unavailable)?
-        .into_iter()
-        .find(|p| p.version == to_version)
-        .map(|mut p| {
-            // As it was: a version saved before there was the choice was lenient.
-            p.strict.get_or_insert(false);
-            p
-        })
         .ok_or_else(|| AppError::bad_input("to_version", "no such version"))?;
     let reason = format!("back to version {to_version}");
     // The overrides stay as they are now: they are not part of the versions.
