@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: demo deps-run run build lint test test-unit test-e2e test-image test-deploy image deps-image deps-build deps-test deps-bench bench clean help
+.PHONY: demo deps-run run build lint test test-unit test-e2e test-image test-deploy image push deps-image deps-build deps-test deps-bench bench clean help
 
 help:
 	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
@@ -14,6 +14,7 @@ help:
 	@echo "make demo   synthetic traffic against the demo policy of a running make run"
 	@echo "make bench  benchmarks against redis-benchmark and the node rate limiters"
 	@echo "make image  the OCI image (buildah, podman or docker) of the release build"
+	@echo "make push   the image to the registry deploy/image/repository names"
 
 deps-build:
 	@scripts/deps.sh build
@@ -79,6 +80,11 @@ image: deps-image build
 
 test-image: image
 	@scripts/image-test.sh
+
+# Pushes the image to the registry deploy/image/repository names (scripts/image-ref.py set
+# REPOSITORY changes it in every manifest); log in first (buildah login REGISTRY).
+push: image
+	@ref=$$(scripts/image-ref.py); buildah --storage-driver vfs push "$$ref" "docker://$$ref" && echo "pushed $$ref"
 
 # The Kubernetes manifests: every overlay rendered and validated against Kubernetes' schemas.
 test-deploy: deps-test

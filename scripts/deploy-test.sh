@@ -11,6 +11,9 @@ py=.tools/py/bin
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 fail() { echo "deploy-test: FAILED: $*" >&2; exit 1; }
 
+# One image reference: every manifest names deploy/image/repository at this version.
+python3 scripts/image-ref.py check || fail "the manifests name different images"
+
 for dir in deploy/kubernetes/base deploy/kubernetes/overlays/*/; do
   name=$(basename "$dir")
   "$py/kubectl" kustomize "$dir" > "$out/$name.yaml" || fail "$dir does not render"

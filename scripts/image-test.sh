@@ -38,7 +38,16 @@ if command -v buildah >/dev/null; then
   [ ! -e "$root/bin/sh" ] || fail "the image has a shell"
   [ "$(readlink "$root/bin/ratelimit")" = /app/spillway ] \
     || fail "no /bin/ratelimit, where Envoy Gateway and Istio's guide start upstream's image"
+  # What a registry and a scanner read: the SBOM, glibc's dpkg entry, the OCI labels.
+  grep -q '"purl": "pkg:cargo/tokio@' "$root/app/sbom.cdx.json" || fail "no SBOM listing the server's crates at /app/sbom.cdx.json"
+  grep -q '"purl": "pkg:deb/debian/libc6@' "$root/app/sbom.cdx.json" || fail "the SBOM does not list glibc"
+  grep -q '^Package: libc6$' "$root/var/lib/dpkg/status.d/libc6" || fail "no dpkg entry for the glibc the image holds"
   buildah --storage-driver vfs umount "$ctr" >/dev/null
+  labels=$(buildah --storage-driver vfs inspect --type image "$image" | python3 -c \
+    'import json, sys; print("\n".join(json.load(sys.stdin)["OCIv1"]["config"].get("Labels", {})))')
+  for label in title version revision created licenses; do
+    grep -qx "org.opencontainers.image.$label" <<<"$labels" || fail "no org.opencontainers.image.$label label"
+  done
   env_args=(); for e in "${envs[@]}"; do env_args+=(--env "$e"); done
   buildah --storage-driver vfs run --isolation chroot --network host "${env_args[@]}" "$ctr" -- /app/spillway >"$log" 2>&1 &
   pid=$!
@@ -78,4 +87,14 @@ kill -TERM "$server"
 for _ in $(seq 100); do kill -0 "$server" 2>/dev/null || break; sleep 0.1; done
 ! kill -0 "$server" 2>/dev/null || fail "SIGTERM did not stop it within 10 s"
 pid=""
-echo "image-test: ok ($image: ready, uid 65532, a check answered 200, $asset served, stopped on SIGTERM)"
+
+# Reproducible: the same inputs build the same image, to the digest.
+digest() { buildah --storage-driver vfs inspect --type image "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["FromImageDigest"])'; }
+if command -v buildah >/dev/null; then
+  first=$(digest "$image")
+  scripts/image.sh >/dev/null
+  second=$(digest "$image")
+  [ "$first" = "$second" ] || fail "two builds of the same commit differ: $first, then $second"
+  reproducible=", built twice: $second"
+fi
+echo "image-test: ok ($image: ready, uid 65532, a check answered 200, $asset served, stopped on SIGTERM; labels, SBOM, dpkg entries${reproducible:-})"
