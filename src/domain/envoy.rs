@@ -405,8 +405,7 @@ pub fn readable(identifier: &str) -> &str {
         .unwrap_or(identifier)
 }
 
-/// Free text as a name's characters: lower case, other characters than `a-z0-9_-` as `-`,
-/// at most 64 (what comes first is the caller's to mend).
+/// Free text as a name's characters: lower case, other characters than `a-z0-9_-` as `-`.
 fn name_chars(raw: &str) -> String {
     raw.chars()
         .map(|c| c.to_ascii_lowercase())
@@ -417,16 +416,24 @@ fn name_chars(raw: &str) -> String {
                 '-'
             }
         })
-        .take(64)
         .collect()
 }
 
+/// The longest policy name.
+const NAME_MAX: usize = 64;
+
 /// The policy name a domain is kept under: lower case, other characters than `a-z0-9_-`
-/// as `-`, at most 64 characters. Two domains with one name cannot both be loaded.
+/// as `-`. A domain longer than a name (64 characters; Envoy Gateway's run past it) keeps
+/// its first 55 and a hash of the whole, so two long domains that start alike stay two.
 pub fn policy_name(domain: &str) -> Result<Name, String> {
     let mut name = name_chars(domain);
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
         name.replace_range(..name.chars().next().map_or(0, char::len_utf8), "d");
+    }
+    if name.len() > NAME_MAX {
+        let hash = xxhash_rust::xxh3::xxh3_64(domain.as_bytes());
+        name.truncate(NAME_MAX - 9);
+        name = format!("{name}-{:08x}", hash >> 32);
     }
     Name::parse(&name)
 }
