@@ -43,6 +43,7 @@ async fn serve(config: Config, open_files: u64) -> anyhow::Result<()> {
     };
     let drain = config.shutdown_drain;
     log_capacity(&config.capacity, open_files);
+    serve_metrics_port(&config).await?;
     let addr = config.leptos_options.site_addr;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -85,6 +86,28 @@ fn log_capacity(capacity: &spillway::config::capacity::Capacity, open_files: u64
     if let Some(clamped) = &capacity.clamped {
         tracing::warn!("{clamped}");
     }
+}
+
+/// `/metrics` on a port of its own (`SPILLWAY_METRICS_ADDR`), from the start: what Envoy
+/// Gateway scrapes (upstream's `PROMETHEUS_ADDR`). Ends with the process.
+async fn serve_metrics_port(config: &Config) -> anyhow::Result<()> {
+    if config.metrics_upstream_names {
+        spillway::telemetry::metrics::use_upstream_names();
+    }
+    let Some((addr, path)) = &config.metrics_port else {
+        return Ok(());
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr} (SPILLWAY_METRICS_ADDR)"))?;
+    tracing::info!(%addr, "metrics on http://{addr}{path}");
+    let router = spillway::api::metrics_port(path);
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, router).await {
+            tracing::error!(%error, "the metrics port stopped");
+        }
+    });
+    Ok(())
 }
 
 /// The gRPC port (Envoy's rate limit service), unless `SPILLWAY_GRPC_ADDR` is empty.

@@ -229,6 +229,11 @@ async fn metrics() -> impl axum::response::IntoResponse {
     )
 }
 
+/// The metrics port's server (`SPILLWAY_METRICS_ADDR`): `/metrics` at `path`, nothing else.
+pub fn metrics_port(path: &str) -> axum::Router {
+    axum::Router::new().route(path, get(metrics))
+}
+
 /// Checks the caller's API key: `Service` accepts service and admin keys, `Admin` only
 /// admin keys.
 pub fn require_key(

@@ -33,6 +33,12 @@ pub struct Config {
     /// PEM file of the CA that signed Redis's TLS certificate (`REDIS_CA_CERT`), when it
     /// is not in the system's trust store.
     pub redis_ca_cert: Option<std::path::PathBuf>,
+    /// PEM files of the certificate and key shown to Redis over TLS (`REDIS_CLIENT_CERT`,
+    /// `REDIS_CLIENT_KEY`), for a Redis that asks clients for one (`tls-auth-clients yes`).
+    pub redis_client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// Put before every Redis key Spillway writes (`SPILLWAY_KEY_PREFIX`, which upstream's
+    /// `CACHE_KEY_PREFIX` sets; default none): deployments sharing a Redis keep apart.
+    pub redis_key_prefix: String,
     /// Seed nodes of a Redis Cluster; when set, used instead of `redis_url`.
     pub redis_cluster_urls: Vec<String>,
     /// Redis behind Sentinel; when set, used instead of `redis_url`.
@@ -83,6 +89,13 @@ pub struct Config {
     /// Whether checks are also counted per rule (`SPILLWAY_METRICS_RULE_LABEL`, default
     /// off): a `rule` label multiplies the series by the rules of every policy.
     pub metrics_rule_label: bool,
+    /// A port of its own for `/metrics` (`SPILLWAY_METRICS_ADDR`, at `SPILLWAY_METRICS_PATH`,
+    /// default `/metrics`; upstream's `USE_PROMETHEUS` and `PROMETHEUS_ADDR` set it); the
+    /// HTTP port serves `/metrics` either way.
+    pub metrics_port: Option<(std::net::SocketAddr, String)>,
+    /// Envoy hits also under upstream's series, as its default statsd mapper names them
+    /// (`SPILLWAY_METRICS_UPSTREAM_NAMES`): what Envoy Gateway's dashboards read.
+    pub metrics_upstream_names: bool,
     /// Checks kept per policy for what-if replays (`SPILLWAY_RECORD_CHECKS`, default
     /// [`DEFAULT_RECORD_CHECKS`]; 0 records none).
     pub record_checks: u64,
@@ -161,6 +174,10 @@ pub struct EnvoySettings {
     /// (envoyproxy/ratelimit's default), or all or nothing when
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` is true (upstream's variable).
     pub counting: crate::domain::envoy::Counting,
+    /// Every request answered OK whatever its limits say, each descriptor's status still
+    /// its own (`SPILLWAY_ENVOY_SHADOW_MODE`; upstream's `SHADOW_MODE` sets it): a whole
+    /// deployment watched before it enforces.
+    pub shadow_all: bool,
 }
 
 /// The rate limit headers of an Envoy answer (`SPILLWAY_ENVOY_HEADERS`).
@@ -240,6 +257,8 @@ impl Config {
             forward_auth_deny_status: forward_auth_deny_status(&lookup)?,
             seed_demo: seed_demo(&lookup),
             metrics_rule_label: yes_or_no(&lookup, "SPILLWAY_METRICS_RULE_LABEL")?,
+            metrics_port: metrics_port(&lookup)?,
+            metrics_upstream_names: yes_or_no(&lookup, "SPILLWAY_METRICS_UPSTREAM_NAMES")?,
             record_checks: record_checks(&lookup)?,
             traces: crate::telemetry::traces::TraceSettings::from_lookup(&lookup)
                 .map_err(invalid)?,
@@ -248,10 +267,7 @@ impl Config {
             domains_dir: path(&lookup, "SPILLWAY_DOMAINS_DIR"),
             upstream: upstream.as_ref().map(|u| u.ignored.clone()),
             xds: xds_settings(&lookup)?,
-            shutdown_drain: match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
-                Some("0") => Duration::ZERO,
-                _ => millis(&lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000)?,
-            },
+            shutdown_drain: shutdown_drain(&lookup)?,
             public_url: lookup("SPILLWAY_PUBLIC_URL")
                 .filter(|u| !u.is_empty())
                 .unwrap_or_else(|| format!("http://{}", leptos_options.site_addr))
@@ -261,9 +277,9 @@ impl Config {
             redis_sentinel: sentinel_settings(&lookup, &redis_cluster_urls)?,
             redis_url,
             redis_cluster_urls,
-            redis_ca_cert: lookup("REDIS_CA_CERT")
-                .filter(|p| !p.is_empty())
-                .map(std::path::PathBuf::from),
+            redis_ca_cert: path(&lookup, "REDIS_CA_CERT"),
+            redis_client_cert: redis_client_cert(&lookup)?,
+            redis_key_prefix: key_prefix(&lookup)?,
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,
             header_read_timeout: millis(&lookup, "SPILLWAY_HEADER_READ_TIMEOUT_MS", 10_000)?,

@@ -275,6 +275,7 @@ pub(super) fn envoy_settings(
             }
         },
         counting: stop_when_over(lookup)?,
+        shadow_all: yes_or_no(lookup, "SPILLWAY_ENVOY_SHADOW_MODE")?,
     })
 }
 
@@ -312,5 +313,75 @@ pub(super) fn millis(
                 problem: format!("expected a whole number of milliseconds above 0, got {raw:?}"),
             }),
         },
+    }
+}
+
+/// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: both or neither.
+pub(super) fn redis_client_cert(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<(std::path::PathBuf, std::path::PathBuf)>, ConfigError> {
+    let get = |name| lookup(name).filter(|v: &String| !v.trim().is_empty());
+    match (get("REDIS_CLIENT_CERT"), get("REDIS_CLIENT_KEY")) {
+        (None, None) => Ok(None),
+        (Some(cert), Some(key)) => Ok(Some((cert.into(), key.into()))),
+        (Some(_), None) => Err(ConfigError::Invalid {
+            name: "REDIS_CLIENT_KEY",
+            problem: "REDIS_CLIENT_CERT is set, so its key is needed".into(),
+        }),
+        (None, Some(_)) => Err(ConfigError::Invalid {
+            name: "REDIS_CLIENT_CERT",
+            problem: "REDIS_CLIENT_KEY is set, so its certificate is needed".into(),
+        }),
+    }
+}
+
+/// `SPILLWAY_KEY_PREFIX`: printable, without spaces or braces (a brace would move every key
+/// into one Redis Cluster slot), at most 64 characters.
+pub(super) fn key_prefix(lookup: &impl Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    let prefix = lookup("SPILLWAY_KEY_PREFIX").unwrap_or_default();
+    if prefix.len() > 64
+        || prefix
+            .chars()
+            .any(|c| !c.is_ascii_graphic() || c == '{' || c == '}')
+    {
+        return Err(ConfigError::Invalid {
+            name: "SPILLWAY_KEY_PREFIX",
+            problem: format!(
+                "expected at most 64 printable characters without spaces or braces (such as eg:rl:), got {prefix:?}"
+            ),
+        });
+    }
+    Ok(prefix)
+}
+
+/// `SPILLWAY_METRICS_ADDR` (host:port; unset or empty: no port of its own) and
+/// `SPILLWAY_METRICS_PATH` (default `/metrics`).
+pub(super) fn metrics_port(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<(std::net::SocketAddr, String)>, ConfigError> {
+    let Some(raw) = lookup("SPILLWAY_METRICS_ADDR").filter(|a| !a.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let addr = raw.trim().parse().map_err(|_| ConfigError::Invalid {
+        name: "SPILLWAY_METRICS_ADDR",
+        problem: format!("expected host:port such as 0.0.0.0:19001, got {raw:?}"),
+    })?;
+    let path = lookup("SPILLWAY_METRICS_PATH").unwrap_or_else(|| "/metrics".into());
+    if !path.starts_with('/') || path.contains(char::is_whitespace) {
+        return Err(ConfigError::Invalid {
+            name: "SPILLWAY_METRICS_PATH",
+            problem: format!("expected a path such as /metrics, got {path:?}"),
+        });
+    }
+    Ok(Some((addr, path)))
+}
+
+/// `SPILLWAY_SHUTDOWN_DRAIN_MS` (default 1000; 0 closes at once).
+pub(super) fn shutdown_drain(
+    lookup: &impl Fn(&str) -> Option<String>,
+) -> Result<Duration, ConfigError> {
+    match lookup("SPILLWAY_SHUTDOWN_DRAIN_MS").as_deref() {
+        Some("0") => Ok(Duration::ZERO),
+        _ => millis(lookup, "SPILLWAY_SHUTDOWN_DRAIN_MS", 1000),
     }
 }

@@ -28,7 +28,7 @@ pub const MARKERS: [&str; 6] = [
 ];
 
 /// Upstream variables read and let go: no equivalent here, and no decision depends on them.
-const LET_GO: [(&str, &str); 20] = [
+const LET_GO: [(&str, &str); 16] = [
     (
         "USE_STATSD",
         "no statsd: Prometheus metrics are on /metrics of the HTTP port",
@@ -38,16 +38,8 @@ const LET_GO: [(&str, &str); 20] = [
         "no statsd: Prometheus metrics are on /metrics of the HTTP port",
     ),
     (
-        "USE_PROMETHEUS",
-        "Prometheus metrics are on /metrics of the HTTP port",
-    ),
-    (
-        "PROMETHEUS_ADDR",
-        "Prometheus metrics are on /metrics of the HTTP port",
-    ),
-    (
         "PROMETHEUS_MAPPER_YAML",
-        "metric names are Spillway's own (spillway_*)",
+        "the metrics port names upstream's series as its default mapper does (ratelimit_service_rate_limit_*{domain,key1,key2}), beside Spillway's own",
     ),
     (
         "DEBUG_PORT",
@@ -89,14 +81,6 @@ const LET_GO: [(&str, &str); 20] = [
     ),
     ("RUNTIME_IGNOREDOTFILES", "dot files are always skipped"),
     (
-        "TRACING_ENABLED",
-        "traces follow OTEL_EXPORTER_OTLP_ENDPOINT",
-    ),
-    (
-        "TRACING_SERVICE_NAME",
-        "the service name is OTEL_SERVICE_NAME (spillway)",
-    ),
-    (
         "GRPC_SERVER_TLS_CA_CERT",
         "envoyproxy/ratelimit does not read it either; GRPC_CLIENT_TLS_CACERT requires client certificates",
     ),
@@ -104,7 +88,7 @@ const LET_GO: [(&str, &str); 20] = [
 
 /// Upstream variables that would change a decision and have no equivalent here, with the
 /// value they may hold and still be taken (upstream's default).
-const REFUSED: [(&str, &[&str], &str); 9] = [
+const REFUSED: [(&str, &[&str], &str); 7] = [
     ("BACKEND_TYPE", &["redis"], "only Redis is a backend"),
     (
         "REDIS_PERSECOND",
@@ -112,16 +96,10 @@ const REFUSED: [(&str, &[&str], &str); 9] = [
         "per-second limits share the one Redis",
     ),
     (
-        "CACHE_KEY_PREFIX",
-        &[""],
-        "counters are kept under Spillway's own keys",
-    ),
-    (
-        "SHADOW_MODE",
+        "QUOTA_MODE",
         &["false"],
-        "shadow mode is set per descriptor (shadow_mode: true)",
+        "quota mode for every descriptor at once is not supported yet (set quota_mode: true on the descriptors)",
     ),
-    ("QUOTA_MODE", &["false"], "quota mode is not supported"),
     (
         "MERGE_DOMAIN_CONFIG",
         &["false"],
@@ -188,6 +166,7 @@ impl Upstream {
         upstream.grpc_tls(&get)?;
         upstream.answers(&get)?;
         upstream.logs(&get)?;
+        upstream.telemetry(&get)?;
         upstream.domains(&get)?;
         Ok(Some(upstream))
     }
@@ -279,8 +258,14 @@ impl Upstream {
                 ));
             }
         }
-        if let Some(ca) = get("REDIS_TLS_CACERT").filter(|c| !c.is_empty()) {
-            self.set("REDIS_CA_CERT", ca);
+        for (theirs, ours) in [
+            ("REDIS_TLS_CACERT", "REDIS_CA_CERT"),
+            ("REDIS_TLS_CLIENT_CERT", "REDIS_CLIENT_CERT"),
+            ("REDIS_TLS_CLIENT_KEY", "REDIS_CLIENT_KEY"),
+        ] {
+            if let Some(path) = get(theirs).filter(|c| !c.is_empty()) {
+                self.set(ours, path);
+            }
         }
         Ok(())
     }
@@ -350,6 +335,12 @@ impl Upstream {
         };
         if get("SPILLWAY_ENVOY_HEADERS").is_none() {
             self.set("SPILLWAY_ENVOY_HEADERS", headers);
+        }
+        if flag(get, "SHADOW_MODE")? {
+            self.set("SPILLWAY_ENVOY_SHADOW_MODE", "true");
+        }
+        if let Some(prefix) = get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
+            self.set("SPILLWAY_KEY_PREFIX", prefix);
         }
         for (name, default) in [
             ("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
@@ -494,8 +485,7 @@ fn flag(get: &impl Fn(&str) -> Option<String>, name: &'static str) -> Result<boo
     }
 }
 
-/// What upstream can ask of Redis that Spillway cannot give: a Unix socket, client
-/// certificates.
+/// What upstream can ask of Redis that Spillway cannot give: a Unix socket.
 fn refuse_unsupported_redis(get: &impl Fn(&str) -> Option<String>) -> Result<(), Problem> {
     let socket = get("REDIS_SOCKET_TYPE").map(|t| t.to_ascii_lowercase());
     if let Some(other) = socket.as_deref().filter(|t| !matches!(*t, "" | "tcp")) {
@@ -503,14 +493,6 @@ fn refuse_unsupported_redis(get: &impl Fn(&str) -> Option<String>) -> Result<(),
             "REDIS_SOCKET_TYPE",
             format!("{other:?}: Redis is reached over TCP here (set tcp and REDIS_URL host:port)"),
         ));
-    }
-    for name in ["REDIS_TLS_CLIENT_CERT", "REDIS_TLS_CLIENT_KEY"] {
-        if get(name).is_some_and(|v| !v.is_empty()) {
-            return Err((
-                name,
-                "client certificates for Redis are not supported; Redis would refuse the connection".into(),
-            ));
-        }
     }
     Ok(())
 }
@@ -529,6 +511,8 @@ fn redis_auth(get: &impl Fn(&str) -> Option<String>) -> String {
         },
     }
 }
+
+mod telemetry;
 
 #[cfg(test)]
 mod tests;

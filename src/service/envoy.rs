@@ -171,12 +171,12 @@ impl Service {
                 .denied_from_cache(policy.name.as_str(), Some(plan.identifiers[i].to_string()));
         }
         let answer = match self.count(&mut plan).await {
-            Ok(ok) => EnvoyAnswer {
+            Ok(ok) => self.shadow_all(EnvoyAnswer {
                 ok,
                 statuses: plan.answers(),
                 degraded: false,
                 policy: Some(policy.clone()),
-            },
+            }),
             Err(error) => {
                 self.failure_mode(&policy, error, plan.limited(), started)
                     .map_err(EnvoyError::Unavailable)?;
@@ -214,6 +214,20 @@ impl Service {
             self.record_envoy(&policy, &plan, answer.ok);
         }
         Ok(answer)
+    }
+
+    /// With every request in shadow mode (`SPILLWAY_ENVOY_SHADOW_MODE`), an answer over its
+    /// limits is OK overall, as envoyproxy/ratelimit's `SHADOW_MODE` answers: each descriptor
+    /// keeps its status (OVER_LIMIT, nothing remaining), and counts as a shadow denial.
+    fn shadow_all(&self, mut answer: EnvoyAnswer) -> EnvoyAnswer {
+        if self.envoy_shadow_all && !answer.ok {
+            answer.ok = true;
+            for status in answer.statuses.iter_mut().filter(|s| !s.ok) {
+                status.shadow_denied = true;
+            }
+            crate::telemetry::metrics::envoy_global_shadow();
+        }
+        answer
     }
 
     /// The policy of Envoy domain `domain`, from memory; `None` when there is no such

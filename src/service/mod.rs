@@ -80,6 +80,9 @@ pub struct Service {
     waiting: std::sync::Arc<tokio::sync::Semaphore>,
     /// Checks on their way to the record that what-if replays read.
     recorder: record::Recorder,
+    /// Every Envoy request answered OK, its over-limit descriptors still said
+    /// (`SPILLWAY_ENVOY_SHADOW_MODE`, upstream's `SHADOW_MODE`).
+    envoy_shadow_all: bool,
 }
 
 /// The domains folder's state, as its reader reports it.
@@ -159,6 +162,7 @@ impl Service {
             domains_folder: Default::default(),
             waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(10_000)),
             recorder: Default::default(),
+            envoy_shadow_all: false,
         }
     }
 
@@ -168,6 +172,7 @@ impl Service {
             webhook_targets: config.webhook_targets.clone(),
             rule_metrics: config.metrics_rule_label,
             recorder: record::Recorder::new(config.record_checks),
+            envoy_shadow_all: config.envoy.shadow_all,
             waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_waiting)),
             keys: std::sync::Arc::new(keys::ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),

@@ -180,20 +180,33 @@ impl Store {
         config: &crate::config::Config,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
+        let keys = Keys::new(format!("{}spw", config.redis_key_prefix));
         if !config.redis_cluster_urls.is_empty() {
-            return Self::connect_cluster(&config.redis_cluster_urls, timeout, Keys::default())
-                .await;
+            return Self::connect_cluster(&config.redis_cluster_urls, timeout, keys).await;
         }
+        let read = |name: &str, path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|e| StoreError::Setup(format!("{name} {}: {e}", path.display())))
+        };
         let ca = match &config.redis_ca_cert {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                StoreError::Setup(format!("REDIS_CA_CERT {}: {e}", path.display()))
-            })?),
+            Some(path) => Some(read("REDIS_CA_CERT", path)?),
             None => None,
         };
+        let client = match &config.redis_client_cert {
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read("REDIS_CLIENT_CERT", cert)?,
+                client_key: read("REDIS_CLIENT_KEY", key)?,
+            }),
+            None => None,
+        };
+        let tls = (ca.is_some() || client.is_some()).then_some(redis::TlsCertificates {
+            client_tls: client,
+            root_cert: ca,
+        });
         if let Some(settings) = &config.redis_sentinel {
-            return Self::connect_sentinel(settings, ca, timeout, Keys::default()).await;
+            return Self::connect_sentinel(settings, tls, timeout, keys).await;
         }
-        Self::connect_tls(&config.redis_url, ca, timeout, Keys::default()).await
+        Self::connect_tls(&config.redis_url, tls, timeout, keys).await
     }
 
     /// Connects to `url`. Reconnection after a failure is automatic.
@@ -210,23 +223,17 @@ impl Store {
         Self::connect_tls(url, None, timeout, keys).await
     }
 
-    /// Connects to `url`; for `rediss://`, `ca_pem` is the CA to trust instead of the
-    /// system's trust store.
+    /// Connects to `url`; for `rediss://`, `tls` may name the CA to trust instead of the
+    /// system's trust store, and the certificate to show Redis (`tls-auth-clients yes`).
     pub async fn connect_tls(
         url: &str,
-        ca_pem: Option<Vec<u8>>,
+        tls: Option<redis::TlsCertificates>,
         timeout: Duration,
         keys: Keys,
     ) -> Result<Self, StoreError> {
         crate::install_tls_provider();
-        let client = match ca_pem {
-            Some(root_cert) => redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert),
-                },
-            )?,
+        let client = match tls {
+            Some(certificates) => redis::Client::build_with_tls(url, certificates)?,
             None => redis::Client::open(url)?,
         };
         let pubsub_client = client.clone();
@@ -240,16 +247,15 @@ impl Store {
     }
 
     /// Connects to the master the sentinels of `settings` name, and follows it through a
-    /// failover (see `sentinel.rs`); `ca_pem` as for [`Store::connect_tls`].
+    /// failover (see `sentinel.rs`); `tls` as for [`Store::connect_tls`].
     pub async fn connect_sentinel(
         settings: &crate::config::sentinel::SentinelSettings,
-        ca_pem: Option<Vec<u8>>,
+        tls: Option<redis::TlsCertificates>,
         timeout: Duration,
         keys: Keys,
     ) -> Result<Self, StoreError> {
         crate::install_tls_provider();
-        let link =
-            sentinel::SentinelLink::connect(settings, ca_pem, manager_config(timeout)).await?;
+        let link = sentinel::SentinelLink::connect(settings, tls, manager_config(timeout)).await?;
         Ok(Self::single(Backend::Sentinel(link), None, timeout, keys))
     }
 

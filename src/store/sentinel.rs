@@ -47,7 +47,7 @@ impl SentinelLink {
     /// follows failovers for as long as the link lives.
     pub(super) async fn connect(
         settings: &SentinelSettings,
-        ca_pem: Option<Vec<u8>>,
+        tls: Option<redis::TlsCertificates>,
         config: ConnectionManagerConfig,
     ) -> Result<Arc<Self>, StoreError> {
         let addrs = settings.sentinels.iter().map(|(host, port)| {
@@ -78,10 +78,13 @@ impl SentinelLink {
             builder = builder
                 .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
                 .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
-            if let Some(root_cert) = ca_pem {
+            if let Some(tls) = tls {
                 let certificates = || redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root_cert.clone()),
+                    client_tls: tls.client_tls.as_ref().map(|c| redis::ClientTlsConfig {
+                        client_cert: c.client_cert.clone(),
+                        client_key: c.client_key.clone(),
+                    }),
+                    root_cert: tls.root_cert.clone(),
                 };
                 builder = builder
                     .set_client_to_redis_certificates(certificates())

@@ -175,6 +175,11 @@ const SERIES: &[(Kind, &str, &str)] = &[
     ),
     (
         Kind::Counter,
+        "spillway_envoy_global_shadow_total",
+        "Envoy requests over their limits answered OK because every request is in shadow mode (SPILLWAY_ENVOY_SHADOW_MODE)",
+    ),
+    (
+        Kind::Counter,
         "spillway_leases_released_total",
         "Leases of concurrency rules released before they ran out",
     ),
@@ -424,8 +429,48 @@ pub fn envoy_hits(key: &str, status: &'static str, hits: u64) {
     let key = KEYS
         .get_or_init(|| MetricKeys::new(MAX_ENVOY_METRIC_KEYS))
         .bounded(key);
+    if UPSTREAM_NAMES.load(std::sync::atomic::Ordering::Relaxed) {
+        upstream_hits(&key, status, hits);
+    }
     metrics::counter!("spillway_envoy_hits_total", "key" => key, "status" => status)
         .increment(hits);
+}
+
+/// Whether Envoy hits are also counted under upstream's series (`SPILLWAY_METRICS_UPSTREAM_NAMES`).
+static UPSTREAM_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Counts Envoy hits under envoyproxy/ratelimit's series too, from now on.
+pub fn use_upstream_names() {
+    UPSTREAM_NAMES.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The hits of one descriptor as envoyproxy/ratelimit's default statsd mapper names them
+/// (what Envoy Gateway scrapes): `ratelimit_service_rate_limit_total_hits` and the status's
+/// own series, labelled by the metric key's first three segments (`domain`, `key1`, `key2`;
+/// deeper segments add into their parent's, as the mapper's rules drop them).
+fn upstream_hits(key: &str, status: &'static str, hits: u64) {
+    let mut segments = key.splitn(4, '.');
+    let labels = [
+        ("domain", segments.next().unwrap_or_default().to_owned()),
+        ("key1", segments.next().unwrap_or_default().to_owned()),
+        ("key2", segments.next().unwrap_or_default().to_owned()),
+    ];
+    metrics::counter!("ratelimit_service_rate_limit_total_hits", &labels).increment(hits);
+    let series = match status {
+        "over_limit" => "ratelimit_service_rate_limit_over_limit",
+        "shadow_mode" => "ratelimit_service_rate_limit_shadow_mode",
+        _ => "ratelimit_service_rate_limit_within_limit",
+    };
+    metrics::counter!(series, &labels).increment(hits);
+}
+
+/// Counts an Envoy request over its limits answered OK by `SPILLWAY_ENVOY_SHADOW_MODE`.
+pub fn envoy_global_shadow() {
+    cached!(
+        Counter,
+        metrics::counter!("spillway_envoy_global_shadow_total")
+    )
+    .increment(1);
 }
 
 /// The distinct `key` labels `spillway_envoy_hits_total` takes on one instance. A key of

@@ -40,6 +40,27 @@ pub(crate) async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
         .unwrap()
 }
 
+/// A client of a gRPC port served over TLS with a certificate `ca_pem` signed (for
+/// localhost), once the port accepts (a process just started).
+pub(crate) async fn client_over_tls(port: u16, ca_pem: &str) -> RateLimitServiceClient<Channel> {
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(tonic::transport::Certificate::from_pem(ca_pem));
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap();
+    let channel = crate::helpers::eventually(
+        "the gRPC port accepting TLS connections",
+        crate::helpers::PATIENCE,
+        async || endpoint.connect().await.map_err(|e| e.to_string()),
+        Result::is_ok,
+    )
+    .await
+    .unwrap();
+    RateLimitServiceClient::new(channel)
+}
+
 pub(crate) fn descriptor(pairs: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: pairs

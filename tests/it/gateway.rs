@@ -20,7 +20,7 @@ use crate::{
 };
 
 /// The Envoy binary `scripts/deps.sh test` installs.
-fn envoy_binary() -> std::path::PathBuf {
+pub(crate) fn envoy_binary() -> std::path::PathBuf {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/envoy");
     assert!(
         path.exists(),

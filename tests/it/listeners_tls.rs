@@ -49,20 +49,30 @@ impl Ca {
 
     /// A server certificate for 127.0.0.1 and localhost.
     pub fn server(&self) -> Signed {
-        self.sign(
-            vec!["localhost".into(), "127.0.0.1".into()],
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )
+        self.sign(LOCAL.to_vec(), &[ExtendedKeyUsagePurpose::ServerAuth])
     }
 
     /// A client certificate.
     pub fn client(&self, name: &str) -> Signed {
-        self.sign(vec![name.into()], ExtendedKeyUsagePurpose::ClientAuth)
+        self.sign(vec![name], &[ExtendedKeyUsagePurpose::ClientAuth])
     }
 
-    fn sign(&self, names: Vec<String>, usage: ExtendedKeyUsagePurpose) -> Signed {
+    /// A certificate for 127.0.0.1 and localhost good for both ends, as Envoy Gateway's
+    /// one certificate serves its rate limit service's gRPC port and its xDS client.
+    pub fn server_and_client(&self) -> Signed {
+        self.sign(
+            LOCAL.to_vec(),
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
+    }
+
+    fn sign(&self, names: Vec<&str>, usages: &[ExtendedKeyUsagePurpose]) -> Signed {
+        let names: Vec<String> = names.into_iter().map(str::to_owned).collect();
         let mut params = CertificateParams::new(names).unwrap();
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         let key = KeyPair::generate().unwrap();
         Signed {
             cert: params.signed_by(&key, &self.issuer).unwrap().pem(),
@@ -70,6 +80,9 @@ impl Ca {
         }
     }
 }
+
+/// The names a local server's certificate holds.
+const LOCAL: [&str; 2] = ["localhost", "127.0.0.1"];
 
 /// A folder of PEM files, removed on drop.
 pub(crate) struct Folder(pub PathBuf);

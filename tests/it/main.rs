@@ -17,6 +17,7 @@ mod dashboard;
 mod docs;
 mod engine;
 mod envoy;
+mod envoy_gateway;
 mod faults;
 mod forward_auth_proxies;
 mod fuzz;

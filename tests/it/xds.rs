@@ -34,7 +34,7 @@ use crate::{
 const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
 
 /// The set the server serves: its version and domains.
-type Snapshot = (String, Vec<RateLimitConfig>);
+pub(crate) type Snapshot = (String, Vec<RateLimitConfig>);
 
 /// A management server of the test's own: serves the current snapshot on every stream and
 /// again whenever it changes, and keeps every request it is sent.
@@ -112,7 +112,7 @@ impl AggregatedDiscoveryService for Management {
 }
 
 /// The management server running on `addr` over mTLS, until `stop`.
-struct Running {
+pub(crate) struct Running {
     server: tokio::task::JoinHandle<()>,
     management: Management,
     publish: watch::Sender<Snapshot>,
@@ -120,7 +120,7 @@ struct Running {
 }
 
 impl Running {
-    async fn start(addr: SocketAddr, pki: &Pki, first: Snapshot) -> Self {
+    pub(crate) async fn start(addr: SocketAddr, pki: &Pki, first: Snapshot) -> Self {
         let (publish, snapshot) = watch::channel(first);
         let management = Management {
             snapshot,
@@ -159,7 +159,7 @@ impl Running {
     }
 
     /// Stops the server and every stream it holds open.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         for task in self.management.streams.lock().unwrap().drain(..) {
             task.abort();
         }
@@ -174,9 +174,9 @@ impl Running {
 }
 
 /// The certificates of the control plane and the limiter (one CA, as Envoy Gateway's).
-struct Pki {
-    ca: Ca,
-    server: crate::listeners_tls::Signed,
+pub(crate) struct Pki {
+    pub ca: Ca,
+    pub server: crate::listeners_tls::Signed,
 }
 
 /// The domain `xds` with one `user` rule of `limit` an hour (`unit` as given).

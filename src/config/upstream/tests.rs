@@ -90,8 +90,28 @@ fn what_would_change_a_decision_is_refused_by_name() {
         Ok(_) => panic!("{pairs:?} was taken"),
     };
     assert_eq!(
-        refused(&[("USE_STATSD", "false"), ("SHADOW_MODE", "true")]),
-        "SHADOW_MODE"
+        refused(&[("USE_STATSD", "false"), ("QUOTA_MODE", "true")]),
+        "QUOTA_MODE"
+    );
+    assert_eq!(
+        refused(&[("USE_STATSD", "false"), ("MERGE_DOMAIN_CONFIG", "true")]),
+        "MERGE_DOMAIN_CONFIG"
+    );
+    assert_eq!(
+        refused(&[
+            ("USE_STATSD", "false"),
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc")
+        ]),
+        "TRACING_EXPORTER_PROTOCOL"
+    );
+    assert_eq!(
+        refused(&[
+            ("USE_STATSD", "false"),
+            ("USE_PROMETHEUS", "true"),
+            ("PROMETHEUS_ADDR", "19001")
+        ]),
+        "PROMETHEUS_ADDR"
     );
     assert_eq!(refused(&[("CONFIG_TYPE", "XDS")]), "CONFIG_TYPE");
     assert_eq!(
@@ -198,4 +218,56 @@ fn sentinel_as_upstream_writes_it() {
         ("REDIS_URL", "mymaster"),
     ]);
     assert_eq!(only_master.map(|_| ()).unwrap_err().0, "REDIS_URL");
+}
+
+#[test]
+fn envoy_gateways_metrics_tracing_and_redis_certificates_are_honoured() {
+    let u = read(&[
+        ("USE_STATSD", "false"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":19001"),
+        ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.infra:6380"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+        ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+        ("TRACING_SERVICE_INSTANCE_ID", "envoy-ratelimit-5d9f-x2"),
+        ("TRACING_SAMPLING_RATE", "0.5"),
+        ("SHADOW_MODE", "true"),
+        ("CACHE_KEY_PREFIX", "eg:rl:"),
+    ])
+    .unwrap()
+    .unwrap();
+    let pairs = [
+        ("SPILLWAY_METRICS_ADDR", "0.0.0.0:19001"),
+        ("SPILLWAY_METRICS_UPSTREAM_NAMES", "true"),
+        ("REDIS_URL", "rediss://redis.infra:6380"),
+        ("REDIS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ("OTEL_TRACES_EXPORTER", "otlp"),
+        ("OTEL_SERVICE_NAME", "envoy-ratelimit"),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.5"),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "service.namespace=envoy-gateway-system,service.instance.id=envoy-ratelimit-5d9f-x2",
+        ),
+        ("SPILLWAY_ENVOY_SHADOW_MODE", "true"),
+        ("SPILLWAY_KEY_PREFIX", "eg:rl:"),
+    ];
+    for (name, value) in pairs {
+        assert_eq!(u.get(name).as_deref(), Some(value), "{name}");
+    }
+    // Tracing said off is off, whatever OTEL_* say; unset, Spillway's own decide.
+    let off = read(&[("USE_STATSD", "false"), ("TRACING_ENABLED", "false")])
+        .unwrap()
+        .unwrap();
+    assert_eq!(off.get("OTEL_SDK_DISABLED").as_deref(), Some("true"));
+    let unset = read(&[("USE_STATSD", "false")]).unwrap().unwrap();
+    assert_eq!(unset.get("OTEL_SDK_DISABLED"), None);
+    assert_eq!(unset.get("SPILLWAY_METRICS_ADDR"), None);
 }

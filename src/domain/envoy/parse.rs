@@ -243,8 +243,9 @@ fn rule_name(raw: &str) -> String {
     let mut name = super::name_chars(raw);
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
         name = format!("d{name}");
-        name.truncate(64);
     }
+    // Two paths cut alike are told apart by a suffix (`Descriptors::rules`).
+    name.truncate(64);
     name
 }
 

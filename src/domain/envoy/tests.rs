@@ -354,10 +354,18 @@ fn domains_map_to_policy_names() {
     assert_eq!(policy_name("_x").unwrap().as_str(), "dx");
     // Envoy Gateway's domains run past a name's 64 characters, and start alike: each keeps
     // its first 55 and a hash of the whole, so they stay apart (cut, they were one).
-    let long = |tail: &str| format!("httproute/envoy-gateway-system/eg-with-a-long-name/rule/0/match/0/{tail}");
-    let (a, b) = (policy_name(&long("a")).unwrap(), policy_name(&long("b")).unwrap());
+    let long = |tail: &str| {
+        format!("httproute/envoy-gateway-system/eg-with-a-long-name/rule/0/match/0/{tail}")
+    };
+    let (a, b) = (
+        policy_name(&long("a")).unwrap(),
+        policy_name(&long("b")).unwrap(),
+    );
     assert_ne!(a, b);
-    assert_eq!((a.as_str().len(), &a.as_str()[..55]), (64, &name_chars(&long("a"))[..55]));
+    assert_eq!(
+        (a.as_str().len(), &a.as_str()[..55]),
+        (64, &name_chars(&long("a"))[..55])
+    );
     assert_eq!(policy_name(&long("a")).unwrap(), a);
     let exactly = "d".repeat(64);
     assert_eq!(policy_name(&exactly).unwrap().as_str(), exactly);

@@ -92,6 +92,12 @@ pub fn install(
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name(settings.service_name.clone())
         .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .with_attributes(
+            settings
+                .resource_attributes
+                .iter()
+                .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+        )
         .build();
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)

@@ -17,6 +17,8 @@ pub struct TraceSettings {
     pub sampler: SamplerSetting,
     /// `OTEL_SERVICE_NAME`, or `spillway`.
     pub service_name: String,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, as key and value.
+    pub resource_attributes: Vec<(String, String)>,
 }
 
 /// `OTEL_TRACES_SAMPLER` with its argument (default `parentbased_always_on`).
@@ -100,8 +102,33 @@ impl TraceSettings {
             timeout,
             sampler,
             service_name: get("OTEL_SERVICE_NAME").unwrap_or_else(|| "spillway".into()),
+            resource_attributes: resource_attributes(&get)?,
         }))
     }
+}
+
+/// `OTEL_RESOURCE_ATTRIBUTES`: `key=value` pairs, comma-separated, values percent-decoded.
+fn resource_attributes(
+    get: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, Invalid> {
+    let Some(raw) = get("OTEL_RESOURCE_ATTRIBUTES").filter(|r| !r.trim().is_empty()) else {
+        return Ok(Vec::new());
+    };
+    raw.split(',')
+        .map(|pair| {
+            let (key, value) = pair
+                .split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
+                .ok_or_else(|| {
+                    (
+                        "OTEL_RESOURCE_ATTRIBUTES",
+                        format!("expected key=value pairs separated by commas, got {pair:?}"),
+                    )
+                })?;
+            let value = percent_encoding::percent_decode_str(value.trim()).decode_utf8_lossy();
+            Ok((key.trim().to_owned(), value.into_owned()))
+        })
+        .collect()
 }
 
 /// `OTEL_SDK_DISABLED`: true switches traces off whatever else is set.
