@@ -40,7 +40,19 @@ for path in glob.glob(sys.argv[1] + "/*.yaml"):
             assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
             assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
             assert container["securityContext"]["readOnlyRootFilesystem"] is True
-print("deploy-test: settings known, image tag", version)
+# The Istio overlay: the domains ConfigMap mounted where SPILLWAY_DOMAINS_DIR points (no Job,
+# no suffixed name: an edit reaches the folder in place), and the mesh guarding the keyless port.
+istio = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(open(sys.argv[1] + "/istio.yaml")) if d}
+settings = next(d for (k, n), d in istio.items() if k == "ConfigMap" and n.startswith("spillway-config"))["data"]
+pod = istio[("Deployment", "spillway")]["spec"]["template"]["spec"]
+mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+volume = next(v for v in pod["volumes"] if v.get("configMap", {}).get("name") == "ratelimit-config")
+assert mounts[volume["name"]] == settings["SPILLWAY_DOMAINS_DIR"], (mounts, settings)
+assert ("ConfigMap", "ratelimit-config") in istio and not any(k == "Job" for k, _ in istio)
+assert istio[("PeerAuthentication", "spillway")]["spec"]["mtls"]["mode"] == "STRICT"
+rules = istio[("AuthorizationPolicy", "spillway")]["spec"]["rules"]
+assert any("8081" in r["to"][0]["operation"]["ports"] and r.get("from") for r in rules), rules
+print("deploy-test: settings known, image tag", version, "; Istio: domains mounted, mTLS and the gateway's identity on 8081")
 PY
 
 # The Helm chart, for the default values and every documented values file.

@@ -18,11 +18,13 @@ PLACES = [
     ("deploy/kubernetes/base/kustomization.yaml", r"^    newName: (\S+)$"),
     ("deploy/helm/spillway/values.yaml", r"^  repository: (\S+)$"),
     ("deploy/kubernetes/overlays/envoy-gateway/envoy-gateway-config.yaml", r"^ +image: (\S+?):[^:\s]+$"),
+    ("deploy/kubernetes/overlays/envoy-gateway/gateway-helm-values.yaml", r"^ +image: (\S+?):[^:\s]+$"),
 ]
 # Where a manifest names the tag: it is the version.
 TAGS = [
     ("deploy/kubernetes/base/kustomization.yaml", r"^    newTag: (\S+)$"),
     ("deploy/kubernetes/overlays/envoy-gateway/envoy-gateway-config.yaml", r"^ +image: \S+?:([^:\s]+)$"),
+    ("deploy/kubernetes/overlays/envoy-gateway/gateway-helm-values.yaml", r"^ +image: \S+?:([^:\s]+)$"),
     ("deploy/helm/spillway/Chart.yaml", r'^appVersion: "([^"]+)"$'),
 ]
 
