@@ -525,7 +525,20 @@ async fn key_list(service: &Service) -> anyhow::Result<String> {
 
 /// `spillway policy validate FILE...`: what each file holds, or every problem found (file and
 /// field), as the domains folder would load the files together.
+/// A domain in several files is merged when the environment says so
+/// (`SPILLWAY_ENVOY_MERGE_DOMAINS`, or upstream's `MERGE_DOMAIN_CONFIG`, true), as the
+/// server would read them.
 pub fn validate(files: &[PathBuf]) -> Result<String, String> {
+    let merge = ["SPILLWAY_ENVOY_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG"]
+        .iter()
+        .any(|name| {
+            std::env::var(name).is_ok_and(|v| {
+                matches!(
+                    v.trim().to_ascii_lowercase().as_str(),
+                    "true" | "1" | "yes" | "t"
+                )
+            })
+        });
     use crate::service::policies::read_envoy_files;
     let mut read = Vec::new();
     let mut problems = Vec::new();
@@ -536,7 +549,7 @@ pub fn validate(files: &[PathBuf]) -> Result<String, String> {
             Err(e) => problems.push(format!("{name}: cannot be read: {e}")),
             Ok(text) => {
                 let one = [(name.clone(), text)];
-                match read_envoy_files(&one) {
+                match read_envoy_files(&one, merge) {
                     Ok(domains) => {
                         let names: Vec<String> =
                             domains.iter().map(|p| p.name.to_string()).collect();
@@ -550,7 +563,7 @@ pub fn validate(files: &[PathBuf]) -> Result<String, String> {
     }
     // Together: no domain in two files.
     if problems.is_empty()
-        && let Err(problem) = read_envoy_files(&read)
+        && let Err(problem) = read_envoy_files(&read, merge)
     {
         problems.push(problem);
     }

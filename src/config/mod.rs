@@ -178,6 +178,10 @@ pub struct EnvoySettings {
     /// its own (`SPILLWAY_ENVOY_SHADOW_MODE`; upstream's `SHADOW_MODE` sets it): a whole
     /// deployment watched before it enforces.
     pub shadow_all: bool,
+    /// A domain in several files (a folder, xDS resources) is one domain, their top-level
+    /// descriptors added together (`SPILLWAY_ENVOY_MERGE_DOMAINS`; upstream's
+    /// `MERGE_DOMAIN_CONFIG` sets it); otherwise such files are refused.
+    pub merge_domains: bool,
 }
 
 /// The rate limit headers of an Envoy answer (`SPILLWAY_ENVOY_HEADERS`).

@@ -88,7 +88,7 @@ const LET_GO: [(&str, &str); 16] = [
 
 /// Upstream variables that would change a decision and have no equivalent here, with the
 /// value they may hold and still be taken (upstream's default).
-const REFUSED: [(&str, &[&str], &str); 7] = [
+const REFUSED: [(&str, &[&str], &str); 6] = [
     ("BACKEND_TYPE", &["redis"], "only Redis is a backend"),
     (
         "REDIS_PERSECOND",
@@ -99,11 +99,6 @@ const REFUSED: [(&str, &[&str], &str); 7] = [
         "QUOTA_MODE",
         &["false"],
         "quota mode for every descriptor at once is not supported yet (set quota_mode: true on the descriptors)",
-    ),
-    (
-        "MERGE_DOMAIN_CONFIG",
-        &["false"],
-        "each domain comes from one file",
     ),
     ("GRPC_UDS", &[""], "gRPC is served on a TCP port"),
     (
@@ -338,6 +333,9 @@ impl Upstream {
         }
         if flag(get, "SHADOW_MODE")? {
             self.set("SPILLWAY_ENVOY_SHADOW_MODE", "true");
+        }
+        if flag(get, "MERGE_DOMAIN_CONFIG")? {
+            self.set("SPILLWAY_ENVOY_MERGE_DOMAINS", "true");
         }
         if let Some(prefix) = get("CACHE_KEY_PREFIX").filter(|p| !p.is_empty()) {
             self.set("SPILLWAY_KEY_PREFIX", prefix);

@@ -83,6 +83,9 @@ pub struct Service {
     /// Every Envoy request answered OK, its over-limit descriptors still said
     /// (`SPILLWAY_ENVOY_SHADOW_MODE`, upstream's `SHADOW_MODE`).
     envoy_shadow_all: bool,
+    /// A domain in several files is one domain, their descriptors added together
+    /// (`SPILLWAY_ENVOY_MERGE_DOMAINS`, upstream's `MERGE_DOMAIN_CONFIG`).
+    envoy_merge_domains: bool,
 }
 
 /// The domains folder's state, as its reader reports it.
@@ -163,6 +166,7 @@ impl Service {
             waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(10_000)),
             recorder: Default::default(),
             envoy_shadow_all: false,
+            envoy_merge_domains: false,
         }
     }
 
@@ -173,6 +177,7 @@ impl Service {
             rule_metrics: config.metrics_rule_label,
             recorder: record::Recorder::new(config.record_checks),
             envoy_shadow_all: config.envoy.shadow_all,
+            envoy_merge_domains: config.envoy.merge_domains,
             waiting: std::sync::Arc::new(tokio::sync::Semaphore::new(config.max_waiting)),
             keys: std::sync::Arc::new(keys::ApiKeys::new(
                 config.service_keys.iter().map(String::as_str),

@@ -343,7 +343,7 @@ async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
 fn what_upstream_has_and_spillway_does_not_stops_the_start_naming_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
         .env_clear()
-        .envs([("CONFIG_TYPE", "FILE"), ("MERGE_DOMAIN_CONFIG", "true")])
+        .envs([("CONFIG_TYPE", "FILE"), ("QUOTA_MODE", "true")])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -351,7 +351,7 @@ fn what_upstream_has_and_spillway_does_not_stops_the_start_naming_it() {
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
-        lines[0].starts_with("spillway: reading the configuration: MERGE_DOMAIN_CONFIG: "),
+        lines[0].starts_with("spillway: reading the configuration: QUOTA_MODE: "),
         "{stderr}"
     );
 }
@@ -394,6 +394,76 @@ fn policy_validate_checks_files_without_a_server() {
     assert!(!duplicate.status.success());
     let stderr = String::from_utf8_lossy(&duplicate.stderr);
     assert!(stderr.contains("also in"), "{stderr}");
+}
+
+/// upstream's MERGE_DOMAIN_CONFIG: a domain in two files is one, its descriptors added
+/// together; a top-level key both files hold is refused, as upstream refuses it.
+#[tokio::test]
+async fn merged_domain_files_are_one_domain() {
+    let folder = Folder::new("merge");
+    let users = folder.write("users.yaml", &domain("shop", 3));
+    let paths = folder.write(
+        "paths.yaml",
+        "domain: shop\ndescriptors:\n  - key: path\n    rate_limit: {unit: hour, requests_per_unit: 7}\n",
+    );
+    let validate = |merge: &str, files: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_spillway"))
+            .env_clear()
+            .env("MERGE_DOMAIN_CONFIG", merge)
+            .args(["policy", "validate"])
+            .args(files)
+            .output()
+            .unwrap()
+    };
+    let merged = validate("true", &[&users, &paths]);
+    assert!(
+        merged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&merged.stderr)
+    );
+    assert!(!validate("false", &[&users, &paths]).status.success());
+    let again = folder.write("again.yaml", &domain("shop", 5));
+    let clash = validate("true", &[&users, &again]);
+    let stderr = String::from_utf8_lossy(&clash.stderr);
+    assert!(
+        !clash.status.success() && stderr.contains("user"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&again).unwrap();
+    // The server reading the folder merges alike: both descriptors limit.
+    let redis = RedisServer::start();
+    let dir = folder.0.to_str().unwrap();
+    let app = spawn_app_with(
+        &redis,
+        &[
+            ("SPILLWAY_DOMAINS_DIR", dir),
+            ("SPILLWAY_ENVOY_MERGE_DOMAINS", "true"),
+        ],
+    )
+    .await;
+    let keys = eventually(
+        "the merged domain stored",
+        PATIENCE,
+        async || {
+            let r = app
+                .client
+                .get(app.url("/api/v1/envoy/domains/shop"))
+                .bearer_auth(ADMIN_KEY)
+                .send()
+                .await
+                .unwrap();
+            let doc: Value = r.json().await.unwrap_or(Value::Null);
+            doc["descriptors"].as_array().map(|d| {
+                d.iter()
+                    .map(|d| d["key"].as_str().unwrap_or("").to_owned())
+                    .collect::<Vec<_>>()
+            })
+        },
+        |keys| keys.as_ref().is_some_and(|k| k.len() == 2),
+    )
+    .await;
+    // The folder's files are read in name order: paths.yaml's descriptors come first.
+    assert_eq!(keys.unwrap(), ["path", "user"]);
 }
 
 /// The dashboard says who keeps a domain, refuses to save its file, and says when the

@@ -94,8 +94,8 @@ fn what_would_change_a_decision_is_refused_by_name() {
         "QUOTA_MODE"
     );
     assert_eq!(
-        refused(&[("USE_STATSD", "false"), ("MERGE_DOMAIN_CONFIG", "true")]),
-        "MERGE_DOMAIN_CONFIG"
+        refused(&[("USE_STATSD", "false"), ("REDIS_PERSECOND", "true")]),
+        "REDIS_PERSECOND"
     );
     assert_eq!(
         refused(&[

@@ -120,35 +120,61 @@ impl Service {
 
 /// The Envoy domains of a set of files (name and text; a file may hold several domains as
 /// YAML documents), each validated, all or none: the error names the file and the field.
-/// What `spillway policy validate` and a domains folder read.
-pub fn read_envoy_files(files: &[(String, String)]) -> Result<Vec<Policy>, String> {
-    let mut policies: Vec<(Policy, &str)> = Vec::new();
+/// What `spillway policy validate` and a domains folder read. A domain in two files is
+/// refused, unless `merge` (upstream's `MERGE_DOMAIN_CONFIG`): then the later files'
+/// top-level descriptors are added to the first's, and a top-level key (and value) both
+/// hold is refused as upstream refuses it.
+pub fn read_envoy_files(files: &[(String, String)], merge: bool) -> Result<Vec<Policy>, String> {
+    // Each domain's document and where it was read ("file" or "file: document N").
+    let mut documents: Vec<(serde_json::Value, String)> = Vec::new();
     for (file, text) in files {
         let values =
             crate::service::envoy::domain_files(text).map_err(|e| format!("{file}: {e}"))?;
         let several = values.len() > 1;
-        for (i, value) in values.iter().enumerate() {
-            let at = |message: String| {
-                if several {
-                    format!("{file}: document {}: {message}", i + 1)
-                } else {
-                    format!("{file}: {message}")
-                }
+        for (i, value) in values.into_iter().enumerate() {
+            let at = if several {
+                format!("{file}: document {}", i + 1)
+            } else {
+                file.clone()
             };
-            let domain = crate::domain::envoy::EnvoyDomain::from_value(value)
-                .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
-            let policy = Policy::from_envoy(domain, crate::domain::FailureMode::default())
-                .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
-            if let Some((_, first)) = policies.iter().find(|(p, _)| p.name == policy.name) {
-                return Err(at(format!(
-                    "domain: {} is also in {first}; each domain comes from one file",
-                    policy.name
-                )));
+            let same = |(doc, _): &&mut (serde_json::Value, String)| {
+                doc.get("domain").is_some() && doc.get("domain") == value.get("domain")
+            };
+            match documents.iter_mut().find(|d| same(d)) {
+                Some((first, _)) if merge => merge_descriptors(first, value),
+                _ => documents.push((value, at)),
             }
-            policies.push((policy, file));
         }
     }
+    let mut policies: Vec<(Policy, &str)> = Vec::new();
+    for (value, place) in &documents {
+        let at = |message: String| format!("{place}: {message}");
+        let domain = crate::domain::envoy::EnvoyDomain::from_value(value)
+            .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
+        let policy = Policy::from_envoy(domain, crate::domain::FailureMode::default())
+            .map_err(|e| at(format!("{}: {}", e.field, e.message)))?;
+        if let Some((_, first)) = policies.iter().find(|(p, _)| p.name == policy.name) {
+            return Err(at(format!(
+                "domain: {} is also in {first}; each domain comes from one file \
+                 (MERGE_DOMAIN_CONFIG=true adds a file's descriptors to the domain's)",
+                policy.name
+            )));
+        }
+        policies.push((policy, place.as_str()));
+    }
     Ok(policies.into_iter().map(|(p, _)| p).collect())
+}
+
+/// Adds `more`'s top-level descriptors to `first`'s (the domain's parser then refuses a key
+/// and value the two both hold).
+fn merge_descriptors(first: &mut serde_json::Value, more: serde_json::Value) {
+    let Some(added) = more.get("descriptors").and_then(|d| d.as_array()).cloned() else {
+        return;
+    };
+    match first.get_mut("descriptors").and_then(|d| d.as_array_mut()) {
+        Some(list) => list.extend(added),
+        None => first["descriptors"] = serde_json::Value::Array(added),
+    }
 }
 
 impl Service {
@@ -163,9 +189,11 @@ impl Service {
         source: &str,
         files: &[(String, String)],
     ) -> Result<Vec<String>, ChangeError> {
-        let policies = read_envoy_files(files).map_err(|message| ChangeError::Invalid {
-            field: "file".into(),
-            message,
+        let policies = read_envoy_files(files, self.envoy_merge_domains).map_err(|message| {
+            ChangeError::Invalid {
+                field: "file".into(),
+                message,
+            }
         })?;
         let kept: Vec<Name> = policies.iter().map(|p| p.name.clone()).collect();
         let mut changed = Vec::new();
