@@ -182,6 +182,9 @@ pub struct EnvoySettings {
     /// descriptors added together (`SPILLWAY_ENVOY_MERGE_DOMAINS`; upstream's
     /// `MERGE_DOMAIN_CONFIG` sets it); otherwise such files are refused.
     pub merge_domains: bool,
+    /// Every Envoy limit in quota mode (`SPILLWAY_ENVOY_QUOTA_MODE`; upstream's `QUOTA_MODE`
+    /// sets it), as a descriptor's `quota_mode: true` puts its own.
+    pub quota_all: bool,
 }
 
 /// The rate limit headers of an Envoy answer (`SPILLWAY_ENVOY_HEADERS`).

@@ -277,6 +277,7 @@ pub(super) fn envoy_settings(
         counting: stop_when_over(lookup)?,
         shadow_all: yes_or_no(lookup, "SPILLWAY_ENVOY_SHADOW_MODE")?,
         merge_domains: yes_or_no(lookup, "SPILLWAY_ENVOY_MERGE_DOMAINS")?,
+        quota_all: yes_or_no(lookup, "SPILLWAY_ENVOY_QUOTA_MODE")?,
     })
 }
 

@@ -88,17 +88,12 @@ const LET_GO: [(&str, &str); 16] = [
 
 /// Upstream variables that would change a decision and have no equivalent here, with the
 /// value they may hold and still be taken (upstream's default).
-const REFUSED: [(&str, &[&str], &str); 6] = [
+const REFUSED: [(&str, &[&str], &str); 5] = [
     ("BACKEND_TYPE", &["redis"], "only Redis is a backend"),
     (
         "REDIS_PERSECOND",
         &["false"],
         "per-second limits share the one Redis",
-    ),
-    (
-        "QUOTA_MODE",
-        &["false"],
-        "quota mode for every descriptor at once is not supported yet (set quota_mode: true on the descriptors)",
     ),
     ("GRPC_UDS", &[""], "gRPC is served on a TCP port"),
     (
@@ -333,6 +328,9 @@ impl Upstream {
         }
         if flag(get, "SHADOW_MODE")? {
             self.set("SPILLWAY_ENVOY_SHADOW_MODE", "true");
+        }
+        if flag(get, "QUOTA_MODE")? {
+            self.set("SPILLWAY_ENVOY_QUOTA_MODE", "true");
         }
         if flag(get, "MERGE_DOMAIN_CONFIG")? {
             self.set("SPILLWAY_ENVOY_MERGE_DOMAINS", "true");

@@ -282,6 +282,11 @@ pub struct EnvoyDomain {
     /// How it counts now: `counting`, or the server's default (see
     /// `Policy::resolve_envoy_counting`).
     pub counts: Counting,
+    /// Every limit in quota mode (the server's `SPILLWAY_ENVOY_QUOTA_MODE`, upstream's
+    /// `QUOTA_MODE`; see `Policy::resolve_envoy_quota`): a request is over only when every
+    /// descriptor that is not `unlimited` is over, one that found no limit counting as one
+    /// within its quota.
+    pub quota_all: bool,
     pub limits: Vec<Limit>,
     nodes: Vec<Node>,
     root: Level,

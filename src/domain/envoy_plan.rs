@@ -168,6 +168,8 @@ pub struct Plan {
     every_hit: bool,
     /// Only reading: a counter with nothing left is over (Kuadrant's `CheckRateLimit`).
     check_only: bool,
+    /// Every limit in quota mode (`EnvoyDomain::quota_all`).
+    quota_all: bool,
 }
 
 /// Plans `request` against `policy`, whose Envoy domain is `tree`, at `now_ms`.
@@ -207,7 +209,7 @@ pub fn plan(
         targets.push(target_of(
             i,
             d,
-            (costs[i], every_hit),
+            (costs[i], every_hit, tree.quota_all),
             limit,
             &mut caller_rules,
         ));
@@ -237,6 +239,7 @@ pub fn plan(
         repeats: Vec::new(),
         metric_keys,
         every_hit: tree.counts == envoy::Counting::EveryHit,
+        quota_all: tree.quota_all,
         check_only: request.check_only,
     };
     plan.sort_into_checks();
@@ -276,7 +279,9 @@ impl Plan {
         for (i, t) in self.targets.iter().enumerate() {
             if let Target::Count { shadow, quota, .. } = t {
                 // Over already: the rest is only read, unless every hit counts.
-                if self.costs[i] == 0 || (self.over_already.is_some() && !self.every_hit) {
+                // (A quota over already fails nothing alone: the rest count.)
+                let over_already = self.over_already.is_some() && !self.quota_all;
+                if self.costs[i] == 0 || (over_already && !self.every_hit) {
                     self.peeks.push(i);
                 } else if *shadow {
                     self.shadows.push(i);
@@ -401,6 +406,14 @@ impl Plan {
     /// over an enforced limit (or over without asking Redis), or every quota-mode one over.
     pub fn over(&self) -> bool {
         let over = |i: usize| !self.statuses[i].ok;
+        if self.quota_all {
+            // Every descriptor but an `unlimited` one is a quota (one that found no limit,
+            // within it): over when each of them is.
+            let mut quotas = (0..self.statuses.len())
+                .filter(|&i| !matches!(self.targets[i], Target::Unlimited))
+                .peekable();
+            return quotas.peek().is_some() && quotas.all(over);
+        }
         let quota = |i: usize| matches!(self.targets[i], Target::Count { quota: true, .. });
         (0..self.statuses.len()).any(|i| over(i) && !quota(i))
             || (!self.quotas.is_empty() && self.quotas.iter().all(|&i| over(i)))

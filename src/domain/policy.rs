@@ -349,6 +349,14 @@ impl Policy {
         }
     }
 
+    /// Puts every limit of this policy, when it is an Envoy domain, in quota mode or not
+    /// (the server's `SPILLWAY_ENVOY_QUOTA_MODE`).
+    pub fn resolve_envoy_quota(&mut self, quota_all: bool) {
+        if let Some(domain) = &mut self.envoy {
+            domain.quota_all = quota_all;
+        }
+    }
+
     /// Every rule that can hold state for this policy: its own and those of its overrides.
     pub fn all_rules(&self) -> impl Iterator<Item = &Rule> {
         self.rules

@@ -172,7 +172,7 @@ impl Service {
 
     fn new(store: Store, config: &Config) -> Self {
         Self {
-            policies: policy_cache::PolicyCache::new(config.envoy.counting),
+            policies: policy_cache::PolicyCache::new(config.envoy.counting, config.envoy.quota_all),
             webhook_targets: config.webhook_targets.clone(),
             rule_metrics: config.metrics_rule_label,
             recorder: record::Recorder::new(config.record_checks),

@@ -28,15 +28,24 @@ pub struct PolicyCache {
     loaded: Arc<AtomicBool>,
     /// How an Envoy domain that does not say counts a hit over its limit.
     envoy_counting: Counting,
+    /// Whether every Envoy limit is in quota mode (`SPILLWAY_ENVOY_QUOTA_MODE`).
+    envoy_quota_all: bool,
 }
 
 impl PolicyCache {
     /// An empty cache whose Envoy domains count as `envoy_counting` unless they say.
-    pub fn new(envoy_counting: Counting) -> Self {
+    /// Every Envoy limit is in quota mode when `envoy_quota_all`.
+    pub fn new(envoy_counting: Counting, envoy_quota_all: bool) -> Self {
         Self {
             envoy_counting,
+            envoy_quota_all,
             ..Self::default()
         }
+    }
+
+    /// Whether every Envoy limit is in quota mode.
+    pub fn envoy_quota_all(&self) -> bool {
+        self.envoy_quota_all
     }
 
     /// How an Envoy domain that does not say counts a hit over its limit.
@@ -99,6 +108,7 @@ impl PolicyCache {
             .into_iter()
             .map(|mut p| {
                 p.resolve_envoy_counting(self.envoy_counting);
+                p.resolve_envoy_quota(self.envoy_quota_all);
                 (p.name.as_str().to_owned(), Arc::new(p))
             })
             .collect();

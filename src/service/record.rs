@@ -353,6 +353,7 @@ impl Service {
         let mut policy = self.candidate_policy(candidate, current).await?;
         // An Envoy domain counts as it says, else as this server does.
         policy.resolve_envoy_counting(self.policies.envoy_counting());
+        policy.resolve_envoy_quota(self.policies.envoy_quota_all());
         let record = self.record_since(name, look_back_ms).await?;
         let answer = replay_in_budget(policy, record).await;
         let after = serde_json::json!({

@@ -2019,3 +2019,49 @@ async fn json_takes_integers_with_an_exponent_and_types_its_401() {
         "https://spillway.dev/problems/unauthorized"
     );
 }
+
+/// The server's quota mode (upstream's `QUOTA_MODE`): a descriptor over its limit says so,
+/// and the request fails only when every descriptor with a limit is over; one that found
+/// no limit counts as within its quota.
+#[tokio::test]
+async fn with_every_limit_in_quota_mode_a_request_fails_only_when_all_are_over() {
+    let redis = RedisServer::start();
+    let app =
+        crate::helpers::spawn_app_with(&redis, &[("SPILLWAY_ENVOY_QUOTA_MODE", "true")]).await;
+    load(
+        &app,
+        "quota",
+        "domain: quota\ndescriptors:\n  - key: backend\n    value: a\n    rate_limit: {unit: minute, requests_per_unit: 1}\n  - key: backend\n    value: b\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .await;
+    let mut c = client(&app).await;
+    let both = || {
+        request(
+            "quota",
+            vec![
+                descriptor(&[("backend", "a")]),
+                descriptor(&[("backend", "b")]),
+            ],
+        )
+    };
+    let first = ask(&mut c, both()).await;
+    assert_eq!((first.overall_code, first.statuses[0].code), (OK, OK));
+    // a is over, b has one left: the request passes, a's status says it is over.
+    let second = ask(&mut c, both()).await;
+    assert_eq!(
+        (
+            second.overall_code,
+            second.statuses[0].code,
+            second.statuses[1].code
+        ),
+        (OK, OVER, OK)
+    );
+    // A descriptor with no limit is a quota within its limit: still OK.
+    let mut with_unknown = both();
+    with_unknown
+        .descriptors
+        .push(descriptor(&[("backend", "z")]));
+    assert_eq!(ask(&mut c, with_unknown).await.overall_code, OK);
+    // Both over: over.
+    assert_eq!(ask(&mut c, both()).await.overall_code, OVER);
+}

@@ -343,7 +343,7 @@ async fn istios_guide_environment_serves_as_envoyproxy_ratelimit_would() {
 fn what_upstream_has_and_spillway_does_not_stops_the_start_naming_it() {
     let out = Command::new(env!("CARGO_BIN_EXE_spillway"))
         .env_clear()
-        .envs([("CONFIG_TYPE", "FILE"), ("QUOTA_MODE", "true")])
+        .envs([("CONFIG_TYPE", "FILE"), ("REDIS_PERSECOND", "true")])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -351,7 +351,7 @@ fn what_upstream_has_and_spillway_does_not_stops_the_start_naming_it() {
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "{stderr}");
     assert!(
-        lines[0].starts_with("spillway: reading the configuration: QUOTA_MODE: "),
+        lines[0].starts_with("spillway: reading the configuration: REDIS_PERSECOND: "),
         "{stderr}"
     );
 }

@@ -90,8 +90,8 @@ fn what_would_change_a_decision_is_refused_by_name() {
         Ok(_) => panic!("{pairs:?} was taken"),
     };
     assert_eq!(
-        refused(&[("USE_STATSD", "false"), ("QUOTA_MODE", "true")]),
-        "QUOTA_MODE"
+        refused(&[("USE_STATSD", "false"), ("BACKEND_TYPE", "memcache")]),
+        "BACKEND_TYPE"
     );
     assert_eq!(
         refused(&[("USE_STATSD", "false"), ("REDIS_PERSECOND", "true")]),

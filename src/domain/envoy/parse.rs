@@ -50,6 +50,7 @@ impl EnvoyDomain {
             doc: DomainDoc::default(),
             counting: None,
             counts: Counting::default(),
+            quota_all: false,
             limits: Vec::new(),
             nodes: Vec::new(),
             root: Level::default(),

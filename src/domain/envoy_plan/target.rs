@@ -8,7 +8,7 @@ use super::*;
 pub(super) fn target_of(
     i: usize,
     d: &EnvoyDescriptor,
-    (cost, every_hit): (u64, bool),
+    (cost, every_hit, quota_all): (u64, bool, bool),
     limit: Option<&Limit>,
     caller_rules: &mut Vec<Rule>,
 ) -> Target {
@@ -27,7 +27,7 @@ pub(super) fn target_of(
                     rule: RuleRef::Caller(caller_rules.len() - 1),
                     current,
                     shadow: false,
-                    quota: false,
+                    quota: quota_all,
                 }
             }
         };
@@ -55,7 +55,7 @@ pub(super) fn target_of(
                     rule: RuleRef::Policy(r),
                     current,
                     shadow: limit.shadow,
-                    quota: limit.quota,
+                    quota: limit.quota || quota_all,
                 },
             }
         }

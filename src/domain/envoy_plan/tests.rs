@@ -276,6 +276,55 @@ fn a_quota_descriptor_over_fails_the_request_only_with_every_other_quota() {
 }
 
 #[test]
+fn with_every_limit_in_quota_mode_a_request_is_over_only_when_each_descriptor_is() {
+    // The server's QUOTA_MODE: no descriptor says quota_mode, every one is a quota.
+    let mut quota_all = Arc::unwrap_or_clone(policy(
+        json!([
+            {"key": "a", "rate_limit": {"unit": "day", "requests_per_unit": 5}},
+            {"key": "b", "rate_limit": {"unit": "day", "requests_per_unit": 5}},
+            {"key": "free", "rate_limit": {"unlimited": true}},
+        ]),
+        &[],
+    ));
+    quota_all.resolve_envoy_quota(true);
+    let quota_all = Arc::new(quota_all);
+    let ab = || vec![descriptor(&[("a", "x")]), descriptor(&[("b", "x")])];
+    let mut plan = planned(&quota_all, ab()).unwrap();
+    assert_eq!((plan.enforced.len(), plan.quotas.clone()), (0, vec![0, 1]));
+    plan.fill(&[0], &decision(&[false]), Group::Quota, 1_000);
+    plan.fill(&[1], &decision(&[true]), Group::Quota, 1_000);
+    assert!(!plan.over(), "one of two over: OK");
+    assert!(!plan.answers()[0].ok, "that descriptor still says over");
+    let mut plan = planned(&quota_all, ab()).unwrap();
+    plan.fill(&[0, 1], &decision(&[false, false]), Group::Quota, 1_000);
+    assert!(plan.over(), "every one over: over");
+    // One that found no limit counts as a quota within its limit; an unlimited one, not at all.
+    let with = |extra: &[(&str, &str)]| {
+        let mut descriptors = ab();
+        descriptors.push(descriptor(extra));
+        let mut plan = planned(&quota_all, descriptors).unwrap();
+        plan.fill(&[0, 1], &decision(&[false, false]), Group::Quota, 1_000);
+        plan.over()
+    };
+    assert!(!with(&[("unknown", "x")]));
+    assert!(with(&[("free", "x")]));
+    // Without it, the same answers make the request over.
+    let mut plan = planned(
+        &policy(
+            json!([
+                {"key": "a", "rate_limit": {"unit": "day", "requests_per_unit": 5}},
+                {"key": "b", "rate_limit": {"unit": "day", "requests_per_unit": 5}},
+            ]),
+            &[],
+        ),
+        ab(),
+    )
+    .unwrap();
+    plan.fill(&[0, 1], &decision(&[false, true]), Group::Enforced, 1_000);
+    assert!(plan.over());
+}
+
+#[test]
 fn values_a_shared_wildcard_matches_count_under_the_wildcard() {
     let policy = policy(
         json!([
