@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: demo deps-run run build lint test test-unit test-e2e test-image test-deploy image push deps-image deps-build deps-test deps-bench bench clean help
+.PHONY: demo deps-run run build lint test test-unit test-e2e test-image test-deploy image push deps-image deps-build deps-test deps-bench bench profile clean help
 
 help:
 	@echo "make run    build the release binary and serve on http://127.0.0.1:3000"
@@ -102,6 +102,16 @@ deps-bench:
 # Side-by-side benchmarks (release build, peers from npm, redis-benchmark); writes
 # bench-results/REPORT.md and benches/REPORT.md. Takes about 8 minutes (the first time 2
 # more, to build the open-loop load generator).
+# A CPU profile of the 1-rule HTTP check and the gRPC check under load: builds the release
+# binary with the sampling profiler into target/profile/ (then the release binary again, as
+# make build leaves it) and writes benches/PROFILE.md. Takes about 8 minutes.
+profile: deps-bench build
+	cargo build --release --example grpcload --no-default-features --features ssr
+	cargo build --release --bin spillway --no-default-features --features profile
+	mkdir -p target/profile && cp target/release/spillway target/profile/spillway
+	cargo build --release --bin spillway --no-default-features --features ssr
+	python3 benches/profile.py
+
 bench: deps-bench build
 	cargo build --release --example openloop --example grpcload --example replay --no-default-features --features ssr
 	python3 benches/run.py

@@ -34,6 +34,8 @@ async fn main() -> std::process::ExitCode {
 /// `spillway` (serve): the HTTP port at once (alive, not ready until Redis answers), then
 /// the gRPC port, until a signal and the drain.
 async fn serve(config: Config, open_files: u64) -> anyhow::Result<()> {
+    #[cfg(feature = "profile")]
+    let profiler = spillway::telemetry::profile::Profiler::start();
     let traces = match &config.traces {
         Some(settings) => Some(
             spillway::telemetry::traces::install(settings, tokio::runtime::Handle::current())
@@ -65,6 +67,10 @@ async fn serve(config: Config, open_files: u64) -> anyhow::Result<()> {
     if let Some(traces) = traces {
         // The exporter's last export waits on this runtime: off its threads.
         tokio::task::spawn_blocking(move || traces.shutdown()).await?;
+    }
+    #[cfg(feature = "profile")]
+    if let Some(profiler) = profiler {
+        profiler.finish()?;
     }
     tracing::info!("stopped");
 

@@ -2,4 +2,6 @@
 //! never identifiers) and OpenTelemetry traces with the logs that carry their ids.
 
 pub mod metrics;
+#[cfg(feature = "profile")]
+pub mod profile;
 pub mod traces;
