@@ -99,9 +99,6 @@ demo: deps-run build
 deps-bench:
 	@scripts/deps.sh bench
 
-# Side-by-side benchmarks (release build, peers from npm, redis-benchmark); writes
-# bench-results/REPORT.md and benches/REPORT.md. Takes about 8 minutes (the first time 2
-# more, to build the open-loop load generator).
 # A CPU profile of the 1-rule HTTP check and the gRPC check under load: builds the release
 # binary with the sampling profiler into target/profile/ (then the release binary again, as
 # make build leaves it) and writes benches/PROFILE.md. Takes about 8 minutes.
@@ -112,6 +109,9 @@ profile: deps-bench build
 	cargo build --release --bin spillway --no-default-features --features ssr
 	python3 benches/profile.py
 
+# Side-by-side benchmarks (release build, peers from npm, redis-benchmark); writes
+# bench-results/REPORT.md and benches/REPORT.md. Takes about 8 minutes (the first time 2
+# more, to build the open-loop load generator).
 bench: deps-bench build
 	cargo build --release --example openloop --example grpcload --example replay --no-default-features --features ssr
 	python3 benches/run.py

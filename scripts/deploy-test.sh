@@ -52,6 +52,11 @@ assert ("ConfigMap", "ratelimit-config") in istio and not any(k == "Job" for k, 
 assert istio[("PeerAuthentication", "spillway")]["spec"]["mtls"]["mode"] == "STRICT"
 rules = istio[("AuthorizationPolicy", "spillway")]["spec"]["rules"]
 assert any("8081" in r["to"][0]["operation"]["ports"] and r.get("from") for r in rules), rules
+# What any peer may reach: never the keyless ways (the gRPC port, /json).
+for r in rules:
+    if not r.get("from"):
+        op = r["to"][0]["operation"]
+        assert "8081" not in op["ports"] and "/json" in op.get("notPaths", []), r
 print("deploy-test: settings known, image tag", version, "; Istio: domains mounted, mTLS and the gateway's identity on 8081")
 PY
 

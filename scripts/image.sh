@@ -35,7 +35,9 @@ cp Leptos.toml "$stage/app/Leptos.toml"
 mkdir -p "$stage/var/lib/dpkg/status.d"
 for lib in $(ldd "$binary" | awk '$2 == "=>" { print $3 } $1 ~ /^\/.*ld-linux/ { print $1 }'); do
   cp --parents -L "$lib" "$stage/"
-  if command -v dpkg >/dev/null && pkg=$(dpkg -S "$lib" 2>/dev/null); then
+  # dpkg knows a library by one of its paths (/lib or /usr/lib, with merged /usr).
+  if command -v dpkg >/dev/null && { pkg=$(dpkg -S "$lib" 2>/dev/null) \
+      || pkg=$(dpkg -S "/usr$lib" 2>/dev/null) || pkg=$(dpkg -S "$(realpath "$lib")" 2>/dev/null); }; then
     pkg=${pkg%%:*}
     dpkg-query -s "$pkg" | grep -v '^Status:' > "$stage/var/lib/dpkg/status.d/$pkg"
     [ -f "/usr/share/doc/$pkg/copyright" ] \
@@ -50,6 +52,8 @@ printf 'root:x:0:\nspillway:x:65532:\n' > "$stage/etc/group"
 # What the image is, for its labels and SBOM: the commit and its time, so that two builds of
 # one commit are the same image (the same digest: scripts/image-test.sh builds twice).
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+# A build of uncommitted changes says so.
+git diff --quiet HEAD 2>/dev/null || revision="$revision-dirty"
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 sbom=$(scripts/sbom.py "$stage" "$version" "$revision" "$created")

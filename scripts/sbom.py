@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import urllib.parse
 import uuid
 
 stage, version, revision, created = sys.argv[1:5]
@@ -39,13 +40,15 @@ for block in lock.split("[[package]]"):
 
 
 def shipped(meta):
-    """Every package reached from the root of `meta` by normal (not build, not dev) dependencies."""
+    """Every package reached from the root of `meta` by normal (not build, not dev)
+    dependencies, less proc-macro crates (they run in the compiler, nothing of them ships)."""
     nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
+    macro = {p["id"] for p in meta["packages"] if all("proc-macro" in t["kind"] for t in p["targets"])}
     seen, todo = set(), [meta["resolve"]["root"]]
     while todo:
         node = nodes[todo.pop()]
         for dep in node["deps"]:
-            if any(k["kind"] is None for k in dep["dep_kinds"]) and dep["pkg"] not in seen:
+            if any(k["kind"] is None for k in dep["dep_kinds"]) and dep["pkg"] not in seen | macro:
                 seen.add(dep["pkg"])
                 todo.append(dep["pkg"])
     return seen
@@ -63,11 +66,22 @@ def crate(pkg):
     return component
 
 
+def os_release():
+    """The build host's distribution (the packages' namespace) and release, for the purl."""
+    try:
+        fields = dict(re.findall(r'^([A-Z_]+)="?([^"\n]*)"?$', open("/etc/os-release").read(), re.M))
+    except OSError:
+        fields = {}
+    return fields.get("ID", "debian"), fields.get("VERSION_ID", "")
+
+
 def debian(path):
     """The Debian package behind a dpkg status entry the stage holds."""
     entry = dict(re.findall(r"^([A-Za-z-]+): (.*)$", open(path).read(), re.M))
     name, ver, arch = entry["Package"], entry["Version"], entry["Architecture"]
-    purl = f"pkg:deb/debian/{name}@{ver}?arch={arch}"
+    distro, release = os_release()
+    quoted = urllib.parse.quote(ver, safe="")
+    purl = f"pkg:deb/{distro}/{name}@{quoted}?arch={arch}" + (f"&distro={distro}-{release}" if release else "")
     return {"type": "library", "bom-ref": purl, "name": name, "version": ver, "purl": purl}
 
 

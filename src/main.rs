@@ -107,12 +107,10 @@ async fn serve_metrics_port(config: &Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {addr} (SPILLWAY_METRICS_ADDR)"))?;
     tracing::info!(%addr, "metrics on http://{addr}{path}");
-    let router = spillway::api::metrics_port(path);
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router).await {
-            tracing::error!(%error, "the metrics port stopped");
-        }
-    });
+    tokio::spawn(spillway::net::metrics_port::serve(
+        listener,
+        spillway::api::metrics_port(path),
+    ));
     Ok(())
 }
 
@@ -139,7 +137,9 @@ async fn run() -> anyhow::Result<()> {
     let command = cli::parse(&args).unwrap_or_else(|e| e.exit());
     // Needs no server and no settings.
     if let Command::Validate { files } = &command {
-        return match cli::validate(files) {
+        let merge = Config::merge_domains(|name| std::env::var(name).ok())
+            .context("reading the configuration")?;
+        return match cli::validate(files, merge) {
             Ok(report) => {
                 print!("{report}");
                 Ok(())

@@ -525,20 +525,8 @@ async fn key_list(service: &Service) -> anyhow::Result<String> {
 
 /// `spillway policy validate FILE...`: what each file holds, or every problem found (file and
 /// field), as the domains folder would load the files together.
-/// A domain in several files is merged when the environment says so
-/// (`SPILLWAY_ENVOY_MERGE_DOMAINS`, or upstream's `MERGE_DOMAIN_CONFIG`, true), as the
-/// server would read them.
-pub fn validate(files: &[PathBuf]) -> Result<String, String> {
-    let merge = ["SPILLWAY_ENVOY_MERGE_DOMAINS", "MERGE_DOMAIN_CONFIG"]
-        .iter()
-        .any(|name| {
-            std::env::var(name).is_ok_and(|v| {
-                matches!(
-                    v.trim().to_ascii_lowercase().as_str(),
-                    "true" | "1" | "yes" | "t"
-                )
-            })
-        });
+/// A domain in several files is merged when `merge` (the server's setting).
+pub fn validate(files: &[PathBuf], merge: bool) -> Result<String, String> {
     use crate::service::policies::read_envoy_files;
     let mut read = Vec::new();
     let mut problems = Vec::new();

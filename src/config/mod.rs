@@ -230,6 +230,21 @@ impl Config {
         })
     }
 
+    /// Whether Envoy domain files are merged (`SPILLWAY_ENVOY_MERGE_DOMAINS`, which upstream's
+    /// `MERGE_DOMAIN_CONFIG` sets in its environment), read as the server reads it: for
+    /// commands that start no server (`spillway policy validate`).
+    pub fn merge_domains(lookup: impl Fn(&str) -> Option<String>) -> Result<bool, ConfigError> {
+        let invalid = |(name, problem)| ConfigError::Invalid { name, problem };
+        let upstream = upstream::Upstream::read(&lookup).map_err(invalid)?;
+        let lookup = |name: &str| {
+            upstream
+                .as_ref()
+                .and_then(|u| u.get(name))
+                .or_else(|| lookup(name))
+        };
+        yes_or_no(&lookup, "SPILLWAY_ENVOY_MERGE_DOMAINS")
+    }
+
     /// Reads the configuration through `lookup`, so tests can configure without touching
     /// the process environment.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
@@ -282,10 +297,10 @@ impl Config {
                 .to_owned(),
             leptos_options,
             redis_sentinel: sentinel_settings(&lookup, &redis_cluster_urls)?,
+            redis_client_cert: redis_client_cert(&lookup, &redis_cluster_urls)?,
             redis_url,
             redis_cluster_urls,
             redis_ca_cert: path(&lookup, "REDIS_CA_CERT"),
-            redis_client_cert: redis_client_cert(&lookup)?,
             redis_key_prefix: key_prefix(&lookup)?,
             redis_timeout: millis(&lookup, "SPILLWAY_REDIS_TIMEOUT_MS", 50)?,
             request_timeout: millis(&lookup, "SPILLWAY_REQUEST_TIMEOUT_MS", 10_000)?,

@@ -321,10 +321,17 @@ pub(super) fn millis(
 /// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: both or neither.
 pub(super) fn redis_client_cert(
     lookup: &impl Fn(&str) -> Option<String>,
+    cluster: &[String],
 ) -> Result<Option<(std::path::PathBuf, std::path::PathBuf)>, ConfigError> {
     let get = |name| lookup(name).filter(|v: &String| !v.trim().is_empty());
     match (get("REDIS_CLIENT_CERT"), get("REDIS_CLIENT_KEY")) {
         (None, None) => Ok(None),
+        (Some(_), Some(_)) if !cluster.is_empty() => Err(ConfigError::Invalid {
+            name: "REDIS_CLIENT_CERT",
+            problem:
+                "client certificates are not supported with a Redis Cluster (REDIS_CLUSTER_URLS)"
+                    .into(),
+        }),
         (Some(cert), Some(key)) => Ok(Some((cert.into(), key.into()))),
         (Some(_), None) => Err(ConfigError::Invalid {
             name: "REDIS_CLIENT_KEY",

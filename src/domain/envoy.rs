@@ -437,8 +437,24 @@ pub fn policy_name(domain: &str) -> Result<Name, String> {
     }
     if name.len() > NAME_MAX {
         let hash = xxhash_rust::xxh3::xxh3_64(domain.as_bytes());
+        // (Before, such a name was cut at 64: `cut_policy_name` still finds it.)
         name.truncate(NAME_MAX - 9);
         name = format!("{name}-{:08x}", hash >> 32);
     }
     Name::parse(&name)
+}
+
+/// The name a domain longer than a policy name was kept under before names kept a hash:
+/// its first 64 characters (`None` for a domain that fits, whose name never changed).
+/// A domain saved then is still found under it.
+pub fn cut_policy_name(domain: &str) -> Option<Name> {
+    let mut name = name_chars(domain);
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        name.replace_range(..name.chars().next().map_or(0, char::len_utf8), "d");
+    }
+    if name.len() <= NAME_MAX {
+        return None;
+    }
+    name.truncate(NAME_MAX);
+    Name::parse(&name).ok()
 }

@@ -407,6 +407,11 @@ impl Plan {
     pub fn over(&self) -> bool {
         let over = |i: usize| !self.statuses[i].ok;
         if self.quota_all {
+            // An identifier blocked by the policy's overrides fails the request whatever
+            // else holds.
+            if self.targets.iter().any(|t| matches!(t, Target::Over(None))) {
+                return true;
+            }
             // Every descriptor but an `unlimited` one is a quota (one that found no limit,
             // within it): over when each of them is.
             let mut quotas = (0..self.statuses.len())

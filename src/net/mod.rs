@@ -7,6 +7,7 @@ pub mod batched_writes;
 pub mod compression;
 pub mod connection;
 pub mod forwarded;
+pub mod metrics_port;
 pub mod outbound;
 pub mod tls;
 pub mod webhooks;

@@ -236,7 +236,9 @@ impl Service {
         let Ok(name) = envoy::policy_name(domain) else {
             return Ok(None);
         };
-        let policy = match self.policies.get(name.as_str()) {
+        let saved_before =
+            || envoy::cut_policy_name(domain).and_then(|n| self.policies.get(n.as_str()));
+        let policy = match self.policies.get(name.as_str()).or_else(saved_before) {
             Some(p) => p,
             None if self.policies.is_loaded() => return Ok(None),
             None => return Err(EnvoyError::PoliciesNotLoaded),

@@ -456,12 +456,18 @@ fn upstream_hits(key: &str, status: &'static str, hits: u64) {
         ("key2", segments.next().unwrap_or_default().to_owned()),
     ];
     metrics::counter!("ratelimit_service_rate_limit_total_hits", &labels).increment(hits);
-    let series = match status {
-        "over_limit" => "ratelimit_service_rate_limit_over_limit",
-        "shadow_mode" => "ratelimit_service_rate_limit_shadow_mode",
-        _ => "ratelimit_service_rate_limit_within_limit",
+    // Over a shadow-mode limit counts as over it too, as upstream counts it.
+    let series: &[&'static str] = match status {
+        "over_limit" => &["ratelimit_service_rate_limit_over_limit"],
+        "shadow_mode" => &[
+            "ratelimit_service_rate_limit_over_limit",
+            "ratelimit_service_rate_limit_shadow_mode",
+        ],
+        _ => &["ratelimit_service_rate_limit_within_limit"],
     };
-    metrics::counter!(series, &labels).increment(hits);
+    for &name in series {
+        metrics::counter!(name, &labels).increment(hits);
+    }
 }
 
 /// Counts an Envoy request over its limits answered OK by `SPILLWAY_ENVOY_SHADOW_MODE`.

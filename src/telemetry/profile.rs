@@ -100,11 +100,8 @@ fn short(name: &str) -> String {
                     out.push(c);
                 }
             }
-            '>' => {
-                if open.pop() == Some(true) {
-                    out.push(c);
-                }
-            }
+            '>' if open.pop() == Some(true) => out.push(c),
+            '>' => {}
             _ if visible => out.push(c),
             _ => {}
         }

@@ -11,10 +11,14 @@ use std::{
     time::Duration,
 };
 
-use envoy_types::pb::ratelimit::config::ratelimit::v3::{
-    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+use envoy_types::pb::{
+    envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient,
+    ratelimit::config::ratelimit::v3::{
+        RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+    },
 };
 use reqwest::StatusCode;
+use tonic::transport::Channel;
 
 use crate::{
     envoy::{OK, OVER, descriptor, request},
@@ -376,22 +380,35 @@ async fn envoy_gateways_rate_limit_deployment_runs_with_only_the_image_swapped()
     .await;
     assert_eq!(health, Some(200));
     let envoy = proxy(&certs, &deployment).await;
-    clear_of_window_turn(Duration::from_secs(60)).await;
-    // The route's limit, once the xDS set is in force: 2 a minute for each user.
+    // The route's limit, once the xDS set is in force: 2 a minute for each user. Each try
+    // is a user of its own, its three requests clear of a minute's turn.
+    let tries = std::sync::atomic::AtomicU32::new(0);
     let first = eventually(
         "the xDS domain limiting through Envoy",
         PATIENCE,
         async || {
+            let user = format!(
+                "alice-{}",
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            clear_of_window_turn(Duration::from_secs(60)).await;
             let mut codes = Vec::new();
             for _ in 0..3 {
-                codes.push(get(&http, &envoy, "alice").await);
+                codes.push(get(&http, &envoy, &user).await);
             }
             codes
         },
-        |codes| codes.last() == Some(&StatusCode::TOO_MANY_REQUESTS),
+        |codes| {
+            codes[..]
+                == [
+                    StatusCode::OK,
+                    StatusCode::OK,
+                    StatusCode::TOO_MANY_REQUESTS,
+                ]
+        },
     )
     .await;
-    assert!(first.contains(&StatusCode::OK), "{first:?}");
+    assert_eq!(first.len(), 3);
     assert_eq!(get(&http, &envoy, "bob").await, StatusCode::OK);
 
     // Where and as Envoy Gateway scrapes: upstream's series on the Prometheus port, labelled
@@ -435,6 +452,7 @@ async fn envoy_gateways_rate_limit_deployment_runs_with_only_the_image_swapped()
     // the whole set was refused), and the redis keys carry the user's prefix.
     let mut grpc = crate::envoy::client_over_tls(deployment.grpc, &pki.ca.pem).await;
     let long = "envoy-gateway-system/eg-with-a-long-gateway-name/listeners/listenerset-number";
+    clear_of_window_turn(Duration::from_secs(60)).await;
     for domain in [format!("{long}-one/https"), format!("{long}-two/https")] {
         let mut answers = Vec::new();
         for _ in 0..6 {
@@ -463,27 +481,34 @@ async fn envoy_gateways_rate_limit_deployment_runs_with_only_the_image_swapped()
         &[("CACHE_KEY_PREFIX", "eg:rl:"), ("SHADOW_MODE", "true")],
     );
     let mut shadowed = crate::envoy::client_over_tls(shadow.grpc, &pki.ca.pem).await;
-    let answer = eventually(
-        "the shadow instance answering alice's descriptor from the xDS set",
+    let ask = async |client: &mut RateLimitServiceClient<Channel>, user: &str| {
+        client
+            .should_rate_limit(request(
+                DOMAIN,
+                vec![descriptor(&[(ROUTE, ROUTE), ("rule-0-match-0", user)])],
+            ))
+            .await
+            .map(|r| r.into_inner())
+            .ok()
+    };
+    let _loaded = eventually(
+        "the shadow instance holding the xDS set",
         PATIENCE,
-        async || {
-            shadowed
-                .should_rate_limit(request(
-                    DOMAIN,
-                    vec![descriptor(&[(ROUTE, ROUTE), ("rule-0-match-0", "alice")])],
-                ))
-                .await
-                .map(|r| r.into_inner())
-                .ok()
-        },
+        async || ask(&mut shadowed, "probe").await,
         |answer| {
             answer
                 .as_ref()
                 .is_some_and(|a| !a.statuses.is_empty() && a.statuses[0].current_limit.is_some())
         },
     )
-    .await
-    .unwrap();
+    .await;
+    // dave spends his 2 on the first instance; the shadow instance, in the same minute,
+    // finds him over.
+    clear_of_window_turn(Duration::from_secs(60)).await;
+    for _ in 0..2 {
+        assert_eq!(ask(&mut grpc, "dave").await.unwrap().overall_code, OK);
+    }
+    let answer = ask(&mut shadowed, "dave").await.unwrap();
     assert_eq!(
         (answer.overall_code, answer.statuses[0].code),
         (OK, OVER),

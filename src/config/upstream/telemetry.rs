@@ -86,23 +86,25 @@ impl Upstream {
                 .filter(|n| !n.is_empty())
                 .unwrap_or_else(|| "RateLimit".into()),
         );
-        let rate = get("TRACING_SAMPLING_RATE")
+        let raw = get("TRACING_SAMPLING_RATE")
             .filter(|r| !r.is_empty())
             .unwrap_or_else(|| "1".into());
-        if rate
-            .parse::<f64>()
-            .map_or(true, |r| !(0.0..=1.0).contains(&r))
-        {
-            return Err((
-                "TRACING_SAMPLING_RATE",
-                format!("expected a fraction from 0 to 1, got {rate:?}"),
-            ));
-        }
-        if rate.parse::<f64>() == Ok(0.0) {
+        // As upstream's sampler: 1 and above samples every trace.
+        let rate = match raw.parse::<f64>() {
+            Ok(r) if r >= 1.0 => 1.0,
+            Ok(r) if r >= 0.0 => r,
+            _ => {
+                return Err((
+                    "TRACING_SAMPLING_RATE",
+                    format!("expected a fraction from 0 to 1, got {raw:?}"),
+                ));
+            }
+        };
+        if rate == 0.0 {
             self.ignored.push("TRACING_SAMPLING_RATE=0: no trace is sampled (Envoy Gateway writes a sampling rate under 5% as 0.0)".into());
         }
         self.set("OTEL_TRACES_SAMPLER", "parentbased_traceidratio");
-        self.set("OTEL_TRACES_SAMPLER_ARG", rate);
+        self.set("OTEL_TRACES_SAMPLER_ARG", rate.to_string());
         let mut attributes: Vec<String> = get("OTEL_RESOURCE_ATTRIBUTES")
             .into_iter()
             .filter(|a| !a.is_empty())

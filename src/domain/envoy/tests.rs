@@ -367,6 +367,12 @@ fn domains_map_to_policy_names() {
         (64, &name_chars(&long("a"))[..55])
     );
     assert_eq!(policy_name(&long("a")).unwrap(), a);
+    // One saved before, under the cut name, is still found there.
+    assert_eq!(
+        cut_policy_name(&long("a")).unwrap().as_str(),
+        &name_chars(&long("a"))[..64]
+    );
+    assert_eq!(cut_policy_name("edge_proxy"), None);
     let exactly = "d".repeat(64);
     assert_eq!(policy_name(&exactly).unwrap().as_str(), exactly);
 }

@@ -96,13 +96,22 @@ impl TraceSettings {
             (None, None) => Duration::from_secs(10),
         };
         let sampler = sampler(&get)?;
+        // OTEL_SERVICE_NAME over a service.name among the attributes, as the spec orders.
+        let mut resource_attributes = resource_attributes(&get)?;
+        let named = resource_attributes
+            .iter()
+            .position(|(k, _)| k == "service.name")
+            .map(|i| resource_attributes.remove(i).1);
+        let service_name = get("OTEL_SERVICE_NAME")
+            .or(named)
+            .unwrap_or_else(|| "spillway".into());
         Ok(Some(Self {
             endpoint,
             headers,
             timeout,
             sampler,
-            service_name: get("OTEL_SERVICE_NAME").unwrap_or_else(|| "spillway".into()),
-            resource_attributes: resource_attributes(&get)?,
+            service_name,
+            resource_attributes,
         }))
     }
 }
