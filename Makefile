@@ -107,7 +107,7 @@ profile: deps-bench build
 	cargo build --release --bin spillway --no-default-features --features profile
 	mkdir -p target/profile && cp target/release/spillway target/profile/spillway
 	cargo build --release --bin spillway --no-default-features --features ssr
-	python3 benches/profile.py
+	BENCH_SECONDS=$${BENCH_SECONDS:-15} python3 benches/profile.py
 
 # Side-by-side benchmarks (release build, peers from npm, redis-benchmark); writes
 # bench-results/REPORT.md and benches/REPORT.md. Takes about 8 minutes (the first time 2

@@ -83,8 +83,9 @@ def main():
     report = (f"# Where a check's time goes\n\n`make profile` on {socket.gethostname()} ({os.cpu_count()} cores), "
               f"{when}: {SECONDS} s of load per scenario, {bench.USERS:,} users, the server alone on core 0 "
               "(Redis and the load generator on core 1), sampled about 999 times a second "
-              "(src/telemetry/profile.rs). \"Own time\" counts the samples whose innermost frame is the "
-              "function; \"with what it calls\" those it is anywhere in. Frames of the C library and the "
+              "(src/telemetry/profile.rs; the kernel's timer may deliver fewer, 100 a second on this VM). "
+              "\"Own time\" counts the samples whose innermost frame is the function; \"with what it "
+              "calls\" those it is anywhere in. Frames of the C library and the "
               "kernel are not resolved: time in system calls shows in the Rust frame that made them.\n\n"
               + "\n".join(sections))
     with open(os.path.join(ROOT, "benches", "PROFILE.md"), "w") as f:

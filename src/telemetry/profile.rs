@@ -1,8 +1,8 @@
 //! A CPU profile of the running server, built in with `--features profile` only
 //! (`benches/profile.py` uses it): from the start, the process is sampled about 999 times a
 //! second on a timer, and at the end the stacks are written to `SPILLWAY_PROFILE_OUT` as a
-//! table of the functions that take the time, by their own share (the leaf of a sample) and
-//! by what they call (anywhere in it).
+//! table of the functions that take the time, by their own share (the leaf of a sample), and
+//! of Spillway's own functions with what they call (anywhere in it).
 
 use std::collections::HashMap;
 
@@ -71,10 +71,13 @@ impl Profiler {
             }
             out
         };
+        // What the product's own code costs, with what it calls (the runtime's frames, under
+        // every sample, say nothing).
+        inclusive.retain(|name, _| name.contains("spillway::"));
         let text = format!(
             "{total} samples\n{}{}",
             table("function (own time)", own),
-            table("function (with what it calls)", inclusive)
+            table("Spillway's function (with what it calls)", inclusive)
         );
         std::fs::write(&self.out, text)
     }

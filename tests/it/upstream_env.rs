@@ -427,7 +427,10 @@ async fn merged_domain_files_are_one_domain() {
     let clash = validate("true", &[&users, &again]);
     let stderr = String::from_utf8_lossy(&clash.stderr);
     assert!(
-        !clash.status.success() && stderr.contains("appears twice"),
+        !clash.status.success()
+            && stderr.contains("appears twice")
+            && stderr.contains("again.yaml")
+            && stderr.contains("users.yaml"),
         "{stderr}"
     );
     std::fs::remove_file(&again).unwrap();

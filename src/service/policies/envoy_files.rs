@@ -141,7 +141,12 @@ pub fn read_envoy_files(files: &[(String, String)], merge: bool) -> Result<Vec<P
                 doc.get("domain").is_some() && doc.get("domain") == value.get("domain")
             };
             match documents.iter_mut().find(|d| same(d)) {
-                Some((first, _)) if merge => merge_descriptors(first, value),
+                // The domain's place names every file merged into it (`a.yaml + b.yaml`),
+                // its descriptors numbered in that order.
+                Some((first, place)) if merge => {
+                    merge_descriptors(first, value);
+                    place.push_str(&format!(" + {at}"));
+                }
                 _ => documents.push((value, at)),
             }
         }
