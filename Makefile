@@ -84,7 +84,10 @@ test-image: image
 # Pushes the image to the registry deploy/image/repository names (scripts/image-ref.py set
 # REPOSITORY changes it in every manifest); log in first (buildah login REGISTRY).
 push: image
-	@ref=$$(scripts/image-ref.py); buildah --storage-driver vfs push "$$ref" "docker://$$ref" && echo "pushed $$ref"
+	@ref=$$(scripts/image-ref.py); \
+	if command -v buildah >/dev/null; then buildah --storage-driver vfs push "$$ref" "docker://$$ref"; \
+	elif command -v podman >/dev/null; then podman push "$$ref"; \
+	else docker push "$${ref#localhost/}"; fi && echo "pushed $$ref"
 
 # The Kubernetes manifests: every overlay rendered and validated against Kubernetes' schemas.
 test-deploy: deps-test

@@ -64,11 +64,17 @@ def check():
 def set_repository(repo):
     if not re.fullmatch(r"[a-z0-9]+([._/:-][a-z0-9]+)*", repo) or "@" in repo:
         sys.exit(f"image-ref: {repo!r} is not a repository (registry/path/name, no tag: the tag is the version)")
+    # Every file's new text first: a manifest that names no image stops it before any is written.
+    texts = {}
     for path, pattern in PLACES:
-        text = read(path)
-        match = found(path, pattern)
+        text = texts.get(path, read(path))
+        match = re.search(pattern, text, re.M)
+        if not match:
+            sys.exit(f"image-ref: {path} names no image where expected ({pattern}); nothing changed")
+        texts[path] = text[:match.start(1)] + repo + text[match.end(1):]
+    for path, text in texts.items():
         with open(os.path.join(ROOT, path), "w") as f:
-            f.write(text[:match.start(1)] + repo + text[match.end(1):])
+            f.write(text)
     with open(os.path.join(ROOT, SOURCE), "w") as f:
         f.write(repo + "\n")
     check()

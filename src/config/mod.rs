@@ -297,7 +297,7 @@ impl Config {
                 .to_owned(),
             leptos_options,
             redis_sentinel: sentinel_settings(&lookup, &redis_cluster_urls)?,
-            redis_client_cert: redis_client_cert(&lookup, &redis_cluster_urls)?,
+            redis_client_cert: redis_client_cert(&lookup, &redis_url, &redis_cluster_urls)?,
             redis_url,
             redis_cluster_urls,
             redis_ca_cert: path(&lookup, "REDIS_CA_CERT"),

@@ -318,20 +318,31 @@ pub(super) fn millis(
     }
 }
 
-/// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: both or neither.
+/// `REDIS_CLIENT_CERT` and `REDIS_CLIENT_KEY`: both or neither, and only where they are
+/// shown: TLS to a single Redis (`rediss://`) or through Sentinel (`rediss+sentinel://`,
+/// `REDIS_SENTINEL_TLS=true`); not a Cluster.
 pub(super) fn redis_client_cert(
     lookup: &impl Fn(&str) -> Option<String>,
+    redis_url: &str,
     cluster: &[String],
 ) -> Result<Option<(std::path::PathBuf, std::path::PathBuf)>, ConfigError> {
     let get = |name| lookup(name).filter(|v: &String| !v.trim().is_empty());
+    let tls = redis_url.starts_with("rediss")
+        || lookup("REDIS_SENTINEL_TLS").is_some_and(|v| v.trim() == "true");
+    let refused = |problem: &str| {
+        Err(ConfigError::Invalid {
+            name: "REDIS_CLIENT_CERT",
+            problem: problem.into(),
+        })
+    };
     match (get("REDIS_CLIENT_CERT"), get("REDIS_CLIENT_KEY")) {
         (None, None) => Ok(None),
-        (Some(_), Some(_)) if !cluster.is_empty() => Err(ConfigError::Invalid {
-            name: "REDIS_CLIENT_CERT",
-            problem:
-                "client certificates are not supported with a Redis Cluster (REDIS_CLUSTER_URLS)"
-                    .into(),
-        }),
+        (Some(_), Some(_)) if !cluster.is_empty() => refused(
+            "client certificates are not supported with a Redis Cluster (REDIS_CLUSTER_URLS)",
+        ),
+        (Some(_), Some(_)) if !tls => refused(
+            "a client certificate is shown over TLS only: use rediss:// (or REDIS_SENTINEL_TLS=true)",
+        ),
         (Some(cert), Some(key)) => Ok(Some((cert.into(), key.into()))),
         (Some(_), None) => Err(ConfigError::Invalid {
             name: "REDIS_CLIENT_KEY",

@@ -271,3 +271,37 @@ fn envoy_gateways_metrics_tracing_and_redis_certificates_are_honoured() {
     assert_eq!(unset.get("OTEL_SDK_DISABLED"), None);
     assert_eq!(unset.get("SPILLWAY_METRICS_ADDR"), None);
 }
+
+#[test]
+fn redis_client_certificates_go_only_where_they_are_shown() {
+    let read = |redis_url: &str, redis_type: &str| {
+        crate::config::Config::from_lookup(|name| match name {
+            "USE_STATSD" => Some("false".into()),
+            "REDIS_URL" => Some(redis_url.into()),
+            "REDIS_TYPE" => Some(redis_type.into()),
+            "REDIS_TLS" => Some("true".into()),
+            "REDIS_TLS_CLIENT_CERT" => Some("/redis-certs/tls.crt".into()),
+            "REDIS_TLS_CLIENT_KEY" => Some("/redis-certs/tls.key".into()),
+            _ => None,
+        })
+        .map(|c| c.redis_client_cert.is_some())
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(read("redis.infra:6380", "single"), Ok(true));
+    let cluster = read("a:7000,b:7001", "cluster").unwrap_err();
+    assert!(
+        cluster.contains("REDIS_CLIENT_CERT") && cluster.contains("Cluster"),
+        "{cluster}"
+    );
+    // Spillway's own variables: a certificate over plain TCP would never be shown.
+    let plain = crate::config::Config::from_lookup(|name| match name {
+        "REDIS_URL" => Some("redis://redis:6379".into()),
+        "REDIS_CLIENT_CERT" => Some("/c.crt".into()),
+        "REDIS_CLIENT_KEY" => Some("/c.key".into()),
+        _ => None,
+    })
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+    .unwrap_err();
+    assert!(plain.contains("over TLS only"), "{plain}");
+}
