@@ -308,6 +308,14 @@ fn with_every_limit_in_quota_mode_a_request_is_over_only_when_each_descriptor_is
     };
     assert!(!with(&[("unknown", "x")]));
     assert!(with(&[("free", "x")]));
+    // An identifier the overrides block fails the request, quotas or not.
+    let mut blocking = Arc::unwrap_or_clone(policy(
+        json!([{"key": "a", "rate_limit": {"unit": "day", "requests_per_unit": 5}}]),
+        &[json!({"match": "envoy=b=x", "action": "block"})],
+    ));
+    blocking.resolve_envoy_quota(true);
+    let blocked = planned(&Arc::new(blocking), ab()).unwrap();
+    assert!(blocked.over(), "a blocked identifier passed as a quota");
     // Without it, the same answers make the request over.
     let mut plan = planned(
         &policy(
