@@ -25,6 +25,7 @@ use crate::{
     gateway::backend,
     helpers::{PATIENCE, clear_of_window_turn, eventually, free_port},
     listeners_tls::{Ca, Folder},
+    tls::TlsRedis,
     xds::{Pki, Running},
 };
 
@@ -63,50 +64,15 @@ fn snapshot(limit: u32) -> Vec<RateLimitConfig> {
     ]
 }
 
-/// A redis-server on a TLS port that asks clients for a certificate, stopped when dropped.
-struct TlsRedis(Child, u16);
-
-impl Drop for TlsRedis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// A redis-server on a TLS port that asks clients for a certificate `ca` signed.
 fn tls_redis(files: &Folder, ca: &Ca) -> TlsRedis {
     let server = ca.server();
-    let port = free_port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-        ])
-        .args(["--tls-cert-file", &files.write("redis.crt", &server.cert)])
-        .args(["--tls-key-file", &files.write("redis.key", &server.key)])
-        .args(["--tls-ca-cert-file", &files.write("redis-ca.crt", &ca.pem)])
-        .args([
-            "--tls-auth-clients",
-            "yes",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let redis = TlsRedis(child, port);
-    let _listening = crate::helpers::eventually_sync(
-        "the TLS redis-server listening",
-        PATIENCE,
-        || std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string()),
-        Result::is_ok,
-    );
-    redis
+    TlsRedis::start(
+        &files.write("redis.crt", &server.cert),
+        &files.write("redis.key", &server.key),
+        &files.write("redis-ca.crt", &ca.pem),
+        true,
+    )
 }
 
 /// The rate limit Deployment's process, stopped when dropped.
@@ -129,7 +95,7 @@ impl Drop for Deployment {
 fn deploy(certs: &Folder, xds: u16, redis: &TlsRedis, extra: &[(&str, &str)]) -> Deployment {
     let (http, grpc, metrics) = (free_port(), free_port(), free_port());
     let data = Folder::new("eg-data");
-    let redis_url = format!("127.0.0.1:{}", redis.1);
+    let redis_url = format!("127.0.0.1:{}", redis.port);
     let xds_url = format!("127.0.0.1:{xds}");
     let (http_port, grpc_port) = (http.to_string(), grpc.to_string());
     let prometheus = format!(":{metrics}");
@@ -520,7 +486,7 @@ async fn envoy_gateways_rate_limit_deployment_runs_with_only_the_image_swapped()
 /// Every key in the TLS Redis, read with the client certificate.
 fn redis_keys(certs: &Folder, redis: &TlsRedis) -> Vec<String> {
     let out = Command::new("redis-cli")
-        .args(["--tls", "-p", &redis.1.to_string()])
+        .args(["--tls", "-p", &redis.port.to_string()])
         .args(["--cacert", certs.0.join("redis-ca.crt").to_str().unwrap()])
         .args(["--cert", certs.0.join("redis-client.crt").to_str().unwrap()])
         .args(["--key", certs.0.join("redis-client.key").to_str().unwrap()])

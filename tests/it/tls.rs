@@ -78,12 +78,41 @@ fn make_certificates(dir: &Path) {
     );
 }
 
-struct TlsRedis(Child);
+/// A redis-server on a TLS port of its own, stopped when dropped.
+pub(crate) struct TlsRedis {
+    child: Child,
+    pub port: u16,
+}
+
+impl TlsRedis {
+    /// Serves with the PEM files `cert` and `key`, trusting `ca` for clients, and asking them
+    /// for a certificate when `ask_clients`; returns once the port accepts.
+    pub(crate) fn start(cert: &str, key: &str, ca: &str, ask_clients: bool) -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--tls-cert-file", cert, "--tls-key-file", key])
+            .args(["--tls-ca-cert-file", ca])
+            .args(["--tls-auth-clients", if ask_clients { "yes" } else { "no" }])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let redis = Self { child, port };
+        let _listening = eventually_sync(
+            "the TLS redis-server listening",
+            PATIENCE,
+            || std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string()),
+            Result::is_ok,
+        );
+        redis
+    }
+}
 
 impl Drop for TlsRedis {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -93,44 +122,13 @@ async fn checks_work_over_tls_with_a_private_ca() {
     let dir = std::env::temp_dir().join(format!("spillway-tls-{}", plain.port));
     std::fs::create_dir_all(&dir).unwrap();
     make_certificates(&dir);
-    let port = free_port();
-    let _server = TlsRedis(
-        Command::new("redis-server")
-            .args([
-                "--port",
-                "0",
-                "--tls-port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-            ])
-            .args([
-                "--tls-cert-file",
-                "server.crt",
-                "--tls-key-file",
-                "server.key",
-                "--tls-ca-cert-file",
-                "ca.crt",
-            ])
-            .args([
-                "--tls-auth-clients",
-                "no",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let server = TlsRedis::start(
+        dir.join("server.crt").to_str().unwrap(),
+        dir.join("server.key").to_str().unwrap(),
+        dir.join("ca.crt").to_str().unwrap(),
+        false,
     );
-    let _listening = eventually_sync(
-        "the TLS redis-server listening",
-        PATIENCE,
-        || std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string()),
-        Result::is_ok,
-    );
+    let port = server.port;
     let url = format!("rediss://127.0.0.1:{port}");
     let ca = dir.join("ca.crt");
     let app = spawn_app_with(
